@@ -1,0 +1,33 @@
+# tost-serve developer entry points. Everything installs itself: `make run` and `make test` work on
+# a fresh Debian 12 machine (scripts/install-deps.sh installs the apt and PyPI packages).
+BUILD      ?= build
+PORT       ?= 8500
+CUDA       ?= ON
+CTEST_ARGS ?=
+# The venv's interpreter, recorded by install-deps.sh (read when a recipe needs it).
+TOST_PYTHON = $(shell sed -n 's/^TOST_PYTHON=//p' $(BUILD)/deps.env 2>/dev/null)
+
+.PHONY: deps configure build run test test-unit clean help
+
+help:
+	@echo "make run    install deps, build, serve models/ on port $(PORT)"
+	@echo "make test   install deps, build, run every test (ctest: unit, integration, gpu-skips)"
+	@echo "make build  configure + compile only (CUDA=$(CUDA))"
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DTOST_PYTHON=$(TOST_PYTHON) -DTOST_ENABLE_CUDA=$(CUDA) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $$(nproc)
+
+run: build
+	$(BUILD)/service/tost_server --model_repository=models --port=$(PORT)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,98 @@
+#include "kernels/arg_checks.h"
+
+#include <ATen/ATen.h>
+
+#include "kernels/tssa_ops.h"
+
+namespace tost::kernels {
+namespace {
+
+void CheckTemp(const at::Tensor& temp, const char* op, const at::Tensor& w, int64_t channels) {
+  TORCH_CHECK(temp.dim() == 1 && temp.size(0) >= 1, op, ": temp must be 1-D [K], got shape ",
+              temp.sizes());
+  TORCH_CHECK(channels % temp.size(0) == 0, op, ": channels D=", channels,
+              " of w must be divisible by the number of heads K=", temp.size(0), " (temp's length)");
+  TORCH_CHECK(temp.device() == w.device(), op, ": temp is on ", temp.device(), " but w is on ", w.device());
+  TORCH_CHECK(temp.is_floating_point(), op, ": temp must be floating point, got ", temp.scalar_type());
+}
+
+void CheckFloating(const at::Tensor& w, const char* op) {
+  TORCH_CHECK(w.is_floating_point(), op, ": w must be floating point, got ", w.scalar_type());
+}
+
+void CheckDenomBias(const at::Tensor& denom_bias, const char* op, const at::Tensor& w, int64_t heads) {
+  TORCH_CHECK(denom_bias.dim() == 2 && denom_bias.size(0) == heads, op,
+              ": denom_bias must be [K=", heads, ", Tmax], got shape ", denom_bias.sizes());
+  TORCH_CHECK(denom_bias.device() == w.device(), op, ": denom_bias is on ", denom_bias.device(),
+              " but w is on ", w.device());
+  TORCH_CHECK(denom_bias.is_floating_point(), op, ": denom_bias must be floating point, got ",
+              denom_bias.scalar_type());
+}
+
+void CheckState(const at::Tensor& state, const char* op, const at::Tensor& w, const TssaDims& d) {
+  const int64_t width = StateWidth(d.channels, d.heads);
+  TORCH_CHECK(state.dim() == 2 && state.size(0) == d.batch && state.size(1) == width, op,
+              ": state must be [B=", d.batch, ", 2D+K=", width, "], got shape ", state.sizes());
+  TORCH_CHECK(state.scalar_type() == at::kFloat, op, ": state must be float32, got ", state.scalar_type());
+  TORCH_CHECK(state.device() == w.device(), op, ": state is on ", state.device(), " but w is on ", w.device());
+}
+
+void CheckPositions(const at::Tensor& positions, const char* op, const TssaDims& d, int64_t tmax) {
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == d.batch, op, ": positions must be [B=", d.batch,
+              "], got shape ", positions.sizes());
+  TORCH_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ",
+              positions.scalar_type());
+  if (d.batch == 0) return;
+  // One host read of two scalars: the bound protects the denom_bias gather from reading out of range.
+  const auto range = at::aminmax(positions.to(at::kCPU));
+  const int64_t lo = std::get<0>(range).item<int64_t>();
+  const int64_t hi = std::get<1>(range).item<int64_t>();
+  TORCH_CHECK(lo >= 0, op, ": positions must be >= 0, got ", lo);
+  TORCH_CHECK(hi + d.tokens <= tmax, op, ": position ", hi, " + ", d.tokens,
+              " token(s) exceeds the context length Tmax=", tmax, " of denom_bias");
+}
+
+}  // namespace
+
+TssaDims CheckTssaArgs(const at::Tensor& w, const at::Tensor& temp) {
+  TORCH_CHECK(w.dim() == 3, "tssa: w must be [B,N,D], got shape ", w.sizes());
+  CheckFloating(w, "tssa");
+  TssaDims d{w.size(0), w.size(1), w.size(2), temp.dim() == 1 ? temp.size(0) : 0, 0};
+  CheckTemp(temp, "tssa", w, d.channels);
+  d.head_dim = d.channels / d.heads;
+  return d;
+}
+
+TssaDims CheckCausalArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
+                         const std::optional<at::Tensor>& state,
+                         const std::optional<at::Tensor>& positions) {
+  TORCH_CHECK(w.dim() == 3, "tssa_causal: w must be [B,T,D], got shape ", w.sizes());
+  CheckFloating(w, "tssa_causal");
+  TssaDims d{w.size(0), w.size(1), w.size(2), temp.dim() == 1 ? temp.size(0) : 0, 0};
+  CheckTemp(temp, "tssa_causal", w, d.channels);
+  d.head_dim = d.channels / d.heads;
+  CheckDenomBias(denom_bias, "tssa_causal", w, d.heads);
+  if (state.has_value()) CheckState(*state, "tssa_causal", w, d);
+  if (positions.has_value()) {
+    CheckPositions(*positions, "tssa_causal", d, denom_bias.size(1));
+  } else {
+    TORCH_CHECK(d.tokens <= denom_bias.size(1), "tssa_causal: ", d.tokens,
+                " tokens exceed the context length Tmax=", denom_bias.size(1), " of denom_bias");
+  }
+  return d;
+}
+
+TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
+                       const at::Tensor& positions, const at::Tensor& state) {
+  TORCH_CHECK(w.dim() == 2, "tssa_step: w must be [B,D], got shape ", w.sizes());
+  CheckFloating(w, "tssa_step");
+  TssaDims d{w.size(0), 1, w.size(1), temp.dim() == 1 ? temp.size(0) : 0, 0};
+  CheckTemp(temp, "tssa_step", w, d.channels);
+  d.head_dim = d.channels / d.heads;
+  CheckDenomBias(denom_bias, "tssa_step", w, d.heads);
+  CheckState(state, "tssa_step", w, d);
+  CheckPositions(positions, "tssa_step", d, denom_bias.size(1));
+  return d;
+}
+
+}  // namespace tost::kernels

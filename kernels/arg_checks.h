@@ -1,0 +1,30 @@
+// Argument validation shared by every implementation of the TSSA operators (reference, fused CPU,
+// CUDA), so each op refuses the same inputs with the same message naming the argument, its
+// expected shape and what it received. Failures throw c10::Error (TORCH_CHECK); the model layer
+// turns them into absl::Status at its one exception boundary.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace tost::kernels {
+
+struct TssaDims {
+  int64_t batch = 0;
+  int64_t tokens = 0;    // N (vision) or T (causal); 1 for tssa_step
+  int64_t channels = 0;  // D
+  int64_t heads = 0;     // K
+  int64_t head_dim = 0;  // p = D / K
+};
+
+TssaDims CheckTssaArgs(const at::Tensor& w, const at::Tensor& temp);
+
+TssaDims CheckCausalArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
+                         const std::optional<at::Tensor>& state,
+                         const std::optional<at::Tensor>& positions);
+
+TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
+                       const at::Tensor& positions, const at::Tensor& state);
+
+}  // namespace tost::kernels

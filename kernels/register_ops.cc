@@ -1,0 +1,21 @@
+// Schemas of the `tost::` operators and their CPU implementations.
+//
+// One schema per op, defined once here; every backend registers under the same name (CUDA in
+// cuda/cuda_ops.cc), so the dispatcher picks the kernel by the device of the inputs.
+#include <torch/library.h>
+
+#include "kernels/reference.h"
+
+TORCH_LIBRARY(tost, m) {
+  m.def("tssa(Tensor w, Tensor temp) -> Tensor");
+  m.def(
+      "tssa_causal(Tensor w, Tensor temp, Tensor denom_bias, Tensor? state=None, Tensor? positions=None)"
+      " -> (Tensor, Tensor)");
+  m.def("tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tost, CPU, m) {
+  m.impl("tssa", &tost::kernels::reference::tssa);
+  m.impl("tssa_causal", &tost::kernels::reference::tssa_causal);
+  m.impl("tssa_step", &tost::kernels::reference::tssa_step);
+}

@@ -1,0 +1,219 @@
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "model/file_util.h"
+#include "model/status_macros.h"
+
+namespace tost::model {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(const std::string& source, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+}
+
+// Reads a positive integer field `key` of object `obj` (path `where` for messages).
+absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key, const std::string& where,
+                                    std::optional<int64_t> fallback = std::nullopt) {
+  if (!obj.contains(key)) {
+    if (fallback) return *fallback;
+    return Invalid(where, absl::StrCat("missing required integer field \"", key, "\""));
+  }
+  const json& v = obj.at(key);
+  if (!v.is_number_integer()) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be an integer, got ", v.dump()));
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x <= 0) return Invalid(where, absl::StrCat("field \"", key, "\" must be > 0, got ", x));
+  return x;
+}
+
+absl::StatusOr<std::vector<float>> FloatList(const json& obj, const char* key, const std::string& where,
+                                             size_t expected, float fallback) {
+  if (!obj.contains(key)) return std::vector<float>(expected, fallback);
+  const json& v = obj.at(key);
+  if (!v.is_array() || v.size() != expected) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be a list of ", expected, " numbers, got ", v.dump()));
+  }
+  std::vector<float> out;
+  for (const json& e : v) {
+    if (!e.is_number()) return Invalid(where, absl::StrCat("field \"", key, "\" holds a non-number: ", e.dump()));
+    out.push_back(e.get<float>());
+  }
+  return out;
+}
+
+absl::StatusOr<VisionConfig> ParseVision(const json& root, const std::string& source) {
+  if (!root.contains("vision") || !root["vision"].is_object()) {
+    return Invalid(source, "architecture tost_vision needs a \"vision\" object");
+  }
+  const json& v = root["vision"];
+  const std::string where = source + " [vision]";
+  VisionConfig c;
+  TOST_ASSIGN_OR_RETURN(c.embed_dim, PositiveInt(v, "embed_dim", where));
+  TOST_ASSIGN_OR_RETURN(c.depth, PositiveInt(v, "depth", where));
+  TOST_ASSIGN_OR_RETURN(c.num_heads, PositiveInt(v, "num_heads", where));
+  TOST_ASSIGN_OR_RETURN(c.mlp_ratio, PositiveInt(v, "mlp_ratio", where, 4));
+  TOST_ASSIGN_OR_RETURN(c.patch_size, PositiveInt(v, "patch_size", where));
+  TOST_ASSIGN_OR_RETURN(c.in_chans, PositiveInt(v, "in_chans", where, 3));
+  TOST_ASSIGN_OR_RETURN(c.num_classes, PositiveInt(v, "num_classes", where));
+  TOST_ASSIGN_OR_RETURN(c.cls_attn_layers, PositiveInt(v, "cls_attn_layers", where, 2));
+  TOST_ASSIGN_OR_RETURN(c.image_height, PositiveInt(v, "image_height", where));
+  TOST_ASSIGN_OR_RETURN(c.image_width, PositiveInt(v, "image_width", where));
+  if (c.embed_dim % c.num_heads != 0) {
+    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by num_heads ", c.num_heads));
+  }
+  if (c.patch_size < 2 || (c.patch_size & (c.patch_size - 1)) != 0) {
+    return Invalid(where, absl::StrCat("patch_size must be a power of two >= 2, got ", c.patch_size));
+  }
+  if (c.embed_dim % (int64_t{1} << (c.stem_stages() - 1)) != 0) {
+    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by 2^(stages-1) = ",
+                                       int64_t{1} << (c.stem_stages() - 1), " for a ", c.stem_stages(),
+                                       "-stage stem (patch_size ", c.patch_size, ")"));
+  }
+  if (root.contains("labels")) {
+    const json& labels = root["labels"];
+    if (!labels.is_array() || static_cast<int64_t>(labels.size()) != c.num_classes) {
+      return Invalid(source, absl::StrCat("\"labels\" must be a list of num_classes=", c.num_classes, " strings"));
+    }
+    for (const json& l : labels) {
+      if (!l.is_string()) return Invalid(source, absl::StrCat("\"labels\" holds a non-string: ", l.dump()));
+      c.labels.push_back(l.get<std::string>());
+    }
+  } else {
+    for (int64_t i = 0; i < c.num_classes; ++i) c.labels.push_back(std::to_string(i));
+  }
+  const json pre = root.value("preprocess", json::object());
+  TOST_ASSIGN_OR_RETURN(c.mean, FloatList(pre, "mean", source + " [preprocess]", c.in_chans, 0.f));
+  TOST_ASSIGN_OR_RETURN(c.std, FloatList(pre, "std", source + " [preprocess]", c.in_chans, 1.f));
+  for (float s : c.std) {
+    if (!(s > 0)) return Invalid(source, "preprocess.std entries must be > 0");
+  }
+  return c;
+}
+
+absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string& source) {
+  if (!root.contains("lm") || !root["lm"].is_object()) {
+    return Invalid(source, "architecture tost_lm needs an \"lm\" object");
+  }
+  const json& v = root["lm"];
+  const std::string where = source + " [lm]";
+  LanguageConfig c;
+  TOST_ASSIGN_OR_RETURN(c.n_layer, PositiveInt(v, "n_layer", where));
+  TOST_ASSIGN_OR_RETURN(c.n_head, PositiveInt(v, "n_head", where));
+  TOST_ASSIGN_OR_RETURN(c.n_embd, PositiveInt(v, "n_embd", where));
+  TOST_ASSIGN_OR_RETURN(c.context_length, PositiveInt(v, "context_length", where));
+  TOST_ASSIGN_OR_RETURN(c.vocab_size, PositiveInt(v, "vocab_size", where));
+  TOST_ASSIGN_OR_RETURN(c.mlp_ratio, PositiveInt(v, "mlp_ratio", where, 4));
+  if (v.contains("bias")) {
+    if (!v["bias"].is_boolean()) return Invalid(where, "field \"bias\" must be true or false");
+    c.bias = v["bias"].get<bool>();
+  }
+  if (c.n_embd % c.n_head != 0) {
+    return Invalid(where, absl::StrCat("n_embd ", c.n_embd, " must be divisible by n_head ", c.n_head));
+  }
+  const json tok = root.value("tokenizer", json::object({{"type", "byte"}}));
+  c.tokenizer = tok.value("type", std::string("byte"));
+  if (c.tokenizer != "byte") {
+    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\", got \"", c.tokenizer, "\""));
+  }
+  if (c.vocab_size < 257) {
+    return Invalid(where, absl::StrCat("vocab_size must be >= 257 for the byte tokenizer, got ", c.vocab_size));
+  }
+  c.eos_token_id = tok.value("eos_token_id", int64_t{256});
+  if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
+    return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ", c.vocab_size,
+                                        "), got ", c.eos_token_id));
+  }
+  return c;
+}
+
+}  // namespace
+
+const char* ArchitectureName(Architecture a) { return a == Architecture::kVision ? "tost_vision" : "tost_lm"; }
+
+const char* WeightDtypeName(WeightDtype d) {
+  switch (d) {
+    case WeightDtype::kFloat32: return "float32";
+    case WeightDtype::kFloat16: return "float16";
+    case WeightDtype::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+int64_t VisionConfig::stem_stages() const {
+  int64_t s = 0;
+  for (int64_t p = patch_size; p > 1; p >>= 1) ++s;
+  return s;
+}
+
+int64_t VisionConfig::tokens() const {
+  int64_t h = image_height, w = image_width;
+  for (int64_t i = 0; i < stem_stages(); ++i) {
+    h = (h + 1) / 2;  // 3x3, stride 2, pad 1
+    w = (w + 1) / 2;
+  }
+  return h * w;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
+  }
+  if (!root.is_object()) return Invalid(source, "top level must be a JSON object");
+  try {
+    ModelConfig cfg;
+    const int64_t format = root.value("format_version", int64_t{1});
+    if (format != 1) return Invalid(source, absl::StrCat("format_version must be 1, got ", format));
+    if (!root.contains("name") || !root["name"].is_string() || root["name"].get<std::string>().empty()) {
+      return Invalid(source, "missing non-empty string field \"name\"");
+    }
+    cfg.name = root["name"].get<std::string>();
+    if (root.contains("version")) {
+      cfg.version = root["version"].is_string() ? root["version"].get<std::string>() : root["version"].dump();
+    }
+    const std::string arch = root.value("architecture", std::string());
+    if (arch == "tost_vision") {
+      cfg.architecture = Architecture::kVision;
+    } else if (arch == "tost_lm") {
+      cfg.architecture = Architecture::kLanguage;
+    } else {
+      return Invalid(source, absl::StrCat("\"architecture\" must be \"tost_vision\" or \"tost_lm\", got \"", arch, "\""));
+    }
+    const std::string dtype = root.value("dtype", std::string("float32"));
+    if (dtype == "float32") {
+      cfg.dtype = WeightDtype::kFloat32;
+    } else if (dtype == "float16") {
+      cfg.dtype = WeightDtype::kFloat16;
+    } else if (dtype == "bfloat16") {
+      cfg.dtype = WeightDtype::kBFloat16;
+    } else {
+      return Invalid(source, absl::StrCat("\"dtype\" must be float32, float16 or bfloat16, got \"", dtype, "\""));
+    }
+    cfg.trained = root.value("trained", false);
+    cfg.provenance_json = root.contains("provenance") ? root["provenance"].dump() : "{}";
+    if (cfg.architecture == Architecture::kVision) {
+      TOST_ASSIGN_OR_RETURN(cfg.vision, ParseVision(root, source));
+    } else {
+      TOST_ASSIGN_OR_RETURN(cfg.language, ParseLanguage(root, source));
+    }
+    return cfg;
+  } catch (const json::exception& e) {
+    // Type errors (e.g. "trained": "yes") surface here with the field nlohmann names.
+    return Invalid(source, absl::StrCat("malformed field: ", e.what()));
+  }
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  TOST_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return ParseModelConfig(text, path);
+}
+
+}  // namespace tost::model

@@ -1,0 +1,50 @@
+// The causal ToST language model (nanoGPT skeleton, causal TSSA with denom_bias, γ layer scale,
+// tied embeddings) as docs/tost-reference.md §2 describes it, in three forms that agree:
+//   ForwardAll  parallel causal form over whole sequences (all positions' logits);
+//   Prefill     chunked tssa_causal continuing a SequenceState (exact: chunks carry the statistics);
+//   Step        one token for each of B sequences at their own positions (tssa_step).
+// Torch-free interface; tensors live in language_model.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/config.h"
+#include "model/sequence_state.h"
+
+namespace tost::model {
+
+class LanguageModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> Load(const std::string& model_dir, const ModelConfig& config);
+  ~LanguageModel();
+
+  const ModelConfig& config() const;
+
+  // A fresh sequence at position 0 with zero statistics.
+  SequenceState NewSequence() const;
+
+  // Feeds `tokens` (≥ 1) to `state` in chunks of at most `chunk_tokens`; returns the last token's
+  // logits [vocab]. OUT_OF_RANGE (state untouched) if the context length would be exceeded.
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens, SequenceState& state,
+                                             int64_t chunk_tokens = 256) const;
+
+  // One decode step: token b is fed to *states[b]; returns logits [B, vocab] row-major.
+  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
+                                          absl::Span<SequenceState* const> states) const;
+
+  // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length, vocab].
+  absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,
+                                                int64_t length) const;
+
+ private:
+  struct Impl;
+  explicit LanguageModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tost::model

@@ -1,0 +1,34 @@
+// Loads every model of a repository directory (<repo>/<name>/config.json + model.safetensors).
+// A model that fails to load is kept with its error so the server can report it while the others
+// serve.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/language_model.h"
+#include "model/vision_model.h"
+
+namespace tost::model {
+
+struct LoadedModel {
+  std::string name;  // the directory name
+  std::string dir;
+  absl::Status status;  // OK when loaded
+  ModelConfig config;   // valid when the config parsed
+  std::unique_ptr<VisionModel> vision;
+  std::unique_ptr<LanguageModel> language;
+};
+
+// Loads one model directory.
+LoadedModel LoadModelDirectory(const std::string& dir);
+
+// Every sub-directory of `repo_dir` holding a config.json, sorted by name. NOT_FOUND if the
+// repository itself is missing; per-model failures are in each entry's status.
+absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir);
+
+}  // namespace tost::model

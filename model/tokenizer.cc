@@ -1,0 +1,83 @@
+#include "model/tokenizer.h"
+
+namespace tost::model {
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// Expected length of a UTF-8 sequence from its lead byte; 0 for a byte that cannot lead.
+int SequenceLength(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xF0 && lead <= 0xF4) return 4;
+  return 0;
+}
+
+bool IsContinuation(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+// Rejects overlong encodings, surrogates and code points above U+10FFFF (RFC 3629 table).
+bool ValidSecondByte(unsigned char lead, unsigned char second) {
+  if (lead == 0xE0) return second >= 0xA0 && second <= 0xBF;
+  if (lead == 0xED) return second >= 0x80 && second <= 0x9F;
+  if (lead == 0xF0) return second >= 0x90 && second <= 0xBF;
+  if (lead == 0xF4) return second >= 0x80 && second <= 0x8F;
+  return IsContinuation(second);
+}
+
+}  // namespace
+
+std::vector<int32_t> ByteTokenizer::Encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size());
+  for (unsigned char c : text) ids.push_back(c);
+  return ids;
+}
+
+std::string ByteTokenizer::TokenBytes(int32_t id) const {
+  if (id >= 0 && id < 256) return std::string(1, static_cast<char>(id));
+  return {};
+}
+
+std::string Utf8Assembler::Push(std::string_view bytes) {
+  pending_.append(bytes);
+  std::string out;
+  size_t i = 0;
+  while (i < pending_.size()) {
+    const auto lead = static_cast<unsigned char>(pending_[i]);
+    const int len = SequenceLength(lead);
+    if (len == 0) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // Validate as many bytes as we have; stop (and wait) if the character is merely incomplete.
+    bool invalid = false;
+    size_t have = 1;
+    for (; have < static_cast<size_t>(len) && i + have < pending_.size(); ++have) {
+      const auto c = static_cast<unsigned char>(pending_[i + have]);
+      if (have == 1 ? !ValidSecondByte(lead, c) : !IsContinuation(c)) {
+        invalid = true;
+        break;
+      }
+    }
+    if (invalid) {
+      out += kReplacement;
+      i += have;  // drop the bad prefix; the offending byte is examined again as a lead
+      continue;
+    }
+    if (have < static_cast<size_t>(len)) break;  // incomplete: hold it back
+    out.append(pending_, i, len);
+    i += len;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string Utf8Assembler::Flush() {
+  std::string out = pending_.empty() ? "" : std::string(kReplacement);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tost::model

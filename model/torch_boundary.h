@@ -1,0 +1,45 @@
+// The one place where LibTorch exceptions become absl::Status. Every public model entry point runs
+// its tensor code through GuardTorch, so nothing above model/ ever sees a c10::Error.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <c10/util/Exception.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace tost::model {
+
+template <typename T>
+struct StatusOrValue {
+  using type = T;
+};
+template <typename T>
+struct StatusOrValue<absl::StatusOr<T>> {
+  using type = T;
+};
+
+// Runs `fn` (returning T or StatusOr<T>); a c10::Error from argument checks in our ops becomes
+// INVALID_ARGUMENT (OUT_OF_RANGE for index errors), anything else INTERNAL; all name the model and
+// the operation.
+template <typename Fn>
+auto GuardTorch(const std::string& model, const char* operation, Fn&& fn)
+    -> absl::StatusOr<typename StatusOrValue<std::decay_t<decltype(fn())>>::type> {
+  try {
+    return fn();
+  } catch (const c10::ValueError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
+  } catch (const c10::IndexError& e) {
+    return absl::OutOfRangeError(absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("model ", model, ": ", operation, " failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("model ", model, ": ", operation, " failed: ", e.what()));
+  }
+}
+
+}  // namespace tost::model

@@ -1,0 +1,36 @@
+// The ToST vision classifier (XCiT skeleton, TSSA blocks, class-attention tail), exactly as
+// docs/tost-reference.md §1.2 describes it. The interface is torch-free so service code can use it
+// without LibTorch headers; tensors live in vision_model.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/config.h"
+
+namespace tost::model {
+
+class VisionModel {
+ public:
+  // Loads <model_dir>/model.safetensors, validated against `config` (architecture tost_vision).
+  static absl::StatusOr<std::unique_ptr<VisionModel>> Load(const std::string& model_dir, const ModelConfig& config);
+  ~VisionModel();
+
+  const ModelConfig& config() const;
+
+  // pixels: float32 [batch, in_chans, height, width], contiguous, already preprocessed.
+  // Returns logits [batch, num_classes]. Thread-safe: concurrent calls share only immutable weights.
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels, int64_t batch, int64_t height,
+                                             int64_t width) const;
+
+ private:
+  struct Impl;
+  explicit VisionModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tost::model

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything tost-serve needs on a fresh Debian 12 machine. Idempotent: a second run on a
+# machine that has everything does no network work and takes about a second.
+#
+#   Debian packages : compilers' companions (ccache, ninja), gRPC 1.51 + protobuf 3.21, Abseil,
+#                     prometheus-cpp, GoogleTest/Benchmark, image codecs, Prometheus (tests).
+#   Python packages : requirements.txt into a virtual environment under
+#                     $TOST_DEPS_DIR/py-<hash of requirements.txt> (default TOST_DEPS_DIR=/opt/tost-deps),
+#                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel.
+#                     `build/deps.env` is written with the venv's path for the Makefile and CMake.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps_dir="${TOST_DEPS_DIR:-/opt/tost-deps}"
+
+apt_packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev
+  prometheus
+)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt packages missing: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -q
+  # prometheus' postinst starts a daemon where systemd runs; we only need the binary for tests.
+  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+python_bin="${TOST_PYTHON:-$(command -v python3.11 || command -v python3)}"
+req_hash="$(sha256sum "$here/requirements.txt" | cut -c1-16)"
+venv="$deps_dir/py-$req_hash"
+if [ ! -f "$venv/.complete" ]; then
+  echo "install-deps: creating $venv from requirements.txt (the torch wheel is large: minutes on a cold machine)"
+  mkdir -p "$deps_dir"
+  rm -rf "$venv"
+  "$python_bin" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q --no-cache-dir -r "$here/requirements.txt"
+  touch "$venv/.complete"
+fi
+
+mkdir -p "$here/build"
+torch_cmake="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share", "cmake"))')"
+cat > "$here/build/deps.env" <<ENV
+TOST_VENV=$venv
+TOST_PYTHON=$venv/bin/python
+TOST_TORCH_CMAKE_PREFIX=$torch_cmake
+ENV
+echo "install-deps: ok (venv $venv)"

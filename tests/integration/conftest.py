@@ -1,0 +1,82 @@
+"""Fixtures for end-to-end tests: a real tost_server on 127.0.0.1 with a free port, and Python
+gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in requirements.txt)."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import pytest
+
+SOURCE_DIR = os.environ.get("TOST_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+
+def _binary(var: str) -> str:
+    path = os.environ.get(var)
+    if not path or not os.path.exists(path):
+        pytest.fail(f"{var} must point at the built binary (run through ctest)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def proto_modules():
+    """Compiles proto/tost/v1/tost.proto into a temporary package and imports it."""
+    from grpc_tools import protoc
+
+    out = tempfile.mkdtemp(prefix="tost_proto_")
+    proto_dir = os.path.join(SOURCE_DIR, "proto")
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
+                      os.path.join(proto_dir, "tost", "v1", "tost.proto")])
+    assert rc == 0, "protoc failed on tost.proto"
+    sys.path.insert(0, out)
+    from tost.v1 import tost_pb2, tost_pb2_grpc  # noqa: E402
+
+    return tost_pb2, tost_pb2_grpc
+
+
+class RunningServer:
+    def __init__(self, repo: str, extra_args=()):
+        self.log = tempfile.NamedTemporaryFile(prefix="tost_server_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [_binary("TOST_SERVER_BIN"), f"--model_repository={repo}", "--host=127.0.0.1", "--port=0",
+             "--intra_op_threads=1", *extra_args],
+            stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on [\d.]+:(\d+)", line)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"tost_server did not start: {line!r}; log: {open(self.log.name).read()}")
+        self.port = int(m.group(1))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = RunningServer(os.path.join(SOURCE_DIR, "models"))
+    yield s
+    assert s.stop() == 0, "tost_server did not exit cleanly on SIGTERM"
+
+
+@pytest.fixture(scope="session")
+def channel(server):
+    ch = grpc.insecure_channel(server.address)
+    grpc.channel_ready_future(ch).result(timeout=30)
+    yield ch
+    ch.close()
+
+
+@pytest.fixture(scope="session")
+def stub(channel, proto_modules):
+    _, tost_pb2_grpc = proto_modules
+    return tost_pb2_grpc.TostStub(channel)

@@ -1,0 +1,180 @@
+"""End-to-end: the real tost_server on the shipped models/, called by Python grpcio and tost_cli."""
+import json
+import os
+import subprocess
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import SOURCE_DIR, RunningServer, _binary
+
+
+def _digits_config():
+    with open(os.path.join(SOURCE_DIR, "models", "tost-digits", "config.json")) as f:
+        return json.load(f)
+
+
+def _image_request(pb2, batch=1, seed=0):
+    v = _digits_config()["vision"]
+    x = np.random.default_rng(seed).standard_normal((batch, v["in_chans"], v["image_height"], v["image_width"]))
+    x = x.astype(np.float32)
+    return pb2.ClassifyRequest(model="tost-digits", tensor=pb2.FloatTensor(shape=list(x.shape), raw=x.tobytes()),
+                               top_k=3), x
+
+
+def test_list_models(stub, proto_modules):
+    pb2, _ = proto_modules
+    models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest()).models}
+    assert models["tost-digits"].ready and models["tost-digits"].architecture == "tost_vision"
+    assert models["tost-bytes"].ready and models["tost-bytes"].architecture == "tost_lm"
+    assert list(models["tost-digits"].input_shape) == [1, 32, 32]
+
+
+def test_health_check(channel):
+    health = health_pb2_grpc.HealthStub(channel)
+    assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+    assert health.Check(health_pb2.HealthCheckRequest(service="tost.v1.Tost")).status == \
+        health_pb2.HealthCheckResponse.SERVING
+
+
+def test_classify_batch_matches_single_images(stub, proto_modules):
+    pb2, _ = proto_modules
+    req, x = _image_request(pb2, batch=3)
+    batch = stub.Classify(req)
+    assert len(batch.results) == 3
+    for i in range(3):
+        single = stub.Classify(pb2.ClassifyRequest(model="tost-digits", top_k=3, tensor=pb2.FloatTensor(
+            shape=list(x.shape[1:]), data=x[i].reshape(-1).tolist())))
+        got = [(l.index, round(l.probability, 5)) for l in single.results[0].labels]
+        want = [(l.index, round(l.probability, 5)) for l in batch.results[i].labels]
+        assert got == want
+        probs = [l.probability for l in batch.results[i].labels]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+
+
+def test_generate_streams_token_by_token(stub, proto_modules):
+    pb2, _ = proto_modules
+    req = pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"Hello", max_new_tokens=24,
+                              sampling=pb2.SamplingParams(temperature=0.8, seed=5))
+    tokens, final = [], None
+    for msg in stub.Generate(req):
+        if msg.HasField("token"):
+            tokens.append(msg.token)
+        else:
+            final = msg.final
+    assert final is not None
+    assert final.prompt_tokens == 5
+    assert final.generated_tokens == len(tokens)
+    assert [t.position for t in tokens] == list(range(5, 5 + len(tokens)))
+    if final.finish_reason == pb2.FINISH_REASON_LENGTH:
+        assert len(tokens) == 24
+    # text is released in complete characters only, and the concatenation is valid UTF-8
+    text = "".join(t.text for t in tokens) + final.text
+    assert text.encode("utf-8").decode("utf-8") == text
+    # the same seed gives the same tokens
+    again = [m.token.id for m in stub.Generate(req) if m.HasField("token")]
+    assert again == [t.id for t in tokens]
+
+
+def test_generate_cancel_mid_stream(stub, proto_modules):
+    pb2, _ = proto_modules
+    call = stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"abc", max_new_tokens=1000,
+                                             sampling=pb2.SamplingParams(temperature=1.0, seed=1)))
+    first = next(call)
+    assert first.HasField("token")
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as e:
+        for _ in call:
+            pass
+    assert e.value.code() == grpc.StatusCode.CANCELLED
+
+
+@pytest.mark.parametrize("mutate,code,fragment", [
+    (lambda r: setattr(r, "model", "nope"), grpc.StatusCode.NOT_FOUND, "not served"),
+    (lambda r: r.tensor.shape.__setitem__(1, 31), grpc.StatusCode.INVALID_ARGUMENT, "expected images of shape"),
+    (lambda r: setattr(r.tensor, "raw", b"\0" * 12), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
+    (lambda r: setattr(r, "top_k", -1), grpc.StatusCode.INVALID_ARGUMENT, "top_k"),
+    (lambda r: setattr(r, "model", "tost-bytes"), grpc.StatusCode.INVALID_ARGUMENT, "needs a tost_vision model"),
+])
+def test_classify_errors(stub, proto_modules, mutate, code, fragment):
+    pb2, _ = proto_modules
+    req, _ = _image_request(pb2)
+    mutate(req)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Classify(req)
+    assert e.value.code() == code
+    assert fragment in e.value.details()
+
+
+@pytest.mark.parametrize("kwargs,code,fragment", [
+    (dict(model="nope", prompt_bytes=b"a"), grpc.StatusCode.NOT_FOUND, "not served"),
+    (dict(model="tost-bytes"), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    (dict(model="tost-bytes", prompt_bytes=b"a" * 1025), grpc.StatusCode.OUT_OF_RANGE, "context length of 1024"),
+    (dict(model="tost-bytes", prompt_bytes=b"a", max_new_tokens=-2), grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens"),
+    (dict(model="tost-bytes", prompt_tokens={"ids": [65, 999]}), grpc.StatusCode.INVALID_ARGUMENT, "token id 999"),
+    (dict(model="tost-digits", prompt_bytes=b"a"), grpc.StatusCode.INVALID_ARGUMENT, "needs a tost_lm model"),
+])
+def test_generate_errors(stub, proto_modules, kwargs, code, fragment):
+    pb2, _ = proto_modules
+    if "prompt_tokens" in kwargs:
+        kwargs["prompt_tokens"] = pb2.TokenIds(**kwargs["prompt_tokens"])
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(pb2.GenerateRequest(**kwargs)))
+    assert e.value.code() == code
+    assert fragment in e.value.details()
+
+
+def test_generation_stops_at_the_context_length(stub, proto_modules):
+    pb2, _ = proto_modules
+    msgs = list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"a" * 1020, max_new_tokens=50,
+                                                  sampling=pb2.SamplingParams(temperature=0))))
+    final = msgs[-1].final
+    assert final.finish_reason in (pb2.FINISH_REASON_CONTEXT, pb2.FINISH_REASON_EOS)
+    if final.finish_reason == pb2.FINISH_REASON_CONTEXT:
+        assert final.generated_tokens == 5  # positions 1020..1024: the last token is produced, not fed
+
+
+def test_cli_classify_and_generate(server, tmp_path):
+    cli = _binary("TOST_CLI_BIN")
+    v = _digits_config()["vision"]
+    img = np.random.default_rng(1).standard_normal((v["in_chans"], v["image_height"], v["image_width"]))
+    np.save(tmp_path / "img.npy", img.astype(np.float32))
+    out = subprocess.run([cli, "classify", f"--server={server.address}", "--model=tost-digits",
+                          f"--input={tmp_path / 'img.npy'}", "--top_k=2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("image 0:") and out.stdout.count("(class ") == 2
+    out = subprocess.run([cli, "generate", f"--server={server.address}", "--model=tost-bytes", "--prompt=Hi",
+                          "--max_new_tokens=8", "--temperature=0"], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(b"Hi")
+    assert b"[finish: FINISH_REASON_" in out.stderr
+    out = subprocess.run([cli, "classify", f"--server={server.address}", "--model=missing"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "not a served vision model" in out.stderr
+
+
+def test_broken_model_is_reported_while_others_serve(tmp_path, proto_modules):
+    pb2, pb2_grpc = proto_modules
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    os.symlink(os.path.join(SOURCE_DIR, "models", "tost-digits"), repo / "tost-digits")
+    broken = repo / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"name": "broken", "architecture": "tost_lm"}))
+    s = RunningServer(str(repo))
+    try:
+        with grpc.insecure_channel(s.address) as ch:
+            stub = pb2_grpc.TostStub(ch)
+            models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest(), timeout=30).models}
+            assert models["tost-digits"].ready
+            assert not models["broken"].ready and "\"lm\" object" in models["broken"].error
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(pb2.GenerateRequest(model="broken", prompt_bytes=b"x"), timeout=30))
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            req, _ = _image_request(pb2)
+            assert len(stub.Classify(req, timeout=30).results) == 1
+    finally:
+        assert s.stop() == 0

@@ -1,0 +1,134 @@
+// C++ model vs the Python reference oracle (tools/tost_reference.py) on randomised weights: every
+// parameter and buffer is moved away from its init so that no path (γ, temp, denom_bias, BatchNorm
+// statistics, the TSSA gate) hides. Each case also carries the oracle's output for a deliberately
+// wrong TSSA (softmax over tokens); the same check must reject it, which shows the test can fail.
+#include <filesystem>
+
+#include "model/model_repository.h"
+#include "tests/model/test_util.h"
+
+namespace tost::model {
+namespace {
+
+using testing::ParityDir;
+using testing::RelativeMaxDiff;
+using testing::TensorValues;
+
+constexpr double kTolerance = 1e-4;  // max abs diff relative to the logits' scale, fp32
+
+class ParityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ParityDir().empty()) GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
+  }
+  LoadedModel Load(const std::string& name) {
+    LoadedModel m = LoadModelDirectory(ParityDir() + "/" + name);
+    EXPECT_TRUE(m.status.ok()) << m.status;
+    return m;
+  }
+  SafetensorsFile Fixture(const std::string& name) {
+    auto f = SafetensorsFile::Open(ParityDir() + "/" + name + "/fixture.safetensors");
+    EXPECT_TRUE(f.ok()) << f.status();
+    return *std::move(f);
+  }
+
+  void CheckVision(const std::string& name) {
+    LoadedModel m = Load(name);
+    ASSERT_TRUE(m.status.ok());
+    SafetensorsFile fx = Fixture(name);
+    std::vector<int64_t> shape;
+    const auto input = TensorValues<float>(fx, "input", &shape);
+    ASSERT_EQ(shape.size(), 4u);
+    auto logits = m.vision->Forward(input, shape[0], shape[2], shape[3]);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    const double right = RelativeMaxDiff(*logits, TensorValues<float>(fx, "logits"));
+    const double wrong = RelativeMaxDiff(*logits, TensorValues<float>(fx, "logits_wrong_tssa"));
+    EXPECT_LE(right, kTolerance) << name;
+    EXPECT_GT(wrong, 100 * kTolerance) << name << ": a wrong TSSA would pass this test";
+    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right, wrong);
+  }
+
+  void CheckLanguage(const std::string& name) {
+    LoadedModel m = Load(name);
+    ASSERT_TRUE(m.status.ok());
+    SafetensorsFile fx = Fixture(name);
+    std::vector<int64_t> shape;
+    const auto tokens = TensorValues<int32_t>(fx, "tokens", &shape);
+    ASSERT_EQ(shape.size(), 2u);
+    const int64_t batch = shape[0], length = shape[1], vocab = m.config.language.vocab_size;
+    auto logits = m.language->ForwardAll(tokens, batch, length);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    const auto expected = TensorValues<float>(fx, "logits");
+    const double right = RelativeMaxDiff(*logits, expected);
+    const double wrong = RelativeMaxDiff(*logits, TensorValues<float>(fx, "logits_wrong_tssa"));
+    EXPECT_LE(right, kTolerance) << name;
+    EXPECT_GT(wrong, 100 * kTolerance) << name << ": a wrong TSSA would pass this test";
+    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right, wrong);
+
+    // Streaming: one token at a time for both sequences in one batched Step must give the same
+    // logits as the parallel form at every position.
+    std::vector<SequenceState> states(batch, m.language->NewSequence());
+    std::vector<SequenceState*> ptrs;
+    for (auto& s : states) ptrs.push_back(&s);
+    double worst = 0;
+    for (int64_t t = 0; t < length; ++t) {
+      std::vector<int32_t> step_tokens;
+      for (int64_t b = 0; b < batch; ++b) step_tokens.push_back(tokens[b * length + t]);
+      auto step = m.language->Step(step_tokens, ptrs);
+      ASSERT_TRUE(step.ok()) << step.status();
+      for (int64_t b = 0; b < batch; ++b) {
+        std::vector<float> row(step->begin() + b * vocab, step->begin() + (b + 1) * vocab);
+        std::vector<float> ref(expected.begin() + (b * length + t) * vocab, expected.begin() + (b * length + t + 1) * vocab);
+        worst = std::max(worst, RelativeMaxDiff(row, ref));
+      }
+    }
+    EXPECT_LE(worst, kTolerance) << name << ": streaming steps drift from the parallel form";
+    std::printf("[parity] %s: streaming over %lld tokens, worst relative diff %.2e\n", name.c_str(),
+                static_cast<long long>(length), worst);
+
+    // Chunked prefill (odd chunk size) ends on the parallel form's last logits.
+    SequenceState s = m.language->NewSequence();
+    auto last = m.language->Prefill(absl::MakeConstSpan(tokens.data(), length), s, /*chunk_tokens=*/7);
+    ASSERT_TRUE(last.ok()) << last.status();
+    std::vector<float> ref(expected.begin() + (length - 1) * vocab, expected.begin() + length * vocab);
+    EXPECT_LE(RelativeMaxDiff(*last, ref), kTolerance);
+    EXPECT_EQ(s.position, length);
+  }
+};
+
+TEST_F(ParityTest, VisionTinyOfficialSizeAt224) { CheckVision("vision_tiny224"); }
+TEST_F(ParityTest, VisionSmallNonSquare) { CheckVision("vision_small"); }
+TEST_F(ParityTest, LanguageModelNoBiasStreamingAndChunked) { CheckLanguage("lm_small"); }
+TEST_F(ParityTest, LanguageModelWithBias) { CheckLanguage("lm_bias"); }
+
+TEST_F(ParityTest, ContextLengthIsEnforced) {
+  LoadedModel m = Load("lm_small");
+  ASSERT_TRUE(m.status.ok());
+  const int64_t ctx = m.config.language.context_length;
+  SequenceState s = m.language->NewSequence();
+  std::vector<int32_t> tokens(ctx + 1, 65);
+  auto r = m.language->Prefill(tokens, s);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(r.status().message().find("context length"), std::string::npos) << r.status();
+  EXPECT_EQ(s.position, 0) << "a refused prefill must leave the state untouched";
+  tokens.resize(ctx);
+  ASSERT_TRUE(m.language->Prefill(tokens, s).ok());
+  SequenceState* ptrs[] = {&s};
+  const int32_t next = 66;
+  EXPECT_EQ(m.language->Step(absl::MakeConstSpan(&next, 1), ptrs).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(ParityTest, StateSizeIsIndependentOfLength) {
+  LoadedModel m = Load("lm_small");
+  ASSERT_TRUE(m.status.ok());
+  const auto& c = m.config.language;
+  SequenceState s = m.language->NewSequence();
+  const size_t before = s.ByteSize();
+  std::vector<int32_t> tokens(200, 101);
+  ASSERT_TRUE(m.language->Prefill(tokens, s).ok());
+  EXPECT_EQ(s.ByteSize(), before);
+  EXPECT_EQ(s.stats.size(), static_cast<size_t>(c.n_layer * (2 * c.n_embd + c.n_head)));
+}
+
+}  // namespace
+}  // namespace tost::model
