@@ -242,7 +242,8 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
 }
 
 absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t> tokens,
-                                                       absl::Span<SequenceState* const> states) const {
+                                                       absl::Span<SequenceState* const> states,
+                                                       bool batch_invariant) const {
   const Impl& m = *impl_;
   if (tokens.empty() || tokens.size() != states.size()) {
     return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": step needs one token per sequence, got ",
@@ -259,7 +260,18 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
     const at::Tensor ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1});
     const at::Tensor pos = at::tensor(pos_host).view({batch, 1});
     const at::Tensor x = m.Embed(ids, pos).squeeze(1);
-    const at::Tensor logits = m.Logits(m.StepHidden(x, pos.view({batch}), layer_states)).contiguous();
+    at::Tensor logits;
+    if (batch_invariant && batch > 1) {
+      std::vector<at::Tensor> rows;
+      for (int64_t b = 0; b < batch; ++b) {
+        std::vector<at::Tensor> row_states;
+        for (const auto& s : layer_states) row_states.push_back(s.slice(0, b, b + 1));  // views: updated in place
+        rows.push_back(m.Logits(m.StepHidden(x.slice(0, b, b + 1), pos.view({batch}).slice(0, b, b + 1), row_states)));
+      }
+      logits = at::cat(rows, 0).contiguous();
+    } else {
+      logits = m.Logits(m.StepHidden(x, pos.view({batch}), layer_states)).contiguous();
+    }
     m.Scatter(layer_states, states);
     for (SequenceState* s : states) ++s->position;
     return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());

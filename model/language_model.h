@@ -34,8 +34,14 @@ class LanguageModel {
                                              int64_t chunk_tokens = 256) const;
 
   // One decode step: token b is fed to *states[b]; returns logits [B, vocab] row-major.
+  //
+  // Batched matrix products may round differently at different batch sizes (the BLAS picks its
+  // blocking by shape). With `batch_invariant`, every row is computed on its own with a fixed
+  // shape, so a sequence's logits are bit-identical whatever else shares the step; this costs
+  // B small products instead of one batched one.
   absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
-                                          absl::Span<SequenceState* const> states) const;
+                                          absl::Span<SequenceState* const> states,
+                                          bool batch_invariant = false) const;
 
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length, vocab].
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,

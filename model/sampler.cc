@@ -17,6 +17,20 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// CTRL-style penalty: positive logits are divided, negative ones multiplied, once per distinct token.
+std::vector<float> Penalised(absl::Span<const float> logits, const SamplingParams& p,
+                             absl::Span<const int32_t> recent) {
+  std::vector<float> out(logits.begin(), logits.end());
+  if (p.repetition_penalty == 1.f || recent.empty()) return out;
+  std::vector<bool> seen(out.size(), false);
+  for (int32_t t : recent) {
+    if (t < 0 || static_cast<size_t>(t) >= out.size() || seen[t]) continue;
+    seen[t] = true;
+    out[t] = out[t] > 0 ? out[t] / p.repetition_penalty : out[t] * p.repetition_penalty;
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
@@ -27,6 +41,16 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
   }
+  if (!(p.min_p >= 0.f && p.min_p < 1.f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1), got ", p.min_p));
+  }
+  if (!(p.repetition_penalty > 0.f) || !std::isfinite(p.repetition_penalty)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be a finite number > 0, got ", p.repetition_penalty));
+  }
+  if (p.repetition_window < 0 || p.repetition_window > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("repetition_window must be in [0, 4096], got ", p.repetition_window));
+  }
   return absl::OkStatus();
 }
 
@@ -35,12 +59,14 @@ double CounterUniform(uint64_t seed, uint64_t counter) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p, uint64_t position) {
+int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p, uint64_t position,
+                    absl::Span<const int32_t> recent) {
+  const std::vector<float> logits = Penalised(raw_logits, p, recent);
   const int32_t n = static_cast<int32_t>(logits.size());
   if (p.temperature == 0.f || p.top_k == 1) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  // Candidates sorted by logit (descending, ties by id) so top-k and top-p cut a prefix.
+  // Candidates sorted by logit (descending, ties by id) so top-k, min-p and top-p cut a prefix.
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   const int32_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
@@ -56,9 +82,13 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p, uin
     total += probs[i];
   }
   int32_t keep = k;
+  if (p.min_p > 0.f) {
+    // probs[0] is the most likely candidate's (unnormalised) probability.
+    while (keep > 1 && probs[keep - 1] < p.min_p * probs[0]) --keep;
+  }
   if (p.top_p < 1.f) {
     double mass = 0;
-    for (int32_t i = 0; i < k; ++i) {
+    for (int32_t i = 0; i < keep; ++i) {
       mass += probs[i] / total;
       if (mass >= p.top_p) {
         keep = i + 1;
@@ -74,6 +104,23 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p, uin
     if (r < acc) return order[i];
   }
   return order[keep - 1];
+}
+
+std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logits, int32_t n) {
+  const int32_t v = static_cast<int32_t>(logits.size());
+  n = std::clamp(n, 0, v);
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - max_logit);
+  const double log_z = std::log(z) + max_logit;
+  std::vector<int32_t> order(v);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int32_t i = 0; i < n; ++i) out.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
+  return out;
 }
 
 }  // namespace tost::model

@@ -18,6 +18,7 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev
   prometheus
+  r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 
 missing=()

@@ -9,6 +9,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "model/file_util.h"
 #include "model/status_macros.h"
 #include "model/torch_threads.h"
 
@@ -23,12 +24,42 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--intra_op_threads must be >= 0, got ", o.intra_op_threads));
   }
   if (o.model_repository.empty()) return absl::InvalidArgumentError("--model_repository must name a directory");
+  if (o.limits.image.max_encoded_bytes < 1 || o.limits.image.max_decoded_pixels < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_image_bytes and --max_decoded_pixels must be >= 1, got ",
+                                                   o.limits.image.max_encoded_bytes, " and ",
+                                                   o.limits.image.max_decoded_pixels));
+  }
+  if (o.session_reap_interval_ms < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
+  }
+  TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
+  TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
   return absl::OkStatus();
 }
+
+namespace {
+
+absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file) {
+  if (key_file.empty()) {
+    std::cerr << "tost_server: no --session_key_file: exported session blobs verify only on this process\n";
+    return SessionCodec::WithRandomKey();
+  }
+  TOST_ASSIGN_OR_RETURN(std::string key, model::ReadFileToString(key_file));
+  auto codec = SessionCodec::Create(std::move(key));
+  if (!codec.ok()) return absl::InvalidArgumentError(absl::StrCat(key_file, ": ", codec.status().message()));
+  return codec;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   TOST_RETURN_IF_ERROR(ValidateServerOptions(options));
   model::SetTorchThreads(options.intra_op_threads);
+  TOST_ASSIGN_OR_RETURN(SessionCodec codec, MakeCodec(options.session_key_file));
+  Authenticator auth;
+  if (!options.api_keys_file.empty()) {
+    TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
+  }
   TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models, model::LoadRepository(options.model_repository));
   for (const auto& m : models) {
     if (m.status.ok()) {
@@ -40,7 +71,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   std::unique_ptr<Server> server(new Server());
   server->registry_ = std::make_unique<ModelRegistry>(std::move(models));
-  server->service_ = std::make_unique<TostService>(*server->registry_, options.limits);
+  server->core_ = std::make_unique<ServingCore>(*server->registry_, options.sessions, std::move(codec), std::move(auth),
+                                                RealClock::Get());
+  for (const auto& m : server->registry_->models()) {
+    if (m.language == nullptr) continue;
+    TOST_ASSIGN_OR_RETURN(server->core_->weights_sha256[m.name], Sha256OfFile(m.dir + "/model.safetensors"));
+    TOST_ASSIGN_OR_RETURN(auto scheduler, GenerationScheduler::Create(*m.language, options.generation, RealClock::Get()));
+    scheduler->Start();
+    server->core_->schedulers[m.name] = std::move(scheduler);
+  }
+  server->service_ = std::make_unique<TostService>(*server->core_, options.limits);
+  server->kserve_ = std::make_unique<KServeService>(*server->registry_, options.limits, &server->core_->draining,
+                                                    &server->core_->auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -53,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->kserve_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.host, ":", options.port,
@@ -61,16 +104,49 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus("tost.v1.Tost", true);
+  health->SetServingStatus("inference.GRPCInferenceService", true);
+
+  Server* raw = server.get();
+  const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
+  server->reaper_ = std::thread([raw, reap_every] {
+    while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every)) raw->core_->sessions.ReapIdle();
+  });
   return server;
 }
 
-Server::~Server() {
-  if (server_ != nullptr) Shutdown(0);
+Server::~Server() { Shutdown(0); }
+
+void Server::StopBackground() {
+  if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Server::Drain(int drain_timeout_ms) {
+  if (server_ == nullptr) return;
+  core_->draining = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  for (auto& [name, scheduler] : core_->schedulers) scheduler->StopAdmitting();
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(drain_timeout_ms);
+  auto busy = [&] {
+    for (auto& [name, scheduler] : core_->schedulers) {
+      if (scheduler->in_flight() > 0) return true;
+    }
+    return false;
+  };
+  while (busy() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  // Whatever still runs ends now with FINISH_REASON_DRAINED and its state blob.
+  for (auto& [name, scheduler] : core_->schedulers) scheduler->Shutdown();
+  Shutdown(std::max(1000, drain_timeout_ms));
 }
 
 void Server::Shutdown(int grace_ms) {
+  StopBackground();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Schedulers first: their jobs end (drained) so the Generate handlers can return.
+  if (core_ != nullptr) {
+    for (auto& [name, scheduler] : core_->schedulers) scheduler->Shutdown();
+  }
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   server_->Wait();
   server_.reset();

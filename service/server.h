@@ -1,14 +1,20 @@
-// Owns the gRPC server: loads the model repository, registers tost.v1, grpc.health.v1 and server
-// reflection, binds the port (0 picks a free one) and shuts down.
+// Owns the gRPC server: loads the model repository, builds the serving core (generation
+// schedulers, session store and codec, authenticator), registers tost.v1, grpc.health.v1 and server
+// reflection, KServe v2 inference.GRPCInferenceService, binds the port (0 picks a free one), drains
+// and shuts down.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "service/kserve_service.h"
 #include "service/model_registry.h"
+#include "service/serving_core.h"
 #include "service/tost_service.h"
 
 namespace tost::service {
@@ -22,6 +28,11 @@ struct ServerOptions {
   int keepalive_timeout_ms = 10'000;         // and drops them if no ack arrives in time
   int intra_op_threads = 0;                  // LibTorch threads; 0 = one per core
   ServiceLimits limits;
+  GenerationSchedulerOptions generation;     // per language model
+  SessionStoreOptions sessions;
+  std::string session_key_file;              // secret for state blobs; empty = random per process
+  std::string api_keys_file;                 // "name key" lines; empty = no API keys
+  int64_t session_reap_interval_ms = 10'000; // how often idle sessions are evicted
 };
 
 absl::Status ValidateServerOptions(const ServerOptions& options);
@@ -35,18 +46,28 @@ class Server {
 
   int port() const { return port_; }
   const ModelRegistry& registry() const { return *registry_; }
+  ServingCore& core() { return *core_; }
 
-  // Stops accepting calls, lets in-flight calls finish for up to `grace_ms`, then cancels them.
+  // Graceful stop: readiness off (health NOT_SERVING), no new generations, in-flight ones get up to
+  // `drain_timeout_ms` to finish; those still running then end with FINISH_REASON_DRAINED and their
+  // resumable state; finally the gRPC server stops.
+  void Drain(int drain_timeout_ms);
+  // Immediate stop (in-flight calls get `grace_ms`).
   void Shutdown(int grace_ms);
   void Wait();
 
  private:
   Server() = default;
+  void StopBackground();
 
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<ServingCore> core_;
   std::unique_ptr<TostService> service_;
+  std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
 };
 
 }  // namespace tost::service

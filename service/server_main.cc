@@ -16,11 +16,27 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or se
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
 ABSL_FLAG(int, intra_op_threads, 0, "LibTorch intra-op threads; 0 = one per core");
-ABSL_FLAG(int, shutdown_grace_ms, 5000, "On SIGTERM/SIGINT, time in-flight calls get to finish");
+ABSL_FLAG(int, drain_timeout_s, 30, "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
+                                    "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
 ABSL_FLAG(int64_t, max_batch_size, 64, "Most images in one Classify request");
 ABSL_FLAG(int64_t, max_tensor_elements, 64LL << 20, "Most float32 values in one Classify tensor");
+ABSL_FLAG(int64_t, max_image_bytes, 16LL << 20, "Most bytes of one encoded PNG/JPEG image (Classify images, KServe BYTES)");
+ABSL_FLAG(int64_t, max_decoded_pixels, 40000000, "Most pixels (width x height, from the image header) one encoded image may declare; checked before decoding");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Most bytes (or token ids) in one Generate prompt");
 ABSL_FLAG(int, max_new_tokens, 4096, "Largest max_new_tokens a Generate request may ask for");
+ABSL_FLAG(int, max_active_generations, 64, "Sequences decoded together per language model (one batched step)");
+ABSL_FLAG(int, max_queued_generations, 256, "Generations admitted and waiting for a slot, per language model");
+ABSL_FLAG(int, prefill_chunk_tokens, 128, "Prompt tokens per prefill chunk (interleaved with decode steps)");
+ABSL_FLAG(bool, batch_invariant_decode, false,
+          "Decode each sequence with a fixed shape so its tokens are bit-identical under any concurrent load "
+          "(slower); default: batched products, identical for the same batch composition");
+ABSL_FLAG(int64_t, max_sessions, 4096, "Server-held sessions at once (LRU eviction of idle ones beyond)");
+ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20, "Bytes of session state held at once (LRU eviction beyond)");
+ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
+ABSL_FLAG(std::string, session_key_file, "",
+          "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it continue each other's "
+          "sessions. Empty: a random key, blobs verify only on this process");
+ABSL_FLAG(std::string, api_keys_file, "", "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves ToST models over gRPC. Example: tost_server --model_repository=models --port=8500");
@@ -43,8 +59,19 @@ int main(int argc, char** argv) {
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
+  options.limits.image.max_encoded_bytes = absl::GetFlag(FLAGS_max_image_bytes);
+  options.limits.image.max_decoded_pixels = absl::GetFlag(FLAGS_max_decoded_pixels);
   options.limits.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   options.limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.generation.max_active_jobs = absl::GetFlag(FLAGS_max_active_generations);
+  options.generation.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_generations);
+  options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  options.generation.batch_invariant = absl::GetFlag(FLAGS_batch_invariant_decode);
+  options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.sessions.max_state_bytes = absl::GetFlag(FLAGS_session_budget_bytes);
+  options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
+  options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
+  options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
 
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {
@@ -57,7 +84,8 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::cerr << "tost_server: signal " << signal_number << ", shutting down\n";
-  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  std::cerr << "tost_server: signal " << signal_number << ", draining\n";
+  (*server)->Drain(absl::GetFlag(FLAGS_drain_timeout_s) * 1000);
+  std::cerr << "tost_server: stopped\n";
   return 0;
 }

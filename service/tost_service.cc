@@ -77,6 +77,36 @@ absl::StatusOr<ImageBatch> DecodeImageTensor(const tost::v1::FloatTensor& t, con
   return out;
 }
 
+// ClassifyRequest.images: encoded PNG/JPEG, each decoded and preprocessed to the model's resolution
+// (service/image_decode.h), so they batch together. Counts are checked before any decoding.
+absl::StatusOr<ImageBatch> DecodeEncodedImages(const tost::v1::ClassifyRequest& req, const model::ModelConfig& cfg,
+                                               const ServiceLimits& limits) {
+  if (req.has_tensor()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", cfg.name, ": set either tensor or images, not both"));
+  }
+  const model::VisionConfig& v = cfg.vision;
+  ImageBatch out;
+  out.batch = req.images_size();
+  out.height = v.image_height;
+  out.width = v.image_width;
+  if (out.batch > limits.max_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", cfg.name, ": images holds ", out.batch,
+                                                   " images, more than the per-request limit of ", limits.max_batch_size));
+  }
+  const int64_t per_image = v.in_chans * v.image_height * v.image_width;
+  if (out.batch * per_image > limits.max_tensor_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", cfg.name, ": ", out.batch, " images of ", per_image,
+                                                   " values exceed the limit of ", limits.max_tensor_elements, " elements"));
+  }
+  out.pixels.reserve(static_cast<size_t>(out.batch * per_image));
+  for (int i = 0; i < req.images_size(); ++i) {
+    TOST_ASSIGN_OR_RETURN(std::vector<float> one, DecodeAndPreprocess(req.images(i), v, limits.image,
+                                                                      absl::StrCat("model ", cfg.name, ": images[", i, "]")));
+    out.pixels.insert(out.pixels.end(), one.begin(), one.end());
+  }
+  return out;
+}
+
 void TopK(const float* logits, int64_t n, int32_t k, const std::vector<std::string>& labels,
           tost::v1::Classification* out) {
   const float max_logit = *std::max_element(logits, logits + n);
@@ -95,31 +125,6 @@ void TopK(const float* logits, int64_t n, int32_t k, const std::vector<std::stri
   }
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req, const model::LanguageModel& lm,
-                                                  const ServiceLimits& limits) {
-  const model::LanguageConfig& c = lm.config().language;
-  std::vector<int32_t> tokens;
-  if (req.has_prompt_tokens()) {
-    tokens.assign(req.prompt_tokens().ids().begin(), req.prompt_tokens().ids().end());
-  } else {
-    if (static_cast<int64_t>(req.prompt_bytes().size()) > limits.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_bytes holds ", req.prompt_bytes().size(),
-                                                     " bytes, more than the limit of ", limits.max_prompt_bytes));
-    }
-    tokens = model::ByteTokenizer(c.vocab_size, c.eos_token_id).Encode(req.prompt_bytes());
-  }
-  if (tokens.empty()) return absl::InvalidArgumentError("prompt is empty: send prompt_bytes or prompt_tokens");
-  if (static_cast<int64_t>(tokens.size()) > limits.max_prompt_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_tokens holds ", tokens.size(),
-                                                   " ids, more than the limit of ", limits.max_prompt_bytes));
-  }
-  if (static_cast<int64_t>(tokens.size()) > c.context_length) {
-    return absl::OutOfRangeError(absl::StrCat("model ", lm.config().name, ": prompt of ", tokens.size(),
-                                              " tokens exceeds the context length of ", c.context_length, " tokens"));
-  }
-  return tokens;
-}
-
 }  // namespace
 
 grpc::Status TostService::Classify(grpc::ServerContext*, const tost::v1::ClassifyRequest* request,
@@ -130,7 +135,9 @@ grpc::Status TostService::Classify(grpc::ServerContext*, const tost::v1::Classif
     if (request->top_k() < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", request->top_k()));
     const int32_t k = static_cast<int32_t>(std::min<int64_t>(
         request->top_k() == 0 ? limits_.default_top_k_labels : request->top_k(), cfg.vision.num_classes));
-    TOST_ASSIGN_OR_RETURN(ImageBatch images, DecodeImageTensor(request->tensor(), cfg, limits_));
+    TOST_ASSIGN_OR_RETURN(ImageBatch images, request->images_size() > 0
+                                                 ? DecodeEncodedImages(*request, cfg, limits_)
+                                                 : DecodeImageTensor(request->tensor(), cfg, limits_));
     TOST_ASSIGN_OR_RETURN(std::vector<float> logits,
                           vm->Forward(images.pixels, images.batch, images.height, images.width));
     response->set_model(cfg.name);
@@ -141,77 +148,16 @@ grpc::Status TostService::Classify(grpc::ServerContext*, const tost::v1::Classif
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1::GenerateRequest* request,
-                                   grpc::ServerWriter<tost::v1::GenerateResponse>* writer) {
-  auto run = [&]() -> absl::Status {
-    TOST_ASSIGN_OR_RETURN(const model::LanguageModel* lm, registry_.Language(request->model()));
-    const model::LanguageConfig& c = lm->config().language;
-    const int32_t max_new = request->max_new_tokens() == 0 ? limits_.default_max_new_tokens : request->max_new_tokens();
-    if (max_new < 0 || max_new > limits_.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [0, ", limits_.max_new_tokens,
-                                                     "], got ", request->max_new_tokens()));
-    }
-    model::SamplingParams params;
-    params.temperature = request->sampling().temperature();
-    params.top_k = request->sampling().top_k();
-    params.top_p = request->sampling().top_p() == 0.f ? 1.f : request->sampling().top_p();
-    params.seed = request->sampling().seed();
-    TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(params));
-    TOST_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(*request, *lm, limits_));
+namespace {
 
-    model::SequenceState state = lm->NewSequence();
-    TOST_ASSIGN_OR_RETURN(std::vector<float> logits, lm->Prefill(prompt, state));
-    const model::ByteTokenizer tokenizer(c.vocab_size, c.eos_token_id);
-    model::Utf8Assembler utf8;
-    tost::v1::FinishReason finish = tost::v1::FINISH_REASON_LENGTH;
-    int32_t generated = 0;
-    while (generated < max_new) {
-      if (context->IsCancelled()) return absl::CancelledError("client cancelled the Generate stream");
-      const int32_t token = model::SampleToken(logits, params, static_cast<uint64_t>(state.position));
-      ++generated;
-      tost::v1::GenerateResponse msg;
-      auto* t = msg.mutable_token();
-      t->set_id(token);
-      t->set_position(state.position);
-      const std::string bytes = tokenizer.TokenBytes(token);
-      t->set_bytes(bytes);
-      t->set_text(utf8.Push(bytes));
-      if (!writer->Write(msg)) return absl::CancelledError("client went away during Generate");
-      if (token == c.eos_token_id) {
-        finish = tost::v1::FINISH_REASON_EOS;
-        break;
-      }
-      if (generated == max_new) break;
-      if (state.position >= c.context_length) {
-        finish = tost::v1::FINISH_REASON_CONTEXT;
-        break;
-      }
-      model::SequenceState* seqs[] = {&state};
-      TOST_ASSIGN_OR_RETURN(logits, lm->Step(absl::MakeConstSpan(&token, 1), seqs));
-    }
-    tost::v1::GenerateResponse final_msg;
-    auto* f = final_msg.mutable_final();
-    f->set_finish_reason(finish);
-    f->set_prompt_tokens(static_cast<int32_t>(prompt.size()));
-    f->set_generated_tokens(generated);
-    f->set_text(utf8.Flush());
-    writer->Write(final_msg);
-    return absl::OkStatus();
-  };
-  return ToGrpcStatus(run());
-}
-
-grpc::Status TostService::ListModels(grpc::ServerContext*, const tost::v1::ListModelsRequest*,
-                                     tost::v1::ListModelsResponse* response) {
-  for (const auto& m : registry_.models()) {
-    auto* s = response->add_models();
+void FillModelStatus(const model::LoadedModel& m, tost::v1::ModelStatus* s) {
     s->set_name(m.name);
     s->set_version(m.config.version);
     s->set_ready(m.status.ok());
     s->set_error(std::string(m.status.message()));
     s->set_trained(m.config.trained);
     s->set_provenance_json(m.config.provenance_json);
-    if (!m.status.ok() && m.config.name.empty()) continue;  // config itself unreadable
+    if (!m.status.ok() && m.config.name.empty()) return;  // config itself unreadable
     s->set_architecture(model::ArchitectureName(m.config.architecture));
     if (m.config.architecture == model::Architecture::kVision) {
       s->add_input_shape(m.config.vision.in_chans);
@@ -222,7 +168,45 @@ grpc::Status TostService::ListModels(grpc::ServerContext*, const tost::v1::ListM
       s->set_context_length(m.config.language.context_length);
       s->set_vocab_size(m.config.language.vocab_size);
     }
+}
+
+}  // namespace
+
+grpc::Status TostService::ListModels(grpc::ServerContext*, const tost::v1::ListModelsRequest*,
+                                     tost::v1::ListModelsResponse* response) {
+  for (const auto& m : registry_.models()) FillModelStatus(m, response->add_models());
+  return grpc::Status::OK;
+}
+
+grpc::Status TostService::ModelInfo(grpc::ServerContext*, const tost::v1::ModelInfoRequest* request,
+                                    tost::v1::ModelStatus* response) {
+  for (const auto& m : registry_.models()) {
+    if (m.name == request->model()) {
+      FillModelStatus(m, response);
+      return grpc::Status::OK;
+    }
   }
+  return ToGrpcStatus(absl::NotFoundError(absl::StrCat("model \"", request->model(), "\" is not in the repository")));
+}
+
+grpc::Status TostService::ServerStatus(grpc::ServerContext*, const tost::v1::ServerStatusRequest*,
+                                       tost::v1::ServerStatusResponse* response) {
+  response->set_draining(core_.draining.load());
+  for (const auto& [name, scheduler] : core_.schedulers) {
+    const GenerationSchedulerStats st = scheduler->stats();
+    auto* g = response->add_generators();
+    g->set_model(name);
+    g->set_active(st.active);
+    g->set_queued(st.queued);
+    g->set_free_slots(std::max(0, scheduler->options().max_active_jobs - st.active));
+    g->set_state_bytes_per_session(static_cast<int64_t>(scheduler->NewState({}).ByteSize()));
+  }
+  const SessionStoreStats ss = core_.sessions.stats();
+  response->set_sessions(ss.sessions);
+  response->set_session_state_bytes(ss.state_bytes);
+  response->set_session_budget_bytes(core_.sessions.options().max_state_bytes);
+  response->set_session_budget_headroom_bytes(core_.sessions.options().max_state_bytes - ss.state_bytes);
+  response->set_max_sessions(core_.sessions.options().max_sessions);
   return grpc::Status::OK;
 }
 

@@ -97,3 +97,37 @@ TEST(Sampler, ValidationNamesTheField) {
 
 }  // namespace
 }  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+TEST(Sampler, MinPDropsTheUnlikelyTail) {
+  const std::vector<float> logits = {2.f, 1.9f, -3.f, -4.f};
+  SamplingParams p;
+  p.seed = 11;
+  p.min_p = 0.2f;
+  for (int i = 0; i < 500; ++i) EXPECT_LT(SampleToken(logits, p, i), 2);
+}
+
+TEST(Sampler, RepetitionPenaltyDiscouragesRecentTokens) {
+  const std::vector<float> logits = {1.f, 0.9f};
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(SampleToken(logits, p, 0), 0);
+  p.repetition_penalty = 1.5f;
+  const std::vector<int32_t> recent = {0, 0, 0};
+  EXPECT_EQ(SampleToken(logits, p, 0, recent), 1);  // 1/1.5 < 0.9
+}
+
+TEST(Sampler, TopLogprobsAreNormalisedAndSorted) {
+  const std::vector<float> logits = {0.f, 2.f, 1.f};
+  const auto top = TopLogprobs(logits, 2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].first, 1);
+  EXPECT_EQ(top[1].first, 2);
+  const double z = std::exp(0.0) + std::exp(2.0) + std::exp(1.0);
+  EXPECT_NEAR(top[0].second, 2.0 - std::log(z), 1e-6);
+}
+
+}  // namespace
+}  // namespace tost::model

@@ -1,0 +1,167 @@
+// Continuous-batching generation for one language model (DESIGN §6 "Generation").
+//
+// Each scheduler step: (1) drops cancelled, past-deadline and drained jobs, freeing their slots at
+// once; (2) feeds at most `prefill_chunk_tokens` prompt tokens (split over the prefilling jobs in
+// arrival order, tssa_causal continuing each one's state), so a long prompt never stalls the
+// decoders for more than a chunk; (3) runs one batched decode step
+// (tssa_step through LanguageModel::Step) for every decoding job, samples per job and publishes
+// each token to its job at once. Jobs join and leave between steps.
+//
+// Jobs are handed to callers as GenerationJob handles: the gRPC handler waits on its events and
+// writes them to the stream, so a slow client never blocks the step loop.
+//
+// Thread-safety: Submit/Cancel/Drain/stats may be called from any thread; StepOnce runs on the
+// scheduler's own thread after Start(), or on the test's thread when Start() is never called.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "model/language_model.h"
+#include "service/clock.h"
+#include "service/generation_state.h"
+
+namespace tost::service {
+
+enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kDrained };
+const char* FinishReasonName(FinishReason r);
+
+struct TokenEvent {
+  int32_t id = 0;
+  std::string bytes;
+  std::string text;      // complete characters released by this token (may be empty)
+  int64_t position = 0;  // absolute position of this token in the sequence
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
+struct GenerationEvent {
+  enum class Kind { kToken, kSnapshot, kFinished };
+  Kind kind = Kind::kToken;
+  TokenEvent token;           // kToken
+  GenerationState snapshot;   // kSnapshot (every `snapshot_every` tokens) and kFinished (final state)
+  // kFinished:
+  absl::Status status;        // non-OK: the job failed (e.g. an internal model error)
+  FinishReason finish_reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  int32_t generated_tokens = 0;
+  std::string final_text;     // text released at the end (one-shot generations only)
+};
+
+struct GenerationRequest {
+  GenerationState state;            // a fresh state (NewState) or a session's
+  std::vector<int32_t> prompt;      // appended to the sequence; may be empty if state has a pending token
+  int32_t max_new_tokens = 64;      // 0: only feed the prompt
+  int32_t top_logprobs = 0;         // per token, the n most likely alternatives
+  int32_t snapshot_every = 0;       // publish the state every k tokens (0: only at the end)
+  bool persistent = false;          // the state outlives this call: keep withheld text in it
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+class GenerationJob {
+ public:
+  // The next event, waiting at most `timeout`; nullopt on timeout.
+  std::optional<GenerationEvent> Next(absl::Duration timeout);
+  // Asks the scheduler to stop this job; it is dropped at the start of the next step.
+  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancel_requested() const { return cancelled_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class GenerationScheduler;
+  void Publish(GenerationEvent e);
+
+  std::atomic<bool> cancelled_{false};
+  absl::Mutex mu_;
+  std::deque<GenerationEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+struct GenerationSchedulerOptions {
+  int32_t max_active_jobs = 64;       // jobs prefilling or decoding at once
+  int32_t max_queued_jobs = 256;      // jobs admitted but waiting for a slot
+  int32_t prefill_chunk_tokens = 128; // prompt tokens fed per scheduler step, over all prefilling jobs
+  bool batch_invariant = false;       // decode rows independently: bit-identical under any load
+};
+
+absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o);
+
+// What the scheduler has done, for tests and metrics.
+struct GenerationSchedulerStats {
+  int64_t steps = 0;
+  int64_t decode_steps = 0;
+  int64_t decoded_tokens = 0;
+  int64_t prefill_chunks = 0;
+  int64_t prefill_tokens = 0;
+  int32_t max_decode_batch = 0;
+  std::vector<int64_t> decode_batch_histogram;  // [b] = decode steps that ran with batch size b
+  int32_t active = 0;
+  int32_t queued = 0;
+};
+
+class GenerationScheduler {
+ public:
+  static absl::StatusOr<std::unique_ptr<GenerationScheduler>> Create(const model::LanguageModel& model,
+                                                                     GenerationSchedulerOptions options,
+                                                                     Clock* clock);
+  ~GenerationScheduler();
+
+  // A fresh state for this model with the given sampling parameters.
+  GenerationState NewState(const model::SamplingParams& sampling) const;
+
+  // Admits a job or refuses it before any model work: INVALID_ARGUMENT for a bad request,
+  // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every slot
+  // and queue place is taken, UNAVAILABLE once draining.
+  absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(GenerationRequest request);
+
+  // Runs the step loop on an owned thread until Shutdown().
+  void Start();
+  // Refuses new jobs (UNAVAILABLE) while admitted ones run on: the first half of a drain.
+  void StopAdmitting();
+  // Stops the loop and joins its thread; jobs still admitted end with FinishReason kDrained and
+  // their final state, so their clients can resume elsewhere.
+  void Shutdown();
+  // Jobs admitted and not finished (queued or active).
+  int32_t in_flight() const;
+
+  // One scheduler iteration. Returns false when there was nothing to do.
+  bool StepOnce();
+
+  GenerationSchedulerStats stats() const;
+  const model::LanguageModel& model() const { return model_; }
+  const GenerationSchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Job;
+  GenerationScheduler(const model::LanguageModel& model, GenerationSchedulerOptions options, Clock* clock);
+  void Loop();
+  void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
+  // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when
+  // the job finished.
+  bool EmitToken(Job& job, absl::Span<const float> logits);
+
+  const model::LanguageModel& model_;
+  const GenerationSchedulerOptions options_;
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::unique_ptr<Job>> queued_ ABSL_GUARDED_BY(mu_);
+  bool admitting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
+  GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Owned by the step loop (one thread at a time).
+  std::vector<std::unique_ptr<Job>> active_;
+  std::thread thread_;
+};
+
+}  // namespace tost::service

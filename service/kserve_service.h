@@ -1,0 +1,80 @@
+// KServe v2 / Open Inference Protocol gRPC handlers (inference.GRPCInferenceService subset:
+// ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer), so Triton and
+// KServe clients classify with tost-serve unchanged.
+//
+// A vision model is described as
+//   inputs  "image"        FP32  [-1, C, H, W]  preprocessed pixels (as tost.v1 Classify.tensor)
+//           "image_bytes"  BYTES [-1]           encoded PNG/JPEG images ([-1, 1] accepted too),
+//                                               decoded and preprocessed as the model config says
+//   output  "probabilities" FP32 [-1, num_classes]  softmax over the classes
+// A request carries exactly one of the two inputs, as raw_input_contents (BYTES elements each a
+// 4-byte little-endian length and then the bytes) or in InferTensorContents. Outputs come back in
+// raw_output_contents. The classification extension: a requested output parameter
+// "classification" = N (int64) returns BYTES [batch, min(N, num_classes)] strings
+// "<probability>:<index>:<label>", highest first, formatted as Triton does (std::to_string of the
+// float value, i.e. six decimals).
+//
+// With API keys configured (service/auth.h), ModelReady, ModelMetadata and ModelInfer need one
+// (tritonclient: headers={"x-api-key": ...}); ServerLive, ServerReady and ServerMetadata stay open
+// for probes, like grpc.health.v1.
+//
+// Codes: unknown model or version NOT_FOUND; a model that failed to load FAILED_PRECONDITION with
+// its load error (ModelReady answers ready=false and sends the error as trailing metadata
+// "tost-load-error"); a language model UNIMPLEMENTED, pointing to tost.v1.Tost/Generate; any
+// malformed field INVALID_ARGUMENT naming it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kserve/v2/grpc_service.grpc.pb.h"
+#include "service/auth.h"
+#include "service/model_registry.h"
+#include "service/tost_service.h"
+
+namespace tost::service {
+
+inline constexpr char kKServeImageInput[] = "image";
+inline constexpr char kKServeImageBytesInput[] = "image_bytes";
+inline constexpr char kKServeProbabilitiesOutput[] = "probabilities";
+
+class KServeService final : public inference::GRPCInferenceService::Service {
+ public:
+  // `draining` (may be null): while true, ServerReady and ModelReady answer false.
+  // `auth` (may be null: no authentication): checks the caller of model RPCs.
+  KServeService(const ModelRegistry& registry, ServiceLimits limits, const std::atomic<bool>* draining,
+                const Authenticator* auth)
+      : registry_(registry), limits_(limits), draining_(draining), auth_(auth) {}
+
+  grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
+                          inference::ServerLiveResponse* response) override;
+  grpc::Status ServerReady(grpc::ServerContext* context, const inference::ServerReadyRequest* request,
+                           inference::ServerReadyResponse* response) override;
+  grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
+                          inference::ModelReadyResponse* response) override;
+  grpc::Status ServerMetadata(grpc::ServerContext* context, const inference::ServerMetadataRequest* request,
+                              inference::ServerMetadataResponse* response) override;
+  grpc::Status ModelMetadata(grpc::ServerContext* context, const inference::ModelMetadataRequest* request,
+                             inference::ModelMetadataResponse* response) override;
+  grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
+                          inference::ModelInferResponse* response) override;
+
+ private:
+  bool draining() const { return draining_ != nullptr && draining_->load(); }
+  absl::Status Authenticate(const grpc::ServerContext& context) const;
+  // The model call of ModelInfer, kept in one place so the dynamic batcher can take it over:
+  // pixels [batch, C, H, W] at the model's resolution → logits [batch, num_classes].
+  absl::StatusOr<std::vector<float>> RunClassifier(const model::VisionModel& model, const std::vector<float>& pixels,
+                                                   int64_t batch) const;
+  absl::Status Infer(const inference::ModelInferRequest& request, inference::ModelInferResponse& response) const;
+
+  const ModelRegistry& registry_;
+  const ServiceLimits limits_;
+  const std::atomic<bool>* draining_;
+  const Authenticator* auth_;
+};
+
+}  // namespace tost::service
