@@ -28,6 +28,6 @@ if(TOST_ENABLE_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures compiled in every build")
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
-  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 has no C++20 dialect flag for nvcc
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 endif()

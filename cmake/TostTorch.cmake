@@ -64,7 +64,18 @@ if(TOST_ENABLE_CUDA)
   endforeach()
   add_library(tost_torch_cuda INTERFACE)
   add_library(tost::torch_cuda ALIAS tost_torch_cuda)
-  target_link_libraries(tost_torch_cuda INTERFACE tost_torch tost_torch_torch_cuda tost_torch_c10_cuda CUDA::cudart)
+  # The CUDA runtime LibTorch was built with ships in the wheel (nvidia/cu<N>/lib); link that one,
+  # not the toolkit's, so one process never mixes two runtime versions.
+  file(GLOB _tost_wheel_cudart ${TOST_TORCH_DIR}/../nvidia/cu[0-9]*/lib/libcudart.so.[0-9]*)
+  if(_tost_wheel_cudart)
+    list(GET _tost_wheel_cudart 0 _tost_wheel_cudart)
+    add_library(tost_torch_cudart SHARED IMPORTED GLOBAL)
+    set_target_properties(tost_torch_cudart PROPERTIES IMPORTED_LOCATION ${_tost_wheel_cudart})
+    set(_tost_cudart tost_torch_cudart)
+  else()
+    set(_tost_cudart CUDA::cudart)
+  endif()
+  target_link_libraries(tost_torch_cuda INTERFACE tost_torch tost_torch_torch_cuda tost_torch_c10_cuda ${_tost_cudart})
   target_compile_definitions(tost_torch_cuda INTERFACE TOST_WITH_CUDA=1)
   # libtorch_cuda needs the wheel's CUDA libraries (nvidia/*/lib) at link time only to resolve its
   # own dependencies; at run time it finds them through its RPATH.

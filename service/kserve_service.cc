@@ -351,17 +351,14 @@ grpc::Status KServeService::ModelMetadata(grpc::ServerContext* context, const in
 grpc::Status KServeService::ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) {
   if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(Infer(*request, *response));
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
+  return ToGrpcStatus(Infer(*request, deadline, *response));
 }
 
-absl::StatusOr<std::vector<float>> KServeService::RunClassifier(const model::VisionModel& model,
-                                                                const std::vector<float>& pixels,
-                                                                int64_t batch) const {
-  const model::VisionConfig& v = model.config().vision;
-  return model.Forward(pixels, batch, v.image_height, v.image_width);
-}
-
-absl::Status KServeService::Infer(const inference::ModelInferRequest& req, inference::ModelInferResponse& resp) const {
+absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl::Time deadline,
+                                  inference::ModelInferResponse& resp) const {
   TOST_ASSIGN_OR_RETURN(const model::LoadedModel* m, Lookup(registry_, req.model_name(), req.model_version(),
                                                             "model_version"));
   if (m->status.ok() && m->language != nullptr) {
@@ -396,9 +393,17 @@ absl::Status KServeService::Infer(const inference::ModelInferRequest& req, infer
     return absl::InvalidArgumentError("inputs[0].contents must be empty when raw_input_contents is used");
   }
   TOST_ASSIGN_OR_RETURN(const OutputRequest output, ParseOutputs(req, cfg));
-  TOST_ASSIGN_OR_RETURN(const Pixels pixels, in.name() == kKServeImageInput ? FloatInput(req, cfg, limits_)
-                                                                            : EncodedInput(req, cfg, limits_));
-  TOST_ASSIGN_OR_RETURN(const std::vector<float> logits, RunClassifier(*vm, pixels.data, pixels.batch));
+  // Admission before decoding: a full queue is refused before any work on the payload.
+  const int64_t declared = in.shape_size() > 0 ? in.shape(0) : 0;
+  if (declared < 1 || declared > limits_.max_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("inputs[0].shape[0]: model ", cfg.name, " takes 1 to ",
+                                                   limits_.max_batch_size, " images per request, got ", declared));
+  }
+  TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, core_.ReserveClassification(cfg.name, declared));
+  TOST_ASSIGN_OR_RETURN(Pixels pixels, in.name() == kKServeImageInput ? FloatInput(req, cfg, limits_)
+                                                                      : EncodedInput(req, cfg, limits_));
+  TOST_ASSIGN_OR_RETURN(const std::vector<float> logits,
+                        core_.Classify(cfg.name, std::move(slot), std::move(pixels.data), pixels.batch, deadline));
 
   const int64_t n = cfg.vision.num_classes;
   std::vector<float> probs(static_cast<size_t>(pixels.batch * n));

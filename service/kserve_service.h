@@ -33,6 +33,7 @@
 #include "kserve/v2/grpc_service.grpc.pb.h"
 #include "service/auth.h"
 #include "service/model_registry.h"
+#include "service/serving_core.h"
 #include "service/tost_service.h"
 
 namespace tost::service {
@@ -43,11 +44,10 @@ inline constexpr char kKServeProbabilitiesOutput[] = "probabilities";
 
 class KServeService final : public inference::GRPCInferenceService::Service {
  public:
-  // `draining` (may be null): while true, ServerReady and ModelReady answer false.
-  // `auth` (may be null: no authentication): checks the caller of model RPCs.
-  KServeService(const ModelRegistry& registry, ServiceLimits limits, const std::atomic<bool>* draining,
-                const Authenticator* auth)
-      : registry_(registry), limits_(limits), draining_(draining), auth_(auth) {}
+  // While core.draining is true, ServerReady and ModelReady answer false; core.auth checks the
+  // caller of model RPCs; classification runs through core's per-model dynamic batcher.
+  KServeService(const ServingCore& core, ServiceLimits limits)
+      : core_(core), registry_(core.registry), limits_(limits), draining_(&core.draining), auth_(&core.auth) {}
 
   grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
                           inference::ServerLiveResponse* response) override;
@@ -65,12 +65,10 @@ class KServeService final : public inference::GRPCInferenceService::Service {
  private:
   bool draining() const { return draining_ != nullptr && draining_->load(); }
   absl::Status Authenticate(const grpc::ServerContext& context) const;
-  // The model call of ModelInfer, kept in one place so the dynamic batcher can take it over:
-  // pixels [batch, C, H, W] at the model's resolution → logits [batch, num_classes].
-  absl::StatusOr<std::vector<float>> RunClassifier(const model::VisionModel& model, const std::vector<float>& pixels,
-                                                   int64_t batch) const;
-  absl::Status Infer(const inference::ModelInferRequest& request, inference::ModelInferResponse& response) const;
+  absl::Status Infer(const inference::ModelInferRequest& request, absl::Time deadline,
+                     inference::ModelInferResponse& response) const;
 
+  const ServingCore& core_;
   const ModelRegistry& registry_;
   const ServiceLimits limits_;
   const std::atomic<bool>* draining_;

@@ -32,6 +32,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.session_reap_interval_ms < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
   }
+  if (o.limits.max_batch_size > o.batching.max_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_batch_size (images per request, ", o.limits.max_batch_size,
+                                                   ") must not exceed --max_batch_images (images per batch, ",
+                                                   o.batching.max_batch_size, "): a request never splits"));
+  }
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
   return absl::OkStatus();
@@ -80,9 +85,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     scheduler->Start();
     server->core_->schedulers[m.name] = std::move(scheduler);
   }
+  for (const auto& m : server->registry_->models()) {
+    if (m.vision == nullptr) continue;
+    DynamicBatcherOptions batching = options.batching;
+    batching.model_name = m.name;
+    const model::VisionModel* vm = m.vision.get();
+    TOST_ASSIGN_OR_RETURN(server->core_->batchers[m.name],
+                          DynamicBatcher::Create(
+                              batching,
+                              [vm](const BatchInput& in) {
+                                return vm->Forward(in.ConcatenatedInput(), in.num_images(), in.resolution().height,
+                                                   in.resolution().width);
+                              },
+                              RealClock::Get()));
+  }
   server->service_ = std::make_unique<TostService>(*server->core_, options.limits);
-  server->kserve_ = std::make_unique<KServeService>(*server->registry_, options.limits, &server->core_->draining,
-                                                    &server->core_->auth);
+  server->kserve_ = std::make_unique<KServeService>(*server->core_, options.limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -126,6 +144,8 @@ void Server::Drain(int drain_timeout_ms) {
   core_->draining = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
   for (auto& [name, scheduler] : core_->schedulers) scheduler->StopAdmitting();
+  // Classification requests already queued run now; new ones are refused with UNAVAILABLE.
+  for (auto& [name, batcher] : core_->batchers) batcher->Shutdown(ShutdownMode::kFinishQueued);
   const absl::Time deadline = absl::Now() + absl::Milliseconds(drain_timeout_ms);
   auto busy = [&] {
     for (auto& [name, scheduler] : core_->schedulers) {
@@ -146,6 +166,7 @@ void Server::Shutdown(int grace_ms) {
   // Schedulers first: their jobs end (drained) so the Generate handlers can return.
   if (core_ != nullptr) {
     for (auto& [name, scheduler] : core_->schedulers) scheduler->Shutdown();
+    for (auto& [name, batcher] : core_->batchers) batcher->Shutdown(ShutdownMode::kFailQueued);
   }
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   server_->Wait();

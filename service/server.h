@@ -29,6 +29,7 @@ struct ServerOptions {
   int intra_op_threads = 0;                  // LibTorch threads; 0 = one per core
   ServiceLimits limits;
   GenerationSchedulerOptions generation;     // per language model
+  DynamicBatcherOptions batching;            // per vision model (model_name is filled in per model)
   SessionStoreOptions sessions;
   std::string session_key_file;              // secret for state blobs; empty = random per process
   std::string api_keys_file;                 // "name key" lines; empty = no API keys

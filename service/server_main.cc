@@ -18,12 +18,16 @@ ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack be
 ABSL_FLAG(int, intra_op_threads, 0, "LibTorch intra-op threads; 0 = one per core");
 ABSL_FLAG(int, drain_timeout_s, 30, "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
                                     "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
-ABSL_FLAG(int64_t, max_batch_size, 64, "Most images in one Classify request");
+ABSL_FLAG(int64_t, max_batch_size, 8, "Most images in one Classify request (at most --max_batch_images)");
 ABSL_FLAG(int64_t, max_tensor_elements, 64LL << 20, "Most float32 values in one Classify tensor");
 ABSL_FLAG(int64_t, max_image_bytes, 16LL << 20, "Most bytes of one encoded PNG/JPEG image (Classify images, KServe BYTES)");
 ABSL_FLAG(int64_t, max_decoded_pixels, 40000000, "Most pixels (width x height, from the image header) one encoded image may declare; checked before decoding");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Most bytes (or token ids) in one Generate prompt");
 ABSL_FLAG(int, max_new_tokens, 4096, "Largest max_new_tokens a Generate request may ask for");
+ABSL_FLAG(int64_t, max_batch_images, 8, "Classification: images per batched forward (per vision model)");
+ABSL_FLAG(int64_t, max_queue_delay_us, 2000, "Classification: longest a request waits for its batch to fill");
+ABSL_FLAG(int64_t, max_queue_size, 64, "Classification: requests waiting per vision model; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, classify_timeout_us, 10000000, "Classification: default deadline of a request without one");
 ABSL_FLAG(int, max_active_generations, 64, "Sequences decoded together per language model (one batched step)");
 ABSL_FLAG(int, max_queued_generations, 256, "Generations admitted and waiting for a slot, per language model");
 ABSL_FLAG(int, prefill_chunk_tokens, 128, "Prompt tokens per prefill chunk (interleaved with decode steps)");
@@ -63,6 +67,10 @@ int main(int argc, char** argv) {
   options.limits.image.max_decoded_pixels = absl::GetFlag(FLAGS_max_decoded_pixels);
   options.limits.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   options.limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_images);
+  options.batching.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  options.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  options.batching.timeout_us = absl::GetFlag(FLAGS_classify_timeout_us);
   options.generation.max_active_jobs = absl::GetFlag(FLAGS_max_active_generations);
   options.generation.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_generations);
   options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);

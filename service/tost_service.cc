@@ -127,19 +127,32 @@ void TopK(const float* logits, int64_t n, int32_t k, const std::vector<std::stri
 
 }  // namespace
 
-grpc::Status TostService::Classify(grpc::ServerContext*, const tost::v1::ClassifyRequest* request,
+grpc::Status TostService::Classify(grpc::ServerContext* context, const tost::v1::ClassifyRequest* request,
                                    tost::v1::ClassifyResponse* response) {
   auto run = [&]() -> absl::Status {
+    TOST_RETURN_IF_ERROR(core_.auth.Identify(*context).status());
     TOST_ASSIGN_OR_RETURN(const model::VisionModel* vm, registry_.Vision(request->model()));
     const model::ModelConfig& cfg = vm->config();
     if (request->top_k() < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", request->top_k()));
     const int32_t k = static_cast<int32_t>(std::min<int64_t>(
         request->top_k() == 0 ? limits_.default_top_k_labels : request->top_k(), cfg.vision.num_classes));
+    // Admission before decoding: a full queue costs the server nothing.
+    const int64_t requested = request->images_size() > 0 ? request->images_size()
+                              : request->tensor().shape_size() == 4 ? request->tensor().shape(0)
+                                                                    : 1;
+    if (requested < 1 || requested > limits_.max_batch_size) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", cfg.name, ": a request holds 1 to ", limits_.max_batch_size,
+                                                     " images, got ", requested));
+    }
+    TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, core_.ReserveClassification(cfg.name, requested));
     TOST_ASSIGN_OR_RETURN(ImageBatch images, request->images_size() > 0
                                                  ? DecodeEncodedImages(*request, cfg, limits_)
                                                  : DecodeImageTensor(request->tensor(), cfg, limits_));
+    const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                    ? absl::InfiniteFuture()
+                                    : absl::FromChrono(context->deadline());
     TOST_ASSIGN_OR_RETURN(std::vector<float> logits,
-                          vm->Forward(images.pixels, images.batch, images.height, images.width));
+                          core_.Classify(cfg.name, std::move(slot), std::move(images.pixels), images.batch, deadline));
     response->set_model(cfg.name);
     const int64_t n = cfg.vision.num_classes;
     for (int64_t b = 0; b < images.batch; ++b) TopK(logits.data() + b * n, n, k, cfg.vision.labels, response->add_results());
@@ -172,14 +185,16 @@ void FillModelStatus(const model::LoadedModel& m, tost::v1::ModelStatus* s) {
 
 }  // namespace
 
-grpc::Status TostService::ListModels(grpc::ServerContext*, const tost::v1::ListModelsRequest*,
+grpc::Status TostService::ListModels(grpc::ServerContext* context, const tost::v1::ListModelsRequest*,
                                      tost::v1::ListModelsResponse* response) {
+  if (auto who = core_.auth.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());
   for (const auto& m : registry_.models()) FillModelStatus(m, response->add_models());
   return grpc::Status::OK;
 }
 
-grpc::Status TostService::ModelInfo(grpc::ServerContext*, const tost::v1::ModelInfoRequest* request,
+grpc::Status TostService::ModelInfo(grpc::ServerContext* context, const tost::v1::ModelInfoRequest* request,
                                     tost::v1::ModelStatus* response) {
+  if (auto who = core_.auth.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());
   for (const auto& m : registry_.models()) {
     if (m.name == request->model()) {
       FillModelStatus(m, response);
@@ -189,8 +204,9 @@ grpc::Status TostService::ModelInfo(grpc::ServerContext*, const tost::v1::ModelI
   return ToGrpcStatus(absl::NotFoundError(absl::StrCat("model \"", request->model(), "\" is not in the repository")));
 }
 
-grpc::Status TostService::ServerStatus(grpc::ServerContext*, const tost::v1::ServerStatusRequest*,
+grpc::Status TostService::ServerStatus(grpc::ServerContext* context, const tost::v1::ServerStatusRequest*,
                                        tost::v1::ServerStatusResponse* response) {
+  if (auto who = core_.auth.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());
   response->set_draining(core_.draining.load());
   for (const auto& [name, scheduler] : core_.schedulers) {
     const GenerationSchedulerStats st = scheduler->stats();
@@ -200,6 +216,9 @@ grpc::Status TostService::ServerStatus(grpc::ServerContext*, const tost::v1::Ser
     g->set_queued(st.queued);
     g->set_free_slots(std::max(0, scheduler->options().max_active_jobs - st.active));
     g->set_state_bytes_per_session(static_cast<int64_t>(scheduler->NewState({}).ByteSize()));
+    g->set_decode_steps(st.decode_steps);
+    g->set_decoded_tokens(st.decoded_tokens);
+    g->set_max_decode_batch(st.max_decode_batch);
   }
   const SessionStoreStats ss = core_.sessions.stats();
   response->set_sessions(ss.sessions);

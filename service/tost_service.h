@@ -12,7 +12,7 @@
 namespace tost::service {
 
 struct ServiceLimits {
-  int64_t max_batch_size = 64;                   // images per Classify request
+  int64_t max_batch_size = 8;                    // images per Classify request (<= images per batch)
   int64_t max_tensor_elements = 64LL << 20;      // floats per Classify tensor
   int64_t max_prompt_bytes = 1 << 20;            // bytes (or token ids) per Generate prompt
   int32_t max_new_tokens = 4096;                 // ceiling on GenerateRequest.max_new_tokens
