@@ -1,0 +1,903 @@
+// CUDA kernels of the three TSSA operators (docs/tost-reference.md §1.1, §2.1, §2.2). The ATen
+// reference (kernels/reference.cc) is the ground truth; the eps placement follows it exactly:
+//   vision  ν = max(sqrt(Σ_j w²), 1e-12)           (clamp on the norm)
+//   causal  S1 = max(S1_0 + Σ_{s≤t} w², 1e-12)     (clamp on the squared sum, state keeps it unclamped)
+//   both    dots = Σ Π·w² / (Σ Π + 1e-8),  y = (−w·Π) / (1 + dots)
+//   causal  logit = temp[k] · (Σ_c w²/S1 + p·δ[k, pos])
+// All statistics are float32 at every input precision; every reduction has a fixed order, so
+// results are deterministic run to run (no floating-point atomics).
+//
+// Work decomposition (B sequences, N/T tokens, D = K·p channels):
+//   * Token-axis reductions are cut into chunks of `chunk_tokens` tokens, one thread block per
+//     (chunk, sequence). Threads own channels and walk the chunk's tokens, so every global access
+//     is a coalesced row segment; per-chunk partials go to a workspace and are combined by a
+//     second small kernel (vision: a sum; causal: an exclusive scan that also emits the state).
+//   * Per-token head logits and the softmax over the K heads are warp-level: a warp owns a token
+//     row, lanes form groups of `group` lanes (a power of two ≥ min(p, 32)), one group per head,
+//     and reduce with shuffles.
+//   vision  : ChunkSumSq → Norm → TssaStats (Π, Σ Π·w², Σ Π per chunk) → Gate → TssaApply
+//   causal  : ChunkSumSq → ChunkScan(S1) → CausalStats (local S1 scan, Π, chunk sums)
+//             → ChunkScan(S2, S3) → CausalApply (local S2/S3 scan, y)
+//   step    : one block per sequence; all heads of the token in one block (softmax couples them).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/tssa_cuda.h"
+
+namespace tost::kernels::gpu {
+namespace {
+
+constexpr float kNormEps = 1e-12f;  // reference::kNormEps
+constexpr float kCountEps = 1e-8f;  // reference::kCountEps
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpSize = 32;
+
+constexpr int kColumnThreads = 256;  // ChunkSumSq, TssaStats, TssaApply
+constexpr int kRowThreads = 256;     // CausalStats, CausalApply, Step: thread i owns channels i + j·blockDim
+constexpr int kMaxChannelsPerThread = 32;
+static_assert(kMaxChannelsPerThread * kRowThreads >= kMaxChannels, "row kernels must cover kMaxChannels");
+constexpr int kElementwiseThreads = 256;
+constexpr int64_t kMaxChunkTokens = 64;
+constexpr int64_t kMinChunkTokens = 8;
+constexpr int kMaxTileTokens = 16;          // CausalStats: tokens per shared-memory q tile
+constexpr size_t kCausalTileFloats = 8192;  // 32 KiB budget for the q tile
+constexpr size_t kSmemLimit = 48 * 1024;    // no opt-in to larger dynamic shared memory
+
+#define TOST_RETURN_IF_CUDA_ERROR(expr)             \
+  do {                                              \
+    const cudaError_t tost_err_ = (expr);           \
+    if (tost_err_ != cudaSuccess) return tost_err_; \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Element conversion and vector access.
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// V consecutive elements; for V > 1 the address must be aligned to sizeof(T)·V (one vector access).
+template <typename T, int V>
+__device__ __forceinline__ void LoadVec(const T* __restrict__ p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = ToFloat(p[0]);
+  } else {
+    const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = ToFloat(pk.v[i]);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void StoreVec(T* __restrict__ p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    p[0] = FromFloat<T>(in[0]);
+  } else {
+    Pack<T, V> pk;
+#pragma unroll
+    for (int i = 0; i < V; ++i) pk.v[i] = FromFloat<T>(in[i]);
+    *reinterpret_cast<Pack<T, V>*>(p) = pk;
+  }
+}
+
+// Row-loop unrolling of the column kernels: enough independent loads in flight without pushing
+// the register count past what keeps them spill-free (V elements per load already).
+template <int V>
+__host__ __device__ constexpr int RowUnroll() {
+  return V == 1 ? 4 : (V <= 4 ? 2 : 1);
+}
+
+// Minimum resident blocks per SM requested from ptxas for the kernels whose threads keep CPT
+// channels in registers. Without an explicit value ptxas trades a few spills for occupancy;
+// these bounds (register caps 64, 85 or 255 at 256 threads) are the tightest that compile
+// spill-free for sm_80 and sm_90 (checked with -Xptxas=-v, see TOST_CUDA_PTXAS_VERBOSE).
+__host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) { return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1); }
+__host__ __device__ constexpr int CausalApplyMinBlocks(int cpt) { return cpt <= 8 ? 4 : 1; }
+__host__ __device__ constexpr int StepMinBlocks(int cpt) { return cpt <= 16 ? 4 : 1; }
+
+// ---------------------------------------------------------------------------------------------
+// Warp-level building blocks.
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Per-head sums Σ_{c<p} q(k·p + c) for every head k handled by the calling warp. Lanes form groups
+// of `group` lanes (power of two, ≤ 32), one head per group per pass; passes first_pass,
+// first_pass + pass_stride, ... cover the heads. The group leader hands (k, sum) to `sink`.
+// Must be called by all 32 lanes of the warp (the pass loop is warp-uniform).
+template <typename Q, typename Sink>
+__device__ __forceinline__ void HeadSums(int heads, int p, int group, int first_pass, int pass_stride, Q q, Sink sink) {
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  const int per_pass = kWarpSize / group;
+  const int g = lane / group;
+  const int gl = lane & (group - 1);
+  for (int pass = first_pass; pass * per_pass < heads; pass += pass_stride) {
+    const int k = pass * per_pass + g;
+    float s = 0.f;
+    if (k < heads) {
+      const int base = k * p;
+      for (int c = gl; c < p; c += group) s += q(base + c);
+    }
+    for (int o = group >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
+    if (gl == 0 && k < heads) sink(k, s);
+  }
+}
+
+// In-place softmax of x[0..K) (shared memory) by one warp. Each lane rewrites only the entries it
+// read, so callers need a __syncwarp() only between producing x and calling this.
+__device__ __forceinline__ void WarpSoftmaxInPlace(float* x, int heads) {
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  float m = __int_as_float(0xff800000);  // -inf
+  for (int k = lane; k < heads; k += kWarpSize) m = fmaxf(m, x[k]);
+  m = WarpMax(m);
+  float s = 0.f;
+  for (int k = lane; k < heads; k += kWarpSize) {
+    const float e = expf(x[k] - m);
+    x[k] = e;
+    s += e;
+  }
+  s = WarpSum(s);
+  for (int k = lane; k < heads; k += kWarpSize) x[k] = x[k] / s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels shared by the vision and causal paths.
+
+// part[b][g][c] = Σ_{t ∈ chunk g} w[b,t,c]²   (layout [B][chunks][D]). grid (chunks, B).
+template <typename T, int V>
+__global__ void __launch_bounds__(kColumnThreads)
+    ChunkSumSqKernel(const T* __restrict__ w, float* __restrict__ part, int64_t tokens, int D, int64_t chunk_tokens,
+                     int chunks) {
+  const int g = blockIdx.x;
+  const int b = blockIdx.y;
+  const int64_t t0 = g * chunk_tokens;
+  const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
+  const T* wb = w + (static_cast<int64_t>(b) * tokens + t0) * D;
+  float* out = part + (static_cast<int64_t>(b) * chunks + g) * D;
+  for (int c = threadIdx.x * V; c < D; c += blockDim.x * V) {
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.f;
+#pragma unroll(RowUnroll<V>())
+    for (int r = 0; r < rows; ++r) {
+      float v[V];
+      LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += v[i] * v[i];
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[c + i] = acc[i];
+  }
+}
+
+// In-place exclusive scan over chunks of part[b][g][i] (layout [B][chunks][width]), seeded with
+// state_in[b][offset + i] (or 0); the total goes to state_out[b][offset + i].
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ChunkScanKernel(float* __restrict__ part, int64_t batch, int chunks, int width, const float* __restrict__ state_in,
+                    int64_t state_width, int offset, float* __restrict__ state_out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * width) return;
+  const int64_t b = idx / width;
+  const int i = static_cast<int>(idx - b * width);
+  float run = state_in != nullptr ? state_in[b * state_width + offset + i] : 0.f;
+  float* col = part + b * chunks * width + i;
+  for (int g = 0; g < chunks; ++g) {
+    const float v = col[static_cast<int64_t>(g) * width];
+    col[static_cast<int64_t>(g) * width] = run;
+    run += v;
+  }
+  state_out[b * state_width + offset + i] = run;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vision TSSA.
+
+// nu[b][c] = max(sqrt(Σ_g part[b][g][c]), 1e-12).
+__global__ void __launch_bounds__(kElementwiseThreads)
+    NormKernel(const float* __restrict__ part, float* __restrict__ nu, int64_t batch, int chunks, int D) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * D) return;
+  const int64_t b = idx / D;
+  const int c = static_cast<int>(idx - b * D);
+  const float* col = part + b * chunks * D + c;
+  float s = 0.f;
+  for (int g = 0; g < chunks; ++g) s += col[static_cast<int64_t>(g) * D];
+  nu[idx] = fmaxf(sqrtf(s), kNormEps);
+}
+
+// Per chunk: Π for every token (softmax over heads of temp[k]·Σ_c (w/ν)²), written to pi[b][t][k],
+// and the chunk partials part[b][g][c] = Σ_t Π[t,k(c)]·w², part[b][g][D+k] = Σ_t Π[t,k]
+// (layout [B][chunks][D+K]). grid (chunks, B), dynamic shared memory chunk_tokens·K floats.
+template <typename T, int V>
+__global__ void __launch_bounds__(kColumnThreads)
+    TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ nu,
+                    float* __restrict__ pi, float* __restrict__ part, int64_t tokens, int D, int K, int p, int group,
+                    int64_t chunk_tokens, int chunks) {
+  extern __shared__ float pi_s[];  // [rows][K]
+  const int g = blockIdx.x;
+  const int b = blockIdx.y;
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  const int warp = threadIdx.x / kWarpSize;
+  const int nwarps = blockDim.x / kWarpSize;
+  const int64_t t0 = g * chunk_tokens;
+  const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
+  const T* wb = w + (static_cast<int64_t>(b) * tokens + t0) * D;
+  const float* nub = nu + static_cast<int64_t>(b) * D;
+
+  // Rows: one warp per token.
+  for (int r = warp; r < rows; r += nwarps) {
+    const T* row = wb + static_cast<int64_t>(r) * D;
+    float* prow = pi_s + r * K;
+    HeadSums(
+        K, p, group, 0, 1,
+        [&](int c) {
+          const float x = ToFloat(row[c]) / nub[c];
+          return x * x;
+        },
+        [&](int k, float s) { prow[k] = s * temp[k]; });
+    __syncwarp();
+    WarpSoftmaxInPlace(prow, K);
+    float* pg = pi + (static_cast<int64_t>(b) * tokens + t0 + r) * K;
+    for (int k = lane; k < K; k += kWarpSize) pg[k] = prow[k];
+  }
+  __syncthreads();
+
+  // Columns: Σ_t Π·w² per channel, Σ_t Π per head.
+  float* out = part + (static_cast<int64_t>(b) * chunks + g) * (D + K);
+  for (int c = threadIdx.x * V; c < D; c += blockDim.x * V) {
+    int hk[V];
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      hk[i] = (c + i) / p;
+      acc[i] = 0.f;
+    }
+#pragma unroll(RowUnroll<V>())
+    for (int r = 0; r < rows; ++r) {
+      float v[V];
+      LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * (v[i] * v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[c + i] = acc[i];
+  }
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    float s = 0.f;
+    for (int r = 0; r < rows; ++r) s += pi_s[r * K + k];
+    out[D + k] = s;
+  }
+}
+
+// denom[b][c] = 1 + Σ_g part[b][g][c] / (Σ_g part[b][g][D+k(c)] + 1e-8).
+__global__ void __launch_bounds__(kElementwiseThreads)
+    GateKernel(const float* __restrict__ part, float* __restrict__ denom, int64_t batch, int chunks, int D, int K,
+               int p) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= batch * D) return;
+  const int64_t b = idx / D;
+  const int c = static_cast<int>(idx - b * D);
+  const int width = D + K;
+  const float* base = part + b * chunks * width;
+  const int hc = D + c / p;
+  float s2 = 0.f;
+  float n = 0.f;
+  for (int g = 0; g < chunks; ++g) {
+    s2 += base[static_cast<int64_t>(g) * width + c];
+    n += base[static_cast<int64_t>(g) * width + hc];
+  }
+  denom[idx] = 1.f + s2 / (n + kCountEps);
+}
+
+// y[b,t,c] = (−w·Π[b,t,k(c)]) / denom[b][c]. grid (chunks, B).
+template <typename T, int V>
+__global__ void __launch_bounds__(kColumnThreads)
+    TssaApplyKernel(const T* __restrict__ w, const float* __restrict__ pi, const float* __restrict__ denom,
+                    T* __restrict__ y, int64_t tokens, int D, int K, int p, int64_t chunk_tokens) {
+  const int g = blockIdx.x;
+  const int b = blockIdx.y;
+  const int64_t t0 = g * chunk_tokens;
+  const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
+  const int64_t row0 = static_cast<int64_t>(b) * tokens + t0;
+  const T* wb = w + row0 * D;
+  T* yb = y + row0 * D;
+  const float* pib = pi + row0 * K;
+  const float* denb = denom + static_cast<int64_t>(b) * D;
+  for (int c = threadIdx.x * V; c < D; c += blockDim.x * V) {
+    int hk[V];
+    float den[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      hk[i] = (c + i) / p;
+      den[i] = denb[c + i];
+    }
+#pragma unroll(RowUnroll<V>())
+    for (int r = 0; r < rows; ++r) {
+      float v[V];
+      LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
+      const float* prow = pib + static_cast<int64_t>(r) * K;
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = (-v[i] * prow[hk[i]]) / den[i];
+      StoreVec<T, V>(yb + static_cast<int64_t>(r) * D + c, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal TSSA (prefill).
+
+// Per chunk, given the exclusive S1 prefix prefix1[b][g][c] (state S1 included): the local S1 scan,
+// q = w²/max(S1, 1e-12) in a shared tile of `tile` tokens, one warp per token for the logits
+// temp[k]·(Σ_c q + p·δ[k,pos]) and the head softmax, Π to pi[b][t][k], and the chunk sums
+// part23[b][g][c] = Σ_t Π·w², part23[b][g][D+k] = Σ_t Π. Thread i owns channels i + j·blockDim.
+// grid (chunks, B), dynamic shared memory (tile·(D+K) + K) floats.
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
+    CausalStatsKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ denom_bias,
+                      int64_t tmax, const int64_t* __restrict__ positions, const float* __restrict__ prefix1,
+                      float* __restrict__ pi, float* __restrict__ part23, int64_t tokens, int D, int K, int p,
+                      int group, int64_t chunk_tokens, int chunks, int tile) {
+  extern __shared__ float smem[];
+  float* q_s = smem;              // [tile][D]
+  float* pi_s = q_s + tile * D;   // [tile][K]
+  float* s3_s = pi_s + tile * K;  // [K], entry k owned by thread k % blockDim
+  const int g = blockIdx.x;
+  const int b = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int nt = blockDim.x;
+  const int lane = tid & (kWarpSize - 1);
+  const int warp = tid / kWarpSize;
+  const int nwarps = nt / kWarpSize;
+  const int64_t t0 = g * chunk_tokens;
+  const int64_t t1 = min(tokens, t0 + chunk_tokens);
+  const int64_t pos0 = (positions != nullptr ? positions[b] : 0);
+  const T* wb = w + static_cast<int64_t>(b) * tokens * D;
+  const float* pre = prefix1 + (static_cast<int64_t>(b) * chunks + g) * D;
+  const float pf = static_cast<float>(p);
+
+  float run1[CPT];
+  float acc2[CPT];
+  int head[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int c = tid + i * nt;
+    run1[i] = c < D ? pre[c] : 0.f;
+    acc2[i] = 0.f;
+    head[i] = c < D ? c / p : 0;
+  }
+  for (int k = tid; k < K; k += nt) s3_s[k] = 0.f;
+
+  for (int64_t ts = t0; ts < t1; ts += tile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(tile), t1 - ts));
+    // (i) S1 running sums and q for the tile.
+    for (int j = 0; j < n; ++j) {
+      const T* row = wb + (ts + j) * D;
+      float* qrow = q_s + j * D;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int c = tid + i * nt;
+        if (c < D) {
+          const float v = ToFloat(row[c]);
+          const float w2 = v * v;
+          run1[i] += w2;
+          qrow[c] = w2 / fmaxf(run1[i], kNormEps);
+        }
+      }
+    }
+    __syncthreads();
+    // (ii) Logits and softmax over heads, one warp per token.
+    for (int j = warp; j < n; j += nwarps) {
+      const float* qrow = q_s + j * D;
+      float* prow = pi_s + j * K;
+      const float* db = denom_bias + (pos0 + ts + j);
+      HeadSums(
+          K, p, group, 0, 1, [&](int c) { return qrow[c]; },
+          [&](int k, float s) { prow[k] = (s + pf * db[k * tmax]) * temp[k]; });
+      __syncwarp();
+      WarpSoftmaxInPlace(prow, K);
+      float* pg = pi + (static_cast<int64_t>(b) * tokens + ts + j) * K;
+      for (int k = lane; k < K; k += kWarpSize) pg[k] = prow[k];
+    }
+    __syncthreads();
+    // (iii) Chunk sums of Π·w² and Π.
+    for (int j = 0; j < n; ++j) {
+      const T* row = wb + (ts + j) * D;
+      const float* prow = pi_s + j * K;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int c = tid + i * nt;
+        if (c < D) {
+          const float v = ToFloat(row[c]);
+          acc2[i] += prow[head[i]] * (v * v);
+        }
+      }
+    }
+    for (int k = tid; k < K; k += nt) {
+      float s = s3_s[k];
+      for (int j = 0; j < n; ++j) s += pi_s[j * K + k];
+      s3_s[k] = s;
+    }
+    __syncthreads();  // q_s / pi_s are rewritten by the next tile
+  }
+
+  float* out = part23 + (static_cast<int64_t>(b) * chunks + g) * (D + K);
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int c = tid + i * nt;
+    if (c < D) out[c] = acc2[i];
+  }
+  for (int k = tid; k < K; k += nt) out[D + k] = s3_s[k];
+}
+
+// Per chunk, given the exclusive prefixes prefix23[b][g][c] (S2) and prefix23[b][g][D+k] (S3):
+// the local inclusive scans of Π·w² and Π, and y = (−w·Π) / (1 + S2/(S3 + 1e-8)). grid (chunks, B).
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
+    CausalApplyKernel(const T* __restrict__ w, const float* __restrict__ pi, const float* __restrict__ prefix23,
+                      T* __restrict__ y, int64_t tokens, int D, int K, int p, int64_t chunk_tokens, int chunks) {
+  const int g = blockIdx.x;
+  const int b = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int nt = blockDim.x;
+  const int64_t t0 = g * chunk_tokens;
+  const int64_t t1 = min(tokens, t0 + chunk_tokens);
+  const float* pre = prefix23 + (static_cast<int64_t>(b) * chunks + g) * (D + K);
+  float run2[CPT];
+  float run3[CPT];
+  int head[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int c = tid + i * nt;
+    head[i] = c < D ? c / p : 0;
+    run2[i] = c < D ? pre[c] : 0.f;
+    run3[i] = c < D ? pre[D + head[i]] : 0.f;
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t r = static_cast<int64_t>(b) * tokens + t;
+    const T* row = w + r * D;
+    T* yrow = y + r * D;
+    const float* prow = pi + r * K;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int c = tid + i * nt;
+      if (c < D) {
+        const float v = ToFloat(row[c]);
+        const float pk = prow[head[i]];
+        run2[i] += pk * (v * v);
+        run3[i] += pk;
+        yrow[c] = FromFloat<T>((-v * pk) / (1.f + run2[i] / (run3[i] + kCountEps)));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal TSSA decode step: one block per sequence, state [B][2D+K] updated in place.
+// Dynamic shared memory (D + 2K) floats.
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
+    StepKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ denom_bias,
+               int64_t tmax, const int64_t* __restrict__ positions, float* __restrict__ state, T* __restrict__ y, int D,
+               int K, int p, int group) {
+  extern __shared__ float smem[];
+  float* q_s = smem;       // [D]
+  float* pi_s = q_s + D;   // [K]
+  float* s3_s = pi_s + K;  // [K]
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int nt = blockDim.x;
+  const int warp = tid / kWarpSize;
+  const int nwarps = nt / kWarpSize;
+  float* st = state + static_cast<int64_t>(b) * (2 * D + K);
+  const T* wrow = w + static_cast<int64_t>(b) * D;
+  const float* db = denom_bias + positions[b];
+  const float pf = static_cast<float>(p);
+
+  float v[CPT];
+  float w2[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int c = tid + i * nt;
+    v[i] = 0.f;
+    w2[i] = 0.f;
+    if (c < D) {
+      v[i] = ToFloat(wrow[c]);
+      w2[i] = v[i] * v[i];
+      const float s1 = st[c] + w2[i];
+      st[c] = s1;
+      q_s[c] = w2[i] / fmaxf(s1, kNormEps);
+    }
+  }
+  __syncthreads();
+  HeadSums(
+      K, p, group, warp, nwarps, [&](int c) { return q_s[c]; },
+      [&](int k, float s) { pi_s[k] = (s + pf * db[k * tmax]) * temp[k]; });
+  __syncthreads();
+  if (warp == 0) WarpSoftmaxInPlace(pi_s, K);
+  __syncthreads();
+  for (int k = tid; k < K; k += nt) {
+    const float s3 = st[2 * D + k] + pi_s[k];
+    st[2 * D + k] = s3;
+    s3_s[k] = s3;
+  }
+  __syncthreads();
+  T* yrow = y + static_cast<int64_t>(b) * D;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int c = tid + i * nt;
+    if (c < D) {
+      const int k = c / p;
+      const float pk = pi_s[k];
+      const float s2 = st[D + c] + pk * w2[i];
+      st[D + c] = s2;
+      yrow[c] = FromFloat<T>((-v[i] * pk) / (1.f + s2 / (s3_s[k] + kCountEps)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Lanes per head group for HeadSums: the smallest power of two ≥ p, capped at a warp.
+int HeadGroup(int64_t p) {
+  int g = 1;
+  while (g < p && g < kWarpSize) g <<= 1;
+  return g;
+}
+
+// Threads of a column kernel covering D channels V at a time: whole warps, at most kColumnThreads.
+int ColumnThreads(int64_t D, int V) {
+  const int64_t lanes = CeilDiv(D, V);
+  return static_cast<int>(
+      std::min<int64_t>(kColumnThreads, std::max<int64_t>(kWarpSize, CeilDiv(lanes, kWarpSize) * kWarpSize)));
+}
+
+// Channels per thread of the causal and step kernels: the smallest power of two that covers D
+// with at most kRowThreads threads.
+int ChannelsPerThread(int64_t D) {
+  int cpt = 1;
+  while (cpt < kMaxChannelsPerThread && D > static_cast<int64_t>(cpt) * kRowThreads) cpt <<= 1;
+  return cpt;
+}
+
+int ThreadsFor(int64_t D, int cpt) {
+  return static_cast<int>(std::max<int64_t>(kWarpSize, CeilDiv(CeilDiv(D, cpt), kWarpSize) * kWarpSize));
+}
+
+// Tokens per chunk: up to kMaxChunkTokens, halved (down to kMinChunkTokens) while there are fewer
+// than two blocks per SM.
+int64_t ChunkTokens(const Dims& d, int sm_count) {
+  int64_t chunk = kMaxChunkTokens;
+  const int64_t want = 2 * static_cast<int64_t>(std::max(sm_count, 1));
+  while (chunk > kMinChunkTokens && d.batch * CeilDiv(d.tokens, chunk) < want) chunk /= 2;
+  return std::max<int64_t>(1, std::min(chunk, d.tokens));
+}
+
+int CausalTile(const Dims& d, int64_t chunk_tokens) {
+  const int64_t fit = (static_cast<int64_t>(kCausalTileFloats) - d.heads) / (d.channels + d.heads);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({fit, kMaxTileTokens, chunk_tokens})));
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool ValidPlan(const Dims& d, const Plan& plan) {
+  return UnsupportedReason(d) == nullptr && d.batch >= 1 && d.tokens >= 1 && d.channels >= 1 &&
+         plan.chunk_tokens >= 1 && plan.chunks == CeilDiv(d.tokens, plan.chunk_tokens);
+}
+
+// -- vision ---------------------------------------------------------------------------------------
+
+struct TssaWorkspace {
+  float* part;  // [B][chunks][D+K] (pass A uses it as [B][chunks][D])
+  float* vec;   // [B][D]: ν, then 1 + dots
+  float* pi;    // [B][N][K]
+};
+
+// Byte offsets of the workspace buffers; the last entry is the total size.
+struct TssaLayout {
+  size_t part = 0, vec = 0, pi = 0, total = 0;
+};
+
+TssaLayout LayoutTssa(const Dims& d, int64_t chunks) {
+  TssaLayout l;
+  l.vec = l.part + AlignUp(sizeof(float) * d.batch * chunks * (d.channels + d.heads));
+  l.pi = l.vec + AlignUp(sizeof(float) * d.batch * d.channels);
+  l.total = l.pi + AlignUp(sizeof(float) * d.batch * d.tokens * d.heads);
+  return l;
+}
+
+TssaWorkspace CarveTssa(const Dims& d, int64_t chunks, void* base) {
+  char* p = static_cast<char*>(base);
+  const TssaLayout l = LayoutTssa(d, chunks);
+  return {reinterpret_cast<float*>(p + l.part), reinterpret_cast<float*>(p + l.vec),
+          reinterpret_cast<float*>(p + l.pi)};
+}
+
+template <typename T, int V>
+cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* temp, T* y, void* workspace,
+                    cudaStream_t stream) {
+  const TssaWorkspace ws = CarveTssa(d, plan.chunks, workspace);
+  const int D = static_cast<int>(d.channels);
+  const int K = static_cast<int>(d.heads);
+  const int p = D / K;
+  const int chunks = static_cast<int>(plan.chunks);
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const int col_threads = ColumnThreads(D, V);
+  const unsigned elem_blocks = static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads));
+
+  ChunkSumSqKernel<T, V><<<grid, col_threads, 0, stream>>>(w, ws.part, d.tokens, D, plan.chunk_tokens, chunks);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  NormKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  const size_t stats_smem = sizeof(float) * plan.chunk_tokens * K;
+  TssaStatsKernel<T, V><<<grid, kColumnThreads, stats_smem, stream>>>(w, temp, ws.vec, ws.pi, ws.part, d.tokens, D, K,
+                                                                      p, HeadGroup(p), plan.chunk_tokens, chunks);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  GateKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D, K, p);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  TssaApplyKernel<T, V><<<grid, col_threads, 0, stream>>>(w, ws.pi, ws.vec, y, d.tokens, D, K, p, plan.chunk_tokens);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchTssaT(const Dims& d, const Plan& plan, const void* w, const float* temp, void* y, void* workspace,
+                        cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const T* wt = static_cast<const T*>(w);
+  T* yt = static_cast<T*>(y);
+  if (d.channels % kVec == 0 && Aligned16(wt) && Aligned16(yt)) {
+    return RunTssa<T, kVec>(d, plan, wt, temp, yt, workspace, stream);
+  }
+  return RunTssa<T, 1>(d, plan, wt, temp, yt, workspace, stream);
+}
+
+// -- causal ---------------------------------------------------------------------------------------
+
+struct CausalWorkspace {
+  float* part1;   // [B][chunks][D]
+  float* part23;  // [B][chunks][D+K]
+  float* pi;      // [B][T][K]
+};
+
+struct CausalLayout {
+  size_t part1 = 0, part23 = 0, pi = 0, total = 0;
+};
+
+CausalLayout LayoutCausal(const Dims& d, int64_t chunks) {
+  CausalLayout l;
+  l.part23 = l.part1 + AlignUp(sizeof(float) * d.batch * chunks * d.channels);
+  l.pi = l.part23 + AlignUp(sizeof(float) * d.batch * chunks * (d.channels + d.heads));
+  l.total = l.pi + AlignUp(sizeof(float) * d.batch * d.tokens * d.heads);
+  return l;
+}
+
+CausalWorkspace CarveCausal(const Dims& d, int64_t chunks, void* base) {
+  char* p = static_cast<char*>(base);
+  const CausalLayout l = LayoutCausal(d, chunks);
+  return {reinterpret_cast<float*>(p + l.part1), reinterpret_cast<float*>(p + l.part23),
+          reinterpret_cast<float*>(p + l.pi)};
+}
+
+template <typename T, int CPT>
+cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const float* temp, const float* denom_bias,
+                           int64_t tmax, const float* state_in, const int64_t* positions, T* y, float* state_out,
+                           const CausalWorkspace& ws, cudaStream_t stream) {
+  const int D = static_cast<int>(d.channels);
+  const int K = static_cast<int>(d.heads);
+  const int p = D / K;
+  const int chunks = static_cast<int>(plan.chunks);
+  const int64_t state_width = 2 * d.channels + d.heads;
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const int threads = ThreadsFor(D, CPT);
+  const int tile = CausalTile(d, plan.chunk_tokens);
+
+  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads)), kElementwiseThreads, 0, stream>>>(
+      ws.part1, d.batch, chunks, D, state_in, state_width, 0, state_out);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  const size_t stats_smem = sizeof(float) * (static_cast<size_t>(tile) * (D + K) + K);
+  CausalStatsKernel<T, CPT><<<grid, threads, stats_smem, stream>>>(w, temp, denom_bias, tmax, positions, ws.part1,
+                                                                   ws.pi, ws.part23, d.tokens, D, K, p, HeadGroup(p),
+                                                                   plan.chunk_tokens, chunks, tile);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads)), kElementwiseThreads, 0,
+                    stream>>>(ws.part23, d.batch, chunks, D + K, state_in, state_width, D, state_out);
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  CausalApplyKernel<T, CPT>
+      <<<grid, threads, 0, stream>>>(w, ws.pi, ws.part23, y, d.tokens, D, K, p, plan.chunk_tokens, chunks);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, const float* temp,
+                          const float* denom_bias, int64_t tmax, const float* state_in, const int64_t* positions,
+                          void* y_raw, float* state_out, void* workspace, cudaStream_t stream) {
+  const CausalWorkspace ws = CarveCausal(d, plan.chunks, workspace);
+  const T* w = static_cast<const T*>(w_raw);
+  T* y = static_cast<T*>(y_raw);
+  const int D = static_cast<int>(d.channels);
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const int chunks = static_cast<int>(plan.chunks);
+
+  constexpr int kVec = 16 / sizeof(T);
+  if (d.channels % kVec == 0 && Aligned16(w)) {
+    ChunkSumSqKernel<T, kVec>
+        <<<grid, ColumnThreads(D, kVec), 0, stream>>>(w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
+  } else {
+    ChunkSumSqKernel<T, 1>
+        <<<grid, ColumnThreads(D, 1), 0, stream>>>(w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
+  }
+  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+
+  switch (ChannelsPerThread(D)) {
+    case 1:
+      return RunCausalScans<T, 1>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+    case 2:
+      return RunCausalScans<T, 2>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+    case 4:
+      return RunCausalScans<T, 4>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+    case 8:
+      return RunCausalScans<T, 8>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+    case 16:
+      return RunCausalScans<T, 16>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+    default:
+      return RunCausalScans<T, 32>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+  }
+}
+
+// -- step -----------------------------------------------------------------------------------------
+
+template <typename T, int CPT>
+cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* denom_bias, int64_t tmax,
+                    const int64_t* positions, float* state, T* y, cudaStream_t stream) {
+  const int D = static_cast<int>(d.channels);
+  const int K = static_cast<int>(d.heads);
+  const int p = D / K;
+  const size_t smem = sizeof(float) * (static_cast<size_t>(D) + 2 * K);
+  StepKernel<T, CPT><<<static_cast<unsigned>(d.batch), ThreadsFor(D, CPT), smem, stream>>>(
+      w, temp, denom_bias, tmax, positions, state, y, D, K, p, HeadGroup(p));
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchStepT(const Dims& d, const void* w, const float* temp, const float* denom_bias, int64_t tmax,
+                        const int64_t* positions, float* state, void* y, cudaStream_t stream) {
+  const T* wt = static_cast<const T*>(w);
+  T* yt = static_cast<T*>(y);
+  switch (ChannelsPerThread(d.channels)) {
+    case 1:
+      return RunStep<T, 1>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+    case 2:
+      return RunStep<T, 2>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+    case 4:
+      return RunStep<T, 4>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+    case 8:
+      return RunStep<T, 8>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+    case 16:
+      return RunStep<T, 16>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+    default:
+      return RunStep<T, 32>(d, wt, temp, denom_bias, tmax, positions, state, yt, stream);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public entry points.
+
+const char* UnsupportedReason(const Dims& d) {
+  if (d.batch < 0 || d.tokens < 0 || d.channels < 0) return "negative dimension";
+  if (d.heads < 1) return "the number of heads K must be at least 1";
+  if (d.channels % d.heads != 0) return "channels D must be divisible by the number of heads K";
+  if (d.channels > kMaxChannels) return "the CUDA kernels support at most 8192 channels (D)";
+  if (d.heads > kMaxHeads) return "the CUDA kernels support at most 1024 heads (K)";
+  if (d.batch > kMaxBatch) return "the CUDA kernels support at most 65535 sequences per call (B)";
+  if (d.tokens > (int64_t{1} << 40)) return "too many tokens";
+  return nullptr;
+}
+
+Plan PlanTssa(const Dims& d, int sm_count) {
+  Plan plan;
+  if (d.tokens < 1) return plan;
+  int64_t chunk = ChunkTokens(d, sm_count);
+  while (chunk > 1 && sizeof(float) * chunk * d.heads > kSmemLimit) chunk /= 2;
+  plan.chunk_tokens = chunk;
+  plan.chunks = CeilDiv(d.tokens, chunk);
+  plan.workspace_bytes = LayoutTssa(d, plan.chunks).total;
+  return plan;
+}
+
+Plan PlanTssaCausal(const Dims& d, int sm_count) {
+  Plan plan;
+  if (d.tokens < 1) return plan;
+  plan.chunk_tokens = ChunkTokens(d, sm_count);
+  plan.chunks = CeilDiv(d.tokens, plan.chunk_tokens);
+  plan.workspace_bytes = LayoutCausal(d, plan.chunks).total;
+  return plan;
+}
+
+cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp, void* y,
+                       void* workspace, cudaStream_t stream) {
+  if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kFloat32:
+      return LaunchTssaT<float>(d, plan, w, temp, y, workspace, stream);
+    case DType::kFloat16:
+      return LaunchTssaT<__half>(d, plan, w, temp, y, workspace, stream);
+    case DType::kBFloat16:
+      return LaunchTssaT<__nv_bfloat16>(d, plan, w, temp, y, workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp,
+                             const float* denom_bias, int64_t tmax, const float* state_in, const int64_t* positions,
+                             void* y, float* state_out, void* workspace, cudaStream_t stream) {
+  if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kFloat32:
+      return LaunchCausalT<float>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, workspace,
+                                  stream);
+    case DType::kFloat16:
+      return LaunchCausalT<__half>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, workspace,
+                                   stream);
+    case DType::kBFloat16:
+      return LaunchCausalT<__nv_bfloat16>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out,
+                                          workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp, const float* denom_bias,
+                           int64_t tmax, const int64_t* positions, float* state, void* y, cudaStream_t stream) {
+  if (UnsupportedReason(d) != nullptr || d.tokens != 1 || d.batch < 1 || d.channels < 1 || positions == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return LaunchStepT<float>(d, w, temp, denom_bias, tmax, positions, state, y, stream);
+    case DType::kFloat16:
+      return LaunchStepT<__half>(d, w, temp, denom_bias, tmax, positions, state, y, stream);
+    case DType::kBFloat16:
+      return LaunchStepT<__nv_bfloat16>(d, w, temp, denom_bias, tmax, positions, state, y, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace tost::kernels::gpu
