@@ -10,46 +10,13 @@
 #include "kernels/tssa_ops.h"
 #include "model/status_macros.h"
 #include "model/torch_boundary.h"
+#include "model/tensor_list.h"
 #include "model/weights.h"
 
 namespace tost::model {
 namespace {
 
 constexpr double kLayerNormEps = 1e-5;
-
-std::vector<ExpectedTensor> LanguageTensorList(const LanguageConfig& c) {
-  const int64_t d = c.n_embd, k = c.n_head, hidden = c.mlp_ratio * c.n_embd, t = c.context_length;
-  std::vector<ExpectedTensor> list;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) { list.push_back({name, std::move(shape)}); };
-  auto add_bias = [&](const std::string& name, int64_t n) {
-    if (c.bias) add(name, {n});
-  };
-  add("transformer.wte.weight", {c.vocab_size, d});
-  add("transformer.wpe.weight", {t, d});
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const std::string p = absl::StrCat("transformer.h.", l, ".");
-    add(p + "gamma1", {d});
-    add(p + "gamma2", {d});
-    add(p + "ln_1.weight", {d});
-    add_bias(p + "ln_1.bias", d);
-    add(p + "ln_2.weight", {d});
-    add_bias(p + "ln_2.bias", d);
-    add(p + "attn.temp", {k, 1});
-    add(p + "attn.denom_bias", {k, t, 1});
-    add(p + "attn.c_attn.weight", {d, d});
-    add_bias(p + "attn.c_attn.bias", d);
-    add(p + "attn.c_proj.weight", {d, d});
-    add_bias(p + "attn.c_proj.bias", d);
-    add(p + "mlp.c_fc.weight", {hidden, d});
-    add_bias(p + "mlp.c_fc.bias", hidden);
-    add(p + "mlp.c_proj.weight", {d, hidden});
-    add_bias(p + "mlp.c_proj.bias", d);
-  }
-  add("transformer.ln_f.weight", {d});
-  add_bias("transformer.ln_f.bias", d);
-  list.push_back({"lm_head.weight", {c.vocab_size, d}, /*optional=*/true});
-  return list;
-}
 
 struct Linear {
   at::Tensor weight, bias;  // bias undefined when the config has bias=false

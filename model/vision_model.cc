@@ -9,6 +9,7 @@
 #include "kernels/tssa_ops.h"
 #include "model/status_macros.h"
 #include "model/torch_boundary.h"
+#include "model/tensor_list.h"
 #include "model/weights.h"
 
 namespace tost::model {
@@ -18,55 +19,6 @@ constexpr double kBatchNormEps = 1e-5;
 constexpr double kLayerNormEps = 1e-6;
 constexpr int64_t kFourierHidden = 32;  // per axis; 64 channels into token_projection
 constexpr double kFourierTemperature = 10000.0;
-
-std::vector<ExpectedTensor> VisionTensorList(const VisionConfig& c) {
-  const int64_t d = c.embed_dim, k = c.num_heads, hidden = c.mlp_ratio * c.embed_dim;
-  std::vector<ExpectedTensor> t;
-  t.push_back({"cls_token", {1, 1, d}});
-  const int64_t stages = c.stem_stages();
-  int64_t in = c.in_chans;
-  for (int64_t i = 0; i < stages; ++i) {
-    const int64_t out = d >> (stages - 1 - i);
-    const std::string p = absl::StrCat("patch_embed.proj.", 2 * i, ".");
-    t.push_back({p + "0.weight", {out, in, 3, 3}});
-    for (const char* bn : {"weight", "bias", "running_mean", "running_var"}) t.push_back({p + "1." + bn, {out}});
-    t.push_back({p + "1.num_batches_tracked", {}, /*optional=*/true, /*integer=*/true});
-    in = out;
-  }
-  t.push_back({"pos_embeder.token_projection.weight", {d, 2 * kFourierHidden, 1, 1}});
-  t.push_back({"pos_embeder.token_projection.bias", {d}});
-  auto add_common = [&](const std::string& p) {
-    for (const char* n : {"gamma1", "gamma2", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"}) {
-      t.push_back({p + n, {d}});
-    }
-    t.push_back({p + "mlp.fc1.weight", {hidden, d}});
-    t.push_back({p + "mlp.fc1.bias", {hidden}});
-    t.push_back({p + "mlp.fc2.weight", {d, hidden}});
-    t.push_back({p + "mlp.fc2.bias", {d}});
-  };
-  for (int64_t l = 0; l < c.depth; ++l) {
-    const std::string p = absl::StrCat("blocks.", l, ".");
-    add_common(p);
-    t.push_back({p + "attn.temp", {k, 1}});
-    t.push_back({p + "attn.qkv.weight", {d, d}});
-    t.push_back({p + "attn.qkv.bias", {d}});
-    t.push_back({p + "attn.to_out.0.weight", {d, d}});
-    t.push_back({p + "attn.to_out.0.bias", {d}});
-  }
-  for (int64_t l = 0; l < c.cls_attn_layers; ++l) {
-    const std::string p = absl::StrCat("cls_attn_blocks.", l, ".");
-    add_common(p);
-    t.push_back({p + "attn.qkv.weight", {3 * d, d}});
-    t.push_back({p + "attn.qkv.bias", {3 * d}});
-    t.push_back({p + "attn.proj.weight", {d, d}});
-    t.push_back({p + "attn.proj.bias", {d}});
-  }
-  t.push_back({"norm.weight", {d}});
-  t.push_back({"norm.bias", {d}});
-  t.push_back({"head.weight", {c.num_classes, d}});
-  t.push_back({"head.bias", {c.num_classes}});
-  return t;
-}
 
 struct Linear {
   at::Tensor weight, bias;

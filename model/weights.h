@@ -11,15 +11,9 @@
 #include "absl/status/statusor.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/tensor_list.h"
 
 namespace tost::model {
-
-struct ExpectedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool optional = false;       // may be absent (e.g. BatchNorm's num_batches_tracked, the tied lm_head)
-  bool integer = false;        // int64 bookkeeping tensor rather than a weight of the config's dtype
-};
 
 class Weights {
  public:

@@ -26,7 +26,7 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;          // receive and send limit per message
   int keepalive_time_ms = 30'000;            // server pings idle connections this often
   int keepalive_timeout_ms = 10'000;         // and drops them if no ack arrives in time
-  int intra_op_threads = 0;                  // LibTorch threads; 0 = one per core
+  int intra_op_threads = 1;                  // LibTorch threads; 0 = one per core
   ServiceLimits limits;
   GenerationSchedulerOptions generation;     // per language model
   DynamicBatcherOptions batching;            // per vision model (model_name is filled in per model)

@@ -15,7 +15,9 @@ ABSL_FLAG(int, port, 8500, "gRPC port; 0 picks a free port (printed on stdout)")
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or sent, in bytes");
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
-ABSL_FLAG(int, intra_op_threads, 0, "LibTorch intra-op threads; 0 = one per core");
+ABSL_FLAG(int, intra_op_threads, 1,
+          "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler and the "
+          "classification batcher are the parallelism: 1 keeps 2 cores from oversubscription");
 ABSL_FLAG(int, drain_timeout_s, 30, "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
                                     "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
 ABSL_FLAG(int64_t, max_batch_size, 8, "Most images in one Classify request (at most --max_batch_images)");
