@@ -1,10 +1,11 @@
-// Schemas of the `tost::` operators and their CPU implementations.
+// Schemas of the `tost::` operators and their CPU implementations (the fused kernels of
+// kernels/cpu/; the ATen reference in reference.cc is the test oracle and is not registered).
 //
 // One schema per op, defined once here; every backend registers under the same name (CUDA in
 // cuda/cuda_ops.cc), so the dispatcher picks the kernel by the device of the inputs.
 #include <torch/library.h>
 
-#include "kernels/reference.h"
+#include "kernels/cpu/tssa_cpu.h"
 
 TORCH_LIBRARY(tost, m) {
   m.def("tssa(Tensor w, Tensor temp) -> Tensor");
@@ -15,7 +16,7 @@ TORCH_LIBRARY(tost, m) {
 }
 
 TORCH_LIBRARY_IMPL(tost, CPU, m) {
-  m.impl("tssa", &tost::kernels::reference::tssa);
-  m.impl("tssa_causal", &tost::kernels::reference::tssa_causal);
-  m.impl("tssa_step", &tost::kernels::reference::tssa_step);
+  m.impl("tssa", &tost::kernels::cpu::tssa);
+  m.impl("tssa_causal", &tost::kernels::cpu::tssa_causal);
+  m.impl("tssa_step", &tost::kernels::cpu::tssa_step);
 }

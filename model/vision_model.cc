@@ -75,9 +75,19 @@ struct VisionModel::Impl {
     return x;
   }
 
-  at::Tensor Tssa(const TssaBlock& b, const at::Tensor& x) const {
+  at::Tensor Tssa(const TssaBlock& b, const at::Tensor& x, std::vector<at::Tensor>* membership) const {
     const at::Tensor w = b.qkv(x);
+    if (membership != nullptr) membership->push_back(Membership(b, w));
     return b.to_out(kernels::tssa(w, b.temp));
+  }
+
+  // Π of §1.1 steps 2-4 (what the fused op computes internally): [B, K, N].
+  at::Tensor Membership(const TssaBlock& b, const at::Tensor& w_in) const {
+    const int64_t batch = w_in.size(0), n = w_in.size(1), k = config.vision.num_heads;
+    const at::Tensor w = w_in.reshape({batch, n, k, -1});
+    const at::Tensor nu = w.pow(2).sum(1, /*keepdim=*/true).sqrt().clamp_min(1e-12);
+    const at::Tensor s = (w / nu).pow(2).sum(-1) * b.temp.view({1, 1, k});
+    return at::softmax(s, 2).permute({0, 2, 1}).contiguous();
   }
 
   // CaiT/XCiT class attention: only the cls row queries; patch rows pass LN1's output through.
@@ -91,11 +101,12 @@ struct VisionModel::Impl {
     return at::cat({b.proj(cls), a.slice(1, 1)}, 1);
   }
 
-  at::Tensor Forward(const at::Tensor& images) const {
+  // `membership`, when given, receives Π [B, K, N] of every TSSA layer.
+  at::Tensor Forward(const at::Tensor& images, std::vector<at::Tensor>* membership = nullptr) const {
     at::Tensor x = Stem(images);
     x = x.flatten(2).transpose(1, 2) + pos_encoding;  // [B, N, D]
     for (const auto& b : blocks) {
-      x = x + b.gamma1 * Tssa(b, b.norm1(x));
+      x = x + b.gamma1 * Tssa(b, b.norm1(x), membership);
       x = x + b.gamma2 * b.mlp(b.norm2(x));
     }
     x = at::cat({cls_token.expand({x.size(0), -1, -1}), x}, 1);
@@ -183,6 +194,40 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
 
 absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> pixels, int64_t batch,
                                                         int64_t height, int64_t width) const {
+  TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
+  return GuardTorch(impl_->config.name, "forward", [&]() {
+    c10::InferenceMode inference;
+    const VisionConfig& c = impl_->config.vision;
+    const at::Tensor images = at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
+                                            at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor logits = impl_->Forward(images).contiguous();
+    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+  });
+}
+
+absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(absl::Span<const float> pixels,
+                                                                          int64_t batch, int64_t height,
+                                                                          int64_t width) const {
+  TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
+  return GuardTorch(impl_->config.name, "forward", [&]() {
+    c10::InferenceMode inference;
+    const VisionConfig& c = impl_->config.vision;
+    const at::Tensor images = at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
+                                            at::TensorOptions().dtype(at::kFloat));
+    std::vector<at::Tensor> layers;
+    const at::Tensor logits = impl_->Forward(images, &layers).contiguous();
+    const at::Tensor pi = at::stack(layers, 1).contiguous();  // [B, depth, K, N]
+    Explained out;
+    out.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+    out.membership.assign(pi.data_ptr<float>(), pi.data_ptr<float>() + pi.numel());
+    out.grid_h = height, out.grid_w = width;
+    for (int64_t i = 0; i < c.stem_stages(); ++i) out.grid_h = (out.grid_h + 1) / 2, out.grid_w = (out.grid_w + 1) / 2;
+    return out;
+  });
+}
+
+absl::Status VisionModel::CheckInput(absl::Span<const float> pixels, int64_t batch, int64_t height,
+                                     int64_t width) const {
   const VisionConfig& c = impl_->config.vision;
   if (batch <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("model ", impl_->config.name, ": batch must be >= 1, got ", batch));
@@ -198,13 +243,7 @@ absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> 
                                                    " floats for [", batch, ",", c.in_chans, ",", height, ",", width,
                                                    "], got ", pixels.size()));
   }
-  return GuardTorch(impl_->config.name, "forward", [&]() {
-    c10::InferenceMode inference;
-    const at::Tensor images = at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
-                                            at::TensorOptions().dtype(at::kFloat));
-    const at::Tensor logits = impl_->Forward(images).contiguous();
-    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
-  });
+  return absl::OkStatus();
 }
 
 }  // namespace tost::model

@@ -27,9 +27,20 @@ class VisionModel {
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels, int64_t batch, int64_t height,
                                              int64_t width) const;
 
+  // ToST's built-in interpretability: the token-to-group membership Π of every TSSA layer (for
+  // each token, a distribution over the K heads), next to the logits.
+  struct Explained {
+    std::vector<float> logits;      // [batch, num_classes]
+    std::vector<float> membership;  // [batch, depth, K, grid_h * grid_w]
+    int64_t grid_h = 0, grid_w = 0; // the patch-token grid
+  };
+  absl::StatusOr<Explained> ForwardWithMembership(absl::Span<const float> pixels, int64_t batch, int64_t height,
+                                                  int64_t width) const;
+
  private:
   struct Impl;
   explicit VisionModel(std::unique_ptr<Impl> impl);
+  absl::Status CheckInput(absl::Span<const float> pixels, int64_t batch, int64_t height, int64_t width) const;
   std::unique_ptr<Impl> impl_;
 };
 

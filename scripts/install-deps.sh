@@ -16,7 +16,7 @@ apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev
+  libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
   prometheus
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )

@@ -15,6 +15,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
 #include "model/file_util.h"
+#include "service/image_decode.h"
+#include "service/membership_png.h"
 #include "service/npy.h"
 #include "tost/v1/tost.grpc.pb.h"
 
@@ -22,6 +24,9 @@ ABSL_FLAG(std::string, server, "127.0.0.1:8500", "Address of tost_server");
 ABSL_FLAG(std::string, model, "", "Model name (see `tost_cli models`)");
 ABSL_FLAG(std::string, input, "", "classify: .npy float32 image [C,H,W] or batch [B,C,H,W], preprocessed; "
                                   "empty = a synthetic random image of the model's shape");
+ABSL_FLAG(std::string, image, "", "classify: a PNG or JPEG file, sent encoded (the server decodes and preprocesses it)");
+ABSL_FLAG(std::string, membership_png, "",
+          "classify: also fetch the TSSA membership maps and write PREFIX_image<i>_layer<l>.png heatmaps over the image");
 ABSL_FLAG(int, top_k, 5, "classify: labels per image; generate: sampling top-k (0 = off)");
 ABSL_FLAG(std::string, prompt, "", "generate: prompt text");
 ABSL_FLAG(int, max_new_tokens, 64, "generate: tokens to generate");
@@ -61,13 +66,38 @@ int Classify(Tost::Stub& stub) {
   req.set_model(absl::GetFlag(FLAGS_model));
   req.set_top_k(absl::GetFlag(FLAGS_top_k));
   const std::string input = absl::GetFlag(FLAGS_input);
-  if (!input.empty()) {
+  const std::string image_file = absl::GetFlag(FLAGS_image);
+  const std::string heatmaps = absl::GetFlag(FLAGS_membership_png);
+  req.set_return_membership(!heatmaps.empty());
+  // Backgrounds for the heatmaps: one gray image per request image.
+  std::vector<tost::service::GrayImage> backgrounds;
+  if (!image_file.empty()) {
+    auto contents = tost::model::ReadFileToString(image_file);
+    if (!contents.ok()) return std::cerr << "tost_cli: " << contents.status().message() << "\n", 1;
+    req.add_images(*contents);
+    auto decoded = tost::service::DecodeImage(*contents, 1, tost::service::ImageLimits{}, image_file);
+    if (decoded.ok()) {
+      backgrounds.push_back({decoded->height, decoded->width, std::vector<float>(decoded->pixels.begin(), decoded->pixels.end())});
+    }
+  } else if (!input.empty()) {
     auto contents = tost::model::ReadFileToString(input);
     if (!contents.ok()) return std::cerr << "tost_cli: " << contents.status().message() << "\n", 1;
     auto array = tost::service::ParseNpy(*contents, input);
     if (!array.ok()) return std::cerr << "tost_cli: " << array.status().message() << "\n", 1;
     for (int64_t d : array->shape) req.mutable_tensor()->add_shape(d);
     req.mutable_tensor()->set_raw(array->data.data(), array->data.size() * sizeof(float));
+    // Background: the mean over channels of each image.
+    const size_t dims = array->shape.size();
+    if (dims == 3 || dims == 4) {
+      const int64_t c = array->shape[dims - 3], h = array->shape[dims - 2], w = array->shape[dims - 1];
+      for (size_t off = 0; off + c * h * w <= array->data.size(); off += c * h * w) {
+        tost::service::GrayImage g{h, w, std::vector<float>(h * w, 0.f)};
+        for (int64_t ch = 0; ch < c; ++ch) {
+          for (int64_t i = 0; i < h * w; ++i) g.values[i] += array->data[off + ch * h * w + i] / c;
+        }
+        backgrounds.push_back(std::move(g));
+      }
+    }
   } else {
     grpc::ClientContext ctx;
     SetDeadline(ctx);
@@ -97,6 +127,16 @@ int Classify(Tost::Stub& stub) {
     std::printf("image %d:\n", i);
     for (const auto& l : resp.results(i).labels()) {
       std::printf("  %-16s %.4f  (class %d)\n", l.label().c_str(), l.probability(), l.index());
+    }
+    for (const auto& map : resp.results(i).membership()) {
+      if (static_cast<size_t>(i) >= backgrounds.size()) break;
+      const std::string path = heatmaps + "_image" + std::to_string(i) + "_layer" + std::to_string(map.layer()) + ".png";
+      absl::Status written = tost::service::WriteMembershipPng(
+          path, backgrounds[i], std::vector<float>(map.values().begin(), map.values().end()), map.heads(),
+          map.grid_height(), map.grid_width());
+      if (!written.ok()) return std::cerr << "tost_cli: " << written.message() << "\n", 1;
+      std::printf("  membership of layer %d (%d heads, %dx%d tokens) -> %s\n", map.layer(), map.heads(),
+                  map.grid_height(), map.grid_width(), path.c_str());
     }
   }
   return 0;

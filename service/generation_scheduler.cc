@@ -45,6 +45,8 @@ struct GenerationScheduler::Job {
   int32_t generated = 0;
   std::unique_ptr<TextStream> text;
   bool finished = false;
+  absl::Time submitted;   // for the observer's time to first token
+  absl::Time last_token;  // for its inter-token latency
 
   GenerationState& state() { return request.state; }
   bool decoding() const { return prefilled == to_prefill.size(); }
@@ -130,6 +132,7 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(Gener
   for (int32_t t : request.prompt) st.Remember(t);
   job->text = std::make_unique<TextStream>(st.stop_strings, st.utf8_pending, st.held_text);
   job->request = std::move(request);
+  if (options_.observer != nullptr) job->submitted = clock_->Now();
   std::shared_ptr<GenerationJob> handle = job->handle;
 
   absl::MutexLock lock(&mu_);
@@ -210,9 +213,11 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
 }
 
 bool GenerationScheduler::StepOnce() {
+  int64_t prompt_tokens_started = 0;
   {
     absl::MutexLock lock(&mu_);
     while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
+      prompt_tokens_started += queued_.front()->prompt_tokens;
       active_.push_back(std::move(queued_.front()));
       queued_.pop_front();
       --stats_.queued;
@@ -253,6 +258,8 @@ bool GenerationScheduler::StepOnce() {
     ++prefill_chunks;
   }
 
+  std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
+  int64_t emitted = 0;
   std::vector<Job*> decoding;
   for (auto& job : active_) {
     if (job->finished || !job->decoding()) continue;
@@ -274,12 +281,31 @@ bool GenerationScheduler::StepOnce() {
       for (Job* job : decoding) Finish(*job, FinishReason::kCancelled, logits.status());
     } else {
       const size_t vocab = logits->size() / decoding.size();
+      const absl::Time emitted_at = options_.observer != nullptr ? clock_->Now() : absl::InfinitePast();
       for (size_t i = 0; i < decoding.size(); ++i) {
-        EmitToken(*decoding[i], absl::MakeConstSpan(logits->data() + i * vocab, vocab));
+        Job& job = *decoding[i];
+        if (options_.observer != nullptr) {
+          (job.generated == 0 ? first_token : inter_token)
+              .push_back(emitted_at - (job.generated == 0 ? job.submitted : job.last_token));
+          job.last_token = emitted_at;
+        }
+        EmitToken(job, absl::MakeConstSpan(logits->data() + i * vocab, vocab));
       }
+      emitted = static_cast<int64_t>(decoding.size());
     }
   }
 
+  if (options_.observer != nullptr) {
+    GenerationStepRecord record;
+    record.model = model_.config().name;
+    record.decode_batch = emitted > 0 ? static_cast<int32_t>(emitted) : 0;
+    record.prefill_tokens = prefill_tokens;
+    record.prompt_tokens_started = prompt_tokens_started;
+    record.tokens_emitted = emitted;
+    record.time_to_first_token = first_token;
+    record.inter_token_latency = inter_token;
+    options_.observer->OnStep(record);
+  }
   const auto finished = std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });
   absl::MutexLock lock(&mu_);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "model/language_model.h"
 #include "service/clock.h"
@@ -85,11 +87,32 @@ class GenerationJob {
   std::deque<GenerationEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
+// What one scheduler step did (metrics). Valid only during the OnStep call.
+struct GenerationStepRecord {
+  std::string_view model;
+  int32_t decode_batch = 0;           // sequences in this step's batched decode (0: none)
+  int64_t prefill_tokens = 0;         // prompt tokens fed by prefill chunks in this step
+  int64_t prompt_tokens_started = 0;  // prompt tokens of the jobs that got a slot in this step
+  int64_t tokens_emitted = 0;         // tokens published to jobs in this step
+  // One entry per job whose first token this step emitted: from Submit to that token.
+  absl::Span<const absl::Duration> time_to_first_token;
+  // One entry per other token emitted: since the same job's previous token.
+  absl::Span<const absl::Duration> inter_token_latency;
+};
+
+// Called on the step loop's thread after each step that did work; must be cheap and thread-safe.
+class GenerationObserver {
+ public:
+  virtual ~GenerationObserver() = default;
+  virtual void OnStep(const GenerationStepRecord& record) = 0;
+};
+
 struct GenerationSchedulerOptions {
   int32_t max_active_jobs = 64;       // jobs prefilling or decoding at once
   int32_t max_queued_jobs = 256;      // jobs admitted but waiting for a slot
   int32_t prefill_chunk_tokens = 128; // prompt tokens fed per scheduler step, over all prefilling jobs
   bool batch_invariant = false;       // decode rows independently: bit-identical under any load
+  GenerationObserver* observer = nullptr;  // not owned, outlives the scheduler; null: no records
 };
 
 absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o);

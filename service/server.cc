@@ -12,6 +12,8 @@
 #include "model/file_util.h"
 #include "model/status_macros.h"
 #include "model/torch_threads.h"
+#include "service/warmup.h"
+#include "service/logging.h"
 
 namespace tost::service {
 
@@ -39,14 +41,18 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
+  TOST_RETURN_IF_ERROR(ValidateMetricsOptions(o.metrics));
   return absl::OkStatus();
 }
 
 namespace {
 
+// tost_model_info's backend label: every model runs on LibTorch's CPU backend today.
+constexpr char kModelBackend[] = "libtorch_cpu";
+
 absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file) {
   if (key_file.empty()) {
-    std::cerr << "tost_server: no --session_key_file: exported session blobs verify only on this process\n";
+    Log(LogLevel::kWarning, "no --session_key_file: exported session blobs verify only on this process");
     return SessionCodec::WithRandomKey();
   }
   TOST_ASSIGN_OR_RETURN(std::string key, model::ReadFileToString(key_file));
@@ -66,22 +72,31 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
   }
   TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models, model::LoadRepository(options.model_repository));
+  WarmUpModels(models);  // before readiness: the port opens only once every model has run once
   for (const auto& m : models) {
     if (m.status.ok()) {
-      std::cerr << "tost_server: loaded model " << m.name << " (" << model::ArchitectureName(m.config.architecture)
-                << ", version " << m.config.version << (m.config.trained ? "" : ", untrained") << ")\n";
+      Log(LogLevel::kInfo, "model loaded", {{"model", m.name}, {"architecture", model::ArchitectureName(m.config.architecture)},
+                                            {"version", m.config.version}, {"trained", m.config.trained}});
     } else {
-      std::cerr << "tost_server: model " << m.name << " failed to load: " << m.status.message() << "\n";
+      Log(LogLevel::kError, "model failed to load", {{"model", m.name}, {"error", m.status.message()}});
     }
   }
   std::unique_ptr<Server> server(new Server());
+  server->metrics_ = std::make_unique<Metrics>();
+  for (const auto& m : models) {
+    if (m.status.ok()) {
+      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend, m.language != nullptr);
+    }
+  }
   server->registry_ = std::make_unique<ModelRegistry>(std::move(models));
   server->core_ = std::make_unique<ServingCore>(*server->registry_, options.sessions, std::move(codec), std::move(auth),
                                                 RealClock::Get());
   for (const auto& m : server->registry_->models()) {
     if (m.language == nullptr) continue;
     TOST_ASSIGN_OR_RETURN(server->core_->weights_sha256[m.name], Sha256OfFile(m.dir + "/model.safetensors"));
-    TOST_ASSIGN_OR_RETURN(auto scheduler, GenerationScheduler::Create(*m.language, options.generation, RealClock::Get()));
+    GenerationSchedulerOptions generation = options.generation;
+    generation.observer = server->metrics_.get();
+    TOST_ASSIGN_OR_RETURN(auto scheduler, GenerationScheduler::Create(*m.language, generation, RealClock::Get()));
     scheduler->Start();
     server->core_->schedulers[m.name] = std::move(scheduler);
   }
@@ -89,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (m.vision == nullptr) continue;
     DynamicBatcherOptions batching = options.batching;
     batching.model_name = m.name;
+    batching.observer = server->metrics_.get();
     const model::VisionModel* vm = m.vision.get();
     TOST_ASSIGN_OR_RETURN(server->core_->batchers[m.name],
                           DynamicBatcher::Create(
@@ -114,6 +130,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->kserve_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(server->metrics_->InterceptorFactory(options.metrics.log_requests));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.host, ":", options.port,
@@ -123,6 +142,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   health->SetServingStatus(true);
   health->SetServingStatus("tost.v1.Tost", true);
   health->SetServingStatus("inference.GRPCInferenceService", true);
+  server->metrics_->WatchCore(server->core_.get());
+  TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
 
   Server* raw = server.get();
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
@@ -135,6 +156,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 Server::~Server() { Shutdown(0); }
 
 void Server::StopBackground() {
+  if (metrics_ != nullptr) metrics_->StopServing();  // its scrapes read core_
   if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
 }

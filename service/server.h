@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "service/kserve_service.h"
+#include "service/metrics.h"
 #include "service/model_registry.h"
 #include "service/serving_core.h"
 #include "service/tost_service.h"
@@ -34,6 +35,7 @@ struct ServerOptions {
   std::string session_key_file;              // secret for state blobs; empty = random per process
   std::string api_keys_file;                 // "name key" lines; empty = no API keys
   int64_t session_reap_interval_ms = 10'000; // how often idle sessions are evicted
+  MetricsOptions metrics;                    // Prometheus endpoint (port -1: none) and access logs
 };
 
 absl::Status ValidateServerOptions(const ServerOptions& options);
@@ -46,6 +48,7 @@ class Server {
   ~Server();
 
   int port() const { return port_; }
+  int metrics_port() const { return metrics_->port(); }  // 0: no metrics endpoint
   const ModelRegistry& registry() const { return *registry_; }
   ServingCore& core() { return *core_; }
 
@@ -61,6 +64,7 @@ class Server {
   Server() = default;
   void StopBackground();
 
+  std::unique_ptr<Metrics> metrics_;  // first: the schedulers and batchers report to it until they die
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<ServingCore> core_;
   std::unique_ptr<TostService> service_;

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "service/logging.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
@@ -43,10 +44,20 @@ ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it continue each other's "
           "sessions. Empty: a random key, blobs verify only on this process");
 ABSL_FLAG(std::string, api_keys_file, "", "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
+ABSL_FLAG(int, metrics_port, 8502, "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
+ABSL_FLAG(std::string, log_format, "text", "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
+ABSL_FLAG(bool, log_requests, true, "One access-log line per RPC (method, code, duration, request id)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves ToST models over gRPC. Example: tost_server --model_repository=models --port=8500");
   absl::ParseCommandLine(argc, argv);
+  const auto log_format = tost::service::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) {
+    std::cerr << "tost_server: " << log_format.status().message() << "\n";
+    return 1;
+  }
+  tost::service::SetLogFormat(*log_format);
 
   // Block the stop signals in every thread (gRPC's and LibTorch's inherit the mask); main waits for them.
   sigset_t stop_signals;
@@ -82,20 +93,28 @@ int main(int argc, char** argv) {
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
+  options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
 
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {
-    std::cerr << "tost_server: " << server.status().message() << "\n";
+    tost::service::Log(tost::service::LogLevel::kError, "tost_server failed to start",
+                       {{"error", server.status().message()}});
     return 1;
   }
   // Tests and scripts read the bound port from this line.
   std::printf("tost_server listening on %s:%d\n", options.host.c_str(), (*server)->port());
+  // Printed second (tests read it after the line above); absent with --metrics_port=-1.
+  if ((*server)->metrics_port() > 0) {
+    std::printf("tost_server metrics on %s:%d\n", options.metrics.address.c_str(), (*server)->metrics_port());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::cerr << "tost_server: signal " << signal_number << ", draining\n";
+  tost::service::Log(tost::service::LogLevel::kInfo, "draining", {{"signal", signal_number}});
   (*server)->Drain(absl::GetFlag(FLAGS_drain_timeout_s) * 1000);
-  std::cerr << "tost_server: stopped\n";
+  tost::service::Log(tost::service::LogLevel::kInfo, "stopped");
   return 0;
 }

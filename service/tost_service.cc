@@ -151,11 +151,34 @@ grpc::Status TostService::Classify(grpc::ServerContext* context, const tost::v1:
     const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
                                     ? absl::InfiniteFuture()
                                     : absl::FromChrono(context->deadline());
-    TOST_ASSIGN_OR_RETURN(std::vector<float> logits,
-                          core_.Classify(cfg.name, std::move(slot), std::move(images.pixels), images.batch, deadline));
+    std::vector<float> logits;
+    model::VisionModel::Explained explained;
+    if (request->return_membership()) {
+      // Diagnostic requests run on their own (the batcher carries logits rows only).
+      TOST_ASSIGN_OR_RETURN(explained,
+                            vm->ForwardWithMembership(images.pixels, images.batch, images.height, images.width));
+      logits = std::move(explained.logits);
+    } else {
+      TOST_ASSIGN_OR_RETURN(logits, core_.Classify(cfg.name, std::move(slot), std::move(images.pixels), images.batch,
+                                                   deadline));
+    }
     response->set_model(cfg.name);
     const int64_t n = cfg.vision.num_classes;
-    for (int64_t b = 0; b < images.batch; ++b) TopK(logits.data() + b * n, n, k, cfg.vision.labels, response->add_results());
+    const int64_t depth = cfg.vision.depth, heads = cfg.vision.num_heads;
+    const int64_t tokens = explained.grid_h * explained.grid_w;
+    for (int64_t b = 0; b < images.batch; ++b) {
+      tost::v1::Classification* result = response->add_results();
+      TopK(logits.data() + b * n, n, k, cfg.vision.labels, result);
+      for (int64_t l = 0; l < depth && !explained.membership.empty(); ++l) {
+        auto* map = result->add_membership();
+        map->set_layer(static_cast<int32_t>(l));
+        map->set_heads(static_cast<int32_t>(heads));
+        map->set_grid_height(static_cast<int32_t>(explained.grid_h));
+        map->set_grid_width(static_cast<int32_t>(explained.grid_w));
+        const float* first = explained.membership.data() + (b * depth + l) * heads * tokens;
+        map->mutable_values()->Add(first, first + heads * tokens);
+      }
+    }
     return absl::OkStatus();
   };
   return ToGrpcStatus(run());

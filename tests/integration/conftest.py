@@ -41,7 +41,7 @@ class RunningServer:
         self.log = tempfile.NamedTemporaryFile(prefix="tost_server_", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [_binary("TOST_SERVER_BIN"), f"--model_repository={repo}", "--host=127.0.0.1", "--port=0",
-             "--intra_op_threads=1", *extra_args],
+             "--intra_op_threads=1", "--metrics_port=0", "--metrics_address=127.0.0.1", *extra_args],
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on [\d.]+:(\d+)", line)
@@ -50,6 +50,15 @@ class RunningServer:
             raise RuntimeError(f"tost_server did not start: {line!r}; log: {open(self.log.name).read()}")
         self.port = int(m.group(1))
         self.address = f"127.0.0.1:{self.port}"
+        # The metrics endpoint's line follows (absent with --metrics_port=-1).
+        self.metrics_port = None
+        if "--metrics_port=-1" not in extra_args:
+            line = self.proc.stdout.readline()
+            m = re.search(r"metrics on [\d.]+:(\d+)", line)
+            if not m:
+                self.stop()
+                raise RuntimeError(f"tost_server printed no metrics port: {line!r}; log: {open(self.log.name).read()}")
+            self.metrics_port = int(m.group(1))
 
     def stop(self):
         if self.proc.poll() is None:

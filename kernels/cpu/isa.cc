@@ -1,0 +1,102 @@
+#include "kernels/cpu/isa.h"
+
+#include <ATen/Version.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+
+namespace tost::kernels::cpu {
+namespace {
+
+bool CpuSupports(CpuIsa isa) {
+#if defined(TOST_CPU_X86_ISAS)
+  switch (isa) {
+    case CpuIsa::kDefault:
+      return true;
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512:
+      // The set LibTorch's own AVX512 kernels need (vec512 uses BW/DQ/VL instructions).
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }
+  return false;
+#else
+  return isa == CpuIsa::kDefault;
+#endif
+}
+
+std::vector<CpuIsa> DetectAvailable() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+bool IsAvailable(CpuIsa isa) {
+  const auto& isas = AvailableCpuIsas();
+  return std::find(isas.begin(), isas.end(), isa) != isas.end();
+}
+
+CpuIsa DetectActive() {
+  const std::string torch_choice = at::get_cpu_capability();
+  CpuIsa wanted = CpuIsa::kDefault;
+  if (torch_choice == "AVX512") {
+    wanted = CpuIsa::kAvx512;
+  } else if (torch_choice == "AVX2") {
+    wanted = CpuIsa::kAvx2;
+  }
+  // LibTorch may pick an ISA this build did not compile (non-x86 builds): fall back downwards.
+  while (!IsAvailable(wanted)) wanted = static_cast<CpuIsa>(static_cast<int>(wanted) - 1);
+  return wanted;
+}
+
+}  // namespace
+
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kDefault:
+      return "DEFAULT";
+    case CpuIsa::kAvx2:
+      return "AVX2";
+    case CpuIsa::kAvx512:
+      return "AVX512";
+  }
+  return "unknown";
+}
+
+const std::vector<CpuIsa>& AvailableCpuIsas() {
+  static const std::vector<CpuIsa> isas = DetectAvailable();
+  return isas;
+}
+
+CpuIsa ActiveCpuIsa() {
+  static const CpuIsa isa = DetectActive();
+  return isa;
+}
+
+template <typename T>
+const RowKernels<T>& KernelsFor(CpuIsa isa) {
+  TORCH_CHECK(IsAvailable(isa), "tost CPU kernels: instruction set ", CpuIsaName(isa),
+              " is not available (not compiled into this build or not supported by this CPU)");
+  switch (isa) {
+#if defined(TOST_CPU_X86_ISAS)
+    case CpuIsa::kAvx512:
+      return RowKernelsAvx512<T>();
+    case CpuIsa::kAvx2:
+      return RowKernelsAvx2<T>();
+#endif
+    default:
+      return RowKernelsDefault<T>();
+  }
+}
+
+template const RowKernels<float>& KernelsFor<float>(CpuIsa);
+template const RowKernels<double>& KernelsFor<double>(CpuIsa);
+template const RowKernels<c10::Half>& KernelsFor<c10::Half>(CpuIsa);
+template const RowKernels<c10::BFloat16>& KernelsFor<c10::BFloat16>(CpuIsa);
+
+}  // namespace tost::kernels::cpu

@@ -1,0 +1,30 @@
+// Which instruction set the fused CPU TSSA kernels run with.
+//
+// The row kernels are compiled for DEFAULT (portable C++), AVX2 and AVX-512 (x86-64 builds only);
+// the active one follows LibTorch's own choice (at::get_cpu_capability(), which honours the
+// ATEN_CPU_CAPABILITY environment variable), limited to what this CPU and this build support.
+// Tests and the benchmark may name an ISA explicitly to compare the variants.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "kernels/cpu/row_kernels.h"
+
+namespace tost::kernels::cpu {
+
+enum class CpuIsa { kDefault, kAvx2, kAvx512 };
+
+std::string_view CpuIsaName(CpuIsa isa);
+
+// The ISAs compiled into this build that this CPU can run, DEFAULT first.
+const std::vector<CpuIsa>& AvailableCpuIsas();
+
+// The ISA used when a caller names none.
+CpuIsa ActiveCpuIsa();
+
+// The kernel table of `isa`; throws c10::Error naming the ISA when it is not available here.
+template <typename T>
+const RowKernels<T>& KernelsFor(CpuIsa isa);
+
+}  // namespace tost::kernels::cpu

@@ -1,0 +1,286 @@
+// Generation benchmark (DESIGN §8 P4, P5, P6), on a 4096-token-context causal ToST written with
+// random weights into a temporary model repository:
+//   P4  decode latency at position 4000 vs 100, ToST (tssa_step on fixed-size statistics) next to
+//       a KV-cache transformer of equal size (SDPA over the cache) in the same run;
+//   P5  per-session memory: ToST state bytes vs a KV cache of equal dims at 4096 tokens;
+//   P6  aggregate decode tokens/s through the real tost_server with 64 concurrent streams vs 1,
+//       driven by this C++ client (a Python client would compete for the 2 cores).
+// Medians of interleaved repeats. --quick shrinks everything for CI.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <grpcpp/grpcpp.h>
+
+#include "model/language_model.h"
+#include "model/safetensors.h"
+#include "model/tensor_list.h"
+#include "model/torch_threads.h"
+#include "tost/v1/tost.grpc.pb.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  bool quick = false;
+  std::string server_bin;
+  int sessions = 64;
+  int tokens = 64;  // per stream in P6
+  int steps = 64;   // decode steps timed per position in P4
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+tost::model::LanguageConfig BenchConfig(bool quick) {
+  tost::model::LanguageConfig c;
+  c.n_layer = quick ? 2 : 6;
+  c.n_head = 6;
+  c.n_embd = quick ? 96 : 384;
+  c.context_length = 4096;
+  c.vocab_size = 257;
+  return c;
+}
+
+// Writes <repo>/bench-lm/{config.json, model.safetensors} with the official init (normal 0.02).
+void WriteModel(const fs::path& repo, const tost::model::LanguageConfig& c) {
+  const fs::path dir = repo / "bench-lm";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << "{\"name\":\"bench-lm\",\"architecture\":\"tost_lm\",\"trained\":false,"
+                                     << "\"lm\":{\"n_layer\":" << c.n_layer << ",\"n_head\":" << c.n_head
+                                     << ",\"n_embd\":" << c.n_embd << ",\"context_length\":" << c.context_length
+                                     << ",\"vocab_size\":" << c.vocab_size << "},\"tokenizer\":{\"type\":\"byte\"}}";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<std::vector<float>> storage;
+  std::vector<tost::model::StTensorToWrite> tensors;
+  for (const auto& e : tost::model::LanguageTensorList(c)) {
+    if (e.optional) continue;
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    std::vector<float> v(n);
+    const bool ones = e.name.find("ln_") != std::string::npos || e.name.find("gamma") != std::string::npos ||
+                      e.name.find("temp") != std::string::npos;
+    const bool zeros = e.name.find("denom_bias") != std::string::npos;
+    for (float& x : v) x = ones ? 1.f : zeros ? 0.f : normal(rng);
+    storage.push_back(std::move(v));
+    tensors.push_back({e.name, tost::model::StDtype::kF32, e.shape,
+                       std::string_view(reinterpret_cast<const char*>(storage.back().data()), n * sizeof(float))});
+  }
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << tost::model::SerializeSafetensors(tensors);
+}
+
+// A GPT of the same dims with a KV cache: the softmax-attention baseline for P4/P5.
+class KvCacheGpt {
+ public:
+  explicit KvCacheGpt(const tost::model::LanguageConfig& c) : c_(c) {
+    auto w = [&](std::vector<int64_t> s) { return at::randn(s) * 0.02; };
+    wte_ = w({c.vocab_size, c.n_embd});
+    wpe_ = w({c.context_length, c.n_embd});
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      layers_.push_back({w({3 * c.n_embd, c.n_embd}), w({c.n_embd, c.n_embd}), w({4 * c.n_embd, c.n_embd}),
+                         w({c.n_embd, 4 * c.n_embd}),
+                         at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head}),
+                         at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head})});
+    }
+    ln_ = at::ones({c.n_embd});
+  }
+  // One decode step at `pos` (the cache holds positions < pos).
+  at::Tensor Step(int64_t token, int64_t pos) {
+    const int64_t p = c_.n_embd / c_.n_head;
+    at::Tensor x = (wte_[token] + wpe_[pos]).view({1, c_.n_embd});
+    for (auto& L : layers_) {
+      const at::Tensor h = at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5);
+      const auto qkv = at::linear(h, L.qkv).view({1, 3, c_.n_head, 1, p}).unbind(1);
+      L.k.select(2, pos).copy_(qkv[1].squeeze(2));
+      L.v.select(2, pos).copy_(qkv[2].squeeze(2));
+      const at::Tensor att = at::scaled_dot_product_attention(qkv[0], L.k.slice(2, 0, pos + 1), L.v.slice(2, 0, pos + 1));
+      x = x + at::linear(att.reshape({1, c_.n_embd}), L.proj);
+      x = x + at::linear(at::gelu(at::linear(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), L.fc)), L.fc_out);
+    }
+    return at::matmul(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), wte_.t());
+  }
+  int64_t CacheBytesPerSequence(int64_t tokens) const { return 2 * c_.n_layer * tokens * c_.n_embd * 4; }
+
+ private:
+  struct Layer {
+    at::Tensor qkv, proj, fc, fc_out, k, v;
+  };
+  tost::model::LanguageConfig c_;
+  at::Tensor wte_, wpe_, ln_;
+  std::vector<Layer> layers_;
+};
+
+void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args) {
+  tost::model::ModelConfig cfg;
+  cfg.name = "bench-lm";
+  cfg.architecture = tost::model::Architecture::kLanguage;
+  cfg.language = c;
+  auto lm = tost::model::LanguageModel::Load((repo / "bench-lm").string(), cfg);
+  if (!lm.ok()) {
+    std::fprintf(stderr, "load failed: %s\n", std::string(lm.status().message()).c_str());
+    std::exit(1);
+  }
+  KvCacheGpt kv(c);
+  c10::InferenceMode inference;
+  const std::vector<int64_t> positions = {100, 4000};
+  // ToST states at each position, by real prefill.
+  std::vector<tost::model::SequenceState> states;
+  for (int64_t pos : positions) {
+    tost::model::SequenceState s = (*lm)->NewSequence();
+    std::vector<int32_t> prompt(pos);
+    for (int64_t i = 0; i < pos; ++i) prompt[i] = static_cast<int32_t>(32 + i % 90);
+    if (!(*lm)->Prefill(prompt, s, 512).ok()) std::exit(1);
+    states.push_back(std::move(s));
+  }
+  const int rounds = args.quick ? 3 : 7;
+  std::vector<std::vector<double>> tost_ms(2), kv_ms(2);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < positions.size(); ++i) {  // interleaved: 100, 4000, 100, 4000, ...
+      tost::model::SequenceState s = states[i];
+      tost::model::SequenceState* ptr[] = {&s};
+      const int32_t token = 65;
+      auto t0 = Clock::now();
+      for (int k = 0; k < args.steps; ++k) (void)(*lm)->Step(absl::MakeConstSpan(&token, 1), ptr);
+      tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / args.steps);
+      t0 = Clock::now();
+      for (int k = 0; k < args.steps; ++k) kv.Step(65, positions[i] + k % 64);
+      kv_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / args.steps);
+    }
+  }
+  const double t100 = Median(tost_ms[0]), t4000 = Median(tost_ms[1]);
+  const double k100 = Median(kv_ms[0]), k4000 = Median(kv_ms[1]);
+  std::printf("\nP4 decode latency, one sequence (ms/token, median of %d interleaved rounds of %d steps)\n", rounds, args.steps);
+  std::printf("  %-28s %10s %10s %8s\n", "model", "pos 100", "pos 4000", "ratio");
+  std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", "ToST (tssa_step)", t100, t4000, t4000 / t100);
+  std::printf("  %-28s %10.3f %10.3f %8.3f\n", "KV-cache GPT (SDPA)", k100, k4000, k4000 / k100);
+  const double state_bytes = static_cast<double>(states[0].ByteSize());
+  const double kv_bytes = static_cast<double>(kv.CacheBytesPerSequence(4096));
+  std::printf("\nP5 memory per sequence: ToST state %.1f KB at any length; KV cache at 4096 tokens %.1f MB: %.0fx "
+              "(target >= 1000x)\n", state_bytes / 1024, kv_bytes / (1 << 20), kv_bytes / state_bytes);
+}
+
+// One Generate stream; returns tokens received.
+int Stream(tost::v1::Tost::Stub& stub, int tokens, int seed) {
+  grpc::ClientContext ctx;
+  tost::v1::GenerateRequest req;
+  req.set_model("bench-lm");
+  req.set_prompt_bytes("Once upon a time");
+  req.set_max_new_tokens(tokens);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(seed);
+  auto reader = stub.Generate(&ctx, req);
+  tost::v1::GenerateResponse msg;
+  int n = 0;
+  while (reader->Read(&msg)) n += msg.has_token() ? 1 : 0;
+  return reader->Finish().ok() ? n : -1;
+}
+
+void RunP6(const fs::path& repo, const Args& args) {
+  int fds[2];
+  if (pipe(fds) != 0) std::exit(1);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    const std::string repo_flag = "--model_repository=" + repo.string();
+    const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
+    execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0", slots.c_str(),
+          "--metrics_port=0", static_cast<char*>(nullptr));  // metrics on (as deployed), on a free port
+    _exit(127);
+  }
+  close(fds[1]);
+  char line[256] = {0};
+  FILE* out = fdopen(fds[0], "r");
+  if (fgets(line, sizeof(line), out) == nullptr) {
+    std::fprintf(stderr, "tost_server did not start (%s)\n", args.server_bin.c_str());
+    std::exit(1);
+  }
+  const std::string s(line);
+  const std::string port = s.substr(s.rfind(':') + 1, s.find_last_not_of("\n") - s.rfind(':'));
+  auto channel = grpc::CreateChannel("127.0.0.1:" + port, grpc::InsecureChannelCredentials());
+  auto stub = tost::v1::Tost::NewStub(channel);
+  Stream(*stub, 4, 0);  // warm-up
+
+  const int rounds = args.quick ? 1 : 3;
+  std::vector<double> one, many;
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    const int n1 = Stream(*stub, args.tokens, r);
+    one.push_back(n1 / std::chrono::duration<double>(Clock::now() - t0).count());
+    std::vector<int> got(args.sessions);
+    std::vector<std::thread> threads;
+    t0 = Clock::now();
+    for (int i = 0; i < args.sessions; ++i) threads.emplace_back([&, i] { got[i] = Stream(*stub, args.tokens, 100 + i); });
+    for (auto& t : threads) t.join();
+    int total = 0;
+    for (int g : got) total += std::max(g, 0);
+    many.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  tost::v1::ServerStatusResponse status;
+  grpc::ClientContext ctx;
+  stub->ServerStatus(&ctx, {}, &status);
+  kill(child, SIGTERM);
+  waitpid(child, nullptr, 0);
+  const double a = Median(one), b = Median(many);
+  std::printf("\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d rounds)\n",
+              args.tokens, rounds);
+  std::printf("  1 stream: %.1f tokens/s; %d streams: %.1f tokens/s; ratio %.1fx (target >= 8x); "
+              "largest decode batch %d\n", a, args.sessions, b, b / a,
+              status.generators_size() ? status.generators(0).max_decode_batch() : 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  args.server_bin = (fs::path(argv[0]).parent_path() / ".." / ".." / "service" / "tost_server").string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help") {
+      std::printf("tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] [--steps=64]\n"
+                  "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV cache\n"
+                  "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
+      return 0;
+    }
+    if (a == "--quick") args.quick = true;
+    if (a.rfind("--server_bin=", 0) == 0) args.server_bin = a.substr(13);
+    if (a.rfind("--sessions=", 0) == 0) args.sessions = std::stoi(a.substr(11));
+    if (a.rfind("--tokens=", 0) == 0) args.tokens = std::stoi(a.substr(9));
+    if (a.rfind("--steps=", 0) == 0) args.steps = std::stoi(a.substr(8));
+  }
+  if (args.quick) {
+    args.sessions = 8;
+    args.tokens = 8;
+    args.steps = 8;
+  }
+  tost::model::SetTorchThreads(1);  // as tost_server by default
+  const fs::path repo = fs::temp_directory_path() / ("tost_gen_bench_" + std::to_string(getpid()));
+  const auto config = BenchConfig(args.quick);
+  WriteModel(repo, config);
+  std::printf("bench LM: %lld layers, C %lld, %lld heads, context %lld, %u threads\n",
+              static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
+              static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
+              std::thread::hardware_concurrency());
+  RunP4P5(repo, config, args);
+  RunP6(repo, args);
+  fs::remove_all(repo);
+  return 0;
+}

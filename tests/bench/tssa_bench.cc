@@ -1,0 +1,585 @@
+// tssa_bench: the fused CPU TSSA kernel against the ATen reference and the memory bandwidth of
+// the same cores, and a TSSA layer against softmax-attention layers (DESIGN §8, P1 and P2).
+//
+// One run prints every figure side by side; each timing is the median of repeats interleaved
+// between the variants it is compared with. Layer variants run in child processes (this
+// executable with --variant=...), one process per measurement, so peak memory and allocator state
+// stay per variant. `--quick` runs a reduced set in seconds (CI); the full run takes minutes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/headeronly/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/tssa_cpu.h"
+#include "kernels/reference.h"
+#include "kernels/tssa_ops.h"
+#include "tests/bench/bench_process.h"
+
+namespace tost::bench {
+namespace {
+
+constexpr const char* kUsage = R"(tssa_bench: fused CPU TSSA kernel vs the ATen reference and DRAM bandwidth (P1),
+TSSA layer vs softmax-attention layers in time and peak memory (P2).
+
+usage: tssa_bench [--quick] [--threads=N] [--sections=LIST]
+  --quick          reduced sizes and repeats, runs in seconds (CI smoke run; figures are not the
+                   acceptance measurements: the bandwidth arrays fit in the last-level cache)
+  --threads=N      intra-op threads for every measurement (default: all cores)
+  --sections=LIST  comma-separated subset of bandwidth,kernel,causal,layer-time,layer-memory
+                   (default: all)
+  --sizes=LIST     kernel section only these B:N pairs, e.g. 8:16384,8:65536 (default: B 1 and 8,
+                   N 256...65536)
+  --help           this text
+
+Figures: kernel times are medians of interleaved repeats of the dispatcher op (tost::tssa, the
+fused kernel) and reference::tssa on the same input, D=384, K=8, float32, outputs allocated by
+the calls, one child process per size and allocator mode: "warm" (malloc keeps freed memory, as a
+long-running server's allocator does) and "glibc" (allocator defaults: blocks of 32 MiB and more
+are fresh pages on every call). Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of read (at::sum), copy (copy_), triad
+and memcpy over arrays 4x the last-level cache, on the same threads; rows whose w exceeds the
+cache also probe read and memcpy bandwidth over w's size between their own repeats. Layer
+timings and peak memory come from one child process per variant and size (peak = VmHWM growth
+during one forward after a warm-up).
+Exit status: 1 when the fused result differs from the reference or a child fails.
+)";
+
+constexpr int64_t kChannels = 384;
+constexpr int64_t kHeads = 8;
+
+struct Args {
+  bool quick = false;
+  int threads = 0;
+  std::vector<std::string> sections = {"bandwidth", "kernel", "causal", "layer-time", "layer-memory"};
+  std::vector<std::pair<int64_t, int64_t>> sizes;  // kernel section (B, N); empty: the default grid
+  // Child mode.
+  std::string variant;
+  std::string layer;
+  std::string alloc;
+  int64_t batch = 1;
+  int64_t tokens = 0;
+  int repeats = 1;
+};
+
+bool HasPrefix(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    const auto value = [&](const std::string& key) { return s.substr(key.size()); };
+    if (s == "--help" || s == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (s == "--quick") {
+      a.quick = true;
+    } else if (HasPrefix(s, "--threads=")) {
+      a.threads = std::stoi(value("--threads="));
+    } else if (HasPrefix(s, "--sections=")) {
+      a.sections.clear();
+      std::string list = value("--sections=");
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        a.sections.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
+    } else if (HasPrefix(s, "--sizes=")) {
+      std::string list = value("--sizes=");
+      for (size_t start = 0; start < list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string item = list.substr(start, comma - start);
+        const size_t colon = item.find(':');
+        if (colon == std::string::npos) {
+          std::fprintf(stderr, "tssa_bench: --sizes expects B:N pairs, got '%s'\n", item.c_str());
+          std::exit(2);
+        }
+        a.sizes.emplace_back(std::stoll(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
+        start = comma + 1;
+      }
+    } else if (HasPrefix(s, "--variant=")) {
+      a.variant = value("--variant=");
+    } else if (HasPrefix(s, "--layer=")) {
+      a.layer = value("--layer=");
+    } else if (HasPrefix(s, "--alloc=")) {
+      a.alloc = value("--alloc=");
+    } else if (HasPrefix(s, "--batch=")) {
+      a.batch = std::stoll(value("--batch="));
+    } else if (HasPrefix(s, "--tokens=")) {
+      a.tokens = std::stoll(value("--tokens="));
+    } else if (HasPrefix(s, "--repeats=")) {
+      a.repeats = std::stoi(value("--repeats="));
+    } else {
+      std::fprintf(stderr, "tssa_bench: unknown argument '%s' (see --help)\n", s.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+bool Wants(const Args& a, const std::string& section) {
+  return std::find(a.sections.begin(), a.sections.end(), section) != a.sections.end();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <typename F>
+double TimeMs(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t LastLevelCacheBytes() {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  int64_t kib = 0;
+  if (in >> kib) return kib * 1024;
+  return 32 << 20;
+}
+
+// The 1-minute load average: the machine may be shared, and every figure here depends on it.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one.empty() ? "unknown" : one;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (HasPrefix(line, "model name")) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory bandwidth of the same threads.
+
+// Streaming probes over float32 tensors of the same size, on at::get_num_threads() threads, with
+// LibTorch's own vectorised kernels (AVX-512 here, like ours): read = at::sum, copy = copy_ into
+// another tensor, triad = a = b + 3c, and memcpy per thread (glibc uses non-temporal stores for
+// large blocks, so it moves 2 bytes per byte copied instead of 3).
+struct Bandwidth {
+  double read_gbs = 0, copy_gbs = 0, triad_gbs = 0, memcpy_gbs = 0;
+  double best() const { return std::max({read_gbs, copy_gbs, triad_gbs, memcpy_gbs}); }
+};
+
+class BandwidthProbe {
+ public:
+  explicit BandwidthProbe(const at::Tensor& src)
+      : b_(src), a_(at::empty_like(src)), c_(at::full_like(src, 0.5)), bytes_(static_cast<double>(src.nbytes())) {
+    a_.zero_();  // pages mapped before timing
+  }
+  double ReadMs() const {
+    return TimeMs([&] { sink_ = sink_ + at::sum(b_).item<float>(); });
+  }
+  double CopyMs() { return TimeMs([&] { a_.copy_(b_); }); }
+  double TriadMs() { return TimeMs([&] { at::add_out(a_, b_, c_, 3.0); }); }
+  double MemcpyMs() {
+    const int64_t n = b_.nbytes();
+    char* dst = static_cast<char*>(a_.data_ptr());
+    const char* src = static_cast<const char*>(b_.const_data_ptr());
+    return TimeMs([&] {
+      at::parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) {
+        std::memcpy(dst + lo, src + lo, static_cast<size_t>(hi - lo));
+      });
+    });
+  }
+  double bytes() const { return bytes_; }
+
+ private:
+  at::Tensor b_, a_, c_;
+  double bytes_;
+  mutable volatile float sink_ = 0;
+};
+
+Bandwidth MeasureBandwidth(int64_t array_bytes, int repeats) {
+  BandwidthProbe probe(at::randn({array_bytes / static_cast<int64_t>(sizeof(float))}));
+  probe.ReadMs(), probe.CopyMs(), probe.TriadMs(), probe.MemcpyMs();  // warm-up
+  std::vector<double> tr, tc, tt, tm;
+  for (int r = 0; r < repeats; ++r) {
+    tr.push_back(probe.ReadMs());
+    tc.push_back(probe.CopyMs());
+    tt.push_back(probe.TriadMs());
+    tm.push_back(probe.MemcpyMs());
+  }
+  const double bytes = probe.bytes();
+  return Bandwidth{bytes / Median(tr) / 1e6, 2 * bytes / Median(tc) / 1e6, 3 * bytes / Median(tt) / 1e6,
+                   2 * bytes / Median(tm) / 1e6};
+}
+
+// ---------------------------------------------------------------------------------------------
+// P1: fused kernel vs reference.
+
+struct KernelRow {
+  int64_t batch = 0, tokens = 0;
+  // Per allocator mode (0: malloc retains freed memory, 1: glibc defaults): medians in ms.
+  double ref_ms[2] = {0, 0}, fused_ms[2] = {0, 0};
+  // w beyond the last-level cache: read / memcpy bandwidth of w's size, timed between the repeats.
+  double probe_gbs = 0;
+  double w_bytes() const { return static_cast<double>(batch * tokens * kChannels * sizeof(float)); }
+  double gbs(double ms) const { return 4 * w_bytes() / ms / 1e6; }
+};
+
+at::Tensor RandomInput(std::vector<int64_t> shape, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen);
+}
+
+// Repeats so that one size takes about `budget_ms`, within [lo, hi].
+int RepeatsFor(double one_round_ms, double budget_ms, int lo, int hi) {
+  return std::clamp(static_cast<int>(budget_ms / std::max(one_round_ms, 1e-3)), lo, hi);
+}
+
+constexpr const char* kAllocModes[2] = {"retain", "default"};
+
+// Child: one (allocator mode, B, N) row of P1. Exit status 1 when the fused result differs.
+int RunKernelRowChild(const Args& args) {
+  if (args.alloc == "retain") {
+    ConfigureAllocator(AllocatorMode::kRetain);
+  } else if (args.alloc != "default") {
+    throw std::runtime_error("unknown --alloc '" + args.alloc + "' (retain, default)");
+  }
+  const int64_t b = args.batch, n = args.tokens;
+  const at::Tensor temp = RandomInput({kHeads}, 2).abs() + 0.5;
+  const at::Tensor w = RandomInput({b, n, kChannels}, 1000 + n);
+  // Warm-up, and the correctness check the exit status reports.
+  at::Tensor y_ref, y;
+  const double t_ref0 = TimeMs([&] { y_ref = kernels::reference::tssa(w, temp); });
+  const double t_fused0 = TimeMs([&] { y = kernels::tssa(w, temp); });
+  if (!at::allclose(y, y_ref, 1e-4, 1e-5)) {
+    std::fprintf(stderr, "MISMATCH: fused tssa differs from the reference at B=%ld N=%ld\n", b, n);
+    return 1;
+  }
+  y_ref = at::Tensor(), y = at::Tensor();
+  const int reps = args.quick ? 3 : RepeatsFor(t_ref0 + t_fused0, 4000, 3, 15);
+  // Beyond the cache the kernel is bandwidth-bound: probe the bandwidth in the same loop, so that
+  // both see the same machine (other tenants' load varies over a run).
+  std::optional<BandwidthProbe> probe;
+  const double w_bytes = static_cast<double>(w.nbytes());
+  if (w_bytes > static_cast<double>(LastLevelCacheBytes()) && args.alloc == "retain") probe.emplace(w);
+  std::vector<double> tr, tf, tp_read, tp_copy;
+  for (int r = 0; r < reps; ++r) {
+    tr.push_back(TimeMs([&] { kernels::reference::tssa(w, temp); }));
+    tf.push_back(TimeMs([&] { kernels::tssa(w, temp); }));
+    if (probe) tp_read.push_back(probe->ReadMs()), tp_copy.push_back(probe->MemcpyMs());
+  }
+  std::map<std::string, double> result{{"ref_ms", Median(tr)}, {"fused_ms", Median(tf)}, {"repeats", reps}};
+  if (probe) result["probe_gbs"] = std::max(w_bytes / Median(tp_read), 2 * w_bytes / Median(tp_copy)) / 1e6;
+  std::printf("%s\n", ResultLine(result).c_str());
+  return 0;
+}
+
+bool RunKernelSection(const Args& args, const Bandwidth& bw) {
+  std::vector<std::pair<int64_t, int64_t>> sizes = args.sizes;
+  if (sizes.empty()) {
+    for (const int64_t b : {1, 8}) {
+      for (const int64_t n : args.quick ? std::vector<int64_t>{256, 1024, 4096}
+                                        : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}) {
+        if (!(args.quick && b == 8 && n > 1024)) sizes.emplace_back(b, n);
+      }
+    }
+  }
+  bool ok = true;
+  std::vector<KernelRow> rows;
+  for (const auto& [b, n] : sizes) {
+    KernelRow row{b, n};
+    for (int mode = 0; mode < 2; ++mode) {
+      std::vector<std::string> child = {"--variant=kernel-row", std::string("--alloc=") + kAllocModes[mode],
+                                        "--batch=" + std::to_string(b), "--tokens=" + std::to_string(n),
+                                        "--threads=" + std::to_string(at::get_num_threads())};
+      if (args.quick) child.push_back("--quick");
+      std::map<std::string, double> r;
+      try {
+        r = RunChild(child);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        ok = false;
+        continue;
+      }
+      row.ref_ms[mode] = r["ref_ms"];
+      row.fused_ms[mode] = r["fused_ms"];
+      if (r.count("probe_gbs")) row.probe_gbs = r["probe_gbs"];
+      std::printf("  kernel %-7s B=%ld N=%-6ld reference %9.3f ms  fused %8.3f ms  (%5.1fx, %6.1f GB/s)  [%g repeats]\n",
+                  kAllocModes[mode], b, n, row.ref_ms[mode], row.fused_ms[mode], row.ref_ms[mode] / row.fused_ms[mode],
+                  row.gbs(row.fused_ms[mode]), r["repeats"]);
+      std::fflush(stdout);
+    }
+    rows.push_back(row);
+  }
+
+  std::printf("\nP1  fused tost::tssa vs reference::tssa (D=%ld, K=%ld, float32, %d threads, kernels ISA %s)\n",
+              kChannels, kHeads, at::get_num_threads(),
+              std::string(kernels::cpu::CpuIsaName(kernels::cpu::ActiveCpuIsa())).c_str());
+  std::printf("  DRAM bandwidth of these threads (best of read/copy/triad/memcpy): %.1f GB/s%s\n", bw.best(),
+              args.quick ? " [quick: arrays fit in cache, not DRAM]" : "");
+  std::printf("  warm: malloc keeps freed memory (no page faults on repeated calls); glibc: allocator defaults\n"
+              "  (blocks >= 32 MiB are fresh pages every call). eff GB/s = 4 x bytes(w) / time (three reads and\n"
+              "  one write of w). probe = best of read and memcpy bandwidth over w's size, timed between the same\n"
+              "  repeats (rows with w > LLC)\n");
+  std::printf("  %2s %6s | %10s %10s %8s %9s %8s %15s | %10s %10s %8s\n", "B", "N", "ref ms", "fused ms", "speedup",
+              "eff GB/s", "of DRAM", "of probe (GB/s)", "glibc ref", "glibc fus", "speedup");
+  for (const KernelRow& r : rows) {
+    char probe[32] = "";
+    if (r.probe_gbs > 0) {
+      std::snprintf(probe, sizeof(probe), "%3.0f%% (%5.1f)", 100 * r.gbs(r.fused_ms[0]) / r.probe_gbs, r.probe_gbs);
+    }
+    std::printf("  %2ld %6ld | %10.3f %10.3f %7.1fx %9.1f %7.0f%% %15s | %10.3f %10.3f %7.1fx\n", r.batch, r.tokens,
+                r.ref_ms[0], r.fused_ms[0], r.ref_ms[0] / r.fused_ms[0], r.gbs(r.fused_ms[0]),
+                100 * r.gbs(r.fused_ms[0]) / bw.best(), probe, r.ref_ms[1], r.fused_ms[1], r.ref_ms[1] / r.fused_ms[1]);
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal prefill (both scan strategies) and decode step vs the reference (no target; informs the
+// scan choice documented in docs/kernels.md).
+
+bool RunCausalSection(const Args& args) {
+  using kernels::cpu::CausalScan;
+  struct Case {
+    int64_t batch, tokens;
+  };
+  const std::vector<Case> prefill = args.quick ? std::vector<Case>{{1, 1024}} : std::vector<Case>{{1, 4096}, {8, 1024}};
+  const at::Tensor temp = RandomInput({kHeads}, 3).abs() + 0.5;
+  bool ok = true;
+  std::printf("\nCausal prefill tost::tssa_causal vs reference (D=%ld, K=%ld, float32, %d threads)\n", kChannels, kHeads,
+              at::get_num_threads());
+  std::printf("  %2s %6s %10s %14s %12s %9s\n", "B", "T", "ref ms", "sequential ms", "chunked ms", "speedup");
+  for (const Case& c : prefill) {
+    const at::Tensor w = RandomInput({c.batch, c.tokens, kChannels}, 40);
+    const at::Tensor delta = RandomInput({kHeads, c.tokens}, 41) * 0.2;
+    kernels::cpu::CpuKernelOptions seq, chunked;
+    seq.causal_scan = CausalScan::kSequential;
+    chunked.causal_scan = CausalScan::kChunked;
+    const auto run_ref = [&] { return kernels::reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt); };
+    const auto run = [&](const kernels::cpu::CpuKernelOptions& o) {
+      return kernels::cpu::tssa_causal_with(o, w, temp, delta, std::nullopt, std::nullopt);
+    };
+    if (!at::allclose(std::get<0>(run(seq)), std::get<0>(run_ref()), 1e-4, 1e-5) ||
+        !at::equal(std::get<0>(run(seq)), std::get<0>(run(chunked)))) {
+      std::fprintf(stderr, "MISMATCH: tssa_causal at B=%ld T=%ld\n", c.batch, c.tokens);
+      ok = false;
+    }
+    std::vector<double> tr, ts, tc;
+    for (int r = 0; r < (args.quick ? 3 : 7); ++r) {
+      tr.push_back(TimeMs(run_ref));
+      ts.push_back(TimeMs([&] { run(seq); }));
+      tc.push_back(TimeMs([&] { run(chunked); }));
+    }
+    const double best = std::min(Median(ts), Median(tc));
+    std::printf("  %2ld %6ld %10.3f %14.3f %12.3f %8.1fx\n", c.batch, c.tokens, Median(tr), Median(ts), Median(tc),
+                Median(tr) / best);
+  }
+  std::printf("  decode step tost::tssa_step vs reference (one token per sequence, state in place)\n");
+  std::printf("  %4s %12s %12s %9s\n", "B", "ref us", "fused us", "speedup");
+  for (const int64_t b : {int64_t{1}, int64_t{64}}) {
+    const at::Tensor w = RandomInput({b, kChannels}, 50);
+    const at::Tensor delta = RandomInput({kHeads, 4096}, 51) * 0.2;
+    const at::Tensor positions = at::full({b}, 4000, at::kLong);
+    at::Tensor state = RandomInput({b, kernels::StateWidth(kChannels, kHeads)}, 52).abs() * 100;
+    at::Tensor s_ref = state.clone(), s_fused = state.clone();
+    const int reps = args.quick ? 20 : 200;
+    std::vector<double> tr, tf;
+    for (int r = 0; r < reps; ++r) {
+      // Same state every repeat: each call starts from a copy, outside the timed region.
+      s_ref.copy_(state), s_fused.copy_(state);
+      tr.push_back(TimeMs([&] { kernels::reference::tssa_step(w, temp, delta, positions, s_ref); }));
+      tf.push_back(TimeMs([&] { kernels::tssa_step(w, temp, delta, positions, s_fused); }));
+    }
+    if (!at::allclose(s_ref, s_fused, 1e-5, 1e-4)) {
+      std::fprintf(stderr, "MISMATCH: tssa_step state at B=%ld\n", b);
+      ok = false;
+    }
+    std::printf("  %4ld %12.1f %12.1f %8.1fx\n", b, 1e3 * Median(tr), 1e3 * Median(tf), Median(tr) / Median(tf));
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// P2: layers (child processes).
+
+struct Linear {
+  at::Tensor weight, bias;
+  Linear(int64_t in, int64_t out, uint64_t seed)
+      : weight(RandomInput({out, in}, seed) * 0.02), bias(RandomInput({out}, seed + 1) * 0.02) {}
+  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+};
+
+// One attention block's token mixer at width D: x [1, N, D] -> [1, N, D].
+class Layer {
+ public:
+  explicit Layer(const std::string& kind) : kind_(kind) {
+    if (kind == "tssa") {
+      in_ = std::make_unique<Linear>(kChannels, kChannels, 10);  // ToST: one projection D -> D
+      temp_ = RandomInput({kHeads}, 12).abs() + 0.5;
+    } else if (kind == "sdpa" || kind == "materialised") {
+      in_ = std::make_unique<Linear>(kChannels, 3 * kChannels, 10);  // q, k, v
+    } else {
+      throw std::runtime_error("unknown layer '" + kind + "' (tssa, sdpa, materialised)");
+    }
+    out_ = std::make_unique<Linear>(kChannels, kChannels, 20);
+  }
+
+  at::Tensor Forward(const at::Tensor& x) const {
+    const int64_t b = x.size(0), n = x.size(1), hd = kChannels / kHeads;
+    if (kind_ == "tssa") return (*out_)(kernels::tssa((*in_)(x), temp_));
+    const at::Tensor qkv = (*in_)(x).view({b, n, 3, kHeads, hd}).permute({2, 0, 3, 1, 4});
+    const at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    at::Tensor o;
+    if (kind_ == "sdpa") {
+      o = at::scaled_dot_product_attention(q, k, v);
+    } else {
+      // As ViT computes it: attn = softmax((q @ kᵀ) · scale); attn @ v.
+      const at::Tensor attn = at::softmax(at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd))), -1);
+      o = at::matmul(attn, v);
+    }
+    return (*out_)(o.transpose(1, 2).reshape({b, n, kChannels}));
+  }
+
+ private:
+  std::string kind_;
+  std::unique_ptr<Linear> in_, out_;
+  at::Tensor temp_;
+};
+
+int RunChildVariant(const Args& args) {
+  c10::InferenceMode guard;
+  if (args.variant == "kernel-row") return RunKernelRowChild(args);
+  const Layer layer(args.layer);
+  const at::Tensor x = RandomInput({1, args.tokens, kChannels}, 30);
+  std::map<std::string, double> result;
+  if (args.variant == "layer-time") {
+    ConfigureAllocator(AllocatorMode::kRetain);
+    layer.Forward(x);  // warm-up
+    std::vector<double> t;
+    for (int r = 0; r < args.repeats; ++r) t.push_back(TimeMs([&] { layer.Forward(x); }));
+    result["time_ms"] = Median(t);
+  } else if (args.variant == "layer-memory") {
+    ConfigureAllocator(AllocatorMode::kRelease);
+    layer.Forward(x);  // warm-up: thread pools, library workspaces
+    ReleaseFreeMemory();
+    const MemoryStatus before = ReadMemoryStatus();
+    if (!ResetPeakRss()) throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
+    const at::Tensor y = layer.Forward(x);
+    const MemoryStatus after = ReadMemoryStatus();
+    result["peak_bytes"] = static_cast<double>(after.hwm_bytes - before.rss_bytes);
+    result["process_peak_bytes"] = static_cast<double>(after.hwm_bytes);
+    result["checksum"] = y.sum().item<double>();
+  } else {
+    throw std::runtime_error("unknown --variant '" + args.variant + "'");
+  }
+  std::printf("%s\n", ResultLine(result).c_str());
+  return 0;
+}
+
+std::vector<std::string> ChildArgs(const std::string& variant, const std::string& layer,
+                                   int64_t tokens, int repeats) {
+  return {"--variant=" + variant, "--layer=" + layer, "--tokens=" + std::to_string(tokens),
+          "--repeats=" + std::to_string(repeats), "--threads=" + std::to_string(at::get_num_threads())};
+}
+
+void RunLayerTimeSection(const Args& args) {
+  const std::vector<int64_t> tokens =
+      args.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
+  const int rounds = args.quick ? 1 : 3, inner = args.quick ? 2 : 3;
+  std::map<std::pair<std::string, int64_t>, std::vector<double>> times;
+  for (int r = 0; r < rounds; ++r) {
+    for (const int64_t n : tokens) {
+      for (const std::string layer : {"tssa", "sdpa"}) {
+        times[{layer, n}].push_back(RunChild(ChildArgs("layer-time", layer, n, inner))["time_ms"]);
+        std::printf("  layer-time %-5s N=%-6ld round %d: %.2f ms\n", layer.c_str(), n, r,
+                    times[{layer, n}].back());
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf("\nP2a TSSA layer (qkv D->D, tost::tssa, to_out) vs softmax-attention layer (qkv D->3D, "
+              "at::scaled_dot_product_attention, proj), D=%ld, %ld heads, batch 1\n",
+              kChannels, kHeads);
+  std::printf("  %6s %12s %12s %9s\n", "N", "TSSA ms", "SDPA ms", "SDPA/TSSA");
+  for (const int64_t n : tokens) {
+    const double t = Median(times[{"tssa", n}]), s = Median(times[{"sdpa", n}]);
+    std::printf("  %6ld %12.2f %12.2f %8.1fx\n", n, t, s, s / t);
+  }
+}
+
+void RunLayerMemorySection(const Args& args) {
+  const std::vector<int64_t> tokens =
+      args.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 4096, 8192};
+  std::map<std::pair<std::string, int64_t>, double> peak;
+  for (const int64_t n : tokens) {
+    for (const std::string layer : {"tssa", "materialised", "sdpa"}) {
+      peak[{layer, n}] = RunChild(ChildArgs("layer-memory", layer, n, 1))["peak_bytes"];
+      std::printf("  layer-memory %-12s N=%-6ld peak %.1f MiB\n", layer.c_str(), n, peak[{layer, n}] / (1 << 20));
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nP2b peak memory of one forward (VmHWM growth, own process each), D=%ld, batch 1\n", kChannels);
+  std::printf("  %6s %12s %18s %9s %12s\n", "N", "TSSA MiB", "softmax(QK^T)V MiB", "ratio", "SDPA MiB");
+  for (const int64_t n : tokens) {
+    const double t = peak[{"tssa", n}], m = peak[{"materialised", n}], s = peak[{"sdpa", n}];
+    std::printf("  %6ld %12.1f %18.1f %8.1fx %12.1f\n", n, t / (1 << 20), m / (1 << 20), m / std::max(t, 1.0),
+                s / (1 << 20));
+  }
+}
+
+int Main(int argc, char** argv) {
+  const Args args = ParseArgs(argc, argv);
+  at::set_num_threads(args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency()));
+  if (!args.variant.empty()) return RunChildVariant(args);
+
+  c10::InferenceMode guard;
+  std::printf("tssa_bench%s: %s, %d threads (%u CPUs), LibTorch %d.%d.%d CPU capability %s, last-level cache %.0f MiB, "
+              "load average %s\n",
+              args.quick ? " --quick" : "", CpuModel().c_str(), at::get_num_threads(), std::thread::hardware_concurrency(),
+              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, at::get_cpu_capability().c_str(),
+              LastLevelCacheBytes() / 1048576.0, LoadAverage().c_str());
+  bool ok = true;
+  Bandwidth bw;
+  if (Wants(args, "bandwidth") || Wants(args, "kernel")) {
+    const int64_t bytes = args.quick ? (64 << 20) : std::max<int64_t>(4 * LastLevelCacheBytes(), 256 << 20);
+    bw = MeasureBandwidth(bytes, args.quick ? 3 : 7);
+    std::printf("\nMemory bandwidth, %d threads, %.0f MiB arrays: read %.1f GB/s, copy %.1f GB/s, triad %.1f GB/s, "
+                "memcpy %.1f GB/s\n",
+                at::get_num_threads(), bytes / 1048576.0, bw.read_gbs, bw.copy_gbs, bw.triad_gbs, bw.memcpy_gbs);
+  }
+  if (Wants(args, "kernel")) ok = RunKernelSection(args, bw) && ok;
+  if (Wants(args, "causal")) ok = RunCausalSection(args) && ok;
+  if (Wants(args, "layer-time")) RunLayerTimeSection(args);
+  if (Wants(args, "layer-memory")) RunLayerMemorySection(args);
+  std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tost::bench
+
+int main(int argc, char** argv) {
+  try {
+    return tost::bench::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tssa_bench: %s\n", e.what());
+    return 1;
+  }
+}
