@@ -122,10 +122,13 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
     if (request->has_stop() || (request->session_id().empty() && request->state().empty())) {
       TOST_RETURN_IF_ERROR(ApplyStop(request->stop(), c, state));
     }
-    const int32_t max_new = request->max_new_tokens() == 0 ? limits_.default_max_new_tokens : request->max_new_tokens();
+    // 0 asks for the default, which never exceeds the server's ceiling.
+    const int32_t max_new = request->max_new_tokens() == 0
+                                ? std::min(limits_.default_max_new_tokens, limits_.max_new_tokens)
+                                : request->max_new_tokens();
     if (max_new < 0 || max_new > limits_.max_new_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [0, ", limits_.max_new_tokens, "], got ",
-                                                     request->max_new_tokens()));
+                                                     max_new));
     }
     GenerationRequest job_request;
     TOST_ASSIGN_OR_RETURN(job_request.prompt, PromptTokens(*request, c, limits_));

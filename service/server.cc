@@ -61,6 +61,26 @@ absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file) {
   return codec;
 }
 
+// Plaintext, TLS, or mutual TLS (the client certificate's identity then owns its sessions).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file must be given together");
+  }
+  if (o.tls_cert_file.empty()) {
+    if (!o.tls_client_ca_file.empty()) return absl::InvalidArgumentError("--tls_client_ca_file needs --tls_cert_file");
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  TOST_ASSIGN_OR_RETURN(std::string cert, model::ReadFileToString(o.tls_cert_file));
+  TOST_ASSIGN_OR_RETURN(std::string key, model::ReadFileToString(o.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  if (!o.tls_client_ca_file.empty()) {
+    TOST_ASSIGN_OR_RETURN(ssl.pem_root_certs, model::ReadFileToString(o.tls_client_ca_file));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -121,7 +141,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), grpc::InsecureServerCredentials(),
+  TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), credentials,
                            &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);

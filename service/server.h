@@ -34,6 +34,9 @@ struct ServerOptions {
   SessionStoreOptions sessions;
   std::string session_key_file;              // secret for state blobs; empty = random per process
   std::string api_keys_file;                 // "name key" lines; empty = no API keys
+  std::string tls_cert_file;                 // PEM certificate chain; with tls_key_file turns TLS on
+  std::string tls_key_file;                  // PEM private key
+  std::string tls_client_ca_file;            // PEM CA; when set, clients must present a certificate it signed (mTLS)
   int64_t session_reap_interval_ms = 10'000; // how often idle sessions are evicted
   MetricsOptions metrics;                    // Prometheus endpoint (port -1: none) and access logs
 };

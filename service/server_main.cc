@@ -43,6 +43,10 @@ ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are 
 ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it continue each other's "
           "sessions. Empty: a random key, blobs verify only on this process");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM certificate chain: with --tls_key_file, serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA: require client certificates it signed (mTLS); the certificate's identity owns its sessions");
 ABSL_FLAG(std::string, api_keys_file, "", "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
 ABSL_FLAG(int, metrics_port, 8502, "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
@@ -93,6 +97,9 @@ int main(int argc, char** argv) {
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);

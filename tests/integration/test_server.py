@@ -206,3 +206,31 @@ def test_membership_maps_and_cli_heatmaps(stub, proto_modules, server, tmp_path)
     pngs = sorted(p.name for p in tmp_path.glob("pi_image0_layer*.png"))
     assert len(pngs) == v["depth"]
     assert (tmp_path / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_payload_and_element_limits_are_enforced_before_work(proto_modules):
+    pb2, pb2_grpc = proto_modules
+    s = RunningServer(os.path.join(SOURCE_DIR, "models"),
+                      ["--max_message_bytes=65536", "--max_tensor_elements=1000", "--max_prompt_bytes=16",
+                       "--max_new_tokens=8"])
+    try:
+        with grpc.insecure_channel(s.address) as ch:
+            stub = pb2_grpc.TostStub(ch)
+            big = pb2.ClassifyRequest(model="tost-digits", tensor=pb2.FloatTensor(shape=[1, 1, 32, 32],
+                                                                                  raw=b"\0" * 100_000))
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Classify(big, timeout=30)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over --max_message_bytes
+            req, _ = _image_request(pb2)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Classify(req, timeout=30)  # 1024 elements > 1000
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 1000" in e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"x" * 17), timeout=30))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 16" in e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"x", max_new_tokens=9),
+                                   timeout=30))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_new_tokens" in e.value.details()
+    finally:
+        assert s.stop() == 0
