@@ -316,7 +316,9 @@ def test_prometheus_sees_the_load(observed):
     assert prom.value(f'tost_batch_size_count{{{vm},workload="classify"}}') == batches
     assert prom.value("tost_process_resident_memory_bytes") > 50e6  # LibTorch alone maps more
     assert prom.value("tost_session_budget_bytes") == 256 * 2**20
-    assert prom.value(f'tost_model_info{{{lm},backend="libtorch_cpu",version="random-0"}}') == 1
+    with open(os.path.join(SOURCE_DIR, "models", "tost-bytes", "config.json")) as f:
+        lm_version = json.load(f)["version"]
+    assert prom.value(f'tost_model_info{{{lm},backend="libtorch_cpu",version="{lm_version}"}}') == 1
     assert prom.value(f"tost_queue_capacity{{{vm}}}") == 64
     # The recording rules evaluate in a real Prometheus against these series.
     prom.wait_for([(f'tost:generated_tokens:rate1m{{{lm}}} > bool 0', 1.0),
