@@ -22,6 +22,7 @@
 
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/driver_util.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
 #include "kernels/tssa_ops.h"
 
@@ -36,9 +37,9 @@ constexpr int64_t kChunkTokens = 256;
 constexpr int64_t kScanBlockRows = kPiBlockRows;
 static_assert(kChunkTokens % kPiBlockRows == 0, "chunks hold whole Π blocks");
 // The chunked scan reads w three times and does ~1.3x the arithmetic of the sequential one, so it
-// is chosen only with enough idle threads per sequence to win that back (on 2 threads it is slower
-// than the sequential scan of a single sequence: docs/kernels.md) and enough chunks to share.
-constexpr int64_t kMinThreadsPerSequenceForChunkedScan = 4;
+// is chosen only when it has at least two threads per sequence and enough chunks to share (one
+// sequence of 16k tokens on 2 threads: ~9 ms chunked against ~11 ms sequential; docs/kernels.md).
+constexpr int64_t kMinThreadsPerSequenceForChunkedScan = 2;
 constexpr int64_t kMinChunksForChunkedScan = 4;
 // Decode: sequences per parallel task (one token of D = 384 channels is ~0.2 µs of work).
 constexpr int64_t kStepGrainSequences = 16;
@@ -81,11 +82,11 @@ template <typename T>
 void ScanSequential(const CausalProblem<T>& pr) {
   using Acc = AccType<T>;
   const int64_t D = pr.shape.channels, K = pr.shape.heads, W = pr.width();
-  const int64_t grain = pr.tokens == 1 ? kStepGrainSequences : 1;
-  at::parallel_for(0, pr.batch, grain, [&](int64_t begin, int64_t end) {
+  const int64_t group = pr.tokens == 1 ? kStepGrainSequences : 1;  // sequences per task
+  ParallelTasks(CeilDiv(pr.batch, group), /*reverse=*/false, [&](int64_t task) {
     auto local = Scratch<Acc>(W);  // [local1 | local2 | local3]
     auto pi = Scratch<Acc>(PiBufferSize(kScanBlockRows, K));
-    for (int64_t b = begin; b < end; ++b) {
+    for (int64_t b = task * group; b < std::min(pr.batch, (task + 1) * group); ++b) {
       Acc* start = pr.state + b * W;
       for (int64_t c0 = 0; c0 < pr.tokens; c0 += kChunkTokens) {
         const int64_t c1 = std::min(pr.tokens, c0 + kChunkTokens);
@@ -137,39 +138,32 @@ void ScanChunked(const CausalProblem<T>& pr) {
   };
 
   // A: chunk totals of Σw² (the same fma chain causal_membership runs on local1).
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const auto [b, t0] = chunk_rows(t);
-      pr.kern->sum_squares(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), D, totals.get() + t * W);
-    }
+  ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
+    const auto [b, t0] = chunk_rows(t);
+    pr.kern->sum_squares(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), D, totals.get() + t * W);
   });
   prefix(0, D);
 
   // B: Π of every token and chunk totals of ΣΠw², ΣΠ (tasks walked backwards: cache reuse).
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  ParallelTasks(tasks, /*reverse=*/true, [&](int64_t t) {
+    const auto [b, t0] = chunk_rows(t);
     auto local1 = Scratch<Acc>(D);
-    for (int64_t t = end - 1; t >= begin; --t) {
-      const auto [b, t0] = chunk_rows(t);
-      std::fill_n(local1.get(), D, Acc(0));
-      Acc* tot = totals.get() + t * W;
-      pr.kern->causal_membership(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape,
-                                 pr.coeffs(b, t0), starts.get() + t * W, local1.get(),
-                                 pi.get() + t * pi_per_task, tot + D, tot + 2 * D);
-    }
+    std::fill_n(local1.get(), D, Acc(0));
+    Acc* tot = totals.get() + t * W;
+    pr.kern->causal_membership(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape, pr.coeffs(b, t0),
+                               starts.get() + t * W, local1.get(), pi.get() + t * pi_per_task, tot + D, tot + 2 * D);
   });
   prefix(D, D + K);
 
   // C: y, with S2 and S3 running from each chunk's start.
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
+    const auto [b, t0] = chunk_rows(t);
     auto local = Scratch<Acc>(D + K);
-    for (int64_t t = begin; t < end; ++t) {
-      const auto [b, t0] = chunk_rows(t);
-      std::fill_n(local.get(), D + K, Acc(0));
-      const Acc* st = starts.get() + t * W;
-      pr.kern->causal_output(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape,
-                             pi.get() + t * pi_per_task, st + D, st + 2 * D, local.get(),
-                             local.get() + D, pr.y_rows(b, t0));
-    }
+    std::fill_n(local.get(), D + K, Acc(0));
+    const Acc* st = starts.get() + t * W;
+    pr.kern->causal_output(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape,
+                           pi.get() + t * pi_per_task, st + D, st + 2 * D, local.get(), local.get() + D,
+                           pr.y_rows(b, t0));
   });
 }
 

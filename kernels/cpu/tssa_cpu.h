@@ -23,7 +23,7 @@ namespace tost::kernels::cpu {
 
 // How tssa_causal walks the token axis. Both give identical results.
 enum class CausalScan {
-  kAuto,        // chunked with >= 4 threads per sequence and >= 4 chunks of 256 tokens, else sequential
+  kAuto,        // chunked with >= 2 threads per sequence and >= 4 chunks of 256 tokens, else sequential
   kSequential,  // one pass per sequence (reads w once), sequences in parallel
   kChunked,     // three passes over fixed token chunks, chunks of every sequence in parallel
 };

@@ -8,11 +8,11 @@
 //   3. output pass     y[j,c] = −w[j,c]·Π[j,k(c)]·gate[c]
 // Each sequence's tokens are cut into chunks whose length depends only on N; a task is one
 // (sequence, chunk) and keeps its own partial sums, reduced in chunk order, so the result does
-// not depend on the batch or the thread count. All three passes hand the same tasks to the same
-// threads (at::parallel_for splits a range statically), so a thread re-reads data it has just
-// read: while w fits in the caches only the first pass touches DRAM. Pass 2 walks its tasks
-// backwards so that, when w is larger than the last-level cache, each pass starts on the rows
-// the previous one touched last.
+// not depend on the batch or the thread count. All three passes give each thread the same share of
+// tasks first (ParallelTasks), so a thread re-reads data it has just read: while its share
+// of w fits its caches only the first pass touches DRAM; a thread that finishes early takes
+// unclaimed tasks of the others. Pass 2 walks the shares backwards so that, when w is larger than
+// the last-level cache, each pass starts on the rows the previous one touched last.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -23,6 +23,7 @@
 
 #include "kernels/arg_checks.h"
 #include "kernels/cpu/driver_util.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
 #include "kernels/reference.h"
 
@@ -76,9 +77,8 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
 
   // Pass 1: Σ_j w² per task.
   std::fill_n(partial.get(), tasks * D, Acc(0));
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) kern.sum_squares(task(t).rows, D, partial.get() + t * D);
-  });
+  ParallelTasks(tasks, /*reverse=*/false,
+                [&](int64_t t) { kern.sum_squares(task(t).rows, D, partial.get() + t * D); });
   // ν = max(√S1, 1e-12) (F.normalize clamps the norm); the kernels use w²·(1/ν²) for (w/ν)².
   at::parallel_for(0, B * D, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -93,12 +93,10 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
   // Pass 2: Π, ΣΠw², ΣΠ per task (tasks walked backwards, see the file comment).
   std::fill_n(partial.get(), tasks * D, Acc(0));
   std::fill_n(partial_n.get(), tasks * K, Acc(0));
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = end - 1; t >= begin; --t) {
-      const Task tk = task(t);
-      kern.vision_membership(tk.rows, shape, inv_nu2.get() + tk.b * D, temp, pi.get() + t * pi_per_task,
-                             partial.get() + t * D, partial_n.get() + t * K);
-    }
+  ParallelTasks(tasks, /*reverse=*/true, [&](int64_t t) {
+    const Task tk = task(t);
+    kern.vision_membership(tk.rows, shape, inv_nu2.get() + tk.b * D, temp, pi.get() + t * pi_per_task,
+                           partial.get() + t * D, partial_n.get() + t * K);
   });
   // gate = 1/(1 + dots), dots = ΣΠw² / (ΣΠ + 1e-8).
   at::parallel_for(0, B * D, 4096, [&](int64_t begin, int64_t end) {
@@ -117,12 +115,10 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
   // caches: it would only evict w (which this pass reads) and cost a line read per line written.
   const bool stream = streaming_stores.value_or(static_cast<double>(B * N * D) * sizeof(T) >
                                                 kStreamingFractionOfCache * LastLevelCacheBytes());
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const Task tk = task(t);
-      kern.vision_output(tk.rows, shape, pi.get() + t * pi_per_task, gate.get() + tk.b * D,
-                         y + (tk.b * N + tk.r0) * D, stream);
-    }
+  ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
+    const Task tk = task(t);
+    kern.vision_output(tk.rows, shape, pi.get() + t * pi_per_task, gate.get() + tk.b * D, y + (tk.b * N + tk.r0) * D,
+                       stream);
   });
 }
 

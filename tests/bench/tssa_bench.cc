@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
 #include "kernels/reference.h"
 #include "kernels/tssa_ops.h"
@@ -51,11 +52,13 @@ Figures: kernel times are medians of interleaved repeats of the dispatcher op (t
 fused kernel) and reference::tssa on the same input, D=384, K=8, float32, outputs allocated by
 the calls, one child process per size and allocator mode: "warm" (malloc keeps freed memory, as a
 long-running server's allocator does) and "glibc" (allocator defaults: blocks of 32 MiB and more
-are fresh pages on every call). Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of read (at::sum), copy (copy_), triad
-and memcpy over arrays 4x the last-level cache, on the same threads; rows whose w exceeds the
-cache also probe read and memcpy bandwidth over w's size between their own repeats. Layer
-timings and peak memory come from one child process per variant and size (peak = VmHWM growth
-during one forward after a warm-up).
+are fresh pages on every call). Rows whose w exceeds the last-level cache start every call on a
+cold cache (a buffer twice the cache is read first); smaller w stays warm, as after the qkv
+projection. Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of
+read (at::sum), copy (copy_), triad and memcpy over arrays 4x the last-level cache, each from a
+cold cache, on the same threads; rows whose w exceeds the cache also probe read and memcpy
+bandwidth over w's size between their own repeats. Layer timings and peak memory come from one
+child process per variant and size (peak = VmHWM growth during one forward after a warm-up).
 Exit status: 1 when the fused result differs from the reference or a child fails.
 )";
 
@@ -175,6 +178,17 @@ std::string CpuModel() {
 // ---------------------------------------------------------------------------------------------
 // Memory bandwidth of the same threads.
 
+// Evicts the caches: reads a buffer of twice the last-level cache. Called (untimed) before every
+// timed bandwidth-bound measurement, so none starts on data a previous one left in the cache
+// (with a data set a few times the cache, the tail of the previous pass would still be there).
+void FlushCaches() {
+  // Never destroyed: it must outlive nothing and LibTorch's own statics go first at exit.
+  static const at::Tensor* buffer =
+      new at::Tensor(at::ones({2 * LastLevelCacheBytes() / static_cast<int64_t>(sizeof(float))}));
+  static volatile float sink = 0;
+  sink = sink + at::sum(*buffer).item<float>();
+}
+
 // Streaming probes over float32 tensors of the same size, on at::get_num_threads() threads, with
 // LibTorch's own vectorised kernels (AVX-512 here, like ours): read = at::sum, copy = copy_ into
 // another tensor, triad = a = b + 3c, and memcpy per thread (glibc uses non-temporal stores for
@@ -191,17 +205,28 @@ class BandwidthProbe {
     a_.zero_();  // pages mapped before timing
   }
   double ReadMs() const {
+    FlushCaches();
     return TimeMs([&] { sink_ = sink_ + at::sum(b_).item<float>(); });
   }
-  double CopyMs() { return TimeMs([&] { a_.copy_(b_); }); }
-  double TriadMs() { return TimeMs([&] { at::add_out(a_, b_, c_, 3.0); }); }
+  double CopyMs() {
+    FlushCaches();
+    return TimeMs([&] { a_.copy_(b_); });
+  }
+  double TriadMs() {
+    FlushCaches();
+    return TimeMs([&] { at::add_out(a_, b_, c_, 3.0); });
+  }
   double MemcpyMs() {
     const int64_t n = b_.nbytes();
     char* dst = static_cast<char*>(a_.data_ptr());
     const char* src = static_cast<const char*>(b_.const_data_ptr());
+    FlushCaches();
+    // Through the kernels' ParallelTasks: at::parallel_for would run on one thread here (its OpenMP
+    // region exists only in translation units compiled with -fopenmp, see kernels/cpu/CMakeLists.txt).
+    constexpr int64_t kChunk = 4 << 20;
     return TimeMs([&] {
-      at::parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) {
-        std::memcpy(dst + lo, src + lo, static_cast<size_t>(hi - lo));
+      kernels::cpu::ParallelTasks((n + kChunk - 1) / kChunk, /*reverse=*/false, [&](int64_t t) {
+        std::memcpy(dst + t * kChunk, src + t * kChunk, static_cast<size_t>(std::min(kChunk, n - t * kChunk)));
       });
     });
   }
@@ -278,9 +303,15 @@ int RunKernelRowChild(const Args& args) {
   std::optional<BandwidthProbe> probe;
   const double w_bytes = static_cast<double>(w.nbytes());
   if (w_bytes > static_cast<double>(LastLevelCacheBytes()) && args.alloc == "retain") probe.emplace(w);
+  // w beyond the cache: every call starts on a cold cache (a call following another over the same
+  // w would find the tail of w still cached); within the cache: w stays warm, as it is when the
+  // qkv projection has just written it.
+  const bool beyond_cache = w_bytes > static_cast<double>(LastLevelCacheBytes());
   std::vector<double> tr, tf, tp_read, tp_copy;
   for (int r = 0; r < reps; ++r) {
+    if (beyond_cache) FlushCaches();
     tr.push_back(TimeMs([&] { kernels::reference::tssa(w, temp); }));
+    if (beyond_cache) FlushCaches();
     tf.push_back(TimeMs([&] { kernels::tssa(w, temp); }));
     if (probe) tp_read.push_back(probe->ReadMs()), tp_copy.push_back(probe->MemcpyMs());
   }

@@ -9,11 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
 #include "kernels/reference.h"
 #include "kernels/tssa_ops.h"
@@ -382,6 +386,29 @@ TEST(TssaCpuOps, ArgumentErrorsNameTheArgument) {
               "state must be [B=2, 2D+K=22]");
   // A failed step leaves the state untouched.
   EXPECT_TRUE(at::equal(state, at::zeros({1, StateWidth(10, 2)})));
+}
+
+TEST(TssaCpuOps, ParallelTasksRunEveryTaskExactlyOnceAndShareTheWork) {
+  // Thread 0 stalls on every task it takes, so the other threads steal from its share.
+  for (const bool reverse : {false, true}) {
+    for (const int64_t tasks : {1, 2, 3, 64, 1000}) {
+      std::vector<std::atomic<int>> runs(tasks);
+      std::atomic<int64_t> by_others{0};
+      cpu::ParallelTasks(tasks, reverse, [&](int64_t t) {
+        if (at::get_thread_num() == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        } else {
+          by_others.fetch_add(1);
+        }
+        runs[t].fetch_add(1);
+      });
+      for (int64_t t = 0; t < tasks; ++t) ASSERT_EQ(runs[t].load(), 1) << "task " << t << " of " << tasks;
+      // With several threads the others run more than their static share (they steal).
+      if (at::get_num_threads() > 1 && tasks >= 64) {
+        EXPECT_GT(by_others.load(), tasks - tasks / at::get_num_threads()) << tasks << " tasks";
+      }
+    }
+  }
 }
 
 TEST(TssaCpuOps, ActiveIsaFollowsLibTorch) {
