@@ -116,12 +116,22 @@ absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string
     return Invalid(where, absl::StrCat("n_embd ", c.n_embd, " must be divisible by n_head ", c.n_head));
   }
   const json tok = root.value("tokenizer", json::object({{"type", "byte"}}));
+  if (!tok.is_object()) return Invalid(source, absl::StrCat("field \"tokenizer\" must be an object, got ", tok.dump()));
   c.tokenizer = tok.value("type", std::string("byte"));
-  if (c.tokenizer != "byte") {
-    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\", got \"", c.tokenizer, "\""));
+  if (c.tokenizer != "byte" && c.tokenizer != "bpe") {
+    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\" or \"bpe\", got \"", c.tokenizer, "\""));
   }
   if (c.vocab_size < 257) {
-    return Invalid(where, absl::StrCat("vocab_size must be >= 257 for the byte tokenizer, got ", c.vocab_size));
+    return Invalid(where, absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text), got ", c.vocab_size));
+  }
+  if (c.tokenizer == "bpe") {
+    c.tokenizer_file = tok.value("file", std::string("tokenizer.json"));
+    // A plain file name: a config must not make the server read outside its model directory.
+    if (c.tokenizer_file.empty() || c.tokenizer_file.find('/') != std::string::npos ||
+        c.tokenizer_file.find('\\') != std::string::npos || c.tokenizer_file == "." || c.tokenizer_file == "..") {
+      return Invalid(source, absl::StrCat("tokenizer.file must be a file name inside the model directory, got \"",
+                                          c.tokenizer_file, "\""));
+    }
   }
   c.eos_token_id = tok.value("eos_token_id", int64_t{256});
   if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {

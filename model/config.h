@@ -44,7 +44,8 @@ struct LanguageConfig {
   int64_t vocab_size = 0;
   int64_t mlp_ratio = 4;
   bool bias = false;
-  std::string tokenizer = "byte";
+  std::string tokenizer = "byte";  // "byte" or "bpe" (model/tokenizer.h)
+  std::string tokenizer_file;      // bpe: the merges file, a plain name inside the model directory
   int64_t eos_token_id = 256;
 
   // Floats of per-sequence TSSA state per layer: S1 (C) + S2 (C) + S3 (K).

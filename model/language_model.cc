@@ -42,6 +42,7 @@ struct Block {
 
 struct LanguageModel::Impl {
   ModelConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
   std::vector<Block> blocks;
   LayerNorm ln_f;
@@ -134,6 +135,7 @@ struct LanguageModel::Impl {
 LanguageModel::LanguageModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LanguageModel::~LanguageModel() = default;
 const ModelConfig& LanguageModel::config() const { return impl_->config; }
+const Tokenizer& LanguageModel::tokenizer() const { return *impl_->tokenizer; }
 
 SequenceState LanguageModel::NewSequence() const {
   const LanguageConfig& c = impl_->config.language;
@@ -151,10 +153,12 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
   TOST_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(model_dir + "/model.safetensors"));
   const LanguageConfig& c = config.language;
   TOST_ASSIGN_OR_RETURN(Weights w, Weights::FromFile(file, LanguageTensorList(c), config.dtype));
+  TOST_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_dir, c));
   return GuardTorch(config.name, "load", [&]() -> absl::StatusOr<std::unique_ptr<LanguageModel>> {
     c10::InferenceMode inference;
     auto impl = std::make_unique<Impl>();
     impl->config = config;
+    impl->tokenizer = std::move(tokenizer);
     impl->wte = w.at("transformer.wte.weight");
     impl->wpe = w.at("transformer.wpe.weight");
     if (w.has("lm_head.weight") && !at::equal(w.at("lm_head.weight"), impl->wte)) {

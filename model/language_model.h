@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "model/config.h"
 #include "model/sequence_state.h"
+#include "model/tokenizer.h"
 
 namespace tost::model {
 
@@ -24,6 +25,8 @@ class LanguageModel {
   ~LanguageModel();
 
   const ModelConfig& config() const;
+  // The model's tokenizer (config.json "tokenizer"), loaded with the weights.
+  const Tokenizer& tokenizer() const;
 
   // A fresh sequence at position 0 with zero statistics.
   SequenceState NewSequence() const;

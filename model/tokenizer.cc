@@ -1,5 +1,10 @@
 #include "model/tokenizer.h"
 
+#include "absl/strings/str_cat.h"
+#include "model/bpe_tokenizer.h"
+#include "model/config.h"
+#include "model/file_util.h"
+
 namespace tost::model {
 namespace {
 
@@ -37,6 +42,23 @@ std::vector<int32_t> ByteTokenizer::Encode(std::string_view text) const {
 std::string ByteTokenizer::TokenBytes(int32_t id) const {
   if (id >= 0 && id < 256) return std::string(1, static_cast<char>(id));
   return {};
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir, const LanguageConfig& config) {
+  if (config.tokenizer == "byte") {
+    return std::make_unique<ByteTokenizer>(config.vocab_size, config.eos_token_id);
+  }
+  if (config.tokenizer == "bpe") {
+    const std::string path = model_dir + "/" + config.tokenizer_file;
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe =
+        BpeTokenizer::Parse(*text, path, config.vocab_size, config.eos_token_id);
+    if (!bpe.ok()) return bpe.status();
+    return std::unique_ptr<Tokenizer>(*std::move(bpe));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(model_dir, "/config.json: tokenizer.type must be \"byte\" or \"bpe\", got \"", config.tokenizer, "\""));
 }
 
 std::string Utf8Assembler::Push(std::string_view bytes) {

@@ -1,29 +1,56 @@
-// Byte-level tokenizer: ids 0-255 are bytes, ids >= 256 are special tokens (e.g. end of text), and
+// Tokenizers of the language models: the interface the service uses, the byte tokenizer, and the
+// loader that picks one from a model's config (the byte-level BPE one is in bpe_tokenizer.h). Also
 // an incremental UTF-8 assembler so streamed text only ever contains complete characters.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace tost::model {
 
-class ByteTokenizer {
- public:
-  ByteTokenizer(int64_t vocab_size, int64_t eos_token_id) : vocab_size_(vocab_size), eos_token_id_(eos_token_id) {}
+struct LanguageConfig;
 
-  std::vector<int32_t> Encode(std::string_view text) const;
-  // The bytes a token stands for: one byte for 0-255, nothing for specials.
-  std::string TokenBytes(int32_t id) const;
-  bool IsSpecial(int32_t id) const { return id >= 256; }
-  int64_t eos_token_id() const { return eos_token_id_; }
+// Text <-> token ids. Every tokenizer here is byte-level: any byte string encodes (no unknown
+// token), and a token stands for a fixed byte string (empty for special tokens such as end of
+// text). Thread-safe: Encode and TokenBytes are const and keep no mutable state.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // The bytes token `id` stands for: empty for special tokens and for ids outside the vocabulary.
+  virtual std::string TokenBytes(int32_t id) const = 0;
+  // "byte" or "bpe", as config.json names it.
+  virtual const char* type() const = 0;
   int64_t vocab_size() const { return vocab_size_; }
+  int64_t eos_token_id() const { return eos_token_id_; }
+
+ protected:
+  Tokenizer(int64_t vocab_size, int64_t eos_token_id) : vocab_size_(vocab_size), eos_token_id_(eos_token_id) {}
 
  private:
   int64_t vocab_size_;
   int64_t eos_token_id_;
 };
+
+// Ids 0-255 are bytes, ids >= 256 are special tokens (e.g. end of text).
+class ByteTokenizer final : public Tokenizer {
+ public:
+  ByteTokenizer(int64_t vocab_size, int64_t eos_token_id) : Tokenizer(vocab_size, eos_token_id) {}
+
+  std::vector<int32_t> Encode(std::string_view text) const override;
+  std::string TokenBytes(int32_t id) const override;
+  const char* type() const override { return "byte"; }
+  bool IsSpecial(int32_t id) const { return id >= 256; }
+};
+
+// The tokenizer config.json's "tokenizer" object describes (LanguageConfig::tokenizer), reading
+// its file from `model_dir` when it has one. Errors name the file and what is wrong with it.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir, const LanguageConfig& config);
 
 // Accumulates bytes and releases the longest prefix made of complete UTF-8 characters. Invalid
 // sequences are released as U+FFFD so a bad byte never blocks the stream.

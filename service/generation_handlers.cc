@@ -60,8 +60,8 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::Langua
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req, const model::LanguageConfig& c,
-                                                  const ServiceLimits& limits) {
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
+                                                  const model::Tokenizer& tokenizer, const ServiceLimits& limits) {
   if (req.has_prompt_tokens()) {
     if (req.prompt_tokens().ids_size() > limits.max_prompt_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("prompt_tokens holds ", req.prompt_tokens().ids_size(),
@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateReques
     return absl::InvalidArgumentError(absl::StrCat("prompt_bytes holds ", req.prompt_bytes().size(),
                                                    " bytes, more than the limit of ", limits.max_prompt_bytes));
   }
-  return model::ByteTokenizer(c.vocab_size, c.eos_token_id).Encode(req.prompt_bytes());
+  return tokenizer.Encode(req.prompt_bytes());
 }
 
 void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info) {
@@ -131,7 +131,7 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
                                                      max_new));
     }
     GenerationRequest job_request;
-    TOST_ASSIGN_OR_RETURN(job_request.prompt, PromptTokens(*request, c, limits_));
+    TOST_ASSIGN_OR_RETURN(job_request.prompt, PromptTokens(*request, scheduler->model().tokenizer(), limits_));
     job_request.state = std::move(state);
     job_request.max_new_tokens = max_new;
     job_request.top_logprobs = request->top_logprobs();

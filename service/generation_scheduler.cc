@@ -181,11 +181,10 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   ++st.generated_tokens;
   ++job.generated;
 
-  const model::ByteTokenizer tokenizer(c.vocab_size, c.eos_token_id);
   GenerationEvent e;
   e.kind = GenerationEvent::Kind::kToken;
   e.token.id = token;
-  e.token.bytes = tokenizer.TokenBytes(token);
+  e.token.bytes = model_.tokenizer().TokenBytes(token);
   e.token.position = position;
   const TextStream::Output out = job.text->Push(e.token.bytes);
   e.token.text = out.text;

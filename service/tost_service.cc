@@ -187,23 +187,25 @@ grpc::Status TostService::Classify(grpc::ServerContext* context, const tost::v1:
 namespace {
 
 void FillModelStatus(const model::LoadedModel& m, tost::v1::ModelStatus* s) {
-    s->set_name(m.name);
-    s->set_version(m.config.version);
-    s->set_ready(m.status.ok());
-    s->set_error(std::string(m.status.message()));
-    s->set_trained(m.config.trained);
-    s->set_provenance_json(m.config.provenance_json);
-    if (!m.status.ok() && m.config.name.empty()) return;  // config itself unreadable
-    s->set_architecture(model::ArchitectureName(m.config.architecture));
-    if (m.config.architecture == model::Architecture::kVision) {
-      s->add_input_shape(m.config.vision.in_chans);
-      s->add_input_shape(m.config.vision.image_height);
-      s->add_input_shape(m.config.vision.image_width);
-      s->set_num_classes(m.config.vision.num_classes);
-    } else {
-      s->set_context_length(m.config.language.context_length);
-      s->set_vocab_size(m.config.language.vocab_size);
-    }
+  s->set_name(m.name);
+  s->set_version(m.config.version);
+  s->set_ready(m.status.ok());
+  s->set_error(std::string(m.status.message()));
+  s->set_trained(m.config.trained);
+  s->set_provenance_json(m.config.provenance_json);
+  if (!m.status.ok() && m.config.name.empty()) return;  // config itself unreadable
+  s->set_architecture(model::ArchitectureName(m.config.architecture));
+  if (m.config.architecture == model::Architecture::kVision) {
+    s->add_input_shape(m.config.vision.in_chans);
+    s->add_input_shape(m.config.vision.image_height);
+    s->add_input_shape(m.config.vision.image_width);
+    s->set_num_classes(m.config.vision.num_classes);
+  } else {
+    s->set_context_length(m.config.language.context_length);
+    s->set_vocab_size(m.config.language.vocab_size);
+    s->set_tokenizer(m.config.language.tokenizer);
+    s->set_eos_token_id(m.config.language.eos_token_id);
+  }
 }
 
 }  // namespace

@@ -14,6 +14,9 @@ Each case directory is a valid model directory of the model-repository format pl
   DIR/<case>/model.safetensors    weights (float32)
   DIR/<case>/fixture.safetensors  inputs and expected outputs (float32; tokens int64)
   DIR/manifest.json               the cases, tensor names/shapes, and float32-vs-float64 error
+  DIR/bpe/<name>/tokenizer.json   byte-level BPE tokenizers (tools/bpe.py): "small" (trained here)
+                                  and "shipped" (models/tost-austen's, when present)
+  DIR/bpe/cases.json              texts with the pieces and ids tools/bpe.py gives them
 
 Expected outputs are computed by tools/tost_reference.py in float64 from the float32 weights and
 inputs actually stored (so the only error a correct float32 implementation shows is its own
@@ -38,7 +41,11 @@ import torch.nn as nn
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe  # noqa: E402
 import tost_reference as R  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED_BPE = os.path.join(REPO, "models", "tost-austen", "tokenizer.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +247,66 @@ def write_case(built: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Tokenizer fixtures
+# ---------------------------------------------------------------------------------------------
+
+_BPE_TRAINING_TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be "
+    "in want of a wife.\n\nHowever little known the feelings or views of such a man may be on his first "
+    "entering a neighbourhood, this truth is so well fixed in the minds of the surrounding families, that "
+    "he is considered the rightful property of some one or other of their daughters.\n"
+    "\"My dear Mr. Bennet,\" said his lady to him one day, \"have you heard that Netherfield Park is let at "
+    "last?\" -- 1811, 1812: caf\u00e9 na\u00efve \u00c9lise \u2014 \u201cquoted\u201d.  Tabs\tand   spaces.\n"
+)
+
+_BPE_TEXTS = [
+    "",
+    " ",
+    "a",
+    "  ",
+    "Hello world",
+    " leading space",
+    "trailing space ",
+    "two  spaces   three    four",
+    "line\nbreak\n\nparagraph\n  indented\n\tTabbed\r\nCRLF",
+    "numbers 1811 and 3.14159, 10,000 and -42",
+    "punctuation!? \"quotes\" (parens) -- dashes... ;:'",
+    "caf\u00e9 na\u00efve \u00c9lise \u2014 \u201cquoted\u201d \U0001F600 emoji",
+    "x" * 100,
+    " " + "y" * 70 + " " * 40 + "z",
+    "-" * 65 + "1234567890" * 5,
+    "\x00\x01 control\x7f bytes",
+    _BPE_TRAINING_TEXT,
+]
+
+
+def write_bpe_fixtures(out_dir: str, seed: int) -> Dict[str, Any]:
+    """Tokenizer files and expected encodings for the C++ BpeTokenizer (tests/model/text_test.cc)."""
+    root = os.path.join(out_dir, "bpe")
+    tokenizers = {"small": bpe.train([_BPE_TRAINING_TEXT.encode("utf-8")], vocab_size=400)}
+    if os.path.exists(SHIPPED_BPE):
+        tokenizers["shipped"] = bpe.Tokenizer.load(SHIPPED_BPE)
+    g = torch.Generator().manual_seed(seed)
+    texts = [t.encode("utf-8") for t in _BPE_TEXTS]
+    texts.append(bytes(torch.randint(0, 256, (3000,), generator=g).tolist()))  # arbitrary bytes
+    texts.append(bytes(torch.randint(32, 127, (3000,), generator=g).tolist()))  # printable ASCII
+    cases = []
+    for name, tok in tokenizers.items():
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        tok.save(os.path.join(root, name, "tokenizer.json"))
+        for data in texts:
+            ids = tok.encode(data)
+            assert tok.decode(ids) == data
+            cases.append({"tokenizer": name, "vocab_size": tok.vocab_size, "text_hex": data.hex(),
+                          "pieces_hex": [p.hex() for p in bpe.pre_tokenize(data, tok.max_piece_bytes)],
+                          "ids": ids})
+    with open(os.path.join(root, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"generator": "tools/make_parity_fixtures.py (tools/bpe.py)", "cases": cases}, f)
+        f.write("\n")
+    return {"tokenizers": {n: t.vocab_size for n, t in tokenizers.items()}, "cases": len(cases)}
+
+
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description="Write randomised ToST parity fixtures (model dirs + fixture.safetensors + manifest.json).",
@@ -270,8 +337,11 @@ def main(argv: List[str] | None = None) -> int:
             f"model {entry['bytes']['model.safetensors'] / 1e6:.2f} MB, "
             f"fixture {entry['bytes']['fixture.safetensors'] / 1e6:.2f} MB ({time.time() - t0:.1f}s)"
         )
+    bpe_info = write_bpe_fixtures(args.out, args.seed)
+    print(f"bpe: {bpe_info['cases']} encodings with tokenizers {bpe_info['tokenizers']}")
     manifest = {
         "format_version": 1,
+        "bpe": bpe_info,
         "generator": "tools/make_parity_fixtures.py",
         "seed": args.seed,
         "reference": "tools/tost_reference.py (float64, outputs rounded to float32)",

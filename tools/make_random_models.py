@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Write the default models shipped with tost-serve: small ToST models at their official random init.
+"""Write small ToST models at their official random initialisation into a model repository.
 
-Why: the server must start and serve something out of the box (smoke tests, demos, load tests)
-without a multi-hundred-megabyte download, and no official ToST checkpoints have been released.
-These models are honest about it: ``"trained": false`` and a ``provenance`` object naming this
+Why: tests, demos and load tests sometimes need a model repository that does not depend on the
+trained models under models/ (which tools/train_vision.py and tools/train_lm.py make), and no
+official ToST checkpoints have been released. These models are honest about it: ``"trained": false`` and a ``provenance`` object naming this
 script and seed. They use the official initialisation, so they behave like untrained ToST models
 (near-uniform class probabilities, near-uniform next-byte distribution), not like arbitrary noise.
 
@@ -87,7 +87,7 @@ def _check_same_outputs(model, reloaded, config) -> None:
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Write the shipped default models (randomly initialised tost-digits and tost-bytes) "
+        description="Write randomly initialised models (tost-digits and a byte-level LM, tost-bytes) "
                     "into a model repository directory."
     )
     ap.add_argument("--out", required=True, help="model repository directory (e.g. models/)")

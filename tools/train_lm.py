@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
-"""Train the shipped byte-level causal ToST (models/tost-bytes) and its softmax GPT twin.
+"""Train the shipped causal ToST language model (models/tost-austen) and its softmax GPT twin.
 
 Data: Jane Austen's six novels (public domain), as Debian's ``r-cran-janeaustenr`` ships them
 (apt-get install --no-install-recommends r-cran-janeaustenr; read without R, see
-tools/common_training.py). Bytes are tokens 0..255, 256 is end-of-text and separates the novels.
-Split: the last ``--val-fraction`` (default 5%) of every novel, cut at a line break, is validation;
-the rest is training. Nothing of the validation text is ever trained on.
+tools/common_training.py). Split: the last ``--val-fraction`` (default 5%) of every novel, cut at a
+line break, is validation; the rest is training. Nothing of the validation text is ever trained on.
+
+Tokens (``--tokenizer``): ``bpe`` (default) is byte-level BPE (tools/bpe.py): ids 0-255 are the
+bytes, then ``--vocab-size`` - 257 merges learned on the training split only, then end-of-text,
+which separates the novels. ``byte`` is the bytes alone (vocabulary 257). Why BPE is the default:
+causal TSSA sees earlier tokens only through prefix sums over the whole prefix, in which the
+previous token weighs 1/t, so a byte-token model cannot tell which byte came just before and stays
+near a byte-bigram model (``--probe-steps`` measures this); with BPE a token is most of a word.
 
 Models: ``--attention`` tost (the official ``tost_lang/model_TSSA.py`` architecture, served by
 tost-serve) and/or softmax (the same skeleton with nanoGPT causal softmax attention: same
 embeddings, layer-scales, LayerNorms, MLPs, widths and depth; its attention has 3C² instead of C²
 input-projection weights). Both see the same batches in the same order for the same number of
 steps: equal size (same dimensions) and equal budget (tokens). Validation metric: bits per byte
-(cross-entropy in nats / ln 2, over all validation bytes, end-of-text targets excluded).
+(cross-entropy in nats / ln 2 summed over all validation tokens, end-of-text targets excluded,
+divided by the bytes those tokens stand for), so the byte and BPE runs are on one scale.
 
 Outputs:
   <out>/<name>/config.json + model.safetensors   the ToST model, with provenance and metrics
+  <out>/<name>/tokenizer.json                      its BPE merges (tost-bpe-v1)
+  <work-dir>/tokenizer.json                        the tokenizer every run of the work dir uses
   <work-dir>/<attention>/model.safetensors         each run's weights (the twin's included)
   <work-dir>/<attention>/metrics.json              each run's curves, final metrics and sample
   <work-dir>/report.json                           the comparison of the finished runs
@@ -44,11 +53,62 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe  # noqa: E402
 import common_training as C  # noqa: E402
 import tost_reference as R  # noqa: E402
 
-EOS = 256
 LN2 = math.log(2.0)
+
+
+class ByteTokens:
+    """Bytes as tokens 0-255, end-of-text 256 (the ``byte`` tokenizer of the server)."""
+
+    eot_id = 256
+    vocab_size = 257
+
+    def encode(self, data: bytes) -> List[int]:
+        return list(data)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b""
+
+    def decode(self, ids) -> bytes:
+        return b"".join(self.token_bytes(t) for t in ids)
+
+
+def token_byte_lengths(tok) -> torch.Tensor:
+    """Bytes each token id stands for (0 for end-of-text): the denominator of bits per byte."""
+    return torch.tensor([len(tok.token_bytes(t)) for t in range(tok.vocab_size)], dtype=torch.float64)
+
+
+def split_texts(texts: Dict[str, str], val_fraction: float) -> Tuple[Dict[str, bytes], Dict[str, bytes], Dict[str, Any]]:
+    """Each novel's first part (training) and its last ``val_fraction`` from the first line break
+    after the cut (validation), as UTF-8 bytes."""
+    train, val, info = {}, {}, {}
+    for name, text in texts.items():
+        data = text.encode("utf-8")
+        cut = int(len(data) * (1.0 - val_fraction))
+        nl = data.find(b"\n", cut)
+        cut = nl + 1 if nl >= 0 else cut
+        info[name] = {"train_bytes": cut, "val_bytes": len(data) - cut}
+        train[name], val[name] = data[:cut], data[cut:]
+    return train, val, info
+
+
+def make_tokenizer(args: argparse.Namespace, train_texts: Dict[str, bytes]):
+    """The run's tokenizer: BPE merges learned on the training split (deterministic, so concurrent
+    invocations agree; each writes the same <work-dir>/tokenizer.json), or plain bytes."""
+    if args.tokenizer == "byte":
+        return ByteTokens()
+    t0 = time.time()
+    tok = bpe.train(train_texts.values(), args.vocab_size)
+    os.makedirs(args.work_dir, exist_ok=True)
+    path = os.path.join(args.work_dir, "tokenizer.json")
+    tmp = f"{path}.{os.getpid()}"
+    tok.save(tmp)
+    os.replace(tmp, path)
+    print(f"BPE: {len(tok.merges)} merges learned in {time.time() - t0:.1f} s -> {path}", flush=True)
+    return tok
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,22 +116,15 @@ LN2 = math.log(2.0)
 # ---------------------------------------------------------------------------------------------
 
 
-def split_corpus(texts: Dict[str, str], val_fraction: float) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
-    """Train and validation token streams (int64) from {name: text}; each novel contributes its
-    first part to training and its last ``val_fraction`` (from the first line break after the cut)
-    to validation; every piece ends with EOS."""
-    train, val = [], []
-    info = {}
-    for name, text in texts.items():
-        data = text.encode("utf-8")
-        cut = int(len(data) * (1.0 - val_fraction))
-        nl = data.find(b"\n", cut)
-        cut = nl + 1 if nl >= 0 else cut
-        info[name] = {"train_bytes": cut, "val_bytes": len(data) - cut}
-        for part, out in ((data[:cut], train), (data[cut:], val)):
-            out.append(torch.frombuffer(bytearray(part), dtype=torch.uint8).to(torch.int64))
-            out.append(torch.tensor([EOS]))
-    return torch.cat(train), torch.cat(val), info
+def token_streams(tok, train_texts: Dict[str, bytes], val_texts: Dict[str, bytes]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Train and validation token streams (int64); every novel's part ends with end-of-text."""
+    def stream(parts: Dict[str, bytes]) -> torch.Tensor:
+        ids: List[int] = []
+        for data in parts.values():
+            ids.extend(tok.encode(data))
+            ids.append(tok.eot_id)
+        return torch.tensor(ids, dtype=torch.int64)
+    return stream(train_texts), stream(val_texts)
 
 
 def val_windows(val: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -96,36 +149,43 @@ def window_masks(starts: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_bpb(model: torch.nn.Module, windows: torch.Tensor, mask: torch.Tensor, batch: int = 4) -> float:
-    """Bits per byte over the masked targets of ``windows``; EOS targets are not bytes: excluded."""
+def evaluate_bpb(model: torch.nn.Module, windows: torch.Tensor, mask: torch.Tensor, byte_len: torch.Tensor,
+                 batch: int = 4) -> float:
+    """Bits per byte over the masked targets of ``windows``: summed cross-entropy / the bytes the
+    targets stand for; end-of-text targets (no bytes) are excluded."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    total, count = 0.0, 0.0
     for i in range(0, len(windows), batch):
         w = windows[i:i + batch]
         logits = model(w[:, :-1])
         tgt = w[:, 1:]
-        m = mask[i:i + batch] & (tgt != EOS)
+        lens = byte_len[tgt]
+        m = mask[i:i + batch] & (lens > 0)
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
         total += nll[m.reshape(-1)].sum().item()
-        count += int(m.sum())
+        count += float(lens[m].sum())
     model.train(was_training)
     return total / count / LN2
 
 
-def ngram_baselines(train: torch.Tensor, val: torch.Tensor) -> Dict[str, float]:
-    """Unigram and bigram (add-0.5) bits per byte on validation: floors any context model must beat."""
-    V = EOS + 1
-    keep = val[1:] != EOS
+def ngram_baselines(train: torch.Tensor, val: torch.Tensor, byte_len: torch.Tensor) -> Dict[str, float]:
+    """Unigram and bigram (add-0.5) token models in bits per byte on validation: floors any context
+    model must beat."""
+    V = len(byte_len)
+    tgt = val[1:]
+    lens = byte_len[tgt]
+    keep = lens > 0
     uni = torch.bincount(train, minlength=V).double() + 0.5
     uni_lp = (uni / uni.sum()).log()
     big = torch.zeros(V, V, dtype=torch.float64)
     big.index_put_((train[:-1], train[1:]), torch.ones(len(train) - 1, dtype=torch.float64), accumulate=True)
     big += 0.5
     big_lp = (big / big.sum(1, keepdim=True)).log()
+    nbytes = float(lens[keep].sum())
     return {
-        "unigram_bpb": float(-uni_lp[val[1:]][keep].mean() / LN2),
-        "bigram_bpb": float(-big_lp[val[:-1], val[1:]][keep].mean() / LN2),
+        "unigram_bpb": float(-uni_lp[tgt][keep].sum() / nbytes / LN2),
+        "bigram_bpb": float(-big_lp[val[:-1], tgt][keep].sum() / nbytes / LN2),
     }
 
 
@@ -140,7 +200,7 @@ def build(attention: str, cfg: R.LMConfig, seed: int) -> torch.nn.Module:
 
 
 def train_one(attention: str, cfg: R.LMConfig, train: torch.Tensor, windows: torch.Tensor,
-              mask: torch.Tensor, args: argparse.Namespace) -> Tuple[torch.nn.Module, Dict[str, Any]]:
+              mask: torch.Tensor, byte_len: torch.Tensor, args: argparse.Namespace) -> Tuple[torch.nn.Module, Dict[str, Any]]:
     model = build(attention, cfg, args.seed)
     model.train()
     opt = torch.optim.AdamW(C.param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
@@ -153,6 +213,8 @@ def train_one(attention: str, cfg: R.LMConfig, train: torch.Tensor, windows: tor
     curve_val: List[Tuple[int, float]] = []
     timer = C.Timer()
     running, running_n = 0.0, 0
+    # The training curve is in bits per byte too, with the corpus-wide bytes per token.
+    bytes_per_token = float(byte_len[train].sum()) / len(train)
     bar = C.progress(args.steps, f"{attention:>7}")
     for step in range(args.steps):
         lr = C.cosine_lr(step, args.steps, args.warmup, args.lr, args.min_lr)
@@ -170,20 +232,20 @@ def train_one(attention: str, cfg: R.LMConfig, train: torch.Tensor, windows: tor
         running_n += 1
         last = step == args.steps - 1
         if (step + 1) % args.eval_every == 0 or last:
-            curve_train.append((step + 1, running / running_n / LN2))
+            curve_train.append((step + 1, running / running_n / LN2 / bytes_per_token))
             running, running_n = 0.0, 0
-            curve_val.append((step + 1, evaluate_bpb(model, windows[sub], mask[sub])))
+            curve_val.append((step + 1, evaluate_bpb(model, windows[sub], mask[sub], byte_len)))
             bar.set_postfix(train_bpb=f"{curve_train[-1][1]:.3f}", val_bpb=f"{curve_val[-1][1]:.3f}")
         bar.update(1)
         if args.max_minutes and timer.seconds > 60 * args.max_minutes and not last:
             bar.write(f"{attention}: stopping at step {step + 1}: --max-minutes {args.max_minutes} reached")
-            curve_train.append((step + 1, running / max(1, running_n) / LN2))
-            curve_val.append((step + 1, evaluate_bpb(model, windows[sub], mask[sub])))
+            curve_train.append((step + 1, running / max(1, running_n) / LN2 / bytes_per_token))
+            curve_val.append((step + 1, evaluate_bpb(model, windows[sub], mask[sub], byte_len)))
             break
     bar.close()
     train_seconds = timer.seconds
     steps_done = curve_val[-1][0]
-    final = evaluate_bpb(model, windows, mask)
+    final = evaluate_bpb(model, windows, mask, byte_len)
     model.eval()
     metrics = {
         "attention": attention,
@@ -203,18 +265,18 @@ def train_one(attention: str, cfg: R.LMConfig, train: torch.Tensor, windows: tor
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, prompt: str, n: int, temperature: float, top_k: int, seed: int) -> str:
-    """Continue ``prompt`` by ``n`` bytes with top-k sampling (full forward each step: any model)."""
+def sample(model: torch.nn.Module, tok, prompt: str, n: int, temperature: float, top_k: int, seed: int) -> str:
+    """Continue ``prompt`` by ``n`` tokens with top-k sampling (full forward each step: any model)."""
     g = torch.Generator().manual_seed(seed)
-    ids = list(prompt.encode("utf-8"))
+    ids = tok.encode(prompt.encode("utf-8"))
     for _ in range(n):
         logits = model(torch.tensor([ids[-model.cfg.context_length:]]))[0, -1] / temperature
         v, i = logits.topk(top_k)
         nxt = int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
-        if nxt == EOS:
+        if nxt == tok.eot_id:
             break
         ids.append(nxt)
-    return bytes(ids).decode("utf-8", errors="replace")
+    return tok.decode(ids).decode("utf-8", errors="replace")
 
 
 def previous_byte_probe(steps: int, seed: int, n_embd: int = 64, n_layer: int = 2, seq_len: int = 128,
@@ -225,7 +287,7 @@ def previous_byte_probe(steps: int, seed: int, n_embd: int = 64, n_layer: int = 
     prefix sums (S1 = Σw², S2 = ΣΠw², S3 = ΣΠ, tost-reference §2.2), in which the previous token
     weighs 1/t; so its accuracy should fall toward chance (1/alphabet) as t grows.
     Returns accuracy per position band for each attention type."""
-    cfg = R.LMConfig(n_layer=n_layer, n_head=4, n_embd=n_embd, context_length=seq_len, vocab_size=EOS + 1)
+    cfg = R.LMConfig(n_layer=n_layer, n_head=4, n_embd=n_embd, context_length=seq_len, vocab_size=ByteTokens.vocab_size)
     bands = [(1, 4), (4, 16), (16, 64), (64, seq_len)]
     out: Dict[str, Any] = {"task": f"predict the previous byte of uniform random strings over {alphabet} symbols",
                            "chance": 1.0 / alphabet, "steps": steps, "batch": batch, "seq_len": seq_len,
@@ -264,12 +326,12 @@ def previous_byte_probe(steps: int, seed: int, n_embd: int = 64, n_layer: int = 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description="Train the byte-level causal ToST (tost-bytes) on Jane Austen's novels and its "
+        description="Train the causal ToST LM (tost-austen) on Jane Austen's novels and its "
                     "softmax GPT twin (same size, same batches); report validation bits per byte.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default=None, help="model repository to export the ToST model into "
                     "(e.g. models); omitted: nothing is exported")
-    ap.add_argument("--name", default="tost-bytes", help="model name (directory under --out)")
+    ap.add_argument("--name", default="tost-austen", help="model name (directory under --out)")
     ap.add_argument("--work-dir", default="build/train-runs/lm",
                     help="where every run's weights and metrics.json go")
     ap.add_argument("--curve-png", default=None, help="write the loss curves here (PNG)")
@@ -278,6 +340,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                          "nothing, report on and export the finished runs in --work-dir")
     ap.add_argument("--corpus-dir", default=C.JANEAUSTENR_DIR, help="installed janeaustenr package")
     ap.add_argument("--val-fraction", type=float, default=0.05, help="tail of each novel held out")
+    ap.add_argument("--tokenizer", choices=("bpe", "byte"), default="bpe",
+                    help="byte-level BPE learned on the training split, or bytes alone")
+    ap.add_argument("--vocab-size", type=int, default=2048,
+                    help="BPE vocabulary: 256 bytes + merges + end-of-text")
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
@@ -310,6 +376,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
+def tokenizer_section(tok) -> Dict[str, Any]:
+    """config.json's "tokenizer" object for the server (model/config.cc)."""
+    if isinstance(tok, bpe.Tokenizer):
+        return {"type": "bpe", "file": "tokenizer.json", "eos_token_id": tok.eot_id}
+    return {"type": "byte", "eos_token_id": tok.eot_id}
+
+
 def load_run(work_dir: str, attention: str, cfg: R.LMConfig) -> Tuple[torch.nn.Module, Dict[str, Any]]:
     """A finished run from ``work_dir/<attention>/`` (its weights and metrics.json)."""
     d = os.path.join(work_dir, attention)
@@ -336,15 +409,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write("\n")
         return 0
     texts, data_prov = C.load_austen(args.corpus_dir)
-    train, val, split_info = split_corpus(texts, args.val_fraction)
+    train_texts, val_texts, split_info = split_texts(texts, args.val_fraction)
+    tok = make_tokenizer(args, train_texts)
+    train, val = token_streams(tok, train_texts, val_texts)
+    byte_len = token_byte_lengths(tok)
     windows, starts = val_windows(val, args.seq_len)
     mask = window_masks(starts, args.seq_len)
-    baselines = ngram_baselines(train, val)
+    baselines = ngram_baselines(train, val, byte_len)
     print(f"corpus: {len(train)} training tokens, {len(val)} validation tokens "
           f"({len(windows)} windows of {args.seq_len}); unigram {baselines['unigram_bpb']:.3f}, "
           f"bigram {baselines['bigram_bpb']:.3f} bits/byte", flush=True)
     cfg = R.LMConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                     context_length=args.context_length, vocab_size=EOS + 1, bias=False, mlp_ratio=args.mlp_ratio)
+                     context_length=args.context_length, vocab_size=tok.vocab_size, bias=False, mlp_ratio=args.mlp_ratio)
     training = {
         "script": "tools/train_lm.py",
         "argv": sys.argv[1:] if argv is None else argv,
@@ -352,6 +428,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "steps": args.steps,
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
+        "tokenizer": args.tokenizer if args.tokenizer == "byte" else
+        f"byte-level BPE (tools/bpe.py, tost-bpe-v1), vocabulary {tok.vocab_size}, merges learned on the training split",
         "optimizer": f"AdamW(betas 0.9/0.95, weight_decay {args.weight_decay} on matrices except temp, "
                      f"denom_bias), grad clip {args.grad_clip}",
         "lr_schedule": f"linear warmup {args.warmup} steps to {args.lr}, cosine to {args.min_lr}",
@@ -360,13 +438,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     split = {
         "rule": f"last {args.val_fraction:.0%} of each novel (from the first line break after the cut) "
-                f"is validation, the rest training; novels separated by end-of-text ({EOS})",
+                f"is validation, the rest training; novels separated by end-of-text ({tok.eot_id})",
         "train_tokens": len(train), "val_tokens": len(val), "per_novel": split_info,
+        "bytes_per_token": {"train": round(float(byte_len[train].sum()) / len(train), 4),
+                            "val": round(float(byte_len[val].sum()) / len(val), 4)},
     }
 
     for attention in args.runs:
-        model, metrics = train_one(attention, cfg, train, windows, mask, args)
-        metrics["sample"] = sample(model, args.prompt, 160, temperature=0.8, top_k=40, seed=args.seed)
+        model, metrics = train_one(attention, cfg, train, windows, mask, byte_len, args)
+        metrics["sample"] = sample(model, tok, args.prompt, 60, temperature=0.8, top_k=40, seed=args.seed)
         metrics["sample_prompt"] = args.prompt
         metrics["config"] = cfg.to_dict()
         metrics["training"] = training
@@ -408,8 +488,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         C.plot_curves(
             args.curve_png,
             {labels[a]: {"train": r["curve_train_bpb"], "val": r["curve_val_bpb_subset"]} for a, r in results.items()},
-            title=f"Byte-level LM on Jane Austen: {cfg.n_layer} layers x {cfg.n_embd}, "
-                  f"{r0['batch_size']}x{r0['seq_len']} bytes/step (bigram baseline {baselines['bigram_bpb']:.2f} bits/byte)",
+            title=f"LM on Jane Austen ({args.tokenizer}, vocabulary {tok.vocab_size}): {cfg.n_layer} layers x {cfg.n_embd}, "
+                  f"{r0['batch_size']}x{r0['seq_len']} tokens/step (bigram baseline {baselines['bigram_bpb']:.2f} bits/byte)",
             ylabel="bits per byte", ylim=(1.0, 5.0))
         print(f"wrote {args.curve_png}")
 
@@ -440,12 +520,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                        "seed": tost["training"]["seed"], "text": tost["sample"]},
         }
         config = R.make_config(args.name, cfg, version=time.strftime("%Y%m%d") + "-austen", trained=True,
-                               provenance=provenance, tokenizer={"type": "byte", "eos_token_id": EOS})
+                               provenance=provenance, tokenizer=tokenizer_section(tok))
         d = os.path.join(args.out, args.name)
         R.save_model(models["tost"], config, d)
+        if isinstance(tok, bpe.Tokenizer):
+            tok.save(os.path.join(d, "tokenizer.json"))
         reloaded, _ = R.load_model(d)
-        check = evaluate_bpb(reloaded, windows[:4], mask[:4])
-        direct = evaluate_bpb(models["tost"], windows[:4], mask[:4])
+        check = evaluate_bpb(reloaded, windows[:4], mask[:4], byte_len)
+        direct = evaluate_bpb(models["tost"], windows[:4], mask[:4], byte_len)
         if abs(check - direct) > 1e-6:
             raise RuntimeError(f"{d}: reloaded model gives {check} bits/byte, trained model {direct}")
         size = os.path.getsize(os.path.join(d, "model.safetensors"))

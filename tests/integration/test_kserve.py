@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import SOURCE_DIR, RunningServer
 
 MODEL = "tost-digits"
-LM = "tost-bytes"
+LM = "tost-austen"
 
 
 def _vision():

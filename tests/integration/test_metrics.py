@@ -23,7 +23,7 @@ import pytest
 
 from conftest import SOURCE_DIR, RunningServer
 
-LM = "tost-bytes"
+LM = "tost-austen"
 VISION = "tost-digits"
 RULES = os.path.join(SOURCE_DIR, "deploy", "prometheus", "rules.yml")
 PROM_CONFIG = os.path.join(SOURCE_DIR, "deploy", "prometheus", "prometheus.yml")
@@ -217,7 +217,8 @@ def observed(proto_modules, tmp_path_factory):
         # Two sessions; b's Generate waits behind the blockers (one slot, one prompt token per
         # step), so b stays checked out (active) for seconds while a stays idle.
         # Blockers: prompt-only generations; one timed alone sizes how many fill ACTIVE_WINDOW_S.
-        blocker = pb2.GenerateRequest(model=LM, prompt_bytes=b"z" * BLOCKER_PROMPT, max_new_tokens=1)
+        blocker = pb2.GenerateRequest(model=LM, prompt_tokens=pb2.TokenIds(ids=[122] * BLOCKER_PROMPT),
+                                      max_new_tokens=1)
         started = time.time()
         generate(blocker)
         blocker_count = max(4, min(200, int(ACTIVE_WINDOW_S / (time.time() - started)) + 1))
@@ -316,7 +317,7 @@ def test_prometheus_sees_the_load(observed):
     assert prom.value(f'tost_batch_size_count{{{vm},workload="classify"}}') == batches
     assert prom.value("tost_process_resident_memory_bytes") > 50e6  # LibTorch alone maps more
     assert prom.value("tost_session_budget_bytes") == 256 * 2**20
-    with open(os.path.join(SOURCE_DIR, "models", "tost-bytes", "config.json")) as f:
+    with open(os.path.join(SOURCE_DIR, "models", "tost-austen", "config.json")) as f:
         lm_version = json.load(f)["version"]
     assert prom.value(f'tost_model_info{{{lm},backend="libtorch_cpu",version="{lm_version}"}}') == 1
     assert prom.value(f"tost_queue_capacity{{{vm}}}") == 64

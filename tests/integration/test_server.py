@@ -1,7 +1,9 @@
 """End-to-end: the real tost_server on the shipped models/, called by Python grpcio and tost_cli."""
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import grpc
@@ -10,6 +12,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import SOURCE_DIR, RunningServer, _binary
+
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
+import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
+
+LM = "tost-austen"
+
+
+def _lm_tokenizer():
+    return bpe.Tokenizer.load(os.path.join(SOURCE_DIR, "models", LM, "tokenizer.json"))
 
 
 def _digits_config():
@@ -29,8 +40,11 @@ def test_list_models(stub, proto_modules):
     pb2, _ = proto_modules
     models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest()).models}
     assert models["tost-digits"].ready and models["tost-digits"].architecture == "tost_vision"
-    assert models["tost-bytes"].ready and models["tost-bytes"].architecture == "tost_lm"
+    assert models["tost-austen"].ready and models["tost-austen"].architecture == "tost_lm"
     assert list(models["tost-digits"].input_shape) == [1, 32, 32]
+    tok = _lm_tokenizer()
+    assert models[LM].tokenizer == "bpe"
+    assert models[LM].vocab_size == tok.vocab_size and models[LM].eos_token_id == tok.eot_id
 
 
 def test_health_check(channel):
@@ -59,7 +73,9 @@ def test_classify_batch_matches_single_images(stub, proto_modules):
 
 def test_generate_streams_token_by_token(stub, proto_modules):
     pb2, _ = proto_modules
-    req = pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"Hello", max_new_tokens=24,
+    prompt = b"Hello, said Emma."
+    prompt_ids = _lm_tokenizer().encode(prompt)  # the server must tokenize as tools/bpe.py does
+    req = pb2.GenerateRequest(model=LM, prompt_bytes=prompt, max_new_tokens=24,
                               sampling=pb2.SamplingParams(temperature=0.8, seed=5))
     tokens, final = [], None
     for msg in stub.Generate(req):
@@ -68,9 +84,12 @@ def test_generate_streams_token_by_token(stub, proto_modules):
         else:
             final = msg.final
     assert final is not None
-    assert final.prompt_tokens == 5
+    n = len(prompt_ids)
+    assert final.prompt_tokens == n
     assert final.generated_tokens == len(tokens)
-    assert [t.position for t in tokens] == list(range(5, 5 + len(tokens)))
+    assert [t.position for t in tokens] == list(range(n, n + len(tokens)))
+    tok = _lm_tokenizer()
+    assert all(t.bytes == tok.token_bytes(t.id) for t in tokens)
     if final.finish_reason == pb2.FINISH_REASON_LENGTH:
         assert len(tokens) == 24
     # text is released in complete characters only, and the concatenation is valid UTF-8
@@ -83,7 +102,7 @@ def test_generate_streams_token_by_token(stub, proto_modules):
 
 def test_generate_cancel_mid_stream(stub, proto_modules):
     pb2, _ = proto_modules
-    call = stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"abc", max_new_tokens=1000,
+    call = stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"abc", max_new_tokens=1000,
                                              sampling=pb2.SamplingParams(temperature=1.0, seed=1)))
     first = next(call)
     assert first.HasField("token")
@@ -99,7 +118,7 @@ def test_generate_cancel_mid_stream(stub, proto_modules):
     (lambda r: r.tensor.shape.__setitem__(1, 31), grpc.StatusCode.INVALID_ARGUMENT, "expected images of shape"),
     (lambda r: setattr(r.tensor, "raw", b"\0" * 12), grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
     (lambda r: setattr(r, "top_k", -1), grpc.StatusCode.INVALID_ARGUMENT, "top_k"),
-    (lambda r: setattr(r, "model", "tost-bytes"), grpc.StatusCode.INVALID_ARGUMENT, "needs a tost_vision model"),
+    (lambda r: setattr(r, "model", "tost-austen"), grpc.StatusCode.INVALID_ARGUMENT, "needs a tost_vision model"),
 ])
 def test_classify_errors(stub, proto_modules, mutate, code, fragment):
     pb2, _ = proto_modules
@@ -113,10 +132,11 @@ def test_classify_errors(stub, proto_modules, mutate, code, fragment):
 
 @pytest.mark.parametrize("kwargs,code,fragment", [
     (dict(model="nope", prompt_bytes=b"a"), grpc.StatusCode.NOT_FOUND, "not served"),
-    (dict(model="tost-bytes"), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
-    (dict(model="tost-bytes", prompt_bytes=b"a" * 1025), grpc.StatusCode.OUT_OF_RANGE, "context length of 1024"),
-    (dict(model="tost-bytes", prompt_bytes=b"a", max_new_tokens=-2), grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens"),
-    (dict(model="tost-bytes", prompt_tokens={"ids": [65, 999]}), grpc.StatusCode.INVALID_ARGUMENT, "token id 999"),
+    (dict(model="tost-austen"), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    (dict(model="tost-austen", prompt_tokens={"ids": [97] * 1025}), grpc.StatusCode.OUT_OF_RANGE,
+     "context length of 1024"),
+    (dict(model="tost-austen", prompt_bytes=b"a", max_new_tokens=-2), grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens"),
+    (dict(model="tost-austen", prompt_tokens={"ids": [65, 5000]}), grpc.StatusCode.INVALID_ARGUMENT, "token id 5000"),
     (dict(model="tost-digits", prompt_bytes=b"a"), grpc.StatusCode.INVALID_ARGUMENT, "needs a tost_lm model"),
 ])
 def test_generate_errors(stub, proto_modules, kwargs, code, fragment):
@@ -131,7 +151,8 @@ def test_generate_errors(stub, proto_modules, kwargs, code, fragment):
 
 def test_generation_stops_at_the_context_length(stub, proto_modules):
     pb2, _ = proto_modules
-    msgs = list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"a" * 1020, max_new_tokens=50,
+    msgs = list(stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_tokens=pb2.TokenIds(ids=[97] * 1020),
+                                                  max_new_tokens=50,
                                                   sampling=pb2.SamplingParams(temperature=0))))
     final = msgs[-1].final
     assert final.finish_reason in (pb2.FINISH_REASON_CONTEXT, pb2.FINISH_REASON_EOS)
@@ -148,7 +169,7 @@ def test_cli_classify_and_generate(server, tmp_path):
                           f"--input={tmp_path / 'img.npy'}", "--top_k=2"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("image 0:") and out.stdout.count("(class ") == 2
-    out = subprocess.run([cli, "generate", f"--server={server.address}", "--model=tost-bytes", "--prompt=Hi",
+    out = subprocess.run([cli, "generate", f"--server={server.address}", "--model=tost-austen", "--prompt=Hi",
                           "--max_new_tokens=8", "--temperature=0"], capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(b"Hi")
@@ -226,11 +247,44 @@ def test_payload_and_element_limits_are_enforced_before_work(proto_modules):
                 stub.Classify(req, timeout=30)  # 1024 elements > 1000
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 1000" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
-                list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"x" * 17), timeout=30))
+                list(stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"x" * 17), timeout=30))
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 16" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
-                list(stub.Generate(pb2.GenerateRequest(model="tost-bytes", prompt_bytes=b"x", max_new_tokens=9),
+                list(stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"x", max_new_tokens=9),
                                    timeout=30))
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_new_tokens" in e.value.details()
     finally:
         assert s.stop() == 0
+
+
+def _austen_words():
+    """Every word of the training split of the shipped LM's corpus (its provenance names it)."""
+    sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
+    import common_training
+    texts, _ = common_training.load_austen()
+    return {w.lower() for t in texts.values() for w in re.findall(r"[A-Za-z]+", t)}
+
+
+def test_cli_generate_continues_english_with_english_words(server):
+    """Issue 6's acceptance: tost_cli generate continues an English prompt with English words.
+    Sampled as a user would (temperature 0.7, top-k 40; three prompts, two seeds each): at least
+    85% of the words written must be words of Austen's English (measured: 93% over 5 prompts x 4
+    seeds; greedy decoding gives 100% but loops), and each continuation must write 20 or more."""
+    cli = _binary("TOST_CLI_BIN")
+    known = _austen_words()
+    total, english = 0, 0
+    for prompt in ("The weather was so fine that", "Mr. Darcy had never", "She could not help"):
+        for seed in (1, 2):
+            out = subprocess.run([cli, "generate", f"--server={server.address}", f"--model={LM}", f"--prompt={prompt}",
+                                  "--max_new_tokens=60", "--temperature=0.7", "--top_k=40", f"--seed={seed}"],
+                                 capture_output=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            text = out.stdout.decode("utf-8", errors="replace")
+            assert text.startswith(prompt)
+            words = [w.lower() for w in re.findall(r"[A-Za-z]+", text[len(prompt):])]
+            hits = sum(w in known for w in words)
+            print(f"{prompt!r} (seed {seed}) -> {text[len(prompt):]!r}: {hits}/{len(words)} words are Austen's")
+            assert len(words) >= 20, text
+            total += len(words)
+            english += hits
+    assert english >= 0.85 * total, f"{english}/{total} generated words are English"

@@ -4,6 +4,7 @@ batch-invariant decode mode); stateless continuation; fork; per-step batching of
 drain with a resumable blob; the status codes of DESIGN §6."""
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -13,8 +14,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import SOURCE_DIR, RunningServer
 
-MODEL = "tost-bytes"
+MODEL = "tost-austen"
 PROMPT = b"It was a bright cold day in April, and "
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
+import bpe  # noqa: E402
+PROMPT_IDS = bpe.Tokenizer.load(os.path.join(SOURCE_DIR, "models", MODEL, "tokenizer.json")).encode(PROMPT)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,7 @@ def test_export_restart_import_continues_exactly(proto_modules, key_file, temper
     try:
         ch, stub = stub_for(second, pb2_grpc)
         imported = stub.ImportSession(pb2.ImportSessionRequest(state=blob))
-        assert imported.position == len(PROMPT) + 12
+        assert imported.position == len(PROMPT_IDS) + 12
         threads, errors = background_load(stub, pb2, concurrent)
         part2, final2, _ = collect(stub.Generate(pb2.GenerateRequest(session_id=imported.session_id,
                                                                      max_new_tokens=18), timeout=300))
@@ -134,7 +138,7 @@ def test_fork_continues_identically_and_blobs_are_checked(stub, proto_modules):
     s = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL, sampling=pb2.SamplingParams(temperature=1.0, seed=5)))
     collect(stub.Generate(pb2.GenerateRequest(session_id=s.session_id, prompt_bytes=PROMPT, max_new_tokens=4)))
     fork = stub.ForkSession(pb2.SessionRef(session_id=s.session_id))
-    assert fork.session_id != s.session_id and fork.position == len(PROMPT) + 4
+    assert fork.session_id != s.session_id and fork.position == len(PROMPT_IDS) + 4
     a, _, _ = collect(stub.Generate(pb2.GenerateRequest(session_id=s.session_id, max_new_tokens=10)))
     b, _, _ = collect(stub.Generate(pb2.GenerateRequest(session_id=fork.session_id, max_new_tokens=10)))
     assert a == b

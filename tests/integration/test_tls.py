@@ -46,8 +46,8 @@ def test_mutual_tls_binds_sessions_to_the_client_certificate(pki, proto_modules)
     try:
         with _channel(s, pki, "alice") as alice_ch, _channel(s, pki, "bob") as bob_ch:
             alice, bob = pb2_grpc.TostStub(alice_ch), pb2_grpc.TostStub(bob_ch)
-            assert {m.name for m in alice.ListModels(pb2.ListModelsRequest(), timeout=30).models} >= {"tost-bytes"}
-            session = alice.CreateSession(pb2.CreateSessionRequest(model="tost-bytes"), timeout=30)
+            assert {m.name for m in alice.ListModels(pb2.ListModelsRequest(), timeout=30).models} >= {"tost-austen"}
+            session = alice.CreateSession(pb2.CreateSessionRequest(model="tost-austen"), timeout=30)
             assert alice.ExportSession(pb2.SessionRef(session_id=session.session_id), timeout=30).state
             with pytest.raises(grpc.RpcError) as e:
                 bob.ExportSession(pb2.SessionRef(session_id=session.session_id), timeout=30)

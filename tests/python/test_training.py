@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import bpe
 import common_training as C
 import tost_reference as R
 import train_lm as TL
@@ -129,14 +130,17 @@ def test_austen_reader_matches_r_itself():
 
 def test_lm_split_holds_out_each_tail_and_counts_every_target_once():
     texts = {"a": "line one\nline two\nline three\n" * 20, "b": "other text here\n" * 30}
-    train, val, info = TL.split_corpus(texts, 0.1)
-    assert (train == TL.EOS).sum() == 2 and (val == TL.EOS).sum() == 2
+    train_texts, val_texts, info = TL.split_texts(texts, 0.1)
+    tok = TL.ByteTokens()
+    train, val = TL.token_streams(tok, train_texts, val_texts)
+    assert (train == tok.eot_id).sum() == 2 and (val == tok.eot_id).sum() == 2
     for name, t in texts.items():
         b = t.encode()
         tail = b[info[name]["train_bytes"]:]
         assert info[name]["train_bytes"] + info[name]["val_bytes"] == len(b)
         assert tail.startswith(b"line") or tail.startswith(b"other")  # cut at a line break
-    assert bytes(val[val != TL.EOS].tolist()) == b"".join(t.encode()[info[n]["train_bytes"]:] for n, t in texts.items())
+        assert train_texts[name] + val_texts[name] == b
+    assert bytes(val[val != tok.eot_id].tolist()) == b"".join(t.encode()[info[n]["train_bytes"]:] for n, t in texts.items())
     windows, starts = TL.val_windows(val, 16)
     mask = TL.window_masks(starts, 16)
     assert int(mask.sum()) == len(val) - 1  # every validation target exactly once
@@ -144,14 +148,37 @@ def test_lm_split_holds_out_each_tail_and_counts_every_target_once():
 
 
 class _Uniform(torch.nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
     def forward(self, idx):
-        return torch.zeros(*idx.shape, 257)
+        return torch.zeros(*idx.shape, self.vocab)
 
 
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab():
+    tok = TL.ByteTokens()
     val = torch.randint(0, 256, (200,))
     windows, starts = TL.val_windows(val, 32)
-    assert TL.evaluate_bpb(_Uniform(), windows, TL.window_masks(starts, 32)) == pytest.approx(math.log2(257))
+    bpb = TL.evaluate_bpb(_Uniform(257), windows, TL.window_masks(starts, 32), TL.token_byte_lengths(tok))
+    assert bpb == pytest.approx(math.log2(257))
+
+
+def test_bits_per_byte_divides_by_the_bytes_bpe_tokens_stand_for():
+    """A uniform model over a BPE vocabulary costs log2(V) bits per token, i.e. log2(V) divided
+    by the bytes per token (end-of-text targets stand for no bytes and are left out)."""
+    tok = bpe.train([b"the cat sat on the mat " * 50], vocab_size=300)
+    ids = tok.encode(b"the cat sat on the mat " * 20) + [tok.eot_id] + tok.encode(b"a mat " * 10)
+    val = torch.tensor(ids)
+    windows, starts = TL.val_windows(val, 16)
+    mask = TL.window_masks(starts, 16)
+    lens = TL.token_byte_lengths(tok)
+    targets = val[1:]
+    nbytes = float(lens[targets].sum())
+    counted = int((lens[targets] > 0).sum())
+    bpb = TL.evaluate_bpb(_Uniform(tok.vocab_size), windows, mask, lens)
+    assert bpb == pytest.approx(counted * math.log2(tok.vocab_size) / nbytes)
+    assert nbytes == len(tok.decode(ids[1:]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,17 +198,22 @@ def test_train_lm_smoke(tmp_path):
     for a in ("tost", "softmax"):
         run = report["runs"][a]
         assert run["steps"] == 40 and run["tokens_seen"] == 40 * 4 * 64
-        assert run["val_bpb"] < 6.0 < math.log2(257)  # learned something: uniform is 8.0 bits/byte
+        # learned something: a uniform guess costs log2(vocabulary) bits per token
+        uniform_bpb = math.log2(2048) / report["split"]["bytes_per_token"]["val"]
+        assert run["val_bpb"] < 0.9 * uniform_bpb
     assert report["runs"]["softmax"]["parameters"] > report["runs"]["tost"]["parameters"]  # 3C^2 vs C^2
     assert report["comparison"]["relative_gap"] == pytest.approx(
         report["runs"]["tost"]["val_bpb"] / report["runs"]["softmax"]["val_bpb"] - 1)
-    model, config = R.load_model(repo / "tost-bytes")
-    assert config["trained"] is True and config["tokenizer"] == {"type": "byte", "eos_token_id": 256}
+    model, config = R.load_model(repo / "tost-austen")
+    assert config["trained"] is True
+    assert config["tokenizer"] == {"type": "bpe", "file": "tokenizer.json", "eos_token_id": 2047}
+    tok = bpe.Tokenizer.load(str(repo / "tost-austen" / "tokenizer.json"))
+    assert tok.vocab_size == config["lm"]["vocab_size"] == 2048 and tok.eot_id == 2047
     prov = config["provenance"]
     assert prov["data"]["package"].startswith("r-cran-janeaustenr") and prov["data"]["package_version"]
     assert prov["metrics"]["val_bpb"] == report["runs"]["tost"]["val_bpb"]
     assert prov["metrics"]["softmax_twin"]["val_bpb"] == report["runs"]["softmax"]["val_bpb"]
-    assert prov["split"]["val_tokens"] > 100_000 and prov["sample"]["text"].startswith(prov["sample"]["prompt"])
+    assert prov["split"]["val_tokens"] > 50_000 and prov["sample"]["text"].startswith(prov["sample"]["prompt"])
     assert png.stat().st_size > 10_000
 
 
