@@ -41,6 +41,11 @@ int64_t ChunkRows(int64_t tokens) {
 
 // Non-temporal stores for y once it is this many times the last-level cache.
 constexpr double kStreamingFractionOfCache = 1.0;
+// Sequences are processed in groups whose w fits in this fraction of the last-level cache: all
+// three passes run over one group before the next, so only the first pass of each group reads w
+// from DRAM (measured at B=8, N=16k: see docs/kernels.md). Sequences are independent, so the
+// grouping changes no result.
+constexpr double kGroupFractionOfCache = 0.5;
 
 double LastLevelCacheBytes() {
   static const double bytes = [] {
@@ -52,7 +57,7 @@ double LastLevelCacheBytes() {
 
 template <typename T>
 void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_t row_stride, const TssaDims& d,
-             const AccType<T>* temp, T* y, std::optional<bool> streaming_stores) {
+             const AccType<T>* temp, T* y, bool stream) {
   using Acc = AccType<T>;
   const int64_t B = d.batch, N = d.tokens, D = d.channels, K = d.heads;
   const HeadShape shape{D, K, d.head_dim};
@@ -111,10 +116,8 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
     }
   });
 
-  // Pass 3: y = −w·Π·gate. An output far larger than the last-level cache is written around the
-  // caches: it would only evict w (which this pass reads) and cost a line read per line written.
-  const bool stream = streaming_stores.value_or(static_cast<double>(B * N * D) * sizeof(T) >
-                                                kStreamingFractionOfCache * LastLevelCacheBytes());
+  // Pass 3: y = −w·Π·gate. With `stream` (an output larger than the last-level cache) y is written
+  // around the caches: it would only evict w and cost a line read per line written.
   ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
     const Task tk = task(t);
     kern.vision_output(tk.rows, shape, pi.get() + t * pi_per_task, gate.get() + tk.b * D, y + (tk.b * N + tk.r0) * D,
@@ -133,8 +136,20 @@ at::Tensor tssa_with(const CpuKernelOptions& options, const at::Tensor& w_in, co
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa (CPU)", [&] {
     using Acc = AccType<scalar_t>;
     const at::Tensor temp = temp_in.to(detail::kAccScalarType<scalar_t>).contiguous();
-    RunTssa<scalar_t>(KernelsFor<scalar_t>(isa), w.const_data_ptr<scalar_t>(), w.stride(0), w.stride(1), d,
-                      temp.const_data_ptr<Acc>(), y.mutable_data_ptr<scalar_t>(), options.streaming_stores);
+    const double sequence_bytes = static_cast<double>(d.tokens * d.channels) * sizeof(scalar_t);
+    const int64_t group = std::clamp<int64_t>(
+        static_cast<int64_t>(kGroupFractionOfCache * LastLevelCacheBytes() / sequence_bytes), 1, d.batch);
+    // y is streamed past the caches when the whole of it would not fit: the consumer reads it
+    // after every group, so caching one group's y would only evict the next group's w.
+    const bool stream = options.streaming_stores.value_or(static_cast<double>(y.nbytes()) >
+                                                          kStreamingFractionOfCache * LastLevelCacheBytes());
+    for (int64_t b0 = 0; b0 < d.batch; b0 += group) {
+      TssaDims part = d;
+      part.batch = std::min(group, d.batch - b0);
+      RunTssa<scalar_t>(KernelsFor<scalar_t>(isa), w.const_data_ptr<scalar_t>() + b0 * w.stride(0), w.stride(0),
+                        w.stride(1), part, temp.const_data_ptr<Acc>(),
+                        y.mutable_data_ptr<scalar_t>() + b0 * d.tokens * d.channels, stream);
+    }
   });
   return y;
 }

@@ -53,8 +53,8 @@ fused kernel) and reference::tssa on the same input, D=384, K=8, float32, output
 the calls, one child process per size and allocator mode: "warm" (malloc keeps freed memory, as a
 long-running server's allocator does) and "glibc" (allocator defaults: blocks of 32 MiB and more
 are fresh pages on every call). Rows whose w exceeds the last-level cache start every call on a
-cold cache (a buffer twice the cache is read first); smaller w stays warm, as after the qkv
-projection. Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of
+cold cache (a buffer twice the cache is read first); smaller w is read just before every call,
+so it starts warm, as after the qkv projection. Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of
 read (at::sum), copy (copy_), triad and memcpy over arrays 4x the last-level cache, each from a
 cold cache, on the same threads; rows whose w exceeds the cache also probe read and memcpy
 bandwidth over w's size between their own repeats. Layer timings and peak memory come from one
@@ -304,14 +304,24 @@ int RunKernelRowChild(const Args& args) {
   const double w_bytes = static_cast<double>(w.nbytes());
   if (w_bytes > static_cast<double>(LastLevelCacheBytes()) && args.alloc == "retain") probe.emplace(w);
   // w beyond the cache: every call starts on a cold cache (a call following another over the same
-  // w would find the tail of w still cached); within the cache: w stays warm, as it is when the
-  // qkv projection has just written it.
+  // w would find the tail of w still cached); within the cache: every call starts with w warm, as
+  // it is when the qkv projection has just written it. Both need preparing before each call: the
+  // reference's temporaries (about six tensors of w's size) evict w from the cache, so without it
+  // the call after the reference would start cold and the one after the fused kernel warm.
   const bool beyond_cache = w_bytes > static_cast<double>(LastLevelCacheBytes());
+  const auto prepare = [&] {
+    if (beyond_cache) {
+      FlushCaches();
+    } else {
+      static volatile float sink = 0;
+      sink = sink + at::sum(w).item<float>();
+    }
+  };
   std::vector<double> tr, tf, tp_read, tp_copy;
   for (int r = 0; r < reps; ++r) {
-    if (beyond_cache) FlushCaches();
+    prepare();
     tr.push_back(TimeMs([&] { kernels::reference::tssa(w, temp); }));
-    if (beyond_cache) FlushCaches();
+    prepare();
     tf.push_back(TimeMs([&] { kernels::tssa(w, temp); }));
     if (probe) tp_read.push_back(probe->ReadMs()), tp_copy.push_back(probe->MemcpyMs());
   }
