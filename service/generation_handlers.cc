@@ -9,6 +9,7 @@
 #include "model/status_macros.h"
 #include "model/tokenizer.h"
 #include "service/grpc_status.h"
+#include "service/request_deadline.h"
 #include "service/tost_service.h"
 
 namespace tost::service {
@@ -138,9 +139,7 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
     job_request.snapshot_every = request->state_every_tokens();
     const bool stateless = !request->state().empty();
     job_request.persistent = !checked_out.empty() || stateless || request->return_state();
-    if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-      job_request.deadline = absl::FromChrono(context->deadline());
-    }
+    job_request.deadline = RequestDeadline(*context);
     TOST_ASSIGN_OR_RETURN(std::shared_ptr<GenerationJob> job, scheduler->Submit(std::move(job_request)));
     TOST_ASSIGN_OR_RETURN(const ModelIdentity identity, core_.Identity(model_name));
 

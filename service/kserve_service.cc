@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "model/status_macros.h"
 #include "service/grpc_status.h"
+#include "service/request_deadline.h"
 #include "service/image_decode.h"
 
 #ifndef TOST_SERVE_VERSION
@@ -351,10 +352,7 @@ grpc::Status KServeService::ModelMetadata(grpc::ServerContext* context, const in
 grpc::Status KServeService::ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) {
   if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
-  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
-                                  ? absl::InfiniteFuture()
-                                  : absl::FromChrono(context->deadline());
-  return ToGrpcStatus(Infer(*request, deadline, *response));
+  return ToGrpcStatus(Infer(*request, RequestDeadline(*context), *response));
 }
 
 absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl::Time deadline,

@@ -14,6 +14,7 @@
 #include "model/status_macros.h"
 #include "model/tokenizer.h"
 #include "service/grpc_status.h"
+#include "service/request_deadline.h"
 
 namespace tost::service {
 namespace {
@@ -148,9 +149,7 @@ grpc::Status TostService::Classify(grpc::ServerContext* context, const tost::v1:
     TOST_ASSIGN_OR_RETURN(ImageBatch images, request->images_size() > 0
                                                  ? DecodeEncodedImages(*request, cfg, limits_)
                                                  : DecodeImageTensor(request->tensor(), cfg, limits_));
-    const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
-                                    ? absl::InfiniteFuture()
-                                    : absl::FromChrono(context->deadline());
+    const absl::Time deadline = RequestDeadline(*context);
     std::vector<float> logits;
     model::VisionModel::Explained explained;
     if (request->return_membership()) {
