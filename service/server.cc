@@ -12,8 +12,9 @@
 #include "model/file_util.h"
 #include "model/status_macros.h"
 #include "model/torch_threads.h"
-#include "service/warmup.h"
+#include "service/loading_responder.h"
 #include "service/logging.h"
+#include "service/warmup.h"
 
 namespace tost::service {
 
@@ -91,8 +92,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
   }
+  TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
+  // The port answers from here on: NOT_SERVING (health) and UNAVAILABLE (everything else) while
+  // the models load and warm up.
+  TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
+                        LoadingResponder::Start(options.host, options.port, credentials));
+  Log(LogLevel::kInfo, "loading models", {{"repository", options.model_repository}, {"port", loading->port()}});
   TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models, model::LoadRepository(options.model_repository));
-  WarmUpModels(models);  // before readiness: the port opens only once every model has run once
+  WarmUpModels(models);  // before readiness: SERVING only once every model has run once
   for (const auto& m : models) {
     if (m.status.ok()) {
       Log(LogLevel::kInfo, "model loaded", {{"model", m.name}, {"architecture", model::ArchitectureName(m.config.architecture)},
@@ -141,9 +148,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), credentials,
-                           &server->port_);
+  // The same port as the loading responder (its own when --port=0), bound while the responder still
+  // listens: gRPC sets SO_REUSEPORT, so connections never find the port closed in between.
+  builder.AddListeningPort(absl::StrCat(options.host, ":", loading->port()), credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
@@ -163,6 +170,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   health->SetServingStatus(true);
   health->SetServingStatus("tost.v1.Tost", true);
   health->SetServingStatus("inference.GRPCInferenceService", true);
+  loading->Stop();
   server->metrics_->WatchCore(server->core_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
 
