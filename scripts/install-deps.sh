@@ -15,7 +15,7 @@ deps_dir="${TOST_DEPS_DIR:-/opt/tost-deps}"
 apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libabsl-dev prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
   prometheus
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
