@@ -144,8 +144,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
 }
 
 void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out) const {
-  std::vector<int32_t> ids(piece.begin(), piece.end());
-  for (int32_t& id : ids) id = static_cast<unsigned char>(id);
+  std::vector<int32_t> ids;
+  ids.reserve(piece.size());
+  for (const unsigned char b : piece) ids.push_back(b);
   while (ids.size() > 1) {
     // The adjacent pair with the lowest rank ...
     int32_t best = std::numeric_limits<int32_t>::max();

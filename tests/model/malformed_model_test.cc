@@ -122,6 +122,34 @@ TEST_F(MalformedModelTest, ConfigProblems) {
   ExpectError(LoadModelDirectory(badjson.string()), {"badjson/config.json", "not valid JSON"});
 }
 
+TEST_F(MalformedModelTest, BpeTokenizerFileProblemsNameTheFile) {
+  // lm_small has 257 ids: as a BPE model that is 256 bytes, no merges and end-of-text 256.
+  const auto make = [&](const std::string& name, const std::string& tokenizer_json) {
+    const fs::path dir = CopyModel("lm_small", name);
+    std::string config = *ReadFileToString((dir / "config.json").string());
+    const std::string byte = "\"type\": \"byte\"";
+    const size_t at = config.find(byte);
+    EXPECT_NE(at, std::string::npos);
+    config.replace(at, byte.size(), "\"type\": \"bpe\"");
+    Write(dir / "config.json", config);
+    if (!tokenizer_json.empty()) Write(dir / "tokenizer.json", tokenizer_json);
+    return dir;
+  };
+  const std::string good =
+      R"({"format":"tost-bpe-v1","max_piece_bytes":32,"merges":[],"special_tokens":{"<|endoftext|>":256}})";
+  const LoadedModel ok = LoadModelDirectory(make("bpe_ok", good).string());
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_STREQ(ok.language->tokenizer().type(), "bpe");
+  EXPECT_EQ(ok.language->tokenizer().Encode("ab"), (std::vector<int32_t>{97, 98}));
+
+  ExpectError(LoadModelDirectory(make("bpe_missing", "").string()), {"bpe_missing/tokenizer.json"});
+  ExpectError(LoadModelDirectory(make("bpe_vocab", R"({"format":"tost-bpe-v1","max_piece_bytes":32,"merges":[[1,2]],)"
+                                                   R"("special_tokens":{"<|endoftext|>":257}})")
+                                     .string()),
+              {"bpe_vocab/tokenizer.json", "vocabulary of 258 ids", "vocab_size 257"});
+  ExpectError(LoadModelDirectory(make("bpe_json", "{\"format\":").string()), {"bpe_json/tokenizer.json", "not valid JSON"});
+}
+
 TEST_F(MalformedModelTest, RepositoryServesTheGoodModelsBesideTheBrokenOnes) {
   CopyModel("vision_small", "good");
   const fs::path bad = CopyModel("lm_small", "bad");
