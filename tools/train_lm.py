@@ -488,8 +488,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         C.plot_curves(
             args.curve_png,
             {labels[a]: {"train": r["curve_train_bpb"], "val": r["curve_val_bpb_subset"]} for a, r in results.items()},
-            title=f"LM on Jane Austen ({args.tokenizer}, vocabulary {tok.vocab_size}): {cfg.n_layer} layers x {cfg.n_embd}, "
-                  f"{r0['batch_size']}x{r0['seq_len']} tokens/step (bigram baseline {baselines['bigram_bpb']:.2f} bits/byte)",
+            title=f"Austen LM ({args.tokenizer} {tok.vocab_size}): {cfg.n_layer} layers x {cfg.n_embd}, "
+                  f"{r0['batch_size']}x{r0['seq_len']} tokens/step (bigram {baselines['bigram_bpb']:.2f} bits/byte)",
             ylabel="bits per byte", ylim=(1.0, 5.0))
         print(f"wrote {args.curve_png}")
 
