@@ -120,8 +120,8 @@ TEST(LoadingResponder, HandsThePortToTheRealServerWithoutClosingIt) {
   prober.join();
   // The port never refuses a connection. A probe can still be cut by the responder closing: one
   // in flight is cancelled, and a connection the kernel queued on the responder's listener is
-  // reset (SO_REUSEPORT gives each listener its own accept queue). Measured: at most one such
-  // probe per hand-over in 40 runs; a prober (kubelet, load balancer) retries those.
+  // reset (SO_REUSEPORT gives each listener its own accept queue). Measured: 14 cut probes in 60
+  // hand-overs, never a refused one; a prober (kubelet, load balancer) retries those.
   EXPECT_EQ(refused.load(), 0) << "probes that found the port closed";
   EXPECT_LE(cut.load(), 2);
   real->Shutdown();
