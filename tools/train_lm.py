@@ -60,6 +60,11 @@ import tost_reference as R  # noqa: E402
 LN2 = math.log(2.0)
 
 
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
 class ByteTokens:
     """Bytes as tokens 0-255, end-of-text 256 (the ``byte`` tokenizer of the server)."""
 
@@ -109,11 +114,6 @@ def make_tokenizer(args: argparse.Namespace, train_texts: Dict[str, bytes]):
     os.replace(tmp, path)
     print(f"BPE: {len(tok.merges)} merges learned in {time.time() - t0:.1f} s -> {path}", flush=True)
     return tok
-
-
-# ---------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------
 
 
 def token_streams(tok, train_texts: Dict[str, bytes], val_texts: Dict[str, bytes]) -> Tuple[torch.Tensor, torch.Tensor]:
