@@ -150,23 +150,22 @@ void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out
   while (ids.size() > 1) {
     // The adjacent pair with the lowest rank ...
     int32_t best = std::numeric_limits<int32_t>::max();
+    size_t first = 0;
     for (size_t i = 0; i + 1 < ids.size(); ++i) {
       const auto it = rank_.find(PairKey(ids[i], ids[i + 1]));
-      if (it != rank_.end() && it->second < best) best = it->second;
+      if (it != rank_.end() && it->second < best) best = it->second, first = i;
     }
     if (best == std::numeric_limits<int32_t>::max()) break;
     // ... replaced everywhere, left to right without overlaps.
-    size_t w = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i + 1 < ids.size()) {
-        const auto it = rank_.find(PairKey(ids[i], ids[i + 1]));
-        if (it != rank_.end() && it->second == best) {
-          ids[w++] = 256 + best;
-          ++i;
-          continue;
-        }
+    const int32_t left = ids[first], right = ids[first + 1];
+    size_t w = first;
+    for (size_t i = first; i < ids.size(); ++i) {
+      if (i + 1 < ids.size() && ids[i] == left && ids[i + 1] == right) {
+        ids[w++] = 256 + best;
+        ++i;
+      } else {
+        ids[w++] = ids[i];
       }
-      ids[w++] = ids[i];
     }
     ids.resize(w);
   }

@@ -54,11 +54,12 @@ the calls, one child process per size and allocator mode: "warm" (malloc keeps f
 long-running server's allocator does) and "glibc" (allocator defaults: blocks of 32 MiB and more
 are fresh pages on every call). Rows whose w exceeds the last-level cache start every call on a
 cold cache (a buffer twice the cache is read first); smaller w is read just before every call,
-so it starts warm, as after the qkv projection. Effective GB/s counts three reads and one write of w. DRAM bandwidth is the best of
-read (at::sum), copy (copy_), triad and memcpy over arrays 4x the last-level cache, each from a
-cold cache, on the same threads; rows whose w exceeds the cache also probe read and memcpy
-bandwidth over w's size between their own repeats. Layer timings and peak memory come from one
-child process per variant and size (peak = VmHWM growth during one forward after a warm-up).
+so it starts warm, as after the qkv projection. Effective GB/s counts three reads and one write
+of w. DRAM bandwidth is the best of read (at::sum), copy (copy_), triad and memcpy over arrays 4x
+the last-level cache, each from a cold cache, on the same threads; rows whose w exceeds the cache
+also probe read and memcpy bandwidth over w's size between their own repeats. Layer timings and
+peak memory come from one child process per variant and size (peak = VmHWM growth during one
+forward after a warm-up).
 Exit status: 1 when the fused result differs from the reference or a child fails.
 )";
 
@@ -181,12 +182,17 @@ std::string CpuModel() {
 // Evicts the caches: reads a buffer of twice the last-level cache. Called (untimed) before every
 // timed bandwidth-bound measurement, so none starts on data a previous one left in the cache
 // (with a data set a few times the cache, the tail of the previous pass would still be there).
+// Reads every element of `t` (at::sum) into a sink the compiler cannot drop.
+void ReadThrough(const at::Tensor& t) {
+  static volatile float sink = 0;
+  sink = sink + at::sum(t).item<float>();
+}
+
 void FlushCaches() {
   // Never destroyed: it must outlive nothing and LibTorch's own statics go first at exit.
   static const at::Tensor* buffer =
       new at::Tensor(at::ones({2 * LastLevelCacheBytes() / static_cast<int64_t>(sizeof(float))}));
-  static volatile float sink = 0;
-  sink = sink + at::sum(*buffer).item<float>();
+  ReadThrough(*buffer);
 }
 
 // Streaming probes over float32 tensors of the same size, on at::get_num_threads() threads, with
@@ -206,7 +212,7 @@ class BandwidthProbe {
   }
   double ReadMs() const {
     FlushCaches();
-    return TimeMs([&] { sink_ = sink_ + at::sum(b_).item<float>(); });
+    return TimeMs([&] { ReadThrough(b_); });
   }
   double CopyMs() {
     FlushCaches();
@@ -235,7 +241,6 @@ class BandwidthProbe {
  private:
   at::Tensor b_, a_, c_;
   double bytes_;
-  mutable volatile float sink_ = 0;
 };
 
 Bandwidth MeasureBandwidth(int64_t array_bytes, int repeats) {
@@ -313,8 +318,7 @@ int RunKernelRowChild(const Args& args) {
     if (beyond_cache) {
       FlushCaches();
     } else {
-      static volatile float sink = 0;
-      sink = sink + at::sum(w).item<float>();
+      ReadThrough(w);
     }
   };
   std::vector<double> tr, tf, tp_read, tp_copy;

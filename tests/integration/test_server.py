@@ -258,9 +258,8 @@ def test_payload_and_element_limits_are_enforced_before_work(proto_modules):
 
 
 def _austen_words():
-    """Every word of the training split of the shipped LM's corpus (its provenance names it)."""
-    sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
-    import common_training
+    """Every word of the shipped LM's corpus (its provenance names the package)."""
+    import common_training  # tools/, on the path above; imports torch, so only when needed
     texts, _ = common_training.load_austen()
     return {w.lower() for t in texts.values() for w in re.findall(r"[A-Za-z]+", t)}
 

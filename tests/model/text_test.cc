@@ -1,8 +1,6 @@
 // Tokenizers (byte, byte-level BPE), incremental UTF-8 assembly and the sampler.
 #include <chrono>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/bpe_tokenizer.h"
 #include "model/config.h"
+#include "model/file_util.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "tests/model/test_util.h"
@@ -144,20 +143,19 @@ TEST(BpeTokenizer, ConfigNamesAFileInsideTheModelDirectory) {
 TEST(ParityBpe, EncodesExactlyAsToolsBpePy) {
   if (testing::ParityDir().empty()) GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
   const std::string dir = testing::ParityDir() + "/bpe";
-  std::ifstream in(dir + "/cases.json");
-  ASSERT_TRUE(in) << dir << "/cases.json";
-  const nlohmann::json doc = nlohmann::json::parse(in);
+  const auto cases = ReadFileToString(dir + "/cases.json");
+  ASSERT_TRUE(cases.ok()) << cases.status();
+  const nlohmann::json doc = nlohmann::json::parse(*cases);
   std::map<std::string, std::unique_ptr<BpeTokenizer>> tokenizers;
   int checked = 0;
   for (const auto& c : doc["cases"]) {
     const std::string name = c["tokenizer"];
     auto& tok = tokenizers[name];
     if (tok == nullptr) {
-      std::ifstream f(dir + "/" + name + "/tokenizer.json");
-      std::stringstream text;
-      text << f.rdbuf();
+      const auto text = ReadFileToString(dir + "/" + name + "/tokenizer.json");
+      ASSERT_TRUE(text.ok()) << text.status();
       const int64_t vocab = c["vocab_size"];
-      auto parsed = BpeTokenizer::Parse(text.str(), name, vocab, vocab - 1);
+      auto parsed = BpeTokenizer::Parse(*text, name, vocab, vocab - 1);
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       tok = *std::move(parsed);
     }
