@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import argparse
 import hashlib
+import json
 import lzma
 import math
 import os
@@ -30,6 +32,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tost_reference as R  # noqa: E402
@@ -180,6 +183,60 @@ def cosine_lr(step: int, total: int, warmup: int, peak: float, floor: float) -> 
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs: each trainer trains a ToST run and a softmax-twin run, possibly in separate concurrent
+# invocations, into <work-dir>/<attention>/; a later invocation reports on and exports them.
+# ---------------------------------------------------------------------------------------------
+
+ATTENTIONS = ("tost", "softmax")
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, name: str, work_dir: str, curve_help: str) -> None:
+    """The options both trainers share: where runs go, which to train, what to export."""
+    ap.add_argument("--out", default=None, help="model repository to export the ToST model into "
+                    "(e.g. models); omitted: nothing is exported")
+    ap.add_argument("--name", default=name, help="model name (directory under --out)")
+    ap.add_argument("--work-dir", default=work_dir, help="where every run's weights and metrics.json go")
+    ap.add_argument("--curve-png", default=None, help=curve_help)
+    ap.add_argument("--attention", default="tost,softmax",
+                    help="comma-separated runs to train: tost and/or softmax (the twin); empty: train "
+                         "nothing, report on and export the finished runs in --work-dir")
+
+
+def parse_runs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Sets args.runs from --attention, refusing anything but tost and softmax."""
+    args.runs = [a for a in args.attention.split(",") if a]
+    if any(a not in ATTENTIONS for a in args.runs):
+        ap.error(f"--attention takes tost and/or softmax (or nothing, to report), got {args.attention!r}")
+
+
+def save_run(work_dir: str, attention: str, model: nn.Module, metrics: Dict[str, Any],
+             skip: Sequence[str] = ()) -> None:
+    """<work-dir>/<attention>/model.safetensors (all tensors but `skip`) and metrics.json."""
+    d = os.path.join(work_dir, attention)
+    os.makedirs(d, exist_ok=True)
+    sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k not in skip}
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"attention": attention})
+    with open(os.path.join(d, "metrics.json"), "w", encoding="utf-8") as f:
+        json.dump(metrics, f, indent=1)
+        f.write("\n")
+
+
+def finished_runs(work_dir: str) -> List[str]:
+    """The attention types with a finished run in `work_dir`."""
+    return [a for a in ATTENTIONS if os.path.exists(os.path.join(work_dir, a, "metrics.json"))]
+
+
+def read_run(work_dir: str, attention: str, config: Dict[str, Any]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """A finished run's weights and metrics; refused when it was trained with another config."""
+    d = os.path.join(work_dir, attention)
+    with open(os.path.join(d, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    if metrics["config"] != config:
+        raise ValueError(f"{d}: trained with {metrics['config']}, this invocation asks for {config}")
+    return load_file(os.path.join(d, "model.safetensors")), metrics
 
 
 class Timer:

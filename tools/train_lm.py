@@ -50,7 +50,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
@@ -329,15 +328,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         description="Train the causal ToST LM (tost-austen) on Jane Austen's novels and its "
                     "softmax GPT twin (same size, same batches); report validation bits per byte.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=None, help="model repository to export the ToST model into "
-                    "(e.g. models); omitted: nothing is exported")
-    ap.add_argument("--name", default="tost-austen", help="model name (directory under --out)")
-    ap.add_argument("--work-dir", default="build/train-runs/lm",
-                    help="where every run's weights and metrics.json go")
-    ap.add_argument("--curve-png", default=None, help="write the loss curves here (PNG)")
-    ap.add_argument("--attention", default="tost,softmax",
-                    help="comma-separated runs to train: tost and/or softmax (the twin); empty: train "
-                         "nothing, report on and export the finished runs in --work-dir")
+    C.add_run_arguments(ap, name="tost-austen", work_dir="build/train-runs/lm",
+                        curve_help="write the loss curves here (PNG)")
     ap.add_argument("--corpus-dir", default=C.JANEAUSTENR_DIR, help="installed janeaustenr package")
     ap.add_argument("--val-fraction", type=float, default=0.05, help="tail of each novel held out")
     ap.add_argument("--tokenizer", choices=("bpe", "byte"), default="bpe",
@@ -369,10 +361,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.seq_len > args.context_length:
         ap.error(f"--seq-len {args.seq_len} exceeds --context-length {args.context_length}")
-    runs = [a for a in args.attention.split(",") if a]
-    if any(a not in ("tost", "softmax") for a in runs):
-        ap.error(f"--attention takes tost and/or softmax (or nothing, to report), got {args.attention!r}")
-    args.runs = runs
+    C.parse_runs(ap, args)
     return args
 
 
@@ -385,13 +374,8 @@ def tokenizer_section(tok) -> Dict[str, Any]:
 
 def load_run(work_dir: str, attention: str, cfg: R.LMConfig) -> Tuple[torch.nn.Module, Dict[str, Any]]:
     """A finished run from ``work_dir/<attention>/`` (its weights and metrics.json)."""
-    d = os.path.join(work_dir, attention)
-    with open(os.path.join(d, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    if metrics["config"] != cfg.to_dict():
-        raise ValueError(f"{d}: trained with {metrics['config']}, this invocation asks for {cfg.to_dict()}")
+    sd, metrics = C.read_run(work_dir, attention, cfg.to_dict())
     model = build(attention, cfg, 0)
-    sd = load_file(os.path.join(d, "model.safetensors"))
     sd["lm_head.weight"] = sd["transformer.wte.weight"]
     model.load_state_dict(sd, strict=True)
     return model.eval(), metrics
@@ -451,21 +435,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         metrics["config"] = cfg.to_dict()
         metrics["training"] = training
         print(f"{attention} sample: {metrics['sample']!r}", flush=True)
-        d = os.path.join(args.work_dir, attention)
-        os.makedirs(d, exist_ok=True)
-        sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        save_file(sd, os.path.join(d, "model.safetensors"), metadata={"attention": attention})
-        with open(os.path.join(d, "metrics.json"), "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=1)
-            f.write("\n")
+        C.save_run(args.work_dir, attention, model, metrics, skip=("lm_head.weight",))  # tied to wte
 
     # Report on every finished run in the work directory (runs may be trained by separate,
     # concurrent invocations: each is single-threaded).
     results: Dict[str, Dict[str, Any]] = {}
     models: Dict[str, torch.nn.Module] = {}
-    for attention in ("tost", "softmax"):
-        if os.path.exists(os.path.join(args.work_dir, attention, "metrics.json")):
-            models[attention], results[attention] = load_run(args.work_dir, attention, cfg)
+    for attention in C.finished_runs(args.work_dir):
+        models[attention], results[attention] = load_run(args.work_dir, attention, cfg)
     comparison: Dict[str, Any] = {}
     if "tost" in results and "softmax" in results:
         t, s = results["tost"], results["softmax"]

@@ -40,7 +40,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common_training as C  # noqa: E402
@@ -173,13 +172,9 @@ def train_one(attention: str, cfg: R.VisionConfig, train_px: torch.Tensor, train
 
 
 def load_run(work_dir: str, attention: str, cfg: R.VisionConfig):
-    d = os.path.join(work_dir, attention)
-    with open(os.path.join(d, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    if metrics["config"] != cfg.to_dict():
-        raise ValueError(f"{d}: trained with {metrics['config']}, this invocation asks for {cfg.to_dict()}")
+    sd, metrics = C.read_run(work_dir, attention, cfg.to_dict())
     model = build(attention, cfg, 0)
-    model.load_state_dict(load_file(os.path.join(d, "model.safetensors")), strict=True)
+    model.load_state_dict(sd, strict=True)
     return model.eval(), metrics
 
 
@@ -211,14 +206,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         description="Train the ToST digit classifier (tost-digits) on scikit-learn's digits and its "
                     "softmax-attention twin (same skeleton, same batches); report validation top-1.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=None, help="model repository to export the ToST model into "
-                    "(e.g. models); omitted: nothing is exported")
-    ap.add_argument("--name", default="tost-digits", help="model name (directory under --out)")
-    ap.add_argument("--work-dir", default="build/train-runs/vision", help="every run's weights and metrics")
-    ap.add_argument("--curve-png", default=None, help="write the loss/accuracy curves here (PNG)")
-    ap.add_argument("--attention", default="tost,softmax",
-                    help="comma-separated runs to train: tost and/or softmax; empty: report on and "
-                         "export the finished runs in --work-dir")
+    C.add_run_arguments(ap, name="tost-digits", work_dir="build/train-runs/vision",
+                        curve_help="write the loss/accuracy curves here (PNG)")
     ap.add_argument("--val-fraction", type=float, default=0.2)
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--embed-dim", type=int, default=64)
@@ -240,9 +229,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    args.runs = [a for a in args.attention.split(",") if a]
-    if any(a not in ("tost", "softmax") for a in args.runs):
-        ap.error(f"--attention takes tost and/or softmax (or nothing, to report), got {args.attention!r}")
+    C.parse_runs(ap, args)
     return args
 
 
@@ -280,22 +267,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         model, metrics = train_one(attention, cfg, pixels[tr_idx], labels[tr_idx], val_x, val_y, args)
         metrics["config"] = cfg.to_dict()
         metrics["training"] = training
-        d = os.path.join(args.work_dir, attention)
-        os.makedirs(d, exist_ok=True)
-        sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(sd, os.path.join(d, "model.safetensors"), metadata={"attention": attention})
-        with open(os.path.join(d, "metrics.json"), "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=1)
-            f.write("\n")
+        C.save_run(args.work_dir, attention, model, metrics)
 
     results: Dict[str, Dict[str, Any]] = {}
     models: Dict[str, torch.nn.Module] = {}
-    for attention in ("tost", "softmax"):
-        if os.path.exists(os.path.join(args.work_dir, attention, "metrics.json")):
-            models[attention], results[attention] = load_run(args.work_dir, attention, cfg)
-            # Re-measured from the stored weights, so the report never disagrees with them.
-            ev = evaluate(models[attention], val_x, val_y)
-            results[attention].update(val_top1=ev["top1"], val_loss=ev["loss"], val_errors=ev["errors"])
+    for attention in C.finished_runs(args.work_dir):
+        models[attention], results[attention] = load_run(args.work_dir, attention, cfg)
+        # Re-measured from the stored weights, so the report never disagrees with them.
+        ev = evaluate(models[attention], val_x, val_y)
+        results[attention].update(val_top1=ev["top1"], val_loss=ev["loss"], val_errors=ev["errors"])
     comparison: Dict[str, Any] = {}
     if "tost" in results and "softmax" in results:
         t, s = results["tost"], results["softmax"]
