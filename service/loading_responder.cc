@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<LoadingResponder>> LoadingResponder::Start(
   }
   auto* health = r->server_->GetHealthCheckService();
   health->SetServingStatus(false);
-  for (const char* service : {"tost.v1.Tost", "inference.GRPCInferenceService"}) {
+  for (const char* service : kHealthCheckedServices) {
     health->SetServingStatus(service, false);
   }
   return r;

@@ -168,8 +168,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
-  health->SetServingStatus("tost.v1.Tost", true);
-  health->SetServingStatus("inference.GRPCInferenceService", true);
+  for (const char* service : kHealthCheckedServices) health->SetServingStatus(service, true);
   loading->Stop();
   server->metrics_->WatchCore(server->core_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
