@@ -11,16 +11,20 @@ void CheckTemp(const at::Tensor& temp, const char* op, const at::Tensor& w, int6
   TORCH_CHECK(temp.dim() == 1 && temp.size(0) >= 1, op, ": temp must be 1-D [K], got shape ",
               temp.sizes());
   TORCH_CHECK(channels % temp.size(0) == 0, op, ": channels D=", channels,
-              " of w must be divisible by the number of heads K=", temp.size(0), " (temp's length)");
-  TORCH_CHECK(temp.device() == w.device(), op, ": temp is on ", temp.device(), " but w is on ", w.device());
-  TORCH_CHECK(temp.is_floating_point(), op, ": temp must be floating point, got ", temp.scalar_type());
+              " of w must be divisible by the number of heads K=", temp.size(0),
+              " (temp's length)");
+  TORCH_CHECK(temp.device() == w.device(), op, ": temp is on ", temp.device(), " but w is on ",
+              w.device());
+  TORCH_CHECK(temp.is_floating_point(), op, ": temp must be floating point, got ",
+              temp.scalar_type());
 }
 
 void CheckFloating(const at::Tensor& w, const char* op) {
   TORCH_CHECK(w.is_floating_point(), op, ": w must be floating point, got ", w.scalar_type());
 }
 
-void CheckDenomBias(const at::Tensor& denom_bias, const char* op, const at::Tensor& w, int64_t heads) {
+void CheckDenomBias(const at::Tensor& denom_bias, const char* op, const at::Tensor& w,
+                    int64_t heads) {
   TORCH_CHECK(denom_bias.dim() == 2 && denom_bias.size(0) == heads, op,
               ": denom_bias must be [K=", heads, ", Tmax], got shape ", denom_bias.sizes());
   TORCH_CHECK(denom_bias.device() == w.device(), op, ": denom_bias is on ", denom_bias.device(),
@@ -33,17 +37,20 @@ void CheckState(const at::Tensor& state, const char* op, const at::Tensor& w, co
   const int64_t width = StateWidth(d.channels, d.heads);
   TORCH_CHECK(state.dim() == 2 && state.size(0) == d.batch && state.size(1) == width, op,
               ": state must be [B=", d.batch, ", 2D+K=", width, "], got shape ", state.sizes());
-  TORCH_CHECK(state.scalar_type() == at::kFloat, op, ": state must be float32, got ", state.scalar_type());
-  TORCH_CHECK(state.device() == w.device(), op, ": state is on ", state.device(), " but w is on ", w.device());
+  TORCH_CHECK(state.scalar_type() == at::kFloat, op, ": state must be float32, got ",
+              state.scalar_type());
+  TORCH_CHECK(state.device() == w.device(), op, ": state is on ", state.device(), " but w is on ",
+              w.device());
 }
 
 void CheckPositions(const at::Tensor& positions, const char* op, const TssaDims& d, int64_t tmax) {
-  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == d.batch, op, ": positions must be [B=", d.batch,
-              "], got shape ", positions.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == d.batch, op,
+              ": positions must be [B=", d.batch, "], got shape ", positions.sizes());
   TORCH_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ",
               positions.scalar_type());
   if (d.batch == 0) return;
-  // One host read of two scalars: the bound protects the denom_bias gather from reading out of range.
+  // One host read of two scalars: the bound protects the denom_bias gather from reading out of
+  // range.
   const auto range = at::aminmax(positions.to(at::kCPU));
   const int64_t lo = std::get<0>(range).item<int64_t>();
   const int64_t hi = std::get<1>(range).item<int64_t>();

@@ -56,15 +56,18 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w_in, const at:
     s2_0 = at::zeros_like(s1_0);
     s3_0 = at::zeros({d.batch, 1, d.heads}, opts);
   }
-  const at::Tensor start =
-      positions.has_value() ? positions->to(w_in.device()) : at::zeros({d.batch}, opts.dtype(at::kLong));
+  const at::Tensor start = positions.has_value() ? positions->to(w_in.device())
+                                                 : at::zeros({d.batch}, opts.dtype(at::kLong));
 
   // §2.1 step 2: S1[t] = max(Σ_{s≤t} w², 1e-12)   (clamp on the squared sum, unlike vision)
   const at::Tensor s1 = (s1_0 + at::cumsum(w2, 1)).clamp_min(kNormEps);
   // step 3: u = w²/S1 + δ[k, pos]   (δ added after the division)
-  const at::Tensor pos = start.view({d.batch, 1}) + at::arange(d.tokens, start.options()).view({1, d.tokens});
-  const at::Tensor delta =
-      denom_bias.to(acc).index_select(1, pos.reshape({-1})).view({d.heads, d.batch, d.tokens}).permute({1, 2, 0});
+  const at::Tensor pos =
+      start.view({d.batch, 1}) + at::arange(d.tokens, start.options()).view({1, d.tokens});
+  const at::Tensor delta = denom_bias.to(acc)
+                               .index_select(1, pos.reshape({-1}))
+                               .view({d.heads, d.batch, d.tokens})
+                               .permute({1, 2, 0});
   // step 4: s = temp[k] · Σ_c u = temp[k] · (Σ_c w²/S1 + p·δ)
   const at::Tensor s = ((w2 / s1).sum(-1) + delta * static_cast<double>(d.head_dim)) *
                        temp.to(acc).view({1, 1, d.heads});
@@ -81,14 +84,17 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w_in, const at:
   const int64_t last = d.tokens - 1;
   at::Tensor state_out;
   if (d.tokens == 0) {
-    state_out = at::cat({s1_0.reshape({d.batch, -1}), s2_0.reshape({d.batch, -1}), s3_0.reshape({d.batch, -1})}, 1);
+    state_out = at::cat(
+        {s1_0.reshape({d.batch, -1}), s2_0.reshape({d.batch, -1}), s3_0.reshape({d.batch, -1})}, 1);
   } else {
     const at::Tensor s1_raw = s1_0.select(1, 0) + w2.sum(1);
-    state_out = at::cat({s1_raw.reshape({d.batch, d.channels}), s2.select(1, last).reshape({d.batch, d.channels}),
-                         s3.select(1, last).reshape({d.batch, d.heads})},
-                        1);
+    state_out = at::cat(
+        {s1_raw.reshape({d.batch, d.channels}), s2.select(1, last).reshape({d.batch, d.channels}),
+         s3.select(1, last).reshape({d.batch, d.heads})},
+        1);
   }
-  return {y.reshape({d.batch, d.tokens, d.channels}).to(w_in.scalar_type()), state_out.to(at::kFloat)};
+  return {y.reshape({d.batch, d.tokens, d.channels}).to(w_in.scalar_type()),
+          state_out.to(at::kFloat)};
 }
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,

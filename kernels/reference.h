@@ -11,8 +11,9 @@
 namespace tost::kernels::reference {
 
 // Numerical constants of the official code.
-inline constexpr double kNormEps = 1e-12;   // F.normalize eps (vision: clamps the norm; causal: the squared sum)
-inline constexpr double kCountEps = 1e-8;   // added to Σ Π before dividing
+inline constexpr double kNormEps =
+    1e-12;  // F.normalize eps (vision: clamps the norm; causal: the squared sum)
+inline constexpr double kCountEps = 1e-8;  // added to Σ Π before dividing
 
 at::Tensor tssa(const at::Tensor& w, const at::Tensor& temp);
 

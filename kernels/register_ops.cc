@@ -10,9 +10,12 @@
 TORCH_LIBRARY(tost, m) {
   m.def("tssa(Tensor w, Tensor temp) -> Tensor");
   m.def(
-      "tssa_causal(Tensor w, Tensor temp, Tensor denom_bias, Tensor? state=None, Tensor? positions=None)"
+      "tssa_causal(Tensor w, Tensor temp, Tensor denom_bias, Tensor? state=None, Tensor? "
+      "positions=None)"
       " -> (Tensor, Tensor)");
-  m.def("tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state) -> Tensor");
+  m.def(
+      "tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state) -> "
+      "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tost, CPU, m) {

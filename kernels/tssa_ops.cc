@@ -17,17 +17,18 @@ const auto& CausalHandle() {
   static const auto handle =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("tost::tssa_causal", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    const std::optional<at::Tensor>&,
-                                                    const std::optional<at::Tensor>&)>();
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
   return handle;
 }
 
 const auto& StepHandle() {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("tost::tssa_step", "")
-                                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&, at::Tensor&)>();
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("tost::tssa_step", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, at::Tensor&)>();
   return handle;
 }
 

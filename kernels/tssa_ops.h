@@ -8,7 +8,8 @@
 //   tssa        w [B,N,D], temp [K]                                   -> y [B,N,D]
 //   tssa_causal w [B,T,D], temp [K], denom_bias [K,Tmax],
 //               state [B,2D+K] (optional), positions [B] int64 (optional: zeros)
-//                                                                     -> (y [B,T,D], state_out [B,2D+K])
+//                                                                     -> (y [B,T,D], state_out
+//                                                                     [B,2D+K])
 //   tssa_step   w [B,D], temp [K], denom_bias [K,Tmax], positions [B] int64,
 //               state [B,2D+K] updated in place                        -> y [B,D]
 //

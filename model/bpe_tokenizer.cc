@@ -22,7 +22,12 @@ enum ByteClass : uint8_t { kLetter, kDigit, kSpace, kOther };
 // tools/bpe.py's byte classes: letters include every byte >= 0x80, so UTF-8 stays inside words.
 ByteClass ClassOf(unsigned char b) {
   switch (b) {
-    case '\t': case '\n': case '\v': case '\f': case '\r': case ' ':
+    case '\t':
+    case '\n':
+    case '\v':
+    case '\f':
+    case '\r':
+    case ' ':
       return kSpace;
     default:
       break;
@@ -42,7 +47,8 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
 
 }  // namespace
 
-std::vector<std::string_view> BpeTokenizer::PreTokenize(std::string_view text, int64_t max_piece_bytes) {
+std::vector<std::string_view> BpeTokenizer::PreTokenize(std::string_view text,
+                                                        int64_t max_piece_bytes) {
   std::vector<std::string_view> pieces;
   const size_t n = text.size();
   const auto cls = [&](size_t i) { return ClassOf(static_cast<unsigned char>(text[i])); };
@@ -78,7 +84,8 @@ std::vector<std::string_view> BpeTokenizer::PreTokenize(std::string_view text, i
 }
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_view json_text,
-                                                                  const std::string& source, int64_t vocab_size,
+                                                                  const std::string& source,
+                                                                  int64_t vocab_size,
                                                                   int64_t eos_token_id) {
   json doc;
   try {
@@ -89,12 +96,15 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
   if (!doc.is_object()) return Invalid(source, "expected a JSON object");
   const std::string format = doc.value("format", std::string());
   if (format != kFormat) {
-    return Invalid(source, absl::StrCat("field \"format\" must be \"", kFormat, "\", got \"", format, "\""));
+    return Invalid(
+        source, absl::StrCat("field \"format\" must be \"", kFormat, "\", got \"", format, "\""));
   }
   if (!doc.contains("max_piece_bytes") || !doc["max_piece_bytes"].is_number_integer() ||
-      doc["max_piece_bytes"].get<int64_t>() < 1 || doc["max_piece_bytes"].get<int64_t>() > kMaxPieceBytesLimit) {
-    return Invalid(source, absl::StrCat("field \"max_piece_bytes\" must be an integer in [1, ", kMaxPieceBytesLimit,
-                                        "], got ", doc.value("max_piece_bytes", json()).dump()));
+      doc["max_piece_bytes"].get<int64_t>() < 1 ||
+      doc["max_piece_bytes"].get<int64_t>() > kMaxPieceBytesLimit) {
+    return Invalid(source, absl::StrCat("field \"max_piece_bytes\" must be an integer in [1, ",
+                                        kMaxPieceBytesLimit, "], got ",
+                                        doc.value("max_piece_bytes", json()).dump()));
   }
   if (!doc.contains("merges") || !doc["merges"].is_array()) {
     return Invalid(source, "field \"merges\" must be a list of [left, right] id pairs");
@@ -102,19 +112,21 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
   const json& merges = doc["merges"];
   const int64_t defined = 256 + static_cast<int64_t>(merges.size());
   if (vocab_size != defined + 1) {
-    return Invalid(source, absl::StrCat("256 bytes + ", merges.size(), " merges + end-of-text make a vocabulary of ",
-                                        defined + 1, " ids, but config.json says vocab_size ", vocab_size));
+    return Invalid(source, absl::StrCat("256 bytes + ", merges.size(),
+                                        " merges + end-of-text make a vocabulary of ", defined + 1,
+                                        " ids, but config.json says vocab_size ", vocab_size));
   }
   if (eos_token_id != defined) {
-    return Invalid(source, absl::StrCat("the end-of-text id is ", defined, " (after the merges), but config.json says "
+    return Invalid(source, absl::StrCat("the end-of-text id is ", defined,
+                                        " (after the merges), but config.json says "
                                         "tokenizer.eos_token_id ",
                                         eos_token_id));
   }
   const json specials = doc.value("special_tokens", json::object());
-  if (!specials.is_object() || !specials.contains(kEndOfText) || !specials[kEndOfText].is_number_integer() ||
-      specials[kEndOfText].get<int64_t>() != defined) {
-    return Invalid(source, absl::StrCat("field \"special_tokens\" must map \"", kEndOfText, "\" to ", defined,
-                                        ", got ", specials.dump()));
+  if (!specials.is_object() || !specials.contains(kEndOfText) ||
+      !specials[kEndOfText].is_number_integer() || specials[kEndOfText].get<int64_t>() != defined) {
+    return Invalid(source, absl::StrCat("field \"special_tokens\" must map \"", kEndOfText,
+                                        "\" to ", defined, ", got ", specials.dump()));
   }
 
   std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer(vocab_size, eos_token_id));
@@ -126,19 +138,23 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
     const json& m = merges[r];
     const int64_t next_id = 256 + static_cast<int64_t>(r);
     if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer()) {
-      return Invalid(source, absl::StrCat("merge ", r, " must be a [left, right] pair of ids, got ", m.dump()));
+      return Invalid(source, absl::StrCat("merge ", r, " must be a [left, right] pair of ids, got ",
+                                          m.dump()));
     }
     const int64_t left = m[0].get<int64_t>(), right = m[1].get<int64_t>();
     if (left < 0 || left >= next_id || right < 0 || right >= next_id) {
-      return Invalid(source, absl::StrCat("merge ", r, " [", left, ", ", right, "] refers to an id outside [0, ",
-                                          next_id, "): a merge may only use bytes and earlier merges"));
+      return Invalid(source, absl::StrCat("merge ", r, " [", left, ", ", right,
+                                          "] refers to an id outside [0, ", next_id,
+                                          "): a merge may only use bytes and earlier merges"));
     }
-    const auto [it, inserted] =
-        tok->rank_.emplace(PairKey(static_cast<int32_t>(left), static_cast<int32_t>(right)), static_cast<int32_t>(r));
+    const auto [it, inserted] = tok->rank_.emplace(
+        PairKey(static_cast<int32_t>(left), static_cast<int32_t>(right)), static_cast<int32_t>(r));
     if (!inserted) {
-      return Invalid(source, absl::StrCat("merge ", r, " [", left, ", ", right, "] repeats merge ", it->second));
+      return Invalid(source, absl::StrCat("merge ", r, " [", left, ", ", right, "] repeats merge ",
+                                          it->second));
     }
-    tok->vocab_.push_back(tok->vocab_[static_cast<size_t>(left)] + tok->vocab_[static_cast<size_t>(right)]);
+    tok->vocab_.push_back(tok->vocab_[static_cast<size_t>(left)] +
+                          tok->vocab_[static_cast<size_t>(right)]);
   }
   return tok;
 }

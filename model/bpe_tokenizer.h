@@ -19,8 +19,10 @@ class BpeTokenizer final : public Tokenizer {
  public:
   // Parses tokenizer.json text. `source` names the file in errors; the vocabulary it defines must
   // have `vocab_size` ids with `eos_token_id` as its end-of-text id (both from config.json).
-  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Parse(std::string_view json_text, const std::string& source,
-                                                             int64_t vocab_size, int64_t eos_token_id);
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Parse(std::string_view json_text,
+                                                             const std::string& source,
+                                                             int64_t vocab_size,
+                                                             int64_t eos_token_id);
 
   std::vector<int32_t> Encode(std::string_view text) const override;
   std::string TokenBytes(int32_t id) const override;

@@ -31,16 +31,19 @@ absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key, const std:
   return x;
 }
 
-absl::StatusOr<std::vector<float>> FloatList(const json& obj, const char* key, const std::string& where,
-                                             size_t expected, float fallback) {
+absl::StatusOr<std::vector<float>> FloatList(const json& obj, const char* key,
+                                             const std::string& where, size_t expected,
+                                             float fallback) {
   if (!obj.contains(key)) return std::vector<float>(expected, fallback);
   const json& v = obj.at(key);
   if (!v.is_array() || v.size() != expected) {
-    return Invalid(where, absl::StrCat("field \"", key, "\" must be a list of ", expected, " numbers, got ", v.dump()));
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be a list of ", expected,
+                                       " numbers, got ", v.dump()));
   }
   std::vector<float> out;
   for (const json& e : v) {
-    if (!e.is_number()) return Invalid(where, absl::StrCat("field \"", key, "\" holds a non-number: ", e.dump()));
+    if (!e.is_number())
+      return Invalid(where, absl::StrCat("field \"", key, "\" holds a non-number: ", e.dump()));
     out.push_back(e.get<float>());
   }
   return out;
@@ -64,23 +67,29 @@ absl::StatusOr<VisionConfig> ParseVision(const json& root, const std::string& so
   TOST_ASSIGN_OR_RETURN(c.image_height, PositiveInt(v, "image_height", where));
   TOST_ASSIGN_OR_RETURN(c.image_width, PositiveInt(v, "image_width", where));
   if (c.embed_dim % c.num_heads != 0) {
-    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by num_heads ", c.num_heads));
+    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim,
+                                       " must be divisible by num_heads ", c.num_heads));
   }
   if (c.patch_size < 2 || (c.patch_size & (c.patch_size - 1)) != 0) {
-    return Invalid(where, absl::StrCat("patch_size must be a power of two >= 2, got ", c.patch_size));
+    return Invalid(where,
+                   absl::StrCat("patch_size must be a power of two >= 2, got ", c.patch_size));
   }
   if (c.embed_dim % (int64_t{1} << (c.stem_stages() - 1)) != 0) {
-    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by 2^(stages-1) = ",
-                                       int64_t{1} << (c.stem_stages() - 1), " for a ", c.stem_stages(),
-                                       "-stage stem (patch_size ", c.patch_size, ")"));
+    return Invalid(where,
+                   absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by 2^(stages-1) = ",
+                                int64_t{1} << (c.stem_stages() - 1), " for a ", c.stem_stages(),
+                                "-stage stem (patch_size ", c.patch_size, ")"));
   }
   if (root.contains("labels")) {
     const json& labels = root["labels"];
     if (!labels.is_array() || static_cast<int64_t>(labels.size()) != c.num_classes) {
-      return Invalid(source, absl::StrCat("\"labels\" must be a list of num_classes=", c.num_classes, " strings"));
+      return Invalid(
+          source,
+          absl::StrCat("\"labels\" must be a list of num_classes=", c.num_classes, " strings"));
     }
     for (const json& l : labels) {
-      if (!l.is_string()) return Invalid(source, absl::StrCat("\"labels\" holds a non-string: ", l.dump()));
+      if (!l.is_string())
+        return Invalid(source, absl::StrCat("\"labels\" holds a non-string: ", l.dump()));
       c.labels.push_back(l.get<std::string>());
     }
   } else {
@@ -113,43 +122,56 @@ absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string
     c.bias = v["bias"].get<bool>();
   }
   if (c.n_embd % c.n_head != 0) {
-    return Invalid(where, absl::StrCat("n_embd ", c.n_embd, " must be divisible by n_head ", c.n_head));
+    return Invalid(where,
+                   absl::StrCat("n_embd ", c.n_embd, " must be divisible by n_head ", c.n_head));
   }
   const json tok = root.value("tokenizer", json::object({{"type", "byte"}}));
-  if (!tok.is_object()) return Invalid(source, absl::StrCat("field \"tokenizer\" must be an object, got ", tok.dump()));
+  if (!tok.is_object())
+    return Invalid(source, absl::StrCat("field \"tokenizer\" must be an object, got ", tok.dump()));
   c.tokenizer = tok.value("type", std::string("byte"));
   if (c.tokenizer != "byte" && c.tokenizer != "bpe") {
-    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\" or \"bpe\", got \"", c.tokenizer, "\""));
+    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\" or \"bpe\", got \"",
+                                        c.tokenizer, "\""));
   }
   if (c.vocab_size < 257) {
-    return Invalid(where, absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text), got ", c.vocab_size));
+    return Invalid(
+        where,
+        absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text), got ", c.vocab_size));
   }
   if (c.tokenizer == "bpe") {
     c.tokenizer_file = tok.value("file", std::string("tokenizer.json"));
     // A plain file name: a config must not make the server read outside its model directory.
     if (c.tokenizer_file.empty() || c.tokenizer_file.find('/') != std::string::npos ||
-        c.tokenizer_file.find('\\') != std::string::npos || c.tokenizer_file == "." || c.tokenizer_file == "..") {
-      return Invalid(source, absl::StrCat("tokenizer.file must be a file name inside the model directory, got \"",
-                                          c.tokenizer_file, "\""));
+        c.tokenizer_file.find('\\') != std::string::npos || c.tokenizer_file == "." ||
+        c.tokenizer_file == "..") {
+      return Invalid(
+          source,
+          absl::StrCat("tokenizer.file must be a file name inside the model directory, got \"",
+                       c.tokenizer_file, "\""));
     }
   }
   c.eos_token_id = tok.value("eos_token_id", int64_t{256});
   if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
-    return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ", c.vocab_size,
-                                        "), got ", c.eos_token_id));
+    return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ",
+                                        c.vocab_size, "), got ", c.eos_token_id));
   }
   return c;
 }
 
 }  // namespace
 
-const char* ArchitectureName(Architecture a) { return a == Architecture::kVision ? "tost_vision" : "tost_lm"; }
+const char* ArchitectureName(Architecture a) {
+  return a == Architecture::kVision ? "tost_vision" : "tost_lm";
+}
 
 const char* WeightDtypeName(WeightDtype d) {
   switch (d) {
-    case WeightDtype::kFloat32: return "float32";
-    case WeightDtype::kFloat16: return "float16";
-    case WeightDtype::kBFloat16: return "bfloat16";
+    case WeightDtype::kFloat32:
+      return "float32";
+    case WeightDtype::kFloat16:
+      return "float16";
+    case WeightDtype::kBFloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -169,7 +191,8 @@ int64_t VisionConfig::tokens() const {
   return h * w;
 }
 
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
   json root;
   try {
     root = json::parse(json_text);
@@ -181,12 +204,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     ModelConfig cfg;
     const int64_t format = root.value("format_version", int64_t{1});
     if (format != 1) return Invalid(source, absl::StrCat("format_version must be 1, got ", format));
-    if (!root.contains("name") || !root["name"].is_string() || root["name"].get<std::string>().empty()) {
+    if (!root.contains("name") || !root["name"].is_string() ||
+        root["name"].get<std::string>().empty()) {
       return Invalid(source, "missing non-empty string field \"name\"");
     }
     cfg.name = root["name"].get<std::string>();
     if (root.contains("version")) {
-      cfg.version = root["version"].is_string() ? root["version"].get<std::string>() : root["version"].dump();
+      cfg.version =
+          root["version"].is_string() ? root["version"].get<std::string>() : root["version"].dump();
     }
     const std::string arch = root.value("architecture", std::string());
     if (arch == "tost_vision") {
@@ -194,7 +219,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     } else if (arch == "tost_lm") {
       cfg.architecture = Architecture::kLanguage;
     } else {
-      return Invalid(source, absl::StrCat("\"architecture\" must be \"tost_vision\" or \"tost_lm\", got \"", arch, "\""));
+      return Invalid(source,
+                     absl::StrCat("\"architecture\" must be \"tost_vision\" or \"tost_lm\", got \"",
+                                  arch, "\""));
     }
     const std::string dtype = root.value("dtype", std::string("float32"));
     if (dtype == "float32") {
@@ -204,7 +231,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     } else if (dtype == "bfloat16") {
       cfg.dtype = WeightDtype::kBFloat16;
     } else {
-      return Invalid(source, absl::StrCat("\"dtype\" must be float32, float16 or bfloat16, got \"", dtype, "\""));
+      return Invalid(source, absl::StrCat("\"dtype\" must be float32, float16 or bfloat16, got \"",
+                                          dtype, "\""));
     }
     cfg.trained = root.value("trained", false);
     cfg.provenance_json = root.contains("provenance") ? root["provenance"].dump() : "{}";

@@ -64,7 +64,8 @@ struct ModelConfig {
 };
 
 // Parses and validates config.json text. `source` names the file in every error message.
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source);
 
 // Reads and parses <model_dir>/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);

@@ -19,8 +19,10 @@ std::vector<DeviceMemoryStats> CudaDeviceMemory() {
     try {
       // Throws (c10::Error) while the allocator is uninitialised: no CUDA memory used yet, and
       // initialising CUDA only to report zero would cost a context per device.
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(d));
-      out.push_back({d, stats.allocated_bytes[kAggregate].current, stats.reserved_bytes[kAggregate].current});
+      const auto stats =
+          c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(d));
+      out.push_back(
+          {d, stats.allocated_bytes[kAggregate].current, stats.reserved_bytes[kAggregate].current});
     } catch (const std::exception&) {
       continue;
     }

@@ -10,7 +10,8 @@ namespace tost::model {
 struct DeviceMemoryStats {
   int device = 0;               // CUDA device index
   int64_t allocated_bytes = 0;  // bytes held by live tensors
-  int64_t reserved_bytes = 0;   // bytes the caching allocator holds from the driver (allocated + cached)
+  int64_t reserved_bytes =
+      0;  // bytes the caching allocator holds from the driver (allocated + cached)
 };
 
 // One entry per CUDA device whose caching allocator is initialised (that is, where this process has

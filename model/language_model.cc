@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
 #include "model/status_macros.h"
-#include "model/torch_boundary.h"
 #include "model/tensor_list.h"
+#include "model/torch_boundary.h"
 #include "model/weights.h"
 
 namespace tost::model {
@@ -47,11 +47,14 @@ struct LanguageModel::Impl {
   std::vector<Block> blocks;
   LayerNorm ln_f;
 
-  at::Tensor Mlp(const Block& b, const at::Tensor& x) const { return b.mlp_proj(at::gelu(b.c_fc(x))); }
+  at::Tensor Mlp(const Block& b, const at::Tensor& x) const {
+    return b.mlp_proj(at::gelu(b.c_fc(x)));
+  }
 
   // x: [B,T,C] starting at `positions` [B]; `states` [L][B,W] are read and replaced (may be empty:
   // fresh sequences, states not kept). Returns the final hidden states after ln_f.
-  at::Tensor Sequence(at::Tensor x, const at::Tensor& positions, std::vector<at::Tensor>* states) const {
+  at::Tensor Sequence(at::Tensor x, const at::Tensor& positions,
+                      std::vector<at::Tensor>* states) const {
     for (size_t l = 0; l < blocks.size(); ++l) {
       const Block& b = blocks[l];
       const at::Tensor w = b.c_attn(b.ln1(x));
@@ -66,7 +69,8 @@ struct LanguageModel::Impl {
   }
 
   // x: [B,C] at `positions` [B]; states[l] [B,W] updated in place.
-  at::Tensor StepHidden(at::Tensor x, const at::Tensor& positions, std::vector<at::Tensor>& states) const {
+  at::Tensor StepHidden(at::Tensor x, const at::Tensor& positions,
+                        std::vector<at::Tensor>& states) const {
     for (size_t l = 0; l < blocks.size(); ++l) {
       const Block& b = blocks[l];
       const at::Tensor w = b.c_attn(b.ln1(x));
@@ -87,9 +91,9 @@ struct LanguageModel::Impl {
   absl::Status CheckTokens(absl::Span<const int32_t> tokens) const {
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] < 0 || tokens[i] >= config.language.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": token id ", tokens[i], " at index ",
-                                                       i, " is outside the vocabulary [0, ",
-                                                       config.language.vocab_size, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model ", config.name, ": token id ", tokens[i], " at index ", i,
+                         " is outside the vocabulary [0, ", config.language.vocab_size, ")"));
       }
     }
     return absl::OkStatus();
@@ -99,24 +103,27 @@ struct LanguageModel::Impl {
     const LanguageConfig& c = config.language;
     const size_t want = static_cast<size_t>(c.n_layer * c.state_floats_per_layer());
     if (s.stats.size() != want || s.position < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": sequence state holds ", s.stats.size(),
-                                                     " floats at position ", s.position, ", expected ", want));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", config.name, ": sequence state holds ", s.stats.size(),
+                       " floats at position ", s.position, ", expected ", want));
     }
     if (s.position + new_tokens > c.context_length) {
-      return absl::OutOfRangeError(absl::StrCat("model ", config.name, ": position ", s.position, " + ", new_tokens,
-                                                " token(s) exceeds the context length of ", c.context_length,
-                                                " tokens"));
+      return absl::OutOfRangeError(
+          absl::StrCat("model ", config.name, ": position ", s.position, " + ", new_tokens,
+                       " token(s) exceeds the context length of ", c.context_length, " tokens"));
     }
     return absl::OkStatus();
   }
 
   // SequenceStates → per-layer [B,W] tensors.
   std::vector<at::Tensor> Gather(absl::Span<SequenceState* const> seqs) const {
-    const int64_t layers = config.language.n_layer, width = config.language.state_floats_per_layer();
+    const int64_t layers = config.language.n_layer,
+                  width = config.language.state_floats_per_layer();
     const int64_t batch = static_cast<int64_t>(seqs.size());
     at::Tensor packed = at::empty({batch, layers, width}, at::kFloat);
     for (int64_t b = 0; b < batch; ++b) {
-      std::memcpy(packed[b].data_ptr<float>(), seqs[b]->stats.data(), layers * width * sizeof(float));
+      std::memcpy(packed[b].data_ptr<float>(), seqs[b]->stats.data(),
+                  layers * width * sizeof(float));
     }
     std::vector<at::Tensor> out;
     for (int64_t l = 0; l < layers; ++l) out.push_back(packed.select(1, l).contiguous());
@@ -127,7 +134,8 @@ struct LanguageModel::Impl {
     const at::Tensor packed = at::stack(states, 1).contiguous();  // [B, L, W]
     const int64_t per_seq = packed.size(1) * packed.size(2);
     for (size_t b = 0; b < seqs.size(); ++b) {
-      std::memcpy(seqs[b]->stats.data(), packed.data_ptr<float>() + b * per_seq, per_seq * sizeof(float));
+      std::memcpy(seqs[b]->stats.data(), packed.data_ptr<float>() + b * per_seq,
+                  per_seq * sizeof(float));
     }
   }
 };
@@ -148,9 +156,11 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
                                                                    const ModelConfig& config) {
   if (config.architecture != Architecture::kLanguage) {
     return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": architecture is ",
-                                                   ArchitectureName(config.architecture), ", expected tost_lm"));
+                                                   ArchitectureName(config.architecture),
+                                                   ", expected tost_lm"));
   }
-  TOST_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(model_dir + "/model.safetensors"));
+  TOST_ASSIGN_OR_RETURN(SafetensorsFile file,
+                        SafetensorsFile::Open(model_dir + "/model.safetensors"));
   const LanguageConfig& c = config.language;
   TOST_ASSIGN_OR_RETURN(Weights w, Weights::FromFile(file, LanguageTensorList(c), config.dtype));
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_dir, c));
@@ -162,16 +172,22 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
     impl->wte = w.at("transformer.wte.weight");
     impl->wpe = w.at("transformer.wpe.weight");
     if (w.has("lm_head.weight") && !at::equal(w.at("lm_head.weight"), impl->wte)) {
-      return absl::InvalidArgumentError(absl::StrCat(file.source(), ": tensor \"lm_head.weight\" differs from ",
-                                                     "\"transformer.wte.weight\"; the two are tied in this model"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.source(), ": tensor \"lm_head.weight\" differs from ",
+                       "\"transformer.wte.weight\"; the two are tied in this model"));
     }
     auto opt = [&](const std::string& name) { return w.has(name) ? w.at(name) : at::Tensor(); };
-    auto linear = [&](const std::string& p) { return Linear{w.at(p + ".weight"), opt(p + ".bias")}; };
-    auto layer_norm = [&](const std::string& p) { return LayerNorm{w.at(p + ".weight"), opt(p + ".bias")}; };
+    auto linear = [&](const std::string& p) {
+      return Linear{w.at(p + ".weight"), opt(p + ".bias")};
+    };
+    auto layer_norm = [&](const std::string& p) {
+      return LayerNorm{w.at(p + ".weight"), opt(p + ".bias")};
+    };
     for (int64_t l = 0; l < c.n_layer; ++l) {
       const std::string p = absl::StrCat("transformer.h.", l, ".");
-      impl->blocks.push_back({w.at(p + "gamma1"), w.at(p + "gamma2"), layer_norm(p + "ln_1"), layer_norm(p + "ln_2"),
-                              linear(p + "attn.c_attn"), linear(p + "attn.c_proj"), linear(p + "mlp.c_fc"),
+      impl->blocks.push_back({w.at(p + "gamma1"), w.at(p + "gamma2"), layer_norm(p + "ln_1"),
+                              layer_norm(p + "ln_2"), linear(p + "attn.c_attn"),
+                              linear(p + "attn.c_proj"), linear(p + "mlp.c_fc"),
                               linear(p + "mlp.c_proj"), w.at(p + "attn.temp").view({-1}),
                               w.at(p + "attn.denom_bias").view({c.n_head, c.context_length})});
     }
@@ -180,11 +196,13 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
   });
 }
 
-absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32_t> tokens, SequenceState& state,
+absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32_t> tokens,
+                                                          SequenceState& state,
                                                           int64_t chunk_tokens) const {
   const Impl& m = *impl_;
   if (tokens.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": prefill needs at least one token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", m.config.name, ": prefill needs at least one token"));
   }
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   TOST_RETURN_IF_ERROR(m.CheckState(state, static_cast<int64_t>(tokens.size())));
@@ -198,8 +216,9 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
     at::Tensor last_hidden;
     for (int64_t start = 0; start < total; start += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, total - start);
-      const at::Tensor ids = at::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.begin() + start + n))
-                                 .view({1, n});
+      const at::Tensor ids =
+          at::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.begin() + start + n))
+              .view({1, n});
       const at::Tensor pos = at::arange(position, position + n, at::kLong).view({1, n});
       const at::Tensor hidden = m.Sequence(m.Embed(ids, pos), pos.select(1, 0), &states);
       last_hidden = hidden.select(1, n - 1);
@@ -217,8 +236,9 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
                                                        bool batch_invariant) const {
   const Impl& m = *impl_;
   if (tokens.empty() || tokens.size() != states.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": step needs one token per sequence, got ",
-                                                   tokens.size(), " tokens for ", states.size(), " sequences"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", m.config.name, ": step needs one token per sequence, got ",
+                     tokens.size(), " tokens for ", states.size(), " sequences"));
   }
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   for (SequenceState* s : states) TOST_RETURN_IF_ERROR(m.CheckState(*s, 1));
@@ -228,7 +248,8 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
     std::vector<at::Tensor> layer_states = m.Gather(states);
     std::vector<int64_t> pos_host;
     for (SequenceState* s : states) pos_host.push_back(s->position);
-    const at::Tensor ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1});
+    const at::Tensor ids =
+        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1});
     const at::Tensor pos = at::tensor(pos_host).view({batch, 1});
     const at::Tensor x = m.Embed(ids, pos).squeeze(1);
     at::Tensor logits;
@@ -236,8 +257,10 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
       std::vector<at::Tensor> rows;
       for (int64_t b = 0; b < batch; ++b) {
         std::vector<at::Tensor> row_states;
-        for (const auto& s : layer_states) row_states.push_back(s.slice(0, b, b + 1));  // views: updated in place
-        rows.push_back(m.Logits(m.StepHidden(x.slice(0, b, b + 1), pos.view({batch}).slice(0, b, b + 1), row_states)));
+        for (const auto& s : layer_states)
+          row_states.push_back(s.slice(0, b, b + 1));  // views: updated in place
+        rows.push_back(m.Logits(
+            m.StepHidden(x.slice(0, b, b + 1), pos.view({batch}).slice(0, b, b + 1), row_states)));
       }
       logits = at::cat(rows, 0).contiguous();
     } else {
@@ -249,12 +272,12 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
   });
 }
 
-absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,
-                                                             int64_t length) const {
+absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,
+                                                             int64_t batch, int64_t length) const {
   const Impl& m = *impl_;
   if (batch <= 0 || length <= 0 || static_cast<int64_t>(tokens.size()) != batch * length) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": expected ", batch, "x", length,
-                                                   " tokens, got ", tokens.size()));
+    return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": expected ", batch,
+                                                   "x", length, " tokens, got ", tokens.size()));
   }
   if (length > m.config.language.context_length) {
     return absl::OutOfRangeError(absl::StrCat("model ", m.config.name, ": ", length,
@@ -264,10 +287,12 @@ absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const in
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   return GuardTorch(m.config.name, "forward", [&]() {
     c10::InferenceMode inference;
-    const at::Tensor ids = at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, length});
+    const at::Tensor ids =
+        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, length});
     const at::Tensor pos = at::arange(length, at::kLong).view({1, length}).expand({batch, length});
     const at::Tensor logits =
-        m.Logits(m.Sequence(m.Embed(ids, pos), at::zeros({batch}, at::kLong), nullptr)).contiguous();
+        m.Logits(m.Sequence(m.Embed(ids, pos), at::zeros({batch}, at::kLong), nullptr))
+            .contiguous();
     return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   });
 }

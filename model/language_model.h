@@ -1,8 +1,8 @@
 // The causal ToST language model (nanoGPT skeleton, causal TSSA with denom_bias, γ layer scale,
 // tied embeddings) as docs/tost-reference.md §2 describes it, in three forms that agree:
 //   ForwardAll  parallel causal form over whole sequences (all positions' logits);
-//   Prefill     chunked tssa_causal continuing a SequenceState (exact: chunks carry the statistics);
-//   Step        one token for each of B sequences at their own positions (tssa_step).
+//   Prefill     chunked tssa_causal continuing a SequenceState (exact: chunks carry the
+//   statistics); Step        one token for each of B sequences at their own positions (tssa_step).
 // Torch-free interface; tensors live in language_model.cc.
 #pragma once
 
@@ -21,7 +21,8 @@ namespace tost::model {
 
 class LanguageModel {
  public:
-  static absl::StatusOr<std::unique_ptr<LanguageModel>> Load(const std::string& model_dir, const ModelConfig& config);
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> Load(const std::string& model_dir,
+                                                             const ModelConfig& config);
   ~LanguageModel();
 
   const ModelConfig& config() const;
@@ -46,7 +47,8 @@ class LanguageModel {
                                           absl::Span<SequenceState* const> states,
                                           bool batch_invariant = false) const;
 
-  // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length, vocab].
+  // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
+  // vocab].
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,
                                                 int64_t length) const;
 

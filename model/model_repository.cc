@@ -20,8 +20,9 @@ LoadedModel LoadModelDirectory(const std::string& dir) {
   }
   m.config = *std::move(config);
   if (m.config.name != m.name) {
-    m.status = absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: \"name\" is \"", m.config.name,
-                                                       "\" but the directory is \"", m.name, "\"; they must match"));
+    m.status = absl::InvalidArgumentError(absl::StrCat(dir, "/config.json: \"name\" is \"",
+                                                       m.config.name, "\" but the directory is \"",
+                                                       m.name, "\"; they must match"));
     return m;
   }
   if (m.config.architecture == Architecture::kVision) {
@@ -49,9 +50,12 @@ absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_
   }
   std::vector<std::string> dirs;
   for (const auto& entry : fs::directory_iterator(repo_dir, ec)) {
-    if (entry.is_directory() && fs::exists(entry.path() / "config.json")) dirs.push_back(entry.path().string());
+    if (entry.is_directory() && fs::exists(entry.path() / "config.json"))
+      dirs.push_back(entry.path().string());
   }
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot list model repository ", repo_dir, ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(
+        absl::StrCat("cannot list model repository ", repo_dir, ": ", ec.message()));
   std::sort(dirs.begin(), dirs.end());
   std::vector<LoadedModel> models;
   for (const auto& d : dirs) models.push_back(LoadModelDirectory(d));

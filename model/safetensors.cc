@@ -24,9 +24,9 @@ struct DtypeEntry {
   size_t size;
 };
 constexpr DtypeEntry kDtypes[] = {
-    {"F64", StDtype::kF64, 8}, {"F32", StDtype::kF32, 4}, {"F16", StDtype::kF16, 2},
+    {"F64", StDtype::kF64, 8},   {"F32", StDtype::kF32, 4}, {"F16", StDtype::kF16, 2},
     {"BF16", StDtype::kBF16, 2}, {"I64", StDtype::kI64, 8}, {"I32", StDtype::kI32, 4},
-    {"I16", StDtype::kI16, 2}, {"I8", StDtype::kI8, 1}, {"U8", StDtype::kU8, 1},
+    {"I16", StDtype::kI16, 2},   {"I8", StDtype::kI8, 1},   {"U8", StDtype::kU8, 1},
     {"BOOL", StDtype::kBool, 1},
 };
 
@@ -56,21 +56,26 @@ int64_t StTensor::numel() const {
   return n;
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents, const std::string& source) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
+                                                       const std::string& source) {
   SafetensorsFile file;
   file.source_ = source;
   if (contents.size() < 8) {
-    return Corrupt(source, absl::StrCat("expected at least 8 bytes of header length, file has ", contents.size()));
+    return Corrupt(source, absl::StrCat("expected at least 8 bytes of header length, file has ",
+                                        contents.size()));
   }
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(contents[i]);
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | static_cast<unsigned char>(contents[i]);
   if (header_len > kMaxHeaderBytes || header_len > contents.size() - 8) {
-    return Corrupt(source, absl::StrCat("header length ", header_len, " exceeds the file's remaining ",
-                                        contents.size() - 8, " bytes (truncated file?)"));
+    return Corrupt(source,
+                   absl::StrCat("header length ", header_len, " exceeds the file's remaining ",
+                                contents.size() - 8, " bytes (truncated file?)"));
   }
   json header;
   try {
-    header = json::parse(contents.begin() + 8, contents.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+    header = json::parse(contents.begin() + 8,
+                         contents.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
   } catch (const json::parse_error& e) {
     return Corrupt(source, absl::StrCat("header is not valid JSON: ", e.what()));
   }
@@ -85,7 +90,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents, con
     if (name == "__metadata__") {
       if (!entry.is_object()) return Corrupt(source, "__metadata__ must be an object");
       for (const auto& [k, v] : entry.items()) {
-        if (!v.is_string()) return Corrupt(source, absl::StrCat("__metadata__ value of \"", k, "\" is not a string"));
+        if (!v.is_string())
+          return Corrupt(source, absl::StrCat("__metadata__ value of \"", k, "\" is not a string"));
         file.metadata_[k] = v.get<std::string>();
       }
       continue;
@@ -103,7 +109,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents, con
         if (dt.get<std::string>() == e.name) found = &e;
       }
     }
-    if (found == nullptr) return Corrupt(source, absl::StrCat(where, " has unsupported dtype ", dt.dump()));
+    if (found == nullptr)
+      return Corrupt(source, absl::StrCat(where, " has unsupported dtype ", dt.dump()));
     t.dtype = found->dtype;
     const json& shape = entry["shape"];
     if (!shape.is_array()) return Corrupt(source, absl::StrCat(where, " shape must be a list"));
@@ -120,18 +127,20 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents, con
       t.shape.push_back(static_cast<int64_t>(dim));
     }
     const json& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
       return Corrupt(source, absl::StrCat(where, " data_offsets must be [begin, end]"));
     }
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data_size) {
-      return Corrupt(source, absl::StrCat(where, " data_offsets [", begin, ", ", end, ") fall outside the ",
-                                          data_size, " data bytes (truncated file?)"));
+      return Corrupt(source,
+                     absl::StrCat(where, " data_offsets [", begin, ", ", end, ") fall outside the ",
+                                  data_size, " data bytes (truncated file?)"));
     }
     if (end - begin != numel * found->size) {
       return Corrupt(source, absl::StrCat(where, " holds ", end - begin, " bytes but shape [",
-                                          absl::StrJoin(t.shape, ","), "] of ", found->name, " needs ",
-                                          numel * found->size));
+                                          absl::StrJoin(t.shape, ","), "] of ", found->name,
+                                          " needs ", numel * found->size));
     }
     t.bytes = std::string_view(buf.data() + data_start + begin, end - begin);
     file.tensors_.emplace(name, t);
@@ -146,7 +155,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
 
 absl::StatusOr<const StTensor*> SafetensorsFile::Find(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat(source_, ": missing tensor \"", name, "\""));
+  if (it == tensors_.end())
+    return absl::NotFoundError(absl::StrCat(source_, ": missing tensor \"", name, "\""));
   return &it->second;
 }
 
@@ -156,11 +166,14 @@ std::string SerializeSafetensors(const std::vector<StTensorToWrite>& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", StDtypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    header[t.name] = {{"dtype", StDtypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
   std::string h = header.dump();
-  while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // align the data section, as the reference writer does
+  while ((8 + h.size()) % 8 != 0)
+    h.push_back(' ');  // align the data section, as the reference writer does
   std::string out(8, '\0');
   uint64_t len = h.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);

@@ -17,7 +17,8 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// CTRL-style penalty: positive logits are divided, negative ones multiplied, once per distinct token.
+// CTRL-style penalty: positive logits are divided, negative ones multiplied, once per distinct
+// token.
 std::vector<float> Penalised(absl::Span<const float> logits, const SamplingParams& p,
                              absl::Span<const int32_t> recent) {
   std::vector<float> out(logits.begin(), logits.end());
@@ -35,9 +36,11 @@ std::vector<float> Penalised(absl::Span<const float> logits, const SamplingParam
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be a finite number >= 0, got ", p.temperature));
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be a finite number >= 0, got ", p.temperature));
   }
-  if (p.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", p.top_k));
+  if (p.top_k < 0)
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", p.top_k));
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
   }
@@ -49,7 +52,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
         absl::StrCat("repetition_penalty must be a finite number > 0, got ", p.repetition_penalty));
   }
   if (p.repetition_window < 0 || p.repetition_window > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("repetition_window must be in [0, 4096], got ", p.repetition_window));
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_window must be in [0, 4096], got ", p.repetition_window));
   }
   return absl::OkStatus();
 }
@@ -70,7 +74,9 @@ int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p,
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   const int32_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
   order.resize(k);
 
@@ -119,7 +125,8 @@ std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logit
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
   std::vector<std::pair<int32_t, float>> out;
-  for (int32_t i = 0; i < n; ++i) out.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
+  for (int32_t i = 0; i < n; ++i)
+    out.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
   return out;
 }
 

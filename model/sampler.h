@@ -16,12 +16,13 @@
 namespace tost::model {
 
 struct SamplingParams {
-  float temperature = 1.0f;         // 0 = greedy (argmax)
-  int32_t top_k = 0;                // 0 = disabled
-  float top_p = 1.0f;               // nucleus mass in (0, 1]; 1 = disabled
-  float min_p = 0.0f;               // drop tokens below min_p × p(most likely); 0 = disabled
-  float repetition_penalty = 1.0f;  // > 1 discourages tokens in the recent window (CTRL-style); 1 = off
-  int32_t repetition_window = 64;   // recent tokens the penalty looks at
+  float temperature = 1.0f;  // 0 = greedy (argmax)
+  int32_t top_k = 0;         // 0 = disabled
+  float top_p = 1.0f;        // nucleus mass in (0, 1]; 1 = disabled
+  float min_p = 0.0f;        // drop tokens below min_p × p(most likely); 0 = disabled
+  float repetition_penalty =
+      1.0f;  // > 1 discourages tokens in the recent window (CTRL-style); 1 = off
+  int32_t repetition_window = 64;  // recent tokens the penalty looks at
   uint64_t seed = 0;
 };
 

@@ -10,7 +10,7 @@
 namespace tost::model {
 
 struct SequenceState {
-  int64_t position = 0;     // tokens consumed so far = absolute position of the next token
+  int64_t position = 0;      // tokens consumed so far = absolute position of the next token
   std::vector<float> stats;  // [n_layer][S1 (C) | S2 (C) | S3 (K)]
 
   size_t ByteSize() const { return sizeof(position) + stats.size() * sizeof(float); }

@@ -7,11 +7,11 @@
 #define TOST_STATUS_CONCAT_INNER(a, b) a##b
 #define TOST_STATUS_CONCAT(a, b) TOST_STATUS_CONCAT_INNER(a, b)
 
-#define TOST_RETURN_IF_ERROR(expr)                    \
-  do {                                                \
-    if (::absl::Status _st = (expr); !_st.ok()) {     \
-      return _st;                                     \
-    }                                                 \
+#define TOST_RETURN_IF_ERROR(expr)                \
+  do {                                            \
+    if (::absl::Status _st = (expr); !_st.ok()) { \
+      return _st;                                 \
+    }                                             \
   } while (false)
 
 #define TOST_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -19,14 +19,16 @@ std::vector<ExpectedTensor> VisionTensorList(const VisionConfig& c) {
     const int64_t out = d >> (stages - 1 - i);
     const std::string p = absl::StrCat("patch_embed.proj.", 2 * i, ".");
     t.push_back({p + "0.weight", {out, in, 3, 3}});
-    for (const char* bn : {"weight", "bias", "running_mean", "running_var"}) t.push_back({p + "1." + bn, {out}});
+    for (const char* bn : {"weight", "bias", "running_mean", "running_var"})
+      t.push_back({p + "1." + bn, {out}});
     t.push_back({p + "1.num_batches_tracked", {}, /*optional=*/true, /*integer=*/true});
     in = out;
   }
   t.push_back({"pos_embeder.token_projection.weight", {d, 2 * kFourierHidden, 1, 1}});
   t.push_back({"pos_embeder.token_projection.bias", {d}});
   auto add_common = [&](const std::string& p) {
-    for (const char* n : {"gamma1", "gamma2", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"}) {
+    for (const char* n :
+         {"gamma1", "gamma2", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"}) {
       t.push_back({p + n, {d}});
     }
     t.push_back({p + "mlp.fc1.weight", {hidden, d}});
@@ -61,7 +63,9 @@ std::vector<ExpectedTensor> VisionTensorList(const VisionConfig& c) {
 std::vector<ExpectedTensor> LanguageTensorList(const LanguageConfig& c) {
   const int64_t d = c.n_embd, k = c.n_head, hidden = c.mlp_ratio * c.n_embd, t = c.context_length;
   std::vector<ExpectedTensor> list;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) { list.push_back({name, std::move(shape)}); };
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    list.push_back({name, std::move(shape)});
+  };
   auto add_bias = [&](const std::string& name, int64_t n) {
     if (c.bias) add(name, {n});
   };

@@ -44,7 +44,8 @@ std::string ByteTokenizer::TokenBytes(int32_t id) const {
   return {};
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir, const LanguageConfig& config) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir,
+                                                         const LanguageConfig& config) {
   if (config.tokenizer == "byte") {
     return std::make_unique<ByteTokenizer>(config.vocab_size, config.eos_token_id);
   }
@@ -58,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     return std::unique_ptr<Tokenizer>(*std::move(bpe));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(model_dir, "/config.json: tokenizer.type must be \"byte\" or \"bpe\", got \"", config.tokenizer, "\""));
+      absl::StrCat(model_dir, "/config.json: tokenizer.type must be \"byte\" or \"bpe\", got \"",
+                   config.tokenizer, "\""));
 }
 
 std::string Utf8Assembler::Push(std::string_view bytes) {

@@ -30,7 +30,8 @@ class Tokenizer {
   int64_t eos_token_id() const { return eos_token_id_; }
 
  protected:
-  Tokenizer(int64_t vocab_size, int64_t eos_token_id) : vocab_size_(vocab_size), eos_token_id_(eos_token_id) {}
+  Tokenizer(int64_t vocab_size, int64_t eos_token_id)
+      : vocab_size_(vocab_size), eos_token_id_(eos_token_id) {}
 
  private:
   int64_t vocab_size_;
@@ -50,7 +51,8 @@ class ByteTokenizer final : public Tokenizer {
 
 // The tokenizer config.json's "tokenizer" object describes (LanguageConfig::tokenizer), reading
 // its file from `model_dir` when it has one. Errors name the file and what is wrong with it.
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir, const LanguageConfig& config);
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir,
+                                                         const LanguageConfig& config);
 
 // Accumulates bytes and releases the longest prefix made of complete UTF-8 characters. Invalid
 // sequences are released as U+FFFD so a bad byte never blocks the stream.

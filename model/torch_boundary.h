@@ -32,13 +32,17 @@ auto GuardTorch(const std::string& model, const char* operation, Fn&& fn)
   try {
     return fn();
   } catch (const c10::ValueError& e) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
   } catch (const c10::IndexError& e) {
-    return absl::OutOfRangeError(absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
+    return absl::OutOfRangeError(
+        absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("model ", model, ": ", operation, " failed: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("model ", model, ": ", operation, " failed: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("model ", model, ": ", operation, " failed: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("model ", model, ": ", operation, " failed: ", e.what()));
   }
 }
 

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
 #include "model/status_macros.h"
-#include "model/torch_boundary.h"
 #include "model/tensor_list.h"
+#include "model/torch_boundary.h"
 #include "model/weights.h"
 
 namespace tost::model {
@@ -75,7 +75,8 @@ struct VisionModel::Impl {
     return x;
   }
 
-  at::Tensor Tssa(const TssaBlock& b, const at::Tensor& x, std::vector<at::Tensor>* membership) const {
+  at::Tensor Tssa(const TssaBlock& b, const at::Tensor& x,
+                  std::vector<at::Tensor>* membership) const {
     const at::Tensor w = b.qkv(x);
     if (membership != nullptr) membership->push_back(Membership(b, w));
     return b.to_out(kernels::tssa(w, b.temp));
@@ -92,17 +93,20 @@ struct VisionModel::Impl {
 
   // CaiT/XCiT class attention: only the cls row queries; patch rows pass LN1's output through.
   at::Tensor ClassAttention(const ClassAttentionBlock& b, const at::Tensor& a) const {
-    const int64_t batch = a.size(0), n = a.size(1), d = a.size(2), k = config.vision.num_heads, p = d / k;
+    const int64_t batch = a.size(0), n = a.size(1), d = a.size(2), k = config.vision.num_heads,
+                  p = d / k;
     const at::Tensor qkv = b.qkv(a).reshape({batch, n, 3, k, p}).permute({2, 0, 3, 1, 4});
     const at::Tensor q = qkv[0], key = qkv[1], v = qkv[2];  // [B,K,N,p]
     const at::Tensor qc = q.slice(2, 0, 1);
-    const at::Tensor attn = at::softmax((qc * key).sum(-1) * (1.0 / std::sqrt(static_cast<double>(p))), -1);
+    const at::Tensor attn =
+        at::softmax((qc * key).sum(-1) * (1.0 / std::sqrt(static_cast<double>(p))), -1);
     const at::Tensor cls = at::matmul(attn.unsqueeze(2), v).transpose(1, 2).reshape({batch, 1, d});
     return at::cat({b.proj(cls), a.slice(1, 1)}, 1);
   }
 
   // `membership`, when given, receives Π [B, K, N] of every TSSA layer.
-  at::Tensor Forward(const at::Tensor& images, std::vector<at::Tensor>* membership = nullptr) const {
+  at::Tensor Forward(const at::Tensor& images,
+                     std::vector<at::Tensor>* membership = nullptr) const {
     at::Tensor x = Stem(images);
     x = x.flatten(2).transpose(1, 2) + pos_encoding;  // [B, N, D]
     for (const auto& b : blocks) {
@@ -126,14 +130,19 @@ namespace {
 at::Tensor FourierFeatures(int64_t hp, int64_t wp) {
   constexpr double kEps = 1e-6, kScale = 2 * M_PI;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor y = at::arange(1, hp + 1, f32).div(hp + kEps).mul(kScale).view({hp, 1}).expand({hp, wp});
-  const at::Tensor x = at::arange(1, wp + 1, f32).div(wp + kEps).mul(kScale).view({1, wp}).expand({hp, wp});
+  const at::Tensor y =
+      at::arange(1, hp + 1, f32).div(hp + kEps).mul(kScale).view({hp, 1}).expand({hp, wp});
+  const at::Tensor x =
+      at::arange(1, wp + 1, f32).div(wp + kEps).mul(kScale).view({1, wp}).expand({hp, wp});
   const at::Tensor i = at::arange(kFourierHidden, f32);
-  const at::Tensor dim_t = at::pow(kFourierTemperature, at::floor_divide(i, 2).mul(2.0 / kFourierHidden));
+  const at::Tensor dim_t =
+      at::pow(kFourierTemperature, at::floor_divide(i, 2).mul(2.0 / kFourierHidden));
   auto encode = [&](const at::Tensor& pos) {
     const at::Tensor a = pos.unsqueeze(-1) / dim_t;  // [hp, wp, 32]
     // interleave: sin at even channels, cos at odd channels
-    return at::stack({a.slice(-1, 0, kFourierHidden, 2).sin(), a.slice(-1, 1, kFourierHidden, 2).cos()}, -1)
+    return at::stack(
+               {a.slice(-1, 0, kFourierHidden, 2).sin(), a.slice(-1, 1, kFourierHidden, 2).cos()},
+               -1)
         .flatten(-2);
   };
   return at::cat({encode(y), encode(x)}, -1).permute({2, 0, 1}).contiguous();
@@ -149,9 +158,11 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
                                                                const ModelConfig& config) {
   if (config.architecture != Architecture::kVision) {
     return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": architecture is ",
-                                                   ArchitectureName(config.architecture), ", expected tost_vision"));
+                                                   ArchitectureName(config.architecture),
+                                                   ", expected tost_vision"));
   }
-  TOST_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(model_dir + "/model.safetensors"));
+  TOST_ASSIGN_OR_RETURN(SafetensorsFile file,
+                        SafetensorsFile::Open(model_dir + "/model.safetensors"));
   const VisionConfig& c = config.vision;
   TOST_ASSIGN_OR_RETURN(Weights w, Weights::FromFile(file, VisionTensorList(c), config.dtype));
   return GuardTorch(config.name, "load", [&]() -> std::unique_ptr<VisionModel> {
@@ -160,30 +171,38 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
     impl->config = config;
     for (int64_t i = 0; i < c.stem_stages(); ++i) {
       const std::string p = absl::StrCat("patch_embed.proj.", 2 * i, ".");
-      const at::Tensor scale = w.at(p + "1.weight") / at::sqrt(w.at(p + "1.running_var") + kBatchNormEps);
+      const at::Tensor scale =
+          w.at(p + "1.weight") / at::sqrt(w.at(p + "1.running_var") + kBatchNormEps);
       impl->stem.push_back({w.at(p + "0.weight") * scale.view({-1, 1, 1, 1}),
                             w.at(p + "1.bias") - w.at(p + "1.running_mean") * scale});
     }
     int64_t hp = c.image_height, wp = c.image_width;
     for (int64_t i = 0; i < c.stem_stages(); ++i) hp = (hp + 1) / 2, wp = (wp + 1) / 2;
-    impl->pos_encoding = at::conv2d(FourierFeatures(hp, wp).unsqueeze(0), w.at("pos_embeder.token_projection.weight"),
+    impl->pos_encoding = at::conv2d(FourierFeatures(hp, wp).unsqueeze(0),
+                                    w.at("pos_embeder.token_projection.weight"),
                                     w.at("pos_embeder.token_projection.bias"))
                              .flatten(2)
                              .transpose(1, 2)
                              .contiguous();
     impl->cls_token = w.at("cls_token");
-    auto linear = [&](const std::string& p) { return Linear{w.at(p + ".weight"), w.at(p + ".bias")}; };
-    auto layer_norm = [&](const std::string& p) { return LayerNorm{w.at(p + ".weight"), w.at(p + ".bias")}; };
+    auto linear = [&](const std::string& p) {
+      return Linear{w.at(p + ".weight"), w.at(p + ".bias")};
+    };
+    auto layer_norm = [&](const std::string& p) {
+      return LayerNorm{w.at(p + ".weight"), w.at(p + ".bias")};
+    };
     for (int64_t l = 0; l < c.depth; ++l) {
       const std::string p = absl::StrCat("blocks.", l, ".");
-      impl->blocks.push_back({w.at(p + "gamma1"), w.at(p + "gamma2"), w.at(p + "attn.temp").view({-1}),
-                              layer_norm(p + "norm1"), layer_norm(p + "norm2"), linear(p + "attn.qkv"),
-                              linear(p + "attn.to_out.0"), Mlp{linear(p + "mlp.fc1"), linear(p + "mlp.fc2")}});
+      impl->blocks.push_back(
+          {w.at(p + "gamma1"), w.at(p + "gamma2"), w.at(p + "attn.temp").view({-1}),
+           layer_norm(p + "norm1"), layer_norm(p + "norm2"), linear(p + "attn.qkv"),
+           linear(p + "attn.to_out.0"), Mlp{linear(p + "mlp.fc1"), linear(p + "mlp.fc2")}});
     }
     for (int64_t l = 0; l < c.cls_attn_layers; ++l) {
       const std::string p = absl::StrCat("cls_attn_blocks.", l, ".");
       impl->cls_blocks.push_back({w.at(p + "gamma1"), w.at(p + "gamma2"), layer_norm(p + "norm1"),
-                                  layer_norm(p + "norm2"), linear(p + "attn.qkv"), linear(p + "attn.proj"),
+                                  layer_norm(p + "norm2"), linear(p + "attn.qkv"),
+                                  linear(p + "attn.proj"),
                                   Mlp{linear(p + "mlp.fc1"), linear(p + "mlp.fc2")}});
     }
     impl->norm = layer_norm("norm");
@@ -192,28 +211,30 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
   });
 }
 
-absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> pixels, int64_t batch,
-                                                        int64_t height, int64_t width) const {
+absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> pixels,
+                                                        int64_t batch, int64_t height,
+                                                        int64_t width) const {
   TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
     const VisionConfig& c = impl_->config.vision;
-    const at::Tensor images = at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
-                                            at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor images =
+        at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
+                      at::TensorOptions().dtype(at::kFloat));
     const at::Tensor logits = impl_->Forward(images).contiguous();
     return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   });
 }
 
-absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(absl::Span<const float> pixels,
-                                                                          int64_t batch, int64_t height,
-                                                                          int64_t width) const {
+absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(
+    absl::Span<const float> pixels, int64_t batch, int64_t height, int64_t width) const {
   TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
     const VisionConfig& c = impl_->config.vision;
-    const at::Tensor images = at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
-                                            at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor images =
+        at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
+                      at::TensorOptions().dtype(at::kFloat));
     std::vector<at::Tensor> layers;
     const at::Tensor logits = impl_->Forward(images, &layers).contiguous();
     const at::Tensor pi = at::stack(layers, 1).contiguous();  // [B, depth, K, N]
@@ -221,7 +242,8 @@ absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(absl::
     out.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
     out.membership.assign(pi.data_ptr<float>(), pi.data_ptr<float>() + pi.numel());
     out.grid_h = height, out.grid_w = width;
-    for (int64_t i = 0; i < c.stem_stages(); ++i) out.grid_h = (out.grid_h + 1) / 2, out.grid_w = (out.grid_w + 1) / 2;
+    for (int64_t i = 0; i < c.stem_stages(); ++i)
+      out.grid_h = (out.grid_h + 1) / 2, out.grid_w = (out.grid_w + 1) / 2;
     return out;
   });
 }
@@ -230,18 +252,19 @@ absl::Status VisionModel::CheckInput(absl::Span<const float> pixels, int64_t bat
                                      int64_t width) const {
   const VisionConfig& c = impl_->config.vision;
   if (batch <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", impl_->config.name, ": batch must be >= 1, got ", batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", impl_->config.name, ": batch must be >= 1, got ", batch));
   }
   if (height != c.image_height || width != c.image_width) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", impl_->config.name, ": expected images of ",
-                                                   c.image_height, "x", c.image_width, " (HxW), got ", height, "x",
-                                                   width));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", impl_->config.name, ": expected images of ", c.image_height, "x",
+                     c.image_width, " (HxW), got ", height, "x", width));
   }
   const int64_t expected = batch * c.in_chans * height * width;
   if (static_cast<int64_t>(pixels.size()) != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", impl_->config.name, ": expected ", expected,
-                                                   " floats for [", batch, ",", c.in_chans, ",", height, ",", width,
-                                                   "], got ", pixels.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", impl_->config.name, ": expected ", expected, " floats for [", batch,
+                     ",", c.in_chans, ",", height, ",", width, "], got ", pixels.size()));
   }
   return absl::OkStatus();
 }

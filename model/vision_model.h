@@ -17,30 +17,33 @@ namespace tost::model {
 class VisionModel {
  public:
   // Loads <model_dir>/model.safetensors, validated against `config` (architecture tost_vision).
-  static absl::StatusOr<std::unique_ptr<VisionModel>> Load(const std::string& model_dir, const ModelConfig& config);
+  static absl::StatusOr<std::unique_ptr<VisionModel>> Load(const std::string& model_dir,
+                                                           const ModelConfig& config);
   ~VisionModel();
 
   const ModelConfig& config() const;
 
   // pixels: float32 [batch, in_chans, height, width], contiguous, already preprocessed.
-  // Returns logits [batch, num_classes]. Thread-safe: concurrent calls share only immutable weights.
-  absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels, int64_t batch, int64_t height,
-                                             int64_t width) const;
+  // Returns logits [batch, num_classes]. Thread-safe: concurrent calls share only immutable
+  // weights.
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels, int64_t batch,
+                                             int64_t height, int64_t width) const;
 
   // ToST's built-in interpretability: the token-to-group membership Π of every TSSA layer (for
   // each token, a distribution over the K heads), next to the logits.
   struct Explained {
-    std::vector<float> logits;      // [batch, num_classes]
-    std::vector<float> membership;  // [batch, depth, K, grid_h * grid_w]
-    int64_t grid_h = 0, grid_w = 0; // the patch-token grid
+    std::vector<float> logits;       // [batch, num_classes]
+    std::vector<float> membership;   // [batch, depth, K, grid_h * grid_w]
+    int64_t grid_h = 0, grid_w = 0;  // the patch-token grid
   };
-  absl::StatusOr<Explained> ForwardWithMembership(absl::Span<const float> pixels, int64_t batch, int64_t height,
-                                                  int64_t width) const;
+  absl::StatusOr<Explained> ForwardWithMembership(absl::Span<const float> pixels, int64_t batch,
+                                                  int64_t height, int64_t width) const;
 
  private:
   struct Impl;
   explicit VisionModel(std::unique_ptr<Impl> impl);
-  absl::Status CheckInput(absl::Span<const float> pixels, int64_t batch, int64_t height, int64_t width) const;
+  absl::Status CheckInput(absl::Span<const float> pixels, int64_t batch, int64_t height,
+                          int64_t width) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -19,7 +19,8 @@ class Weights {
  public:
   // Every tensor in `file` must be expected, every non-optional expected tensor present, shapes
   // equal and dtypes equal to `dtype` (or I64 for integer ones). Errors name the file and tensor.
-  static absl::StatusOr<Weights> FromFile(const SafetensorsFile& file, const std::vector<ExpectedTensor>& expected,
+  static absl::StatusOr<Weights> FromFile(const SafetensorsFile& file,
+                                          const std::vector<ExpectedTensor>& expected,
                                           WeightDtype dtype);
 
   // The float32 tensor `name` (must have been expected and present).

@@ -20,21 +20,24 @@ std::string Metadata(const grpc::ServerContext& context, const std::string& key)
 
 }  // namespace
 
-absl::StatusOr<Authenticator> Authenticator::FromText(const std::string& text, const std::string& source) {
+absl::StatusOr<Authenticator> Authenticator::FromText(const std::string& text,
+                                                      const std::string& source) {
   Authenticator a;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
-    std::vector<std::string> parts = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<std::string> parts =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (parts.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": expected \"name key\", got ",
-                                                     parts.size(), " fields"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ":", line_no, ": expected \"name key\", got ", parts.size(), " fields"));
     }
     if (parts[1].size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": key of \"", parts[0],
-                                                     "\" must be at least 16 characters, got ", parts[1].size()));
+                                                     "\" must be at least 16 characters, got ",
+                                                     parts[1].size()));
     }
     if (!a.names_by_key_.emplace(parts[1], parts[0]).second) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": duplicate key"));
@@ -55,7 +58,8 @@ absl::StatusOr<std::string> Authenticator::Identify(const grpc::ServerContext& c
     const std::string auth = Metadata(context, "authorization");
     if (key.empty() && absl::StartsWithIgnoreCase(auth, "bearer ")) key = auth.substr(7);
     if (key.empty()) {
-      return absl::UnauthenticatedError("missing API key: send it in the x-api-key metadata or as authorization: Bearer <key>");
+      return absl::UnauthenticatedError(
+          "missing API key: send it in the x-api-key metadata or as authorization: Bearer <key>");
     }
     // Compare against every key in constant time per key, so timing does not reveal prefixes.
     for (const auto& [k, name] : names_by_key_) {
@@ -65,7 +69,8 @@ absl::StatusOr<std::string> Authenticator::Identify(const grpc::ServerContext& c
   }
   const auto auth_context = context.auth_context();
   if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
-    for (const auto& id : auth_context->GetPeerIdentity()) return "tls:" + std::string(id.data(), id.size());
+    for (const auto& id : auth_context->GetPeerIdentity())
+      return "tls:" + std::string(id.data(), id.size());
   }
   return std::string("anonymous");
 }

@@ -21,7 +21,8 @@ struct OpenBatch {
 
 }  // namespace
 
-BatchAction BatchPolicy::NextAction(absl::Time now, absl::Span<const QueuedRequestInfo> queue, bool flush) const {
+BatchAction BatchPolicy::NextAction(absl::Time now, absl::Span<const QueuedRequestInfo> queue,
+                                    bool flush) const {
   BatchAction action;
   // Few distinct resolutions are queued at once, so a linear search beats a map here.
   std::vector<OpenBatch> open;

@@ -1,7 +1,7 @@
 // The dynamic batcher's decision, as a pure function of (now, queue): which queued requests have
 // expired, which requests (if any) form the batch to run now, and otherwise until when nothing can
-// change without a new request. No clock, no thread, no lock: the batcher's worker calls it with the
-// current time under its lock, and tests call it with any time they like.
+// change without a new request. No clock, no thread, no lock: the batcher's worker calls it with
+// the current time under its lock, and tests call it with any time they like.
 //
 // Rules (DESIGN §6, issue 4 "Classification"):
 //  - Only requests of one resolution batch together; they are never padded, because TSSA's
@@ -9,9 +9,9 @@
 //  - A request is never split across batches.
 //  - Per resolution, the open batch is the longest arrival-order prefix of that resolution's
 //    requests whose images fit in max_batch_size. It closes on size when it is exactly full or the
-//    next request of its resolution would not fit (that request starts the next batch), and on delay
-//    when its oldest request has waited max_queue_delay. Once closed it is removed from the queue by
-//    the caller and so never reopens.
+//    next request of its resolution would not fit (that request starts the next batch), and on
+//    delay when its oldest request has waited max_queue_delay. Once closed it is removed from the
+//    queue by the caller and so never reopens.
 //  - Several ready batches: the one whose oldest request arrived first runs first.
 //  - A request whose deadline is at or before `now` is reported as expired and never batched.
 #pragma once
@@ -38,7 +38,7 @@ struct ImageResolution {
 struct QueuedRequestInfo {
   int64_t images = 1;  // the request's batch count, 1 <= images <= max_batch_size
   ImageResolution resolution;
-  absl::Time enqueued;                          // when the batcher accepted it
+  absl::Time enqueued;                           // when the batcher accepted it
   absl::Time deadline = absl::InfiniteFuture();  // expires at or after this instant
 };
 
@@ -52,7 +52,8 @@ enum class BatchCloseReason {
 struct BatchAction {
   // Indices into the queue, ascending. Expired requests are to be completed with DEADLINE_EXCEEDED.
   std::vector<size_t> expired;
-  // Indices into the queue, ascending (= arrival order), all of one resolution; empty if none ready.
+  // Indices into the queue, ascending (= arrival order), all of one resolution; empty if none
+  // ready.
   std::vector<size_t> batch;
   BatchCloseReason close_reason = BatchCloseReason::kNone;
   // If `batch` is empty: the earliest instant at which, with no new request, the decision changes
@@ -69,7 +70,8 @@ class BatchPolicy {
 
   // `queue` is in arrival order. `flush` closes every open batch regardless of size and delay.
   // Deterministic: equal inputs give equal outputs.
-  BatchAction NextAction(absl::Time now, absl::Span<const QueuedRequestInfo> queue, bool flush = false) const;
+  BatchAction NextAction(absl::Time now, absl::Span<const QueuedRequestInfo> queue,
+                         bool flush = false) const;
 
   int64_t max_batch_size() const { return max_batch_size_; }
   absl::Duration max_queue_delay() const { return max_queue_delay_; }

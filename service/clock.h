@@ -34,7 +34,8 @@ class RealClock final : public Clock {
 
 class FakeClock final : public Clock {
  public:
-  // Starts at an arbitrary fixed instant (not the epoch, so "time zero" bugs show up as odd values).
+  // Starts at an arbitrary fixed instant (not the epoch, so "time zero" bugs show up as odd
+  // values).
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'700'000'000)) : now_(start) {}
 
   absl::Time Now() const override {

@@ -13,7 +13,9 @@ namespace {
 // Weight of the newest batch in the compute-time average behind the retry hint.
 constexpr double kComputeAverageWeight = 0.2;
 
-std::string ModelPrefix(const std::string& model_name) { return absl::StrCat("model '", model_name, "': "); }
+std::string ModelPrefix(const std::string& model_name) {
+  return absl::StrCat("model '", model_name, "': ");
+}
 
 }  // namespace
 
@@ -30,7 +32,8 @@ std::vector<float> BatchInput::ConcatenatedInput() const {
   for (const BatchRequest* request : requests_) total += request->input.size();
   std::vector<float> out;
   out.reserve(total);
-  for (const BatchRequest* request : requests_) out.insert(out.end(), request->input.begin(), request->input.end());
+  for (const BatchRequest* request : requests_)
+    out.insert(out.end(), request->input.begin(), request->input.end());
   return out;
 }
 
@@ -52,34 +55,36 @@ DynamicBatcher::Slot::~Slot() {
 // ---------------------------------------------------------------------------------------------
 // Construction and shutdown
 
-absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const DynamicBatcherOptions& options,
-                                                                       RunBatchFn run_batch_fn, Clock* clock) {
+absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
+    const DynamicBatcherOptions& options, RunBatchFn run_batch_fn, Clock* clock) {
   if (options.model_name.empty()) {
     return absl::InvalidArgumentError("dynamic batcher: model_name must name the model; was empty");
   }
   const std::string prefix = ModelPrefix(options.model_name);
   if (options.max_batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "max_batch_size must be at least 1 image; was ", options.max_batch_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "max_batch_size must be at least 1 image; was ", options.max_batch_size));
   }
   if (options.max_queue_delay_us < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "max_queue_delay_us must be >= 0; was ", options.max_queue_delay_us));
   }
   if (options.max_queue_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "max_queue_size must be at least 1 request; was ", options.max_queue_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "max_queue_size must be at least 1 request; was ", options.max_queue_size));
   }
   if (options.timeout_us < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "timeout_us must be >= 0 (0 = no default deadline); was ", options.timeout_us));
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "timeout_us must be >= 0 (0 = no default deadline); was ", options.timeout_us));
   }
   if (!run_batch_fn) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "the batch run function must be set; was empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "the batch run function must be set; was empty"));
   }
   if (clock == nullptr) clock = RealClock::Get();
 
-  std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options, std::move(run_batch_fn), clock));
+  std::unique_ptr<DynamicBatcher> batcher(
+      new DynamicBatcher(options, std::move(run_batch_fn), clock));
   if (options.start_worker_thread) {
     DynamicBatcher* raw = batcher.get();
     batcher->worker_ = std::thread([raw] { raw->WorkerLoop(); });
@@ -87,10 +92,12 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const Dyn
   return batcher;
 }
 
-DynamicBatcher::DynamicBatcher(const DynamicBatcherOptions& options, RunBatchFn run_batch_fn, Clock* clock)
+DynamicBatcher::DynamicBatcher(const DynamicBatcherOptions& options, RunBatchFn run_batch_fn,
+                               Clock* clock)
     : options_(options),
       policy_(options.max_batch_size, absl::Microseconds(options.max_queue_delay_us)),
-      timeout_(options.timeout_us > 0 ? absl::Microseconds(options.timeout_us) : absl::InfiniteDuration()),
+      timeout_(options.timeout_us > 0 ? absl::Microseconds(options.timeout_us)
+                                      : absl::InfiniteDuration()),
       clock_(clock),
       run_batch_fn_(std::move(run_batch_fn)) {}
 
@@ -117,10 +124,10 @@ void DynamicBatcher::Shutdown(ShutdownMode mode) {
 
   for (BatchRequest& request : failed) {
     NotifyDropped(BatchDropReason::kShutdown, request.batch);
-    std::move(request.done)(absl::UnavailableError(
-        absl::StrCat(ModelPrefix(options_.model_name), "the server is shutting down; the queued request of ",
-                     request.batch, " image(s) at ", request.resolution.ToString(),
-                     " was not run; retry on another replica")));
+    std::move(request.done)(absl::UnavailableError(absl::StrCat(
+        ModelPrefix(options_.model_name), "the server is shutting down; the queued request of ",
+        request.batch, " image(s) at ", request.resolution.ToString(),
+        " was not run; retry on another replica")));
   }
 
   if (worker_.joinable()) {
@@ -136,27 +143,30 @@ void DynamicBatcher::Shutdown(ShutdownMode mode) {
 
 absl::Status DynamicBatcher::ValidateBatch(int64_t batch) const {
   if (batch < 1 || batch > options_.max_batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ModelPrefix(options_.model_name), "request batch must be 1..", options_.max_batch_size,
-        " images (max_batch_size); was ", batch, batch > options_.max_batch_size ? "; split the request" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ModelPrefix(options_.model_name), "request batch must be 1..",
+                     options_.max_batch_size, " images (max_batch_size); was ", batch,
+                     batch > options_.max_batch_size ? "; split the request" : ""));
   }
   return absl::OkStatus();
 }
 
 absl::Status DynamicBatcher::ShuttingDownStatus() const {
-  return absl::UnavailableError(absl::StrCat(ModelPrefix(options_.model_name),
-                                             "the server is shutting down and accepts no new classification "
-                                             "requests; retry on another replica"));
+  return absl::UnavailableError(
+      absl::StrCat(ModelPrefix(options_.model_name),
+                   "the server is shutting down and accepts no new classification "
+                   "requests; retry on another replica"));
 }
 
 absl::Status DynamicBatcher::QueueFullLocked() {
   ++counters_.rejected_queue_full;
   // The queue empties in about one batch delay plus one compute time per max_batch_size images
   // ahead; before any batch has run only the delay is known.
-  const int64_t batches_ahead =
-      std::max<int64_t>(1, (queued_images_ + options_.max_batch_size - 1) / options_.max_batch_size);
-  const absl::Duration hint = std::max(
-      absl::Milliseconds(1), policy_.max_queue_delay() + average_compute_ * static_cast<double>(batches_ahead));
+  const int64_t batches_ahead = std::max<int64_t>(
+      1, (queued_images_ + options_.max_batch_size - 1) / options_.max_batch_size);
+  const absl::Duration hint =
+      std::max(absl::Milliseconds(1),
+               policy_.max_queue_delay() + average_compute_ * static_cast<double>(batches_ahead));
   const int64_t waiting = static_cast<int64_t>(queue_.size()) + reserved_slots_;
   return absl::ResourceExhaustedError(absl::StrCat(
       ModelPrefix(options_.model_name), "classification queue is full: ", waiting,
@@ -189,13 +199,15 @@ void DynamicBatcher::ReleaseSlot() {
   --reserved_slots_;
 }
 
-absl::Status DynamicBatcher::Submit(BatchRequest request) { return Enqueue(std::move(request), nullptr); }
+absl::Status DynamicBatcher::Submit(BatchRequest request) {
+  return Enqueue(std::move(request), nullptr);
+}
 
 absl::Status DynamicBatcher::Submit(Slot slot, BatchRequest request) {
   if (slot.batcher_ != this) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ModelPrefix(options_.model_name),
-                     "Submit expected a slot reserved from this model's batcher; got an empty or foreign slot"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        ModelPrefix(options_.model_name),
+        "Submit expected a slot reserved from this model's batcher; got an empty or foreign slot"));
   }
   // On any error `slot` gives its place back when it goes out of scope.
   return Enqueue(std::move(request), &slot);
@@ -205,11 +217,13 @@ absl::Status DynamicBatcher::Enqueue(BatchRequest request, Slot* slot) {
   const std::string prefix = ModelPrefix(options_.model_name);
   if (absl::Status status = ValidateBatch(request.batch); !status.ok()) return status;
   if (request.resolution.height < 1 || request.resolution.width < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "request resolution must be positive height x width; was ",
-                                                   request.resolution.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "request resolution must be positive height x width; was ",
+                     request.resolution.ToString()));
   }
   if (!request.done) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "request needs a completion callback (done); was empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "request needs a completion callback (done); was empty"));
   }
 
   const int64_t images = request.batch;  // `request` is moved into the queue on success
@@ -218,7 +232,8 @@ absl::Status DynamicBatcher::Enqueue(BatchRequest request, Slot* slot) {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
-    const absl::Time deadline = request.deadline != absl::InfiniteFuture() ? request.deadline : now + timeout_;
+    const absl::Time deadline =
+        request.deadline != absl::InfiniteFuture() ? request.deadline : now + timeout_;
     if (stopping_) {
       refusal = ShuttingDownStatus();
       reason = BatchDropReason::kShutdown;
@@ -253,8 +268,9 @@ absl::Status DynamicBatcher::Enqueue(BatchRequest request, Slot* slot) {
 
 absl::StatusOr<std::vector<float>> DynamicBatcher::SubmitAndWait(BatchRequest request) {
   if (!options_.start_worker_thread) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        ModelPrefix(options_.model_name), "SubmitAndWait needs the worker thread; the batcher has none"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(ModelPrefix(options_.model_name),
+                     "SubmitAndWait needs the worker thread; the batcher has none"));
   }
   absl::Notification finished;
   absl::StatusOr<std::vector<float>> result;
@@ -268,7 +284,8 @@ absl::StatusOr<std::vector<float>> DynamicBatcher::SubmitAndWait(BatchRequest re
 }
 
 void DynamicBatcher::NotifyDropped(BatchDropReason reason, int64_t images) const {
-  if (options_.observer != nullptr) options_.observer->OnDropped(options_.model_name, reason, images);
+  if (options_.observer != nullptr)
+    options_.observer->OnDropped(options_.model_name, reason, images);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,9 +334,10 @@ void DynamicBatcher::Execute(Work work) {
     BatchRequest& request = work.expired[i];
     NotifyDropped(BatchDropReason::kDeadlineExceeded, request.batch);
     std::move(request.done)(absl::DeadlineExceededError(absl::StrCat(
-        prefix, "the request of ", request.batch, " image(s) at ", request.resolution.ToString(), " waited ",
-        absl::FormatDuration(now - work.expired_enqueued[i]),
-        " in the batch queue and reached its deadline before a batch could run it (without a client deadline "
+        prefix, "the request of ", request.batch, " image(s) at ", request.resolution.ToString(),
+        " waited ", absl::FormatDuration(now - work.expired_enqueued[i]),
+        " in the batch queue and reached its deadline before a batch could run it (without a "
+        "client deadline "
         "the server's timeout_us ",
         options_.timeout_us, " applies)")));
   }
@@ -336,10 +354,10 @@ void DynamicBatcher::Execute(Work work) {
 
   // Validates the shape before anything is delivered, so no request gets another's rows.
   if (rows.ok() && (rows->empty() || rows->size() % static_cast<size_t>(input.num_images()) != 0)) {
-    rows = absl::InternalError(absl::StrCat(prefix, "the batch run returned ", rows->size(), " floats for a batch of ",
-                                            input.num_images(), " images at ", input.resolution().ToString(),
-                                            "; expected a positive multiple of ", input.num_images(),
-                                            " (one row per image)"));
+    rows = absl::InternalError(absl::StrCat(
+        prefix, "the batch run returned ", rows->size(), " floats for a batch of ",
+        input.num_images(), " images at ", input.resolution().ToString(),
+        "; expected a positive multiple of ", input.num_images(), " (one row per image)"));
   }
 
   BatchRecord record;
@@ -356,9 +374,10 @@ void DynamicBatcher::Execute(Work work) {
     ++counters_.batches_run;
     counters_.images_run += record.images;
     const absl::Duration compute = record.compute_time;
-    average_compute_ = counters_.batches_run == 1
-                           ? compute
-                           : average_compute_ * (1.0 - kComputeAverageWeight) + compute * kComputeAverageWeight;
+    average_compute_ =
+        counters_.batches_run == 1
+            ? compute
+            : average_compute_ * (1.0 - kComputeAverageWeight) + compute * kComputeAverageWeight;
   }
 
   if (!rows.ok()) {
@@ -367,7 +386,8 @@ void DynamicBatcher::Execute(Work work) {
     const size_t row_size = rows->size() / static_cast<size_t>(input.num_images());
     auto next = rows->cbegin();
     for (BatchRequest& request : work.batch) {
-      const auto end_of_request = next + static_cast<std::ptrdiff_t>(row_size * static_cast<size_t>(request.batch));
+      const auto end_of_request =
+          next + static_cast<std::ptrdiff_t>(row_size * static_cast<size_t>(request.batch));
       std::move(request.done)(std::vector<float>(next, end_of_request));
       next = end_of_request;
     }
@@ -391,9 +411,10 @@ int DynamicBatcher::DrainReadyOnCallingThread() {
 
 absl::StatusOr<int> DynamicBatcher::ProcessReady() {
   if (options_.start_worker_thread) {
-    return absl::FailedPreconditionError(absl::StrCat(ModelPrefix(options_.model_name),
-                                                      "ProcessReady is for batchers without a worker thread "
-                                                      "(start_worker_thread = false); this one has one"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(ModelPrefix(options_.model_name),
+                     "ProcessReady is for batchers without a worker thread "
+                     "(start_worker_thread = false); this one has one"));
   }
   return DrainReadyOnCallingThread();
 }

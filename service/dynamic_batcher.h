@@ -10,8 +10,8 @@
 //
 // Contract:
 //  - Submit() never blocks on batching or compute: it validates, checks room and queues. It returns
-//    OK iff it took the request, and then `done` is called exactly once (on the worker thread, or on
-//    the thread calling Shutdown). On error `done` is never called: the status is the answer.
+//    OK iff it took the request, and then `done` is called exactly once (on the worker thread, or
+//    on the thread calling Shutdown). On error `done` is never called: the status is the answer.
 //    INVALID_ARGUMENT  batch outside 1..max_batch_size, bad resolution, no `done`
 //    RESOURCE_EXHAUSTED  max_queue_size requests already waiting; the message has a retry hint
 //    DEADLINE_EXCEEDED  the request's deadline has already passed
@@ -21,8 +21,8 @@
 //  - A request still queued at its deadline completes with DEADLINE_EXCEEDED and is not run. A
 //    request that has started running is not interrupted.
 //  - The run function gets the requests of one batch (one resolution, arrival order) and returns
-//    their results concatenated row-wise: [total images, row_size]. The batcher splits the rows back
-//    per request; a run-function error goes to every request of the batch.
+//    their results concatenated row-wise: [total images, row_size]. The batcher splits the rows
+//    back per request; a run-function error goes to every request of the batch.
 //
 // Example (the lead wires it to model::VisionModel::Forward):
 //   auto batcher = DynamicBatcher::Create(
@@ -66,8 +66,8 @@ using BatchRowsCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<flo
 struct BatchRequest {
   ImageResolution resolution;  // height × width; only equal resolutions share a batch
   int64_t batch = 1;           // images in this request; never split across batches
-  // [batch, ...] row-major (e.g. preprocessed float32 [batch, C, H, W]). The batcher never reads it;
-  // the run function does.
+  // [batch, ...] row-major (e.g. preprocessed float32 [batch, C, H, W]). The batcher never reads
+  // it; the run function does.
   std::vector<float> input;
   // InfiniteFuture: DynamicBatcherOptions::timeout_us after acceptance (or none if that is 0).
   absl::Time deadline = absl::InfiniteFuture();
@@ -128,8 +128,8 @@ struct DynamicBatcherOptions {
   std::string model_name;
   // Images per batch (the model's forward batch). A request with more images is refused.
   int64_t max_batch_size = 8;
-  // How long the oldest queued request may wait for its batch to fill, in microseconds. 0 runs every
-  // request at once (batching then happens only while a batch is running).
+  // How long the oldest queued request may wait for its batch to fill, in microseconds. 0 runs
+  // every request at once (batching then happens only while a batch is running).
   int64_t max_queue_delay_us = 2'000;
   // Requests (not images) waiting in the queue, reservations included; more are refused with
   // RESOURCE_EXHAUSTED. Running batches do not count.
@@ -148,7 +148,7 @@ struct DynamicBatcherOptions {
 struct DynamicBatcherStats {
   int64_t queued_requests = 0;  // waiting, not yet in a batch
   int64_t queued_images = 0;
-  int64_t reserved_slots = 0;   // Reserve()d but not yet submitted
+  int64_t reserved_slots = 0;  // Reserve()d but not yet submitted
   int64_t batches_run = 0;
   int64_t images_run = 0;
   int64_t rejected_queue_full = 0;
@@ -183,8 +183,8 @@ class DynamicBatcher {
   // INVALID_ARGUMENT for an empty model name, max_batch_size < 1, max_queue_delay_us < 0,
   // max_queue_size < 1, timeout_us < 0, an empty run function. A null clock means RealClock::Get().
   // `clock` is not owned and must outlive the batcher.
-  static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(const DynamicBatcherOptions& options,
-                                                                RunBatchFn run_batch_fn, Clock* clock);
+  static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(
+      const DynamicBatcherOptions& options, RunBatchFn run_batch_fn, Clock* clock);
 
   // Shutdown(kFailQueued) if Shutdown has not been called.
   ~DynamicBatcher();

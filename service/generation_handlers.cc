@@ -20,12 +20,18 @@ constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(10);
 
 tost::v1::FinishReason ToProto(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return tost::v1::FINISH_REASON_LENGTH;
-    case FinishReason::kEos: return tost::v1::FINISH_REASON_EOS;
-    case FinishReason::kStop: return tost::v1::FINISH_REASON_STOP;
-    case FinishReason::kCancelled: return tost::v1::FINISH_REASON_CANCELLED;
-    case FinishReason::kContext: return tost::v1::FINISH_REASON_CONTEXT;
-    case FinishReason::kDrained: return tost::v1::FINISH_REASON_DRAINED;
+    case FinishReason::kLength:
+      return tost::v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos:
+      return tost::v1::FINISH_REASON_EOS;
+    case FinishReason::kStop:
+      return tost::v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled:
+      return tost::v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kContext:
+      return tost::v1::FINISH_REASON_CONTEXT;
+    case FinishReason::kDrained:
+      return tost::v1::FINISH_REASON_DRAINED;
   }
   return tost::v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -43,17 +49,21 @@ absl::StatusOr<model::SamplingParams> SamplingFromProto(const tost::v1::Sampling
   return s;
 }
 
-absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::LanguageConfig& c, GenerationState& st) {
-  if (stop.stop_size() > 16) return absl::InvalidArgumentError(absl::StrCat("stop: at most 16 strings, got ", stop.stop_size()));
+absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::LanguageConfig& c,
+                       GenerationState& st) {
+  if (stop.stop_size() > 16)
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: at most 16 strings, got ", stop.stop_size()));
   for (const auto& s : stop.stop()) {
     if (s.empty() || s.size() > 256) {
-      return absl::InvalidArgumentError(absl::StrCat("stop strings must hold 1 to 256 bytes, got ", s.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop strings must hold 1 to 256 bytes, got ", s.size()));
     }
   }
   for (int32_t id : stop.stop_token_ids()) {
     if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: id ", id, " is outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids: id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
   st.stop_strings.assign(stop.stop().begin(), stop.stop().end());
@@ -62,22 +72,26 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::Langua
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
-                                                  const model::Tokenizer& tokenizer, const ServiceLimits& limits) {
+                                                  const model::Tokenizer& tokenizer,
+                                                  const ServiceLimits& limits) {
   if (req.has_prompt_tokens()) {
     if (req.prompt_tokens().ids_size() > limits.max_prompt_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_tokens holds ", req.prompt_tokens().ids_size(),
-                                                     " ids, more than the limit of ", limits.max_prompt_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_tokens holds ", req.prompt_tokens().ids_size(),
+                       " ids, more than the limit of ", limits.max_prompt_bytes));
     }
     return std::vector<int32_t>(req.prompt_tokens().ids().begin(), req.prompt_tokens().ids().end());
   }
   if (static_cast<int64_t>(req.prompt_bytes().size()) > limits.max_prompt_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_bytes holds ", req.prompt_bytes().size(),
-                                                   " bytes, more than the limit of ", limits.max_prompt_bytes));
+                                                   " bytes, more than the limit of ",
+                                                   limits.max_prompt_bytes));
   }
   return tokenizer.Encode(req.prompt_bytes());
 }
 
-void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info) {
+void FillSessionInfo(const std::string& id, const GenerationState& st,
+                     tost::v1::SessionInfo* info) {
   info->set_session_id(id);
   info->set_model(st.model);
   info->set_position(st.sequence.position + (st.pending_token >= 0 ? 1 : 0));
@@ -86,7 +100,8 @@ void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1:
 
 }  // namespace
 
-grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1::GenerateRequest* request,
+grpc::Status TostService::Generate(grpc::ServerContext* context,
+                                   const tost::v1::GenerateRequest* request,
                                    grpc::ServerWriter<tost::v1::GenerateResponse>* writer) {
   std::string checked_out;  // session id held busy by this call
   auto run = [&]() -> absl::Status {
@@ -101,8 +116,9 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
       TOST_ASSIGN_OR_RETURN(state, core_.sessions.Checkout(request->session_id(), owner));
       checked_out = request->session_id();
       if (!model_name.empty() && model_name != state.model) {
-        return absl::InvalidArgumentError(absl::StrCat("session \"", checked_out, "\" belongs to model \"", state.model,
-                                                       "\", the request names \"", model_name, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("session \"", checked_out, "\" belongs to model \"", state.model,
+                         "\", the request names \"", model_name, "\""));
       }
       model_name = state.model;
     } else if (!request->state().empty()) {
@@ -128,11 +144,12 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
                                 ? std::min(limits_.default_max_new_tokens, limits_.max_new_tokens)
                                 : request->max_new_tokens();
     if (max_new < 0 || max_new > limits_.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [0, ", limits_.max_new_tokens, "], got ",
-                                                     max_new));
+      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [0, ",
+                                                     limits_.max_new_tokens, "], got ", max_new));
     }
     GenerationRequest job_request;
-    TOST_ASSIGN_OR_RETURN(job_request.prompt, PromptTokens(*request, scheduler->model().tokenizer(), limits_));
+    TOST_ASSIGN_OR_RETURN(job_request.prompt,
+                          PromptTokens(*request, scheduler->model().tokenizer(), limits_));
     job_request.state = std::move(state);
     job_request.max_new_tokens = max_new;
     job_request.top_logprobs = request->top_logprobs();
@@ -140,7 +157,8 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
     const bool stateless = !request->state().empty();
     job_request.persistent = !checked_out.empty() || stateless || request->return_state();
     job_request.deadline = RequestDeadline(*context);
-    TOST_ASSIGN_OR_RETURN(std::shared_ptr<GenerationJob> job, scheduler->Submit(std::move(job_request)));
+    TOST_ASSIGN_OR_RETURN(std::shared_ptr<GenerationJob> job,
+                          scheduler->Submit(std::move(job_request)));
     TOST_ASSIGN_OR_RETURN(const ModelIdentity identity, core_.Identity(model_name));
 
     bool client_gone = false;
@@ -173,8 +191,9 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
         }
         if (!event->status.ok()) return event->status;
         if (event->finish_reason == FinishReason::kCancelled) {
-          return absl::CancelledError(absl::StrCat("Generate on model ", model_name, " was cancelled after ",
-                                                   event->generated_tokens, " token(s)"));
+          return absl::CancelledError(absl::StrCat("Generate on model ", model_name,
+                                                   " was cancelled after ", event->generated_tokens,
+                                                   " token(s)"));
         }
         auto* f = msg.mutable_final();
         f->set_finish_reason(ToProto(event->finish_reason));
@@ -182,8 +201,10 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
         f->set_generated_tokens(event->generated_tokens);
         f->set_text(event->final_text);
         f->set_session_id(request->session_id());
-        f->set_position(event->snapshot.sequence.position + (event->snapshot.pending_token >= 0 ? 1 : 0));
-        if (stateless || request->return_state() || event->finish_reason == FinishReason::kDrained) {
+        f->set_position(event->snapshot.sequence.position +
+                        (event->snapshot.pending_token >= 0 ? 1 : 0));
+        if (stateless || request->return_state() ||
+            event->finish_reason == FinishReason::kDrained) {
           f->set_state(core_.codec.Encode(event->snapshot, identity));
         }
         if (!client_gone) writer->Write(msg);
@@ -200,7 +221,8 @@ grpc::Status TostService::Generate(grpc::ServerContext* context, const tost::v1:
   return ToGrpcStatus(status);
 }
 
-grpc::Status TostService::CreateSession(grpc::ServerContext* context, const tost::v1::CreateSessionRequest* request,
+grpc::Status TostService::CreateSession(grpc::ServerContext* context,
+                                        const tost::v1::CreateSessionRequest* request,
                                         tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, core_.auth.Identify(*context));
@@ -215,7 +237,8 @@ grpc::Status TostService::CreateSession(grpc::ServerContext* context, const tost
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ForkSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+grpc::Status TostService::ForkSession(grpc::ServerContext* context,
+                                      const tost::v1::SessionRef* request,
                                       tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, core_.auth.Identify(*context));
@@ -227,7 +250,8 @@ grpc::Status TostService::ForkSession(grpc::ServerContext* context, const tost::
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ExportSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+grpc::Status TostService::ExportSession(grpc::ServerContext* context,
+                                        const tost::v1::SessionRef* request,
                                         tost::v1::ExportSessionResponse* response) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, core_.auth.Identify(*context));
@@ -240,7 +264,8 @@ grpc::Status TostService::ExportSession(grpc::ServerContext* context, const tost
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ImportSession(grpc::ServerContext* context, const tost::v1::ImportSessionRequest* request,
+grpc::Status TostService::ImportSession(grpc::ServerContext* context,
+                                        const tost::v1::ImportSessionRequest* request,
                                         tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, core_.auth.Identify(*context));
@@ -254,7 +279,8 @@ grpc::Status TostService::ImportSession(grpc::ServerContext* context, const tost
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::CloseSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+grpc::Status TostService::CloseSession(grpc::ServerContext* context,
+                                       const tost::v1::SessionRef* request,
                                        tost::v1::CloseSessionResponse*) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, core_.auth.Identify(*context));

@@ -11,12 +11,18 @@ namespace tost::service {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kContext: return "context";
-    case FinishReason::kDrained: return "drained";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kDrained:
+      return "drained";
   }
   return "?";
 }
@@ -38,8 +44,8 @@ void GenerationJob::Publish(GenerationEvent e) {
 
 struct GenerationScheduler::Job {
   std::shared_ptr<GenerationJob> handle = std::make_shared<GenerationJob>();
-  GenerationRequest request;          // request.state is the live state
-  std::vector<int32_t> to_prefill;    // fed by prefill chunks; the last prompt token stays pending
+  GenerationRequest request;        // request.state is the live state
+  std::vector<int32_t> to_prefill;  // fed by prefill chunks; the last prompt token stays pending
   size_t prefilled = 0;
   int32_t prompt_tokens = 0;
   int32_t generated = 0;
@@ -54,27 +60,29 @@ struct GenerationScheduler::Job {
 
 absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o) {
   if (o.max_active_jobs < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_active_jobs must be >= 1, got ", o.max_active_jobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_active_jobs must be >= 1, got ", o.max_active_jobs));
   }
   if (o.max_queued_jobs < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_queued_jobs must be >= 0, got ", o.max_queued_jobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queued_jobs must be >= 0, got ", o.max_queued_jobs));
   }
   if (o.prefill_chunk_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk_tokens must be >= 1, got ", o.prefill_chunk_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk_tokens must be >= 1, got ", o.prefill_chunk_tokens));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create(const model::LanguageModel& model,
-                                                                                 GenerationSchedulerOptions options,
-                                                                                 Clock* clock) {
+absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create(
+    const model::LanguageModel& model, GenerationSchedulerOptions options, Clock* clock) {
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options));
   if (clock == nullptr) return absl::InvalidArgumentError("GenerationScheduler needs a clock");
   return std::unique_ptr<GenerationScheduler>(new GenerationScheduler(model, options, clock));
 }
 
-GenerationScheduler::GenerationScheduler(const model::LanguageModel& model, GenerationSchedulerOptions options,
-                                         Clock* clock)
+GenerationScheduler::GenerationScheduler(const model::LanguageModel& model,
+                                         GenerationSchedulerOptions options, Clock* clock)
     : model_(model), options_(options), clock_(clock) {
   stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
 }
@@ -89,41 +97,47 @@ GenerationState GenerationScheduler::NewState(const model::SamplingParams& sampl
   return s;
 }
 
-absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(GenerationRequest request) {
+absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
+    GenerationRequest request) {
   const model::LanguageConfig& c = model_.config().language;
   const std::string& name = model_.config().name;
   GenerationState& st = request.state;
   TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(st.sampling));
   if (request.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 0, got ", request.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 0, got ", request.max_new_tokens));
   }
   if (request.top_logprobs < 0 || request.top_logprobs > 20) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ", request.top_logprobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, 20], got ", request.top_logprobs));
   }
   if (request.snapshot_every < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("state_every_tokens must be >= 0, got ", request.snapshot_every));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_every_tokens must be >= 0, got ", request.snapshot_every));
   }
   if (st.model != name || st.sequence.stats.size() != model_.NewSequence().stats.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("generation state belongs to model \"", st.model,
-                                                   "\" with ", st.sequence.stats.size(), " state floats; model \"",
-                                                   name, "\" needs ", model_.NewSequence().stats.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation state belongs to model \"", st.model, "\" with ", st.sequence.stats.size(),
+        " state floats; model \"", name, "\" needs ", model_.NewSequence().stats.size()));
   }
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t t = request.prompt[i];
     if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("model ", name, ": prompt token id ", t, " at index ", i,
-                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", name, ": prompt token id ", t, " at index ", i,
+                       " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
   auto job = std::make_unique<Job>();
   std::vector<int32_t> feed;
   if (st.pending_token >= 0) feed.push_back(st.pending_token);
   feed.insert(feed.end(), request.prompt.begin(), request.prompt.end());
-  if (feed.empty()) return absl::InvalidArgumentError("prompt is empty: send prompt_bytes or prompt_tokens");
+  if (feed.empty())
+    return absl::InvalidArgumentError("prompt is empty: send prompt_bytes or prompt_tokens");
   if (st.sequence.position + static_cast<int64_t>(feed.size()) > c.context_length) {
-    return absl::OutOfRangeError(absl::StrCat("model ", name, ": position ", st.sequence.position, " + ", feed.size(),
-                                              " prompt token(s) exceeds the context length of ", c.context_length,
-                                              " tokens"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "model ", name, ": position ", st.sequence.position, " + ", feed.size(),
+        " prompt token(s) exceeds the context length of ", c.context_length, " tokens"));
   }
   job->prompt_tokens = static_cast<int32_t>(request.prompt.size());
   st.pending_token = feed.back();
@@ -137,12 +151,14 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(Gener
 
   absl::MutexLock lock(&mu_);
   if (!admitting_ || stopping_) {
-    return absl::UnavailableError(absl::StrCat("model ", name, " is draining: retry on another replica"));
+    return absl::UnavailableError(
+        absl::StrCat("model ", name, " is draining: retry on another replica"));
   }
-  if (active_count_ + static_cast<int32_t>(queued_.size()) >= options_.max_active_jobs + options_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat("model ", name, ": all ", options_.max_active_jobs,
-                                                     " generation slots and ", options_.max_queued_jobs,
-                                                     " queue places are taken; retry after a short backoff"));
+  if (active_count_ + static_cast<int32_t>(queued_.size()) >=
+      options_.max_active_jobs + options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model ", name, ": all ", options_.max_active_jobs, " generation slots and ",
+        options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
   }
   queued_.push_back(std::move(job));
   ++stats_.queued;
@@ -175,7 +191,8 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   const model::LanguageConfig& c = model_.config().language;
   const int64_t position = st.sequence.position;  // where the new token sits
   const std::vector<int32_t> recent(st.recent_tokens.begin(), st.recent_tokens.end());
-  const int32_t token = model::SampleToken(logits, st.sampling, static_cast<uint64_t>(position), recent);
+  const int32_t token =
+      model::SampleToken(logits, st.sampling, static_cast<uint64_t>(position), recent);
   st.pending_token = token;
   st.Remember(token);
   ++st.generated_tokens;
@@ -188,10 +205,12 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   e.token.position = position;
   const TextStream::Output out = job.text->Push(e.token.bytes);
   e.token.text = out.text;
-  if (job.request.top_logprobs > 0) e.token.top_logprobs = model::TopLogprobs(logits, job.request.top_logprobs);
+  if (job.request.top_logprobs > 0)
+    e.token.top_logprobs = model::TopLogprobs(logits, job.request.top_logprobs);
   job.handle->Publish(std::move(e));
 
-  const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) != st.stop_token_ids.end();
+  const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
+                       st.stop_token_ids.end();
   if (out.stop_matched || stop_id) {
     Finish(job, FinishReason::kStop);
   } else if (token == c.eos_token_id) {
@@ -232,8 +251,8 @@ bool GenerationScheduler::StepOnce() {
       Finish(*job, FinishReason::kCancelled);
     } else if (now >= job->request.deadline) {
       Finish(*job, FinishReason::kCancelled,
-             absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ", job->generated,
-                                                      " token(s)")));
+             absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ",
+                                                      job->generated, " token(s)")));
     }
   }
 
@@ -280,7 +299,8 @@ bool GenerationScheduler::StepOnce() {
       for (Job* job : decoding) Finish(*job, FinishReason::kCancelled, logits.status());
     } else {
       const size_t vocab = logits->size() / decoding.size();
-      const absl::Time emitted_at = options_.observer != nullptr ? clock_->Now() : absl::InfinitePast();
+      const absl::Time emitted_at =
+          options_.observer != nullptr ? clock_->Now() : absl::InfinitePast();
       for (size_t i = 0; i < decoding.size(); ++i) {
         Job& job = *decoding[i];
         if (options_.observer != nullptr) {
@@ -305,7 +325,8 @@ bool GenerationScheduler::StepOnce() {
     record.inter_token_latency = inter_token;
     options_.observer->OnStep(record);
   }
-  const auto finished = std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
+  const auto finished =
+      std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });
   absl::MutexLock lock(&mu_);
   active_count_ -= static_cast<int32_t>(finished);
@@ -316,7 +337,8 @@ bool GenerationScheduler::StepOnce() {
   if (!decoding.empty()) {
     ++stats_.decode_steps;
     stats_.decoded_tokens += static_cast<int64_t>(decoding.size());
-    stats_.max_decode_batch = std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
+    stats_.max_decode_batch =
+        std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
     ++stats_.decode_batch_histogram[decoding.size()];
   }
   return true;
@@ -336,7 +358,8 @@ void GenerationScheduler::Loop() {
     }
     if (StepOnce()) continue;
     absl::MutexLock lock(&mu_);
-    auto has_work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queued_.empty(); };
+    auto has_work = [this]()
+                        ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queued_.empty(); };
     mu_.Await(absl::Condition(&has_work));
   }
 }

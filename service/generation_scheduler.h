@@ -28,8 +28,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "model/language_model.h"
 #include "service/clock.h"
 #include "service/generation_state.h"
@@ -50,23 +50,25 @@ struct TokenEvent {
 struct GenerationEvent {
   enum class Kind { kToken, kSnapshot, kFinished };
   Kind kind = Kind::kToken;
-  TokenEvent token;           // kToken
-  GenerationState snapshot;   // kSnapshot (every `snapshot_every` tokens) and kFinished (final state)
+  TokenEvent token;  // kToken
+  GenerationState
+      snapshot;  // kSnapshot (every `snapshot_every` tokens) and kFinished (final state)
   // kFinished:
-  absl::Status status;        // non-OK: the job failed (e.g. an internal model error)
+  absl::Status status;  // non-OK: the job failed (e.g. an internal model error)
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
   int32_t generated_tokens = 0;
-  std::string final_text;     // text released at the end (one-shot generations only)
+  std::string final_text;  // text released at the end (one-shot generations only)
 };
 
 struct GenerationRequest {
-  GenerationState state;            // a fresh state (NewState) or a session's
-  std::vector<int32_t> prompt;      // appended to the sequence; may be empty if state has a pending token
-  int32_t max_new_tokens = 64;      // 0: only feed the prompt
-  int32_t top_logprobs = 0;         // per token, the n most likely alternatives
-  int32_t snapshot_every = 0;       // publish the state every k tokens (0: only at the end)
-  bool persistent = false;          // the state outlives this call: keep withheld text in it
+  GenerationState state;  // a fresh state (NewState) or a session's
+  std::vector<int32_t>
+      prompt;  // appended to the sequence; may be empty if state has a pending token
+  int32_t max_new_tokens = 64;  // 0: only feed the prompt
+  int32_t top_logprobs = 0;     // per token, the n most likely alternatives
+  int32_t snapshot_every = 0;   // publish the state every k tokens (0: only at the end)
+  bool persistent = false;      // the state outlives this call: keep withheld text in it
   absl::Time deadline = absl::InfiniteFuture();
 };
 
@@ -108,10 +110,11 @@ class GenerationObserver {
 };
 
 struct GenerationSchedulerOptions {
-  int32_t max_active_jobs = 64;       // jobs prefilling or decoding at once
-  int32_t max_queued_jobs = 256;      // jobs admitted but waiting for a slot
-  int32_t prefill_chunk_tokens = 128; // prompt tokens fed per scheduler step, over all prefilling jobs
-  bool batch_invariant = false;       // decode rows independently: bit-identical under any load
+  int32_t max_active_jobs = 64;   // jobs prefilling or decoding at once
+  int32_t max_queued_jobs = 256;  // jobs admitted but waiting for a slot
+  int32_t prefill_chunk_tokens =
+      128;                       // prompt tokens fed per scheduler step, over all prefilling jobs
+  bool batch_invariant = false;  // decode rows independently: bit-identical under any load
   GenerationObserver* observer = nullptr;  // not owned, outlives the scheduler; null: no records
 };
 
@@ -132,9 +135,8 @@ struct GenerationSchedulerStats {
 
 class GenerationScheduler {
  public:
-  static absl::StatusOr<std::unique_ptr<GenerationScheduler>> Create(const model::LanguageModel& model,
-                                                                     GenerationSchedulerOptions options,
-                                                                     Clock* clock);
+  static absl::StatusOr<std::unique_ptr<GenerationScheduler>> Create(
+      const model::LanguageModel& model, GenerationSchedulerOptions options, Clock* clock);
   ~GenerationScheduler();
 
   // A fresh state for this model with the given sampling parameters.
@@ -164,7 +166,8 @@ class GenerationScheduler {
 
  private:
   struct Job;
-  GenerationScheduler(const model::LanguageModel& model, GenerationSchedulerOptions options, Clock* clock);
+  GenerationScheduler(const model::LanguageModel& model, GenerationSchedulerOptions options,
+                      Clock* clock);
   void Loop();
   void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
   // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when

@@ -42,7 +42,8 @@ struct GenerationState {
   void Remember(int32_t token) {
     if (sampling.repetition_window <= 0) return;
     recent_tokens.push_back(token);
-    while (static_cast<int32_t>(recent_tokens.size()) > sampling.repetition_window) recent_tokens.pop_front();
+    while (static_cast<int32_t>(recent_tokens.size()) > sampling.repetition_window)
+      recent_tokens.pop_front();
   }
 };
 

@@ -17,11 +17,13 @@ namespace {
 
 constexpr unsigned char kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
-bool IsPng(std::string_view b) { return b.size() >= 8 && std::memcmp(b.data(), kPngSignature, 8) == 0; }
+bool IsPng(std::string_view b) {
+  return b.size() >= 8 && std::memcmp(b.data(), kPngSignature, 8) == 0;
+}
 // SOI marker followed by the start of another marker.
 bool IsJpeg(std::string_view b) {
-  return b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF && static_cast<uint8_t>(b[1]) == 0xD8 &&
-         static_cast<uint8_t>(b[2]) == 0xFF;
+  return b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF &&
+         static_cast<uint8_t>(b[1]) == 0xD8 && static_cast<uint8_t>(b[2]) == 0xFF;
 }
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
@@ -61,32 +63,38 @@ struct JpegInfo {
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
 };
 
-absl::StatusOr<JpegInfo> JpegHeader(tjhandle h, std::string_view encoded, const std::string& field) {
+absl::StatusOr<JpegInfo> JpegHeader(tjhandle h, std::string_view encoded,
+                                    const std::string& field) {
   JpegInfo info;
   if (tjDecompressHeader3(h, reinterpret_cast<const unsigned char*>(encoded.data()),
-                          static_cast<unsigned long>(encoded.size()), &info.width, &info.height, &info.subsamp,
-                          &info.colorspace) != 0) {
-    return Invalid(field, absl::StrCat("damaged JPEG header (libjpeg-turbo: ", tjGetErrorStr2(h), ")"));
+                          static_cast<unsigned long>(encoded.size()), &info.width, &info.height,
+                          &info.subsamp, &info.colorspace) != 0) {
+    return Invalid(field,
+                   absl::StrCat("damaged JPEG header (libjpeg-turbo: ", tjGetErrorStr2(h), ")"));
   }
   return info;
 }
 
-absl::Status CheckPixels(const ImageHeader& header, const ImageLimits& limits, const std::string& field) {
+absl::Status CheckPixels(const ImageHeader& header, const ImageLimits& limits,
+                         const std::string& field) {
   if (header.width <= 0 || header.height <= 0) {
-    return Invalid(field, absl::StrCat(ImageFormatName(header.format), " header declares ", header.width, "x",
-                                       header.height, " pixels; both dimensions must be > 0"));
+    return Invalid(
+        field, absl::StrCat(ImageFormatName(header.format), " header declares ", header.width, "x",
+                            header.height, " pixels; both dimensions must be > 0"));
   }
   // Both are < 2^32, so the product fits in int64.
   const int64_t pixels = header.width * header.height;
   if (pixels > limits.max_decoded_pixels) {
-    return Invalid(field, absl::StrCat(ImageFormatName(header.format), " header declares ", header.width, "x",
-                                       header.height, " = ", pixels, " pixels, more than max_decoded_pixels ",
-                                       limits.max_decoded_pixels, "; refused before decoding"));
+    return Invalid(
+        field, absl::StrCat(ImageFormatName(header.format), " header declares ", header.width, "x",
+                            header.height, " = ", pixels, " pixels, more than max_decoded_pixels ",
+                            limits.max_decoded_pixels, "; refused before decoding"));
   }
   // libpng's and TurboJPEG's row strides are 32-bit.
   if (header.width * 4 > std::numeric_limits<int32_t>::max()) {
-    return Invalid(field, absl::StrCat("image width ", header.width, " exceeds the decoders' limit of ",
-                                       std::numeric_limits<int32_t>::max() / 4, " pixels"));
+    return Invalid(field,
+                   absl::StrCat("image width ", header.width, " exceeds the decoders' limit of ",
+                                std::numeric_limits<int32_t>::max() / 4, " pixels"));
   }
   return absl::OkStatus();
 }
@@ -97,21 +105,23 @@ uint8_t Luma601(uint8_t r, uint8_t g, uint8_t b) {
   return static_cast<uint8_t>((19595u * r + 38470u * g + 7471u * b + 32768u) >> 16);
 }
 
-absl::StatusOr<DecodedImage> DecodePng(std::string_view encoded, int64_t channels, const ImageLimits& limits,
-                                       const std::string& field) {
+absl::StatusOr<DecodedImage> DecodePng(std::string_view encoded, int64_t channels,
+                                       const ImageLimits& limits, const std::string& field) {
   PngImage png;
   TOST_RETURN_IF_ERROR(BeginPng(encoded, png, field));
   const bool colour = (png.image.format & PNG_FORMAT_FLAG_COLOR) != 0;
-  TOST_RETURN_IF_ERROR(CheckPixels({ImageFormat::kPng, png.image.width, png.image.height, colour ? 3 : 1}, limits,
-                                   field));
+  TOST_RETURN_IF_ERROR(CheckPixels(
+      {ImageFormat::kPng, png.image.width, png.image.height, colour ? 3 : 1}, limits, field));
   // Read with alpha and drop it ourselves: asking libpng for an alpha-less format would composite
   // onto a background instead.
   const int64_t file_channels = colour ? 3 : 1;
   png.image.format = colour ? PNG_FORMAT_RGBA : PNG_FORMAT_GA;
   const int64_t stride = static_cast<int64_t>(png.image.width) * (file_channels + 1);
   std::vector<uint8_t> raw(static_cast<size_t>(stride) * png.image.height);
-  if (png_image_finish_read(&png.image, nullptr, raw.data(), static_cast<png_int_32>(stride), nullptr) == 0) {
-    return Invalid(field, absl::StrCat("damaged or truncated PNG (libpng: ", png.image.message, ")"));
+  if (png_image_finish_read(&png.image, nullptr, raw.data(), static_cast<png_int_32>(stride),
+                            nullptr) == 0) {
+    return Invalid(field,
+                   absl::StrCat("damaged or truncated PNG (libpng: ", png.image.message, ")"));
   }
   DecodedImage out;
   out.width = png.image.width;
@@ -133,12 +143,14 @@ absl::StatusOr<DecodedImage> DecodePng(std::string_view encoded, int64_t channel
   return out;
 }
 
-absl::StatusOr<DecodedImage> DecodeJpeg(std::string_view encoded, int64_t channels, const ImageLimits& limits,
-                                        const std::string& field) {
+absl::StatusOr<DecodedImage> DecodeJpeg(std::string_view encoded, int64_t channels,
+                                        const ImageLimits& limits, const std::string& field) {
   TjHandle tj;
-  if (tj.h == nullptr) return absl::InternalError(absl::StrCat(field, ": could not create a TurboJPEG decompressor"));
+  if (tj.h == nullptr)
+    return absl::InternalError(absl::StrCat(field, ": could not create a TurboJPEG decompressor"));
   TOST_ASSIGN_OR_RETURN(JpegInfo info, JpegHeader(tj.h, encoded, field));
-  TOST_RETURN_IF_ERROR(CheckPixels({ImageFormat::kJpeg, info.width, info.height, 3}, limits, field));
+  TOST_RETURN_IF_ERROR(
+      CheckPixels({ImageFormat::kJpeg, info.width, info.height, 3}, limits, field));
   if (info.colorspace == TJCS_CMYK || info.colorspace == TJCS_YCCK) {
     return Invalid(field, "CMYK/YCCK JPEG images are not supported; send RGB or grayscale");
   }
@@ -151,9 +163,11 @@ absl::StatusOr<DecodedImage> DecodeJpeg(std::string_view encoded, int64_t channe
   // corrupt segments) stop decoding: a partly grey picture must not be classified.
   const int flags = TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
   if (tjDecompress2(tj.h, reinterpret_cast<const unsigned char*>(encoded.data()),
-                    static_cast<unsigned long>(encoded.size()), out.pixels.data(), info.width, 0, info.height,
-                    channels == 1 ? TJPF_GRAY : TJPF_RGB, flags) != 0) {
-    return Invalid(field, absl::StrCat("damaged or truncated JPEG (libjpeg-turbo: ", tjGetErrorStr2(tj.h), ")"));
+                    static_cast<unsigned long>(encoded.size()), out.pixels.data(), info.width, 0,
+                    info.height, channels == 1 ? TJPF_GRAY : TJPF_RGB, flags) != 0) {
+    return Invalid(
+        field,
+        absl::StrCat("damaged or truncated JPEG (libjpeg-turbo: ", tjGetErrorStr2(tj.h), ")"));
   }
   return out;
 }
@@ -202,23 +216,29 @@ absl::StatusOr<ImageHeader> ReadImageHeader(std::string_view encoded, const std:
   }
   if (IsJpeg(encoded)) {
     TjHandle tj;
-    if (tj.h == nullptr) return absl::InternalError(absl::StrCat(field, ": could not create a TurboJPEG decompressor"));
+    if (tj.h == nullptr)
+      return absl::InternalError(
+          absl::StrCat(field, ": could not create a TurboJPEG decompressor"));
     TOST_ASSIGN_OR_RETURN(JpegInfo info, JpegHeader(tj.h, encoded, field));
-    const int64_t c = info.colorspace == TJCS_GRAY ? 1 : (info.colorspace == TJCS_CMYK || info.colorspace == TJCS_YCCK ? 4 : 3);
+    const int64_t c = info.colorspace == TJCS_GRAY
+                          ? 1
+                          : (info.colorspace == TJCS_CMYK || info.colorspace == TJCS_YCCK ? 4 : 3);
     return ImageHeader{ImageFormat::kJpeg, info.width, info.height, c};
   }
   return Invalid(field, absl::StrCat("not a PNG or JPEG image (", encoded.size(),
                                      " bytes without a PNG signature or JPEG SOI marker)"));
 }
 
-absl::StatusOr<DecodedImage> DecodeImage(std::string_view encoded, int64_t channels, const ImageLimits& limits,
-                                         const std::string& field) {
+absl::StatusOr<DecodedImage> DecodeImage(std::string_view encoded, int64_t channels,
+                                         const ImageLimits& limits, const std::string& field) {
   if (channels != 1 && channels != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": images decode to 1 (gray) or 3 (RGB) channels, not ", channels));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": images decode to 1 (gray) or 3 (RGB) channels, not ", channels));
   }
   if (static_cast<int64_t>(encoded.size()) > limits.max_encoded_bytes) {
-    return Invalid(field, absl::StrCat("encoded image of ", encoded.size(), " bytes exceeds max_encoded_bytes ",
-                                       limits.max_encoded_bytes));
+    return Invalid(field,
+                   absl::StrCat("encoded image of ", encoded.size(),
+                                " bytes exceeds max_encoded_bytes ", limits.max_encoded_bytes));
   }
   if (encoded.empty()) return Invalid(field, "image is empty; expected PNG or JPEG bytes");
   if (IsPng(encoded)) return DecodePng(encoded, channels, limits, field);
@@ -227,8 +247,9 @@ absl::StatusOr<DecodedImage> DecodeImage(std::string_view encoded, int64_t chann
                                      " bytes without a PNG signature or JPEG SOI marker)"));
 }
 
-std::vector<float> ResizeBilinearAntialias(const std::vector<float>& planar, int64_t channels, int64_t in_h,
-                                           int64_t in_w, int64_t out_h, int64_t out_w) {
+std::vector<float> ResizeBilinearAntialias(const std::vector<float>& planar, int64_t channels,
+                                           int64_t in_h, int64_t in_w, int64_t out_h,
+                                           int64_t out_w) {
   if (in_h == out_h && in_w == out_w) return planar;
   const std::vector<Taps> tx = BilinearTaps(in_w, out_w);
   const std::vector<Taps> ty = BilinearTaps(in_h, out_h);
@@ -242,7 +263,8 @@ std::vector<float> ResizeBilinearAntialias(const std::vector<float>& planar, int
       for (int64_t x = 0; x < out_w; ++x) {
         const Taps& t = tx[static_cast<size_t>(x)];
         float acc = 0.f;
-        for (size_t k = 0; k < t.weights.size(); ++k) acc += t.weights[k] * src[t.first + static_cast<int64_t>(k)];
+        for (size_t k = 0; k < t.weights.size(); ++k)
+          acc += t.weights[k] * src[t.first + static_cast<int64_t>(k)];
         dst[x] = acc;
       }
     }
@@ -260,16 +282,19 @@ std::vector<float> ResizeBilinearAntialias(const std::vector<float>& planar, int
   return out;
 }
 
-absl::StatusOr<std::vector<float>> PreprocessImage(const DecodedImage& image, const model::VisionConfig& config,
+absl::StatusOr<std::vector<float>> PreprocessImage(const DecodedImage& image,
+                                                   const model::VisionConfig& config,
                                                    const std::string& field) {
   if (image.channels != config.in_chans) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": decoded image has ", image.channels,
-                                                   " channels, the model takes in_chans ", config.in_chans));
+                                                   " channels, the model takes in_chans ",
+                                                   config.in_chans));
   }
   if (static_cast<int64_t>(config.mean.size()) != config.in_chans ||
       static_cast<int64_t>(config.std.size()) != config.in_chans) {
-    return absl::FailedPreconditionError(absl::StrCat("model config preprocess has ", config.mean.size(), " means and ",
-                                                      config.std.size(), " stds for in_chans ", config.in_chans));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model config preprocess has ", config.mean.size(), " means and ",
+                     config.std.size(), " stds for in_chans ", config.in_chans));
   }
   const int64_t c = image.channels, h = image.height, w = image.width;
   std::vector<float> planar(static_cast<size_t>(c * h * w));
@@ -281,10 +306,12 @@ absl::StatusOr<std::vector<float>> PreprocessImage(const DecodedImage& image, co
       }
     }
   }
-  std::vector<float> out = ResizeBilinearAntialias(planar, c, h, w, config.image_height, config.image_width);
+  std::vector<float> out =
+      ResizeBilinearAntialias(planar, c, h, w, config.image_height, config.image_width);
   const int64_t plane = config.image_height * config.image_width;
   for (int64_t k = 0; k < c; ++k) {
-    const float mean = config.mean[static_cast<size_t>(k)], std = config.std[static_cast<size_t>(k)];
+    const float mean = config.mean[static_cast<size_t>(k)],
+                std = config.std[static_cast<size_t>(k)];
     for (int64_t i = 0; i < plane; ++i) {
       float& v = out[static_cast<size_t>(k * plane + i)];
       v = (v - mean) / std;
@@ -293,11 +320,14 @@ absl::StatusOr<std::vector<float>> PreprocessImage(const DecodedImage& image, co
   return out;
 }
 
-absl::StatusOr<std::vector<float>> DecodeAndPreprocess(std::string_view encoded, const model::VisionConfig& config,
-                                                       const ImageLimits& limits, const std::string& field) {
+absl::StatusOr<std::vector<float>> DecodeAndPreprocess(std::string_view encoded,
+                                                       const model::VisionConfig& config,
+                                                       const ImageLimits& limits,
+                                                       const std::string& field) {
   if (config.in_chans != 1 && config.in_chans != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": the model takes in_chans ", config.in_chans,
-                                                   "; encoded images serve only 1 (gray) or 3 (RGB) channel models"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the model takes in_chans ", config.in_chans,
+                     "; encoded images serve only 1 (gray) or 3 (RGB) channel models"));
   }
   TOST_ASSIGN_OR_RETURN(DecodedImage image, DecodeImage(encoded, config.in_chans, limits, field));
   return PreprocessImage(image, config, field);

@@ -47,17 +47,24 @@ class KServeService final : public inference::GRPCInferenceService::Service {
   // While core.draining is true, ServerReady and ModelReady answer false; core.auth checks the
   // caller of model RPCs; classification runs through core's per-model dynamic batcher.
   KServeService(const ServingCore& core, ServiceLimits limits)
-      : core_(core), registry_(core.registry), limits_(limits), draining_(&core.draining), auth_(&core.auth) {}
+      : core_(core),
+        registry_(core.registry),
+        limits_(limits),
+        draining_(&core.draining),
+        auth_(&core.auth) {}
 
   grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
                           inference::ServerLiveResponse* response) override;
-  grpc::Status ServerReady(grpc::ServerContext* context, const inference::ServerReadyRequest* request,
+  grpc::Status ServerReady(grpc::ServerContext* context,
+                           const inference::ServerReadyRequest* request,
                            inference::ServerReadyResponse* response) override;
   grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
                           inference::ModelReadyResponse* response) override;
-  grpc::Status ServerMetadata(grpc::ServerContext* context, const inference::ServerMetadataRequest* request,
+  grpc::Status ServerMetadata(grpc::ServerContext* context,
+                              const inference::ServerMetadataRequest* request,
                               inference::ServerMetadataResponse* response) override;
-  grpc::Status ModelMetadata(grpc::ServerContext* context, const inference::ModelMetadataRequest* request,
+  grpc::Status ModelMetadata(grpc::ServerContext* context,
+                             const inference::ModelMetadataRequest* request,
                              inference::ModelMetadataResponse* response) override;
   grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response) override;

@@ -14,13 +14,16 @@ namespace tost::service {
 // service) ends at once with UNAVAILABLE: the code clients retry on.
 class LoadingResponder::UnavailableWhileLoading final : public grpc::CallbackGenericService {
  public:
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
     class Reactor final : public grpc::ServerGenericBidiReactor {
      public:
       explicit Reactor(const std::string& method) {
-        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat(method, ": tost_server is still loading and warming up its models; "
-                                                 "retry when grpc.health.v1 reports SERVING")));
+        Finish(
+            grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         absl::StrCat(method,
+                                      ": tost_server is still loading and warming up its models; "
+                                      "retry when grpc.health.v1 reports SERVING")));
       }
       void OnDone() override { delete this; }
     };
@@ -42,8 +45,8 @@ absl::StatusOr<std::unique_ptr<LoadingResponder>> LoadingResponder::Start(
   builder.RegisterCallbackGenericService(r->generic_.get());
   r->server_ = builder.BuildAndStart();
   if (r->server_ == nullptr || r->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("could not listen on ", host, ":", port, " (address in use or not permitted?)"));
+    return absl::UnavailableError(absl::StrCat("could not listen on ", host, ":", port,
+                                               " (address in use or not permitted?)"));
   }
   auto* health = r->server_->GetHealthCheckService();
   health->SetServingStatus(false);

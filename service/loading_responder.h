@@ -22,13 +22,14 @@ namespace tost::service {
 
 // The services whose health tost_server reports by name (besides "", the whole server): the
 // responder reports them NOT_SERVING, the real server SERVING.
-inline constexpr const char* kHealthCheckedServices[] = {"tost.v1.Tost", "inference.GRPCInferenceService"};
+inline constexpr const char* kHealthCheckedServices[] = {"tost.v1.Tost",
+                                                         "inference.GRPCInferenceService"};
 
 class LoadingResponder {
  public:
   // Listens on host:port (0: a free port, see port()) with `credentials`.
-  static absl::StatusOr<std::unique_ptr<LoadingResponder>> Start(const std::string& host, int port,
-                                                                 std::shared_ptr<grpc::ServerCredentials> credentials);
+  static absl::StatusOr<std::unique_ptr<LoadingResponder>> Start(
+      const std::string& host, int port, std::shared_ptr<grpc::ServerCredentials> credentials);
   ~LoadingResponder();
 
   int port() const { return port_; }

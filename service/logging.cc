@@ -22,9 +22,12 @@ ABSL_CONST_INIT absl::Mutex g_write_mu(absl::kConstInit);  // whole lines, never
 
 const char* LevelName(LogLevel level, LogFormat format) {
   switch (level) {
-    case LogLevel::kInfo: return format == LogFormat::kJson ? "info" : "INFO";
-    case LogLevel::kWarning: return format == LogFormat::kJson ? "warning" : "WARN";
-    case LogLevel::kError: return format == LogFormat::kJson ? "error" : "ERROR";
+    case LogLevel::kInfo:
+      return format == LogFormat::kJson ? "info" : "INFO";
+    case LogLevel::kWarning:
+      return format == LogFormat::kJson ? "warning" : "WARN";
+    case LogLevel::kError:
+      return format == LogFormat::kJson ? "error" : "ERROR";
   }
   return "?";
 }
@@ -50,7 +53,8 @@ std::string TextValue(const std::string& s) {
 absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name) {
   if (name == "text") return LogFormat::kText;
   if (name == "json") return LogFormat::kJson;
-  return absl::InvalidArgumentError(absl::StrCat("--log_format must be \"text\" or \"json\", got \"", std::string(name), "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log_format must be \"text\" or \"json\", got \"", std::string(name), "\""));
 }
 
 void SetLogFormat(LogFormat format) { g_format.store(format, std::memory_order_relaxed); }
@@ -107,7 +111,9 @@ std::string NewRequestId() {
 bool IsValidRequestId(std::string_view id) {
   if (id.empty() || id.size() > 64) return false;
   for (char c : id) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' && c != '-') return false;
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-')
+      return false;
   }
   return true;
 }

@@ -29,14 +29,15 @@ LogFormat GetLogFormat();
 // One key=value of an event. Integers, floating point, booleans and strings keep their JSON type.
 struct LogField {
   template <typename T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-  LogField(std::string_view k, T v) : key(k), value(static_cast<int64_t>(v)) {}
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) LogField(std::string_view k, T v)
+      : key(k), value(static_cast<int64_t>(v)) {}
   LogField(std::string_view k, bool v) : key(k), value(v) {}
   LogField(std::string_view k, double v) : key(k), value(v) {}
   LogField(std::string_view k, std::string_view v) : key(k), value(std::string(v)) {}
   LogField(std::string_view k, const char* v) : key(k), value(std::string(v)) {}
   LogField(std::string_view k, const std::string& v) : key(k), value(v) {}
-#ifndef ABSL_USES_STD_STRING_VIEW  // Debian's Abseil: absl::string_view is its own type (Status::message)
+#ifndef ABSL_USES_STD_STRING_VIEW  // Debian's Abseil: absl::string_view is its own type
+                                   // (Status::message)
   LogField(std::string_view k, absl::string_view v) : key(k), value(std::string(v)) {}
 #endif
 

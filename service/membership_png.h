@@ -16,7 +16,8 @@ struct GrayImage {
 };
 
 // `membership`: [heads, grid_h, grid_w]. The output is scaled up so small images stay visible.
-absl::Status WriteMembershipPng(const std::string& path, const GrayImage& image, const std::vector<float>& membership,
-                                int64_t heads, int64_t grid_h, int64_t grid_w);
+absl::Status WriteMembershipPng(const std::string& path, const GrayImage& image,
+                                const std::vector<float>& membership, int64_t heads, int64_t grid_h,
+                                int64_t grid_w);
 
 }  // namespace tost::service

@@ -44,12 +44,12 @@ using prometheus::MetricType;
 
 // Bucket upper bounds, in the family's base unit, suited to what each one measures.
 // Whole RPCs: a sub-millisecond status call up to a long generation stream.
-const Histogram::BucketBoundaries kRequestBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                     0.25,   0.5,   1,      2.5,   5,    10,    30,   60, 300};
+const Histogram::BucketBoundaries kRequestBuckets = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 // Waiting for a classification batch: bounded by --max_queue_delay_us (2 ms by default) unless the
 // worker is saturated.
-const Histogram::BucketBoundaries kQueueBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005,
-                                                   0.01,   0.025,   0.05,   0.1,   0.25,  0.5,   1};
+const Histogram::BucketBoundaries kQueueBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 // One batched forward pass.
 const Histogram::BucketBoundaries kComputeBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
                                                      0.1,    0.2,   0.5,   1,     2,    5};
@@ -59,8 +59,9 @@ const Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 
 const Histogram::BucketBoundaries kTtftBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                   0.25,  0.5,    1,     2.5,  5,     10};
 // Between two tokens of one stream: one decode step (plus a prefill chunk at most).
-const Histogram::BucketBoundaries kItlBuckets = {0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075,
-                                                 0.01,    0.015,  0.02,  0.05,  0.1,   0.25,  0.5, 1};
+const Histogram::BucketBoundaries kItlBuckets = {0.00025, 0.0005, 0.001, 0.002, 0.003,
+                                                 0.005,   0.0075, 0.01,  0.015, 0.02,
+                                                 0.05,    0.1,    0.25,  0.5,   1};
 
 constexpr std::array<const char*, 4> kRejectionReasons = {"queue_full", "sessions_full", "draining",
                                                           "unauthenticated"};
@@ -70,12 +71,17 @@ constexpr std::array<const char*, 4> kRejectionReasons = {"queue_full", "session
 const char* RejectionReason(std::string_view rpc, grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      // The session store is the only source in the session RPCs; queues are the only one elsewhere.
-      return rpc == "CreateSession" || rpc == "ForkSession" || rpc == "ImportSession" ? "sessions_full"
-                                                                                      : "queue_full";
-    case grpc::StatusCode::UNAVAILABLE: return "draining";
-    case grpc::StatusCode::UNAUTHENTICATED: return "unauthenticated";
-    default: return nullptr;
+      // The session store is the only source in the session RPCs; queues are the only one
+      // elsewhere.
+      return rpc == "CreateSession" || rpc == "ForkSession" || rpc == "ImportSession"
+                 ? "sessions_full"
+                 : "queue_full";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "draining";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "unauthenticated";
+    default:
+      return nullptr;
   }
 }
 
@@ -90,7 +96,8 @@ std::string RpcLabel(const char* method) {
   if (slash == absl::string_view::npos) return "other";
   const std::string service(path.substr(1, slash - 1));
   const std::string name(path.substr(slash + 1));
-  if (service == "grpc.health.v1.Health") return name == "Check" || name == "Watch" ? name : "other";
+  if (service == "grpc.health.v1.Health")
+    return name == "Check" || name == "Watch" ? name : "other";
   const auto* desc = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
   return desc != nullptr && desc->FindMethodByName(name) != nullptr ? name : "other";
 }
@@ -118,7 +125,8 @@ ClientMetric CounterSample(double value, std::vector<ClientMetric::Label> labels
   return m;
 }
 
-MetricFamily MakeFamily(std::string name, std::string help, MetricType type, std::vector<ClientMetric> metrics) {
+MetricFamily MakeFamily(std::string name, std::string help, MetricType type,
+                        std::vector<ClientMetric> metrics) {
   MetricFamily f;
   f.name = std::move(name);
   f.help = std::move(help);
@@ -137,57 +145,70 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
-    out.push_back(MakeFamily("tost_process_resident_memory_bytes", "Resident set size of the server process",
-                             MetricType::Gauge, {GaugeSample(static_cast<double>(ResidentMemoryBytes()))}));
+    out.push_back(MakeFamily("tost_process_resident_memory_bytes",
+                             "Resident set size of the server process", MetricType::Gauge,
+                             {GaugeSample(static_cast<double>(ResidentMemoryBytes()))}));
     const std::vector<model::DeviceMemoryStats> devices = model::CudaDeviceMemory();
     if (!devices.empty()) {
       std::vector<ClientMetric> allocated, reserved;
       for (const auto& d : devices) {
-        const std::vector<ClientMetric::Label> labels = {{"device", absl::StrCat("cuda:", d.device)}};
+        const std::vector<ClientMetric::Label> labels = {
+            {"device", absl::StrCat("cuda:", d.device)}};
         allocated.push_back(GaugeSample(static_cast<double>(d.allocated_bytes), labels));
         reserved.push_back(GaugeSample(static_cast<double>(d.reserved_bytes), labels));
       }
-      out.push_back(MakeFamily("tost_device_memory_allocated_bytes",
-                               "CUDA memory held by live tensors (LibTorch caching allocator), per device",
-                               MetricType::Gauge, std::move(allocated)));
+      out.push_back(
+          MakeFamily("tost_device_memory_allocated_bytes",
+                     "CUDA memory held by live tensors (LibTorch caching allocator), per device",
+                     MetricType::Gauge, std::move(allocated)));
       out.push_back(MakeFamily("tost_device_memory_reserved_bytes",
-                               "CUDA memory the caching allocator holds from the driver (allocated + cached), per device",
+                               "CUDA memory the caching allocator holds from the driver (allocated "
+                               "+ cached), per device",
                                MetricType::Gauge, std::move(reserved)));
     }
     absl::MutexLock lock(&mu_);
     if (core_ == nullptr) return out;
     const SessionStoreStats s = core_->sessions.stats();
-    out.push_back(MakeFamily("tost_sessions", "Server-held sessions: active = generating, idle = held between calls",
-                             MetricType::Gauge,
-                             {GaugeSample(static_cast<double>(s.busy), {{"state", "active"}}),
-                              GaugeSample(static_cast<double>(s.sessions - s.busy), {{"state", "idle"}})}));
-    out.push_back(MakeFamily("tost_session_state_bytes",
-                             "Bytes of generation state held by all sessions (sum of GenerationState::ByteSize)",
-                             MetricType::Gauge, {GaugeSample(static_cast<double>(s.state_bytes))}));
-    out.push_back(MakeFamily("tost_session_budget_bytes", "Session state byte budget (--session_budget_bytes)",
-                             MetricType::Gauge,
-                             {GaugeSample(static_cast<double>(core_->sessions.options().max_state_bytes))}));
-    out.push_back(MakeFamily("tost_session_evictions_total", "Sessions evicted, by reason (idle timeout or LRU for room)",
-                             MetricType::Counter,
-                             {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
-                              CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
+    out.push_back(MakeFamily(
+        "tost_sessions", "Server-held sessions: active = generating, idle = held between calls",
+        MetricType::Gauge,
+        {GaugeSample(static_cast<double>(s.busy), {{"state", "active"}}),
+         GaugeSample(static_cast<double>(s.sessions - s.busy), {{"state", "idle"}})}));
+    out.push_back(MakeFamily(
+        "tost_session_state_bytes",
+        "Bytes of generation state held by all sessions (sum of GenerationState::ByteSize)",
+        MetricType::Gauge, {GaugeSample(static_cast<double>(s.state_bytes))}));
+    out.push_back(
+        MakeFamily("tost_session_budget_bytes",
+                   "Session state byte budget (--session_budget_bytes)", MetricType::Gauge,
+                   {GaugeSample(static_cast<double>(core_->sessions.options().max_state_bytes))}));
+    out.push_back(MakeFamily(
+        "tost_session_evictions_total",
+        "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
+        {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
+         CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
     std::vector<ClientMetric> depth, capacity;
     for (const auto& [name, batcher] : core_->batchers) {
       const DynamicBatcherStats b = batcher->stats();
       const std::vector<ClientMetric::Label> labels = {{"model", name}, {"workload", "classify"}};
-      depth.push_back(GaugeSample(static_cast<double>(b.queued_requests + b.reserved_slots), labels));
-      capacity.push_back(GaugeSample(static_cast<double>(batcher->options().max_queue_size), labels));
+      depth.push_back(
+          GaugeSample(static_cast<double>(b.queued_requests + b.reserved_slots), labels));
+      capacity.push_back(
+          GaugeSample(static_cast<double>(batcher->options().max_queue_size), labels));
     }
     for (const auto& [name, scheduler] : core_->schedulers) {
       const GenerationSchedulerStats g = scheduler->stats();
       const std::vector<ClientMetric::Label> labels = {{"model", name}, {"workload", "generate"}};
       depth.push_back(GaugeSample(static_cast<double>(g.queued), labels));
-      capacity.push_back(GaugeSample(static_cast<double>(scheduler->options().max_queued_jobs), labels));
+      capacity.push_back(
+          GaugeSample(static_cast<double>(scheduler->options().max_queued_jobs), labels));
     }
-    out.push_back(MakeFamily("tost_queue_depth",
-                             "Requests waiting: classification requests for a batch, generations for a decode slot",
-                             MetricType::Gauge, std::move(depth)));
-    out.push_back(MakeFamily("tost_queue_capacity", "Queue places; more waiting requests are refused (queue_full)",
+    out.push_back(MakeFamily(
+        "tost_queue_depth",
+        "Requests waiting: classification requests for a batch, generations for a decode slot",
+        MetricType::Gauge, std::move(depth)));
+    out.push_back(MakeFamily("tost_queue_capacity",
+                             "Queue places; more waiting requests are refused (queue_full)",
                              MetricType::Gauge, std::move(capacity)));
     return out;
   }
@@ -201,33 +222,52 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
 
 const char* GrpcCodeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
   }
 }
 
 absl::Status ValidateMetricsOptions(const MetricsOptions& o) {
   if (o.port < -1 || o.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port must be -1 (off), 0 (a free port) or in [1, 65535], got ", o.port));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_port must be -1 (off), 0 (a free port) or in [1, 65535], got ", o.port));
   }
-  if (o.port >= 0 && o.address.empty()) return absl::InvalidArgumentError("--metrics_address must name an address");
+  if (o.port >= 0 && o.address.empty())
+    return absl::InvalidArgumentError("--metrics_address must name an address");
   return absl::OkStatus();
 }
 
@@ -250,42 +290,58 @@ struct Metrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::shared_ptr<ScrapeTimeCollector> collector = std::make_shared<ScrapeTimeCollector>();
 
-  Family<Counter>& requests = BuildCounter().Name("tost_requests_total")
+  Family<Counter>& requests = BuildCounter()
+                                  .Name("tost_requests_total")
                                   .Help("RPCs finished, by method and gRPC status code")
                                   .Register(*registry);
-  Family<Histogram>& request_duration = BuildHistogram().Name("tost_request_duration_seconds")
-                                            .Help("RPC duration from arrival to status (whole stream for Generate)")
-                                            .Register(*registry);
-  Family<Histogram>& queue_duration = BuildHistogram().Name("tost_queue_duration_seconds")
-                                          .Help("Classification: the oldest request's wait for its batch to start")
-                                          .Register(*registry);
-  Family<Histogram>& compute_duration = BuildHistogram().Name("tost_compute_duration_seconds")
+  Family<Histogram>& request_duration =
+      BuildHistogram()
+          .Name("tost_request_duration_seconds")
+          .Help("RPC duration from arrival to status (whole stream for Generate)")
+          .Register(*registry);
+  Family<Histogram>& queue_duration =
+      BuildHistogram()
+          .Name("tost_queue_duration_seconds")
+          .Help("Classification: the oldest request's wait for its batch to start")
+          .Register(*registry);
+  Family<Histogram>& compute_duration = BuildHistogram()
+                                            .Name("tost_compute_duration_seconds")
                                             .Help("Classification: one batched forward pass")
                                             .Register(*registry);
-  Family<Histogram>& batch_size = BuildHistogram().Name("tost_batch_size")
-                                      .Help("Batch size: images per classification batch, sequences per decode step")
-                                      .Register(*registry);
-  Family<Counter>& images = BuildCounter().Name("tost_images_classified_total")
+  Family<Histogram>& batch_size =
+      BuildHistogram()
+          .Name("tost_batch_size")
+          .Help("Batch size: images per classification batch, sequences per decode step")
+          .Register(*registry);
+  Family<Counter>& images = BuildCounter()
+                                .Name("tost_images_classified_total")
                                 .Help("Images classified (successful batches)")
                                 .Register(*registry);
-  Family<Counter>& prompt_tokens = BuildCounter().Name("tost_prompt_tokens_total")
+  Family<Counter>& prompt_tokens = BuildCounter()
+                                       .Name("tost_prompt_tokens_total")
                                        .Help("Prompt tokens of the generations that started")
                                        .Register(*registry);
-  Family<Counter>& generated_tokens = BuildCounter().Name("tost_generated_tokens_total")
+  Family<Counter>& generated_tokens = BuildCounter()
+                                          .Name("tost_generated_tokens_total")
                                           .Help("Tokens generated and sent to streams")
                                           .Register(*registry);
-  Family<Histogram>& ttft = BuildHistogram().Name("tost_time_to_first_token_seconds")
+  Family<Histogram>& ttft = BuildHistogram()
+                                .Name("tost_time_to_first_token_seconds")
                                 .Help("Generate: from admission to the stream's first token")
                                 .Register(*registry);
-  Family<Histogram>& itl = BuildHistogram().Name("tost_inter_token_latency_seconds")
+  Family<Histogram>& itl = BuildHistogram()
+                               .Name("tost_inter_token_latency_seconds")
                                .Help("Generate: between consecutive tokens of one stream")
                                .Register(*registry);
-  Family<Counter>& rejections = BuildCounter().Name("tost_rejections_total")
+  Family<Counter>& rejections = BuildCounter()
+                                    .Name("tost_rejections_total")
                                     .Help("Requests refused before any work, by reason")
                                     .Register(*registry);
-  Family<Gauge>& model_info = BuildGauge().Name("tost_model_info")
-                                  .Help("1 for each served model, with its version and execution backend")
-                                  .Register(*registry);
+  Family<Gauge>& model_info =
+      BuildGauge()
+          .Name("tost_model_info")
+          .Help("1 for each served model, with its version and execution backend")
+          .Register(*registry);
 
   absl::Mutex mu;
   std::map<std::string, ClassifySeries, std::less<>> classify ABSL_GUARDED_BY(mu);
@@ -332,7 +388,8 @@ Metrics::~Metrics() { StopServing(); }
 absl::Status Metrics::Serve(const MetricsOptions& options) {
   if (options.port < 0) return absl::OkStatus();
   absl::MutexLock lock(&impl_->http_mu);
-  if (impl_->http != nullptr) return absl::FailedPreconditionError("the metrics endpoint is already serving");
+  if (impl_->http != nullptr)
+    return absl::FailedPreconditionError("the metrics endpoint is already serving");
   auto http = MetricsHttpServer::Start(options.address, options.port, [this] { return Render(); });
   if (!http.ok()) return http.status();
   impl_->http = std::move(*http);
@@ -353,8 +410,8 @@ int Metrics::port() const {
   return impl_->http != nullptr ? impl_->http->port() : 0;
 }
 
-void Metrics::RegisterModel(const std::string& name, const std::string& version, const std::string& backend,
-                            bool generates) {
+void Metrics::RegisterModel(const std::string& name, const std::string& version,
+                            const std::string& backend, bool generates) {
   impl_->model_info.Add({{"model", name}, {"version", version}, {"backend", backend}}).Set(1);
   if (generates) {
     impl_->Generate(name);
@@ -368,8 +425,10 @@ void Metrics::WatchCore(const ServingCore* core) { impl_->collector->Watch(core)
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
   const std::string rpc_label(rpc);
   impl_->requests.Add({{"rpc", rpc_label}, {"code", GrpcCodeName(code)}}).Increment();
-  impl_->request_duration.Add({{"rpc", rpc_label}}, kRequestBuckets).Observe(absl::ToDoubleSeconds(elapsed));
-  if (const char* reason = RejectionReason(rpc, code)) impl_->rejections.Add({{"reason", reason}}).Increment();
+  impl_->request_duration.Add({{"rpc", rpc_label}}, kRequestBuckets)
+      .Observe(absl::ToDoubleSeconds(elapsed));
+  if (const char* reason = RejectionReason(rpc, code))
+    impl_->rejections.Add({{"reason", reason}}).Increment();
 }
 
 void Metrics::OnBatch(const BatchRecord& record) {
@@ -383,8 +442,10 @@ void Metrics::OnBatch(const BatchRecord& record) {
 void Metrics::OnStep(const GenerationStepRecord& record) {
   Impl::GenerateSeries& s = impl_->Generate(record.model);
   if (record.decode_batch > 0) s.batch->Observe(record.decode_batch);
-  if (record.prompt_tokens_started > 0) s.prompt_tokens->Increment(static_cast<double>(record.prompt_tokens_started));
-  if (record.tokens_emitted > 0) s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
+  if (record.prompt_tokens_started > 0)
+    s.prompt_tokens->Increment(static_cast<double>(record.prompt_tokens_started));
+  if (record.tokens_emitted > 0)
+    s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
   for (absl::Duration d : record.time_to_first_token) s.ttft->Observe(absl::ToDoubleSeconds(d));
   for (absl::Duration d : record.inter_token_latency) s.itl->Observe(absl::ToDoubleSeconds(d));
 }
@@ -403,8 +464,11 @@ namespace {
 class RpcInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcInterceptor(Metrics* metrics, grpc::experimental::ServerRpcInfo* info, bool log_requests)
-      : metrics_(metrics), rpc_(RpcLabel(info->method())), context_(info->server_context()),
-        log_requests_(log_requests), start_(absl::Now()) {}
+      : metrics_(metrics),
+        rpc_(RpcLabel(info->method())),
+        context_(info->server_context()),
+        log_requests_(log_requests),
+        start_(absl::Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using grpc::experimental::InterceptionHookPoints;
@@ -439,19 +503,29 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
   void LogCall(const grpc::Status& status, absl::Duration elapsed) {
     const grpc::StatusCode code = status.error_code();
     LogLevel level = LogLevel::kInfo;
-    if (code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::DATA_LOSS) {
+    if (code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
+        code == grpc::StatusCode::DATA_LOSS) {
       level = LogLevel::kError;
-    } else if (RejectionReason(rpc_, code) != nullptr || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    } else if (RejectionReason(rpc_, code) != nullptr ||
+               code == grpc::StatusCode::DEADLINE_EXCEEDED) {
       level = LogLevel::kWarning;
     }
     const std::string peer = context_ != nullptr ? context_->peer() : std::string();
     if (status.ok()) {
-      Log(level, "rpc", {{"request_id", RequestId()}, {"rpc", rpc_}, {"code", GrpcCodeName(code)},
-                         {"duration_ms", absl::ToDoubleMilliseconds(elapsed)}, {"peer", peer}});
+      Log(level, "rpc",
+          {{"request_id", RequestId()},
+           {"rpc", rpc_},
+           {"code", GrpcCodeName(code)},
+           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+           {"peer", peer}});
     } else {
-      Log(level, "rpc", {{"request_id", RequestId()}, {"rpc", rpc_}, {"code", GrpcCodeName(code)},
-                         {"duration_ms", absl::ToDoubleMilliseconds(elapsed)}, {"peer", peer},
-                         {"error", status.error_message()}});
+      Log(level, "rpc",
+          {{"request_id", RequestId()},
+           {"rpc", rpc_},
+           {"code", GrpcCodeName(code)},
+           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+           {"peer", peer},
+           {"error", status.error_message()}});
     }
   }
 
@@ -465,8 +539,10 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
 
 class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  RpcInterceptorFactory(Metrics* metrics, bool log_requests) : metrics_(metrics), log_requests_(log_requests) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+  RpcInterceptorFactory(Metrics* metrics, bool log_requests)
+      : metrics_(metrics), log_requests_(log_requests) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
     return new RpcInterceptor(metrics_, info, log_requests_);
   }
 
@@ -477,7 +553,8 @@ class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptor
 
 }  // namespace
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::InterceptorFactory(bool log_requests) {
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::InterceptorFactory(
+    bool log_requests) {
   return std::make_unique<RpcInterceptorFactory>(this, log_requests);
 }
 

@@ -32,8 +32,8 @@ struct ServingCore;
 
 struct MetricsOptions {
   std::string address = "0.0.0.0";  // where the /metrics HTTP endpoint listens
-  int port = 8502;                   // 0: the kernel picks a free port; -1: no endpoint
-  bool log_requests = true;          // one access-log line per RPC (service/logging.h)
+  int port = 8502;                  // 0: the kernel picks a free port; -1: no endpoint
+  bool log_requests = true;         // one access-log line per RPC (service/logging.h)
 };
 
 absl::Status ValidateMetricsOptions(const MetricsOptions& options);
@@ -48,21 +48,24 @@ class Metrics final : public BatchObserver, public GenerationObserver {
   // Starts the HTTP endpoint (GET /metrics) at options.address:options.port; nothing for port -1.
   // UNAVAILABLE if the address cannot be bound.
   absl::Status Serve(const MetricsOptions& options);
-  // Stops the endpoint (joins its threads). Idempotent. Call before whatever WatchCore() reads dies.
+  // Stops the endpoint (joins its threads). Idempotent. Call before whatever WatchCore() reads
+  // dies.
   void StopServing();
   // The bound port; 0 when not serving.
   int port() const;
 
   // tost_model_info{model,version,backend} = 1, and the model's series (generation ones for a
   // language model, classification ones otherwise) start at zero.
-  void RegisterModel(const std::string& name, const std::string& version, const std::string& backend, bool generates);
+  void RegisterModel(const std::string& name, const std::string& version,
+                     const std::string& backend, bool generates);
   // Sessions, queue depths are read from `core` at each scrape. Not owned; must outlive serving.
   void WatchCore(const ServingCore* core);
 
   // Counts every RPC (tost_requests_total, tost_request_duration_seconds, tost_rejections_total),
   // tags it with a request id (the client's x-request-id if valid, else a new one, echoed in the
   // response's initial metadata) and writes the access log line.
-  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory(bool log_requests);
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory(
+      bool log_requests);
 
   // One finished RPC; `rpc` is a method name such as "Classify". What the interceptor calls.
   void ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed);

@@ -31,14 +31,14 @@ bool SendAll(int fd, const std::string& data) {
 }
 
 std::string Response(const char* status, const char* content_type, const std::string& body) {
-  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n\r\n", body);
+  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& address, int port,
-                                                                             std::function<std::string()> render) {
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& address, int port, std::function<std::string()> render) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (const int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--metrics_address \"", address, "\": ", gai_strerror(rc)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_address \"", address, "\": ", gai_strerror(rc)));
   }
   std::string error = "no address";
   int fd = -1;
@@ -63,15 +64,19 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("could not serve metrics on ", address, ":", port, ": ", error));
+    return absl::UnavailableError(
+        absl::StrCat("could not serve metrics on ", address, ":", port, ": ", error));
   }
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(fd, bound_port, std::move(render)));
-  if (pipe2(server->wake_, O_CLOEXEC) != 0) return absl::InternalError("metrics endpoint: pipe2 failed");
+  const int bound_port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::unique_ptr<MetricsHttpServer> server(
+      new MetricsHttpServer(fd, bound_port, std::move(render)));
+  if (pipe2(server->wake_, O_CLOEXEC) != 0)
+    return absl::InternalError("metrics endpoint: pipe2 failed");
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
@@ -136,7 +141,8 @@ void MetricsHttpServer::Serve(int fd) {
   } else if (method != "GET" && method != "HEAD") {
     SendAll(fd, Response("405 Method Not Allowed", "text/plain", "use GET /metrics\n"));
   } else {
-    std::string response = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_());
+    std::string response =
+        Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_());
     if (method == "HEAD") response.resize(response.find("\r\n\r\n") + 4);
     SendAll(fd, response);
   }

@@ -20,8 +20,8 @@ class MetricsHttpServer {
   // Listens on address:port (port 0: a free one) and serves `render()` at GET /metrics (404 for
   // other paths, 405 for other methods), one connection at a time, each closed after its answer.
   // `render` is called on the server's thread. UNAVAILABLE if the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address, int port,
-                                                                  std::function<std::string()> render);
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& address, int port, std::function<std::string()> render);
   // Stops accepting and joins the thread.
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;

@@ -20,7 +20,8 @@ absl::StatusOr<const model::LoadedModel*> ModelRegistry::Find(const std::string&
   }
   const model::LoadedModel& m = models_[it->second];
   if (!m.status.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("model \"", name, "\" failed to load: ", m.status.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model \"", name, "\" failed to load: ", m.status.message()));
   }
   return &m;
 }
@@ -28,7 +29,8 @@ absl::StatusOr<const model::LoadedModel*> ModelRegistry::Find(const std::string&
 absl::StatusOr<const model::VisionModel*> ModelRegistry::Vision(const std::string& name) const {
   TOST_ASSIGN_OR_RETURN(const model::LoadedModel* m, Find(name));
   if (m->vision == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ", model::ArchitectureName(m->config.architecture),
+    return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ",
+                                                   model::ArchitectureName(m->config.architecture),
                                                    " model; Classify needs a tost_vision model"));
   }
   return m->vision.get();
@@ -37,7 +39,8 @@ absl::StatusOr<const model::VisionModel*> ModelRegistry::Vision(const std::strin
 absl::StatusOr<const model::LanguageModel*> ModelRegistry::Language(const std::string& name) const {
   TOST_ASSIGN_OR_RETURN(const model::LoadedModel* m, Find(name));
   if (m->language == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ", model::ArchitectureName(m->config.architecture),
+    return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ",
+                                                   model::ArchitectureName(m->config.architecture),
                                                    " model; Generate needs a tost_lm model"));
   }
   return m->language.get();

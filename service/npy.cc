@@ -26,8 +26,11 @@ std::string HeaderValue(const std::string& header, const std::string& key) {
 }  // namespace
 
 absl::StatusOr<NpyArray> ParseNpy(const std::string& c, const std::string& source) {
-  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(source, ": ", what)); };
-  if (c.size() < 10 || c.compare(0, 6, "\x93NUMPY") != 0) return bad("not a .npy file (missing \\x93NUMPY magic)");
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+  };
+  if (c.size() < 10 || c.compare(0, 6, "\x93NUMPY") != 0)
+    return bad("not a .npy file (missing \\x93NUMPY magic)");
   const int major = static_cast<unsigned char>(c[6]);
   size_t header_len = 0, header_start = 0;
   if (major == 1) {
@@ -36,7 +39,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& c, const std::string& sourc
   } else if (major == 2 || major == 3) {
     if (c.size() < 12) return bad("truncated .npy header");
     header_len = 0;
-    for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(c[8 + i]);
+    for (int i = 3; i >= 0; --i)
+      header_len = (header_len << 8) | static_cast<unsigned char>(c[8 + i]);
     header_start = 12;
   } else {
     return bad(absl::StrCat("unsupported .npy version ", major));
@@ -53,7 +57,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& c, const std::string& sourc
   } else if (descr == "'<f8'") {
     item = 8;
   } else {
-    return bad(absl::StrCat("dtype ", descr, " is not supported; expected float32 ('<f4') or float64 ('<f8')"));
+    return bad(absl::StrCat("dtype ", descr,
+                            " is not supported; expected float32 ('<f4') or float64 ('<f8')"));
   }
   NpyArray out;
   std::string shape = HeaderValue(header, "shape");
@@ -61,13 +66,15 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& c, const std::string& sourc
   int64_t n = 1;
   for (absl::string_view dim : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
     int64_t d = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &d) || d < 0) return bad(absl::StrCat("bad shape ", shape));
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &d) || d < 0)
+      return bad(absl::StrCat("bad shape ", shape));
     out.shape.push_back(d);
     n *= d;
   }
   const size_t data_start = header_start + header_len;
   if (c.size() - data_start != static_cast<size_t>(n) * item) {
-    return bad(absl::StrCat("holds ", c.size() - data_start, " data bytes, shape needs ", n * item));
+    return bad(
+        absl::StrCat("holds ", c.size() - data_start, " data bytes, shape needs ", n * item));
   }
   out.data.resize(n);
   for (int64_t i = 0; i < n; ++i) {

@@ -11,8 +11,9 @@ namespace tost::service {
 
 // absl::InfiniteFuture() when the call has no deadline (gRPC reports time_point::max()).
 inline absl::Time RequestDeadline(const grpc::ServerContext& context) {
-  return context.deadline() == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
-                                                                            : absl::FromChrono(context.deadline());
+  return context.deadline() == std::chrono::system_clock::time_point::max()
+             ? absl::InfiniteFuture()
+             : absl::FromChrono(context.deadline());
 }
 
 }  // namespace tost::service

@@ -19,26 +19,32 @@
 namespace tost::service {
 
 absl::Status ValidateServerOptions(const ServerOptions& o) {
-  if (o.port < 0 || o.port > 65535) return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", o.port));
+  if (o.port < 0 || o.port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", o.port));
   if (o.max_message_bytes < 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes must be >= 1024, got ", o.max_message_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes must be >= 1024, got ", o.max_message_bytes));
   }
   if (o.intra_op_threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--intra_op_threads must be >= 0, got ", o.intra_op_threads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--intra_op_threads must be >= 0, got ", o.intra_op_threads));
   }
-  if (o.model_repository.empty()) return absl::InvalidArgumentError("--model_repository must name a directory");
+  if (o.model_repository.empty())
+    return absl::InvalidArgumentError("--model_repository must name a directory");
   if (o.limits.image.max_encoded_bytes < 1 || o.limits.image.max_decoded_pixels < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_image_bytes and --max_decoded_pixels must be >= 1, got ",
-                                                   o.limits.image.max_encoded_bytes, " and ",
-                                                   o.limits.image.max_decoded_pixels));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_image_bytes and --max_decoded_pixels must be >= 1, got ",
+                     o.limits.image.max_encoded_bytes, " and ", o.limits.image.max_decoded_pixels));
   }
   if (o.session_reap_interval_ms < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
   }
   if (o.limits.max_batch_size > o.batching.max_batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_batch_size (images per request, ", o.limits.max_batch_size,
-                                                   ") must not exceed --max_batch_images (images per batch, ",
-                                                   o.batching.max_batch_size, "): a request never splits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_size (images per request, ", o.limits.max_batch_size,
+                     ") must not exceed --max_batch_images (images per batch, ",
+                     o.batching.max_batch_size, "): a request never splits"));
   }
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
@@ -53,12 +59,14 @@ constexpr char kModelBackend[] = "libtorch_cpu";
 
 absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file) {
   if (key_file.empty()) {
-    Log(LogLevel::kWarning, "no --session_key_file: exported session blobs verify only on this process");
+    Log(LogLevel::kWarning,
+        "no --session_key_file: exported session blobs verify only on this process");
     return SessionCodec::WithRandomKey();
   }
   TOST_ASSIGN_OR_RETURN(std::string key, model::ReadFileToString(key_file));
   auto codec = SessionCodec::Create(std::move(key));
-  if (!codec.ok()) return absl::InvalidArgumentError(absl::StrCat(key_file, ": ", codec.status().message()));
+  if (!codec.ok())
+    return absl::InvalidArgumentError(absl::StrCat(key_file, ": ", codec.status().message()));
   return codec;
 }
 
@@ -68,7 +76,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const S
     return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file must be given together");
   }
   if (o.tls_cert_file.empty()) {
-    if (!o.tls_client_ca_file.empty()) return absl::InvalidArgumentError("--tls_client_ca_file needs --tls_cert_file");
+    if (!o.tls_client_ca_file.empty())
+      return absl::InvalidArgumentError("--tls_client_ca_file needs --tls_cert_file");
     return grpc::InsecureServerCredentials();
   }
   grpc::SslServerCredentialsOptions ssl;
@@ -92,38 +101,48 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
   }
-  TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
+  TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        MakeCredentials(options));
   // The port answers from here on: NOT_SERVING (health) and UNAVAILABLE (everything else) while
   // the models load and warm up.
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
                         LoadingResponder::Start(options.host, options.port, credentials));
-  Log(LogLevel::kInfo, "loading models", {{"repository", options.model_repository}, {"port", loading->port()}});
-  TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models, model::LoadRepository(options.model_repository));
+  Log(LogLevel::kInfo, "loading models",
+      {{"repository", options.model_repository}, {"port", loading->port()}});
+  TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models,
+                        model::LoadRepository(options.model_repository));
   WarmUpModels(models);  // before readiness: SERVING only once every model has run once
   for (const auto& m : models) {
     if (m.status.ok()) {
-      Log(LogLevel::kInfo, "model loaded", {{"model", m.name}, {"architecture", model::ArchitectureName(m.config.architecture)},
-                                            {"version", m.config.version}, {"trained", m.config.trained}});
+      Log(LogLevel::kInfo, "model loaded",
+          {{"model", m.name},
+           {"architecture", model::ArchitectureName(m.config.architecture)},
+           {"version", m.config.version},
+           {"trained", m.config.trained}});
     } else {
-      Log(LogLevel::kError, "model failed to load", {{"model", m.name}, {"error", m.status.message()}});
+      Log(LogLevel::kError, "model failed to load",
+          {{"model", m.name}, {"error", m.status.message()}});
     }
   }
   std::unique_ptr<Server> server(new Server());
   server->metrics_ = std::make_unique<Metrics>();
   for (const auto& m : models) {
     if (m.status.ok()) {
-      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend, m.language != nullptr);
+      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
+                                      m.language != nullptr);
     }
   }
   server->registry_ = std::make_unique<ModelRegistry>(std::move(models));
-  server->core_ = std::make_unique<ServingCore>(*server->registry_, options.sessions, std::move(codec), std::move(auth),
-                                                RealClock::Get());
+  server->core_ = std::make_unique<ServingCore>(
+      *server->registry_, options.sessions, std::move(codec), std::move(auth), RealClock::Get());
   for (const auto& m : server->registry_->models()) {
     if (m.language == nullptr) continue;
-    TOST_ASSIGN_OR_RETURN(server->core_->weights_sha256[m.name], Sha256OfFile(m.dir + "/model.safetensors"));
+    TOST_ASSIGN_OR_RETURN(server->core_->weights_sha256[m.name],
+                          Sha256OfFile(m.dir + "/model.safetensors"));
     GenerationSchedulerOptions generation = options.generation;
     generation.observer = server->metrics_.get();
-    TOST_ASSIGN_OR_RETURN(auto scheduler, GenerationScheduler::Create(*m.language, generation, RealClock::Get()));
+    TOST_ASSIGN_OR_RETURN(auto scheduler,
+                          GenerationScheduler::Create(*m.language, generation, RealClock::Get()));
     scheduler->Start();
     server->core_->schedulers[m.name] = std::move(scheduler);
   }
@@ -137,8 +156,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           DynamicBatcher::Create(
                               batching,
                               [vm](const BatchInput& in) {
-                                return vm->Forward(in.ConcatenatedInput(), in.num_images(), in.resolution().height,
-                                                   in.resolution().width);
+                                return vm->Forward(in.ConcatenatedInput(), in.num_images(),
+                                                   in.resolution().height, in.resolution().width);
                               },
                               RealClock::Get()));
   }
@@ -150,7 +169,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   // The same port as the loading responder (its own when --port=0), bound while the responder still
   // listens: gRPC sets SO_REUSEPORT, so connections never find the port closed in between.
-  builder.AddListeningPort(absl::StrCat(options.host, ":", loading->port()), credentials, &server->port_);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", loading->port()), credentials,
+                           &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
@@ -163,7 +183,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("could not listen on ", options.host, ":", options.port,
+    return absl::UnavailableError(absl::StrCat("could not listen on ", options.host, ":",
+                                               options.port,
                                                " (address in use or not permitted?)"));
   }
   auto* health = server->server_->GetHealthCheckService();
@@ -176,7 +197,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Server* raw = server.get();
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
   server->reaper_ = std::thread([raw, reap_every] {
-    while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every)) raw->core_->sessions.ReapIdle();
+    while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every))
+      raw->core_->sessions.ReapIdle();
   });
   return server;
 }

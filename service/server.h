@@ -22,23 +22,24 @@ namespace tost::service {
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  int port = 8500;                           // 0: the kernel picks a free port (tests)
+  int port = 8500;  // 0: the kernel picks a free port (tests)
   std::string model_repository = "models";
-  int max_message_bytes = 64 << 20;          // receive and send limit per message
-  int keepalive_time_ms = 30'000;            // server pings idle connections this often
-  int keepalive_timeout_ms = 10'000;         // and drops them if no ack arrives in time
-  int intra_op_threads = 1;                  // LibTorch threads; 0 = one per core
+  int max_message_bytes = 64 << 20;   // receive and send limit per message
+  int keepalive_time_ms = 30'000;     // server pings idle connections this often
+  int keepalive_timeout_ms = 10'000;  // and drops them if no ack arrives in time
+  int intra_op_threads = 1;           // LibTorch threads; 0 = one per core
   ServiceLimits limits;
-  GenerationSchedulerOptions generation;     // per language model
-  DynamicBatcherOptions batching;            // per vision model (model_name is filled in per model)
+  GenerationSchedulerOptions generation;  // per language model
+  DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)
   SessionStoreOptions sessions;
-  std::string session_key_file;              // secret for state blobs; empty = random per process
-  std::string api_keys_file;                 // "name key" lines; empty = no API keys
-  std::string tls_cert_file;                 // PEM certificate chain; with tls_key_file turns TLS on
-  std::string tls_key_file;                  // PEM private key
-  std::string tls_client_ca_file;            // PEM CA; when set, clients must present a certificate it signed (mTLS)
-  int64_t session_reap_interval_ms = 10'000; // how often idle sessions are evicted
-  MetricsOptions metrics;                    // Prometheus endpoint (port -1: none) and access logs
+  std::string session_key_file;  // secret for state blobs; empty = random per process
+  std::string api_keys_file;     // "name key" lines; empty = no API keys
+  std::string tls_cert_file;     // PEM certificate chain; with tls_key_file turns TLS on
+  std::string tls_key_file;      // PEM private key
+  std::string
+      tls_client_ca_file;  // PEM CA; when set, clients must present a certificate it signed (mTLS)
+  int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
+  MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
 };
 
 absl::Status ValidateServerOptions(const ServerOptions& options);
@@ -67,7 +68,8 @@ class Server {
   Server() = default;
   void StopBackground();
 
-  std::unique_ptr<Metrics> metrics_;  // first: the schedulers and batchers report to it until they die
+  std::unique_ptr<Metrics>
+      metrics_;  // first: the schedulers and batchers report to it until they die
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<ServingCore> core_;
   std::unique_ptr<TostService> service_;

@@ -17,44 +17,68 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or se
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
 ABSL_FLAG(int, intra_op_threads, 1,
-          "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler and the "
+          "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler "
+          "and the "
           "classification batcher are the parallelism: 1 keeps 2 cores from oversubscription");
-ABSL_FLAG(int, drain_timeout_s, 30, "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
-                                    "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
-ABSL_FLAG(int64_t, max_batch_size, 8, "Most images in one Classify request (at most --max_batch_images)");
+ABSL_FLAG(int, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
+          "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
+ABSL_FLAG(int64_t, max_batch_size, 8,
+          "Most images in one Classify request (at most --max_batch_images)");
 ABSL_FLAG(int64_t, max_tensor_elements, 64LL << 20, "Most float32 values in one Classify tensor");
-ABSL_FLAG(int64_t, max_image_bytes, 16LL << 20, "Most bytes of one encoded PNG/JPEG image (Classify images, KServe BYTES)");
-ABSL_FLAG(int64_t, max_decoded_pixels, 40000000, "Most pixels (width x height, from the image header) one encoded image may declare; checked before decoding");
+ABSL_FLAG(int64_t, max_image_bytes, 16LL << 20,
+          "Most bytes of one encoded PNG/JPEG image (Classify images, KServe BYTES)");
+ABSL_FLAG(int64_t, max_decoded_pixels, 40000000,
+          "Most pixels (width x height, from the image header) one encoded image may declare; "
+          "checked before decoding");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Most bytes (or token ids) in one Generate prompt");
 ABSL_FLAG(int, max_new_tokens, 4096, "Largest max_new_tokens a Generate request may ask for");
-ABSL_FLAG(int64_t, max_batch_images, 8, "Classification: images per batched forward (per vision model)");
-ABSL_FLAG(int64_t, max_queue_delay_us, 2000, "Classification: longest a request waits for its batch to fill");
-ABSL_FLAG(int64_t, max_queue_size, 64, "Classification: requests waiting per vision model; more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, classify_timeout_us, 10000000, "Classification: default deadline of a request without one");
-ABSL_FLAG(int, max_active_generations, 64, "Sequences decoded together per language model (one batched step)");
-ABSL_FLAG(int, max_queued_generations, 256, "Generations admitted and waiting for a slot, per language model");
-ABSL_FLAG(int, prefill_chunk_tokens, 128, "Prompt tokens per prefill chunk (interleaved with decode steps)");
+ABSL_FLAG(int64_t, max_batch_images, 8,
+          "Classification: images per batched forward (per vision model)");
+ABSL_FLAG(int64_t, max_queue_delay_us, 2000,
+          "Classification: longest a request waits for its batch to fill");
+ABSL_FLAG(int64_t, max_queue_size, 64,
+          "Classification: requests waiting per vision model; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, classify_timeout_us, 10000000,
+          "Classification: default deadline of a request without one");
+ABSL_FLAG(int, max_active_generations, 64,
+          "Sequences decoded together per language model (one batched step)");
+ABSL_FLAG(int, max_queued_generations, 256,
+          "Generations admitted and waiting for a slot, per language model");
+ABSL_FLAG(int, prefill_chunk_tokens, 128,
+          "Prompt tokens per prefill chunk (interleaved with decode steps)");
 ABSL_FLAG(bool, batch_invariant_decode, false,
-          "Decode each sequence with a fixed shape so its tokens are bit-identical under any concurrent load "
+          "Decode each sequence with a fixed shape so its tokens are bit-identical under any "
+          "concurrent load "
           "(slower); default: batched products, identical for the same batch composition");
-ABSL_FLAG(int64_t, max_sessions, 4096, "Server-held sessions at once (LRU eviction of idle ones beyond)");
-ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20, "Bytes of session state held at once (LRU eviction beyond)");
+ABSL_FLAG(int64_t, max_sessions, 4096,
+          "Server-held sessions at once (LRU eviction of idle ones beyond)");
+ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20,
+          "Bytes of session state held at once (LRU eviction beyond)");
 ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
 ABSL_FLAG(std::string, session_key_file, "",
-          "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it continue each other's "
+          "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it "
+          "continue each other's "
           "sessions. Empty: a random key, blobs verify only on this process");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM certificate chain: with --tls_key_file, serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain: with --tls_key_file, serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
-          "PEM CA: require client certificates it signed (mTLS); the certificate's identity owns its sessions");
-ABSL_FLAG(std::string, api_keys_file, "", "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
-ABSL_FLAG(int, metrics_port, 8502, "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
+          "PEM CA: require client certificates it signed (mTLS); the certificate's identity owns "
+          "its sessions");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
+ABSL_FLAG(int, metrics_port, 8502,
+          "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
-ABSL_FLAG(std::string, log_format, "text", "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
-ABSL_FLAG(bool, log_requests, true, "One access-log line per RPC (method, code, duration, request id)");
+ABSL_FLAG(std::string, log_format, "text",
+          "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
+ABSL_FLAG(bool, log_requests, true,
+          "One access-log line per RPC (method, code, duration, request id)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Serves ToST models over gRPC. Example: tost_server --model_repository=models --port=8500");
+  absl::SetProgramUsageMessage(
+      "Serves ToST models over gRPC. Example: tost_server --model_repository=models --port=8500");
   absl::ParseCommandLine(argc, argv);
   const auto log_format = tost::service::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
   if (!log_format.ok()) {
@@ -63,7 +87,8 @@ int main(int argc, char** argv) {
   }
   tost::service::SetLogFormat(*log_format);
 
-  // Block the stop signals in every thread (gRPC's and LibTorch's inherit the mask); main waits for them.
+  // Block the stop signals in every thread (gRPC's and LibTorch's inherit the mask); main waits for
+  // them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
@@ -114,7 +139,8 @@ int main(int argc, char** argv) {
   std::printf("tost_server listening on %s:%d\n", options.host.c_str(), (*server)->port());
   // Printed second (tests read it after the line above); absent with --metrics_port=-1.
   if ((*server)->metrics_port() > 0) {
-    std::printf("tost_server metrics on %s:%d\n", options.metrics.address.c_str(), (*server)->metrics_port());
+    std::printf("tost_server metrics on %s:%d\n", options.metrics.address.c_str(),
+                (*server)->metrics_port());
   }
   std::fflush(stdout);
 

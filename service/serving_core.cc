@@ -10,7 +10,8 @@ absl::StatusOr<GenerationScheduler*> ServingCore::Scheduler(const std::string& n
   TOST_RETURN_IF_ERROR(registry.Language(name).status());
   auto it = schedulers.find(name);
   if (it == schedulers.end()) {
-    return absl::InternalError(absl::StrCat("language model \"", name, "\" has no generation scheduler"));
+    return absl::InternalError(
+        absl::StrCat("language model \"", name, "\" has no generation scheduler"));
   }
   return it->second.get();
 }
@@ -18,19 +19,22 @@ absl::StatusOr<GenerationScheduler*> ServingCore::Scheduler(const std::string& n
 absl::StatusOr<ModelIdentity> ServingCore::Identity(const std::string& name) const {
   TOST_ASSIGN_OR_RETURN(const model::LanguageModel* lm, registry.Language(name));
   auto it = weights_sha256.find(name);
-  if (it == weights_sha256.end()) return absl::InternalError(absl::StrCat("no weights hash for model \"", name, "\""));
+  if (it == weights_sha256.end())
+    return absl::InternalError(absl::StrCat("no weights hash for model \"", name, "\""));
   return ModelIdentity{&lm->config(), it->second};
 }
 
 absl::StatusOr<DynamicBatcher::Slot> ServingCore::ReserveClassification(const std::string& model,
-                                                                         int64_t images) const {
+                                                                        int64_t images) const {
   TOST_RETURN_IF_ERROR(registry.Vision(model).status());
   auto it = batchers.find(model);
-  if (it == batchers.end()) return absl::InternalError(absl::StrCat("vision model \"", model, "\" has no batcher"));
+  if (it == batchers.end())
+    return absl::InternalError(absl::StrCat("vision model \"", model, "\" has no batcher"));
   return it->second->Reserve(images);
 }
 
-absl::StatusOr<std::vector<float>> ServingCore::Classify(const std::string& model, DynamicBatcher::Slot slot,
+absl::StatusOr<std::vector<float>> ServingCore::Classify(const std::string& model,
+                                                         DynamicBatcher::Slot slot,
                                                          std::vector<float> pixels, int64_t images,
                                                          absl::Time deadline) const {
   TOST_ASSIGN_OR_RETURN(const model::VisionModel* vm, registry.Vision(model));

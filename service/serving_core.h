@@ -18,9 +18,12 @@
 namespace tost::service {
 
 struct ServingCore {
-  ServingCore(const ModelRegistry& registry, SessionStoreOptions session_options, SessionCodec codec,
-              Authenticator auth, Clock* clock)
-      : registry(registry), sessions(session_options, clock), codec(std::move(codec)), auth(std::move(auth)) {}
+  ServingCore(const ModelRegistry& registry, SessionStoreOptions session_options,
+              SessionCodec codec, Authenticator auth, Clock* clock)
+      : registry(registry),
+        sessions(session_options, clock),
+        codec(std::move(codec)),
+        auth(std::move(auth)) {}
 
   // The scheduler of language model `name`; NOT_FOUND / FAILED_PRECONDITION / INVALID_ARGUMENT as
   // ModelRegistry::Language.
@@ -32,7 +35,8 @@ struct ServingCore {
   // image, so a full queue is refused (RESOURCE_EXHAUSTED with a retry hint) before any work;
   // then Classify() with the reserved place: it waits for the batch and returns this request's
   // logits [batch, num_classes].
-  absl::StatusOr<DynamicBatcher::Slot> ReserveClassification(const std::string& model, int64_t images) const;
+  absl::StatusOr<DynamicBatcher::Slot> ReserveClassification(const std::string& model,
+                                                             int64_t images) const;
   absl::StatusOr<std::vector<float>> Classify(const std::string& model, DynamicBatcher::Slot slot,
                                               std::vector<float> pixels, int64_t images,
                                               absl::Time deadline) const;

@@ -34,28 +34,32 @@ uint32_t GetU32(const char* p) {
 std::string Hmac(const std::string& key, std::string_view data) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-       data.size(), mac, &len);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len);
   return std::string(reinterpret_cast<const char*>(mac), len);
 }
 
-absl::Status Mismatch(const std::string& what, const std::string& blob_value, const std::string& here) {
-  return absl::FailedPreconditionError(absl::StrCat("state blob was made with ", what, " ", blob_value, " but this server's is ",
-                                                    here, "; continue it on a replica serving the same model"));
+absl::Status Mismatch(const std::string& what, const std::string& blob_value,
+                      const std::string& here) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("state blob was made with ", what, " ", blob_value, " but this server's is ",
+                   here, "; continue it on a replica serving the same model"));
 }
 
 }  // namespace
 
 absl::StatusOr<SessionCodec> SessionCodec::Create(std::string key) {
   if (key.size() < 16) {
-    return absl::InvalidArgumentError(absl::StrCat("session key must hold at least 16 bytes of secret, got ", key.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session key must hold at least 16 bytes of secret, got ", key.size()));
   }
   return SessionCodec(std::move(key));
 }
 
 SessionCodec SessionCodec::WithRandomKey() {
   std::string key(32, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1) std::abort();
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1)
+    std::abort();
   return SessionCodec(std::move(key));
 }
 
@@ -70,7 +74,8 @@ std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& 
   p.set_vocab_size(c.vocab_size);
   p.set_context_length(c.context_length);
   p.set_position(s.sequence.position);
-  p.set_stats(std::string(reinterpret_cast<const char*>(s.sequence.stats.data()), s.sequence.stats.size() * sizeof(float)));
+  p.set_stats(std::string(reinterpret_cast<const char*>(s.sequence.stats.data()),
+                          s.sequence.stats.size() * sizeof(float)));
   p.set_pending_token(s.pending_token);
   auto* sp = p.mutable_sampling();
   sp->set_temperature(s.sampling.temperature);
@@ -98,8 +103,10 @@ std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& 
 }
 
 absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blob) const {
-  if (blob.size() < kHeaderBytes + kMacBytes || std::memcmp(blob.data(), kMagic, sizeof(kMagic)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("state blob is not a tost-serve session (", blob.size(),
+  if (blob.size() < kHeaderBytes + kMacBytes ||
+      std::memcmp(blob.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("state blob is not a tost-serve session (",
+                                                   blob.size(),
                                                    " bytes, expected the TOSTSESS header)"));
   }
   const uint32_t version = GetU32(blob.data() + 8);
@@ -109,14 +116,16 @@ absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blo
   }
   const uint32_t len = GetU32(blob.data() + 12);
   if (blob.size() != kHeaderBytes + len + kMacBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("state blob is truncated or padded: ", blob.size(),
-                                                   " bytes, its header announces ", kHeaderBytes + len + kMacBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state blob is truncated or padded: ", blob.size(),
+                     " bytes, its header announces ", kHeaderBytes + len + kMacBytes));
   }
   const std::string_view body(blob.data(), kHeaderBytes + len);
   const std::string mac = Hmac(key_, body);
   if (CRYPTO_memcmp(mac.data(), blob.data() + body.size(), kMacBytes) != 0) {
     return absl::InvalidArgumentError(
-        "state blob failed authentication: it was modified, or signed by a server with another session key");
+        "state blob failed authentication: it was modified, or signed by a server with another "
+        "session key");
   }
   return std::string(blob.data() + kHeaderBytes, len);
 }
@@ -124,31 +133,37 @@ absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blo
 absl::StatusOr<std::string> SessionCodec::PeekModel(const std::string& blob) const {
   TOST_ASSIGN_OR_RETURN(std::string payload, VerifiedPayload(blob));
   tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(payload)) return absl::InvalidArgumentError("state blob payload does not parse");
+  if (!p.ParseFromString(payload))
+    return absl::InvalidArgumentError("state blob payload does not parse");
   return p.model();
 }
 
-absl::StatusOr<GenerationState> SessionCodec::Decode(const std::string& blob, const ModelIdentity& model) const {
+absl::StatusOr<GenerationState> SessionCodec::Decode(const std::string& blob,
+                                                     const ModelIdentity& model) const {
   TOST_ASSIGN_OR_RETURN(std::string payload, VerifiedPayload(blob));
   tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(payload)) return absl::InvalidArgumentError("state blob payload does not parse");
+  if (!p.ParseFromString(payload))
+    return absl::InvalidArgumentError("state blob payload does not parse");
   const model::ModelConfig& cfg = *model.config;
   const model::LanguageConfig& c = cfg.language;
-  if (p.model() != cfg.name) return Mismatch("model", "\"" + p.model() + "\"", "\"" + cfg.name + "\"");
+  if (p.model() != cfg.name)
+    return Mismatch("model", "\"" + p.model() + "\"", "\"" + cfg.name + "\"");
   if (p.weights_sha256() != model.weights_sha256) {
     return Mismatch("weights of model", "\"" + p.model() + "\" (other SHA-256)", "different");
   }
-  if (p.n_layer() != c.n_layer || p.n_embd() != c.n_embd || p.n_head() != c.n_head || p.vocab_size() != c.vocab_size ||
-      p.context_length() != c.context_length) {
+  if (p.n_layer() != c.n_layer || p.n_embd() != c.n_embd || p.n_head() != c.n_head ||
+      p.vocab_size() != c.vocab_size || p.context_length() != c.context_length) {
     return Mismatch("dimensions", absl::StrCat(p.n_layer(), "x", p.n_embd(), "x", p.n_head()),
                     absl::StrCat(c.n_layer, "x", c.n_embd, "x", c.n_head));
   }
   const size_t floats = static_cast<size_t>(c.n_layer * c.state_floats_per_layer());
-  if (p.stats().size() != floats * sizeof(float) || p.position() < 0 || p.position() > c.context_length ||
-      p.pending_token() < -1 || p.pending_token() >= c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("state blob is inconsistent: ", p.stats().size(), " stats bytes (expected ",
-                                                   floats * sizeof(float), "), position ", p.position(),
-                                                   ", pending token ", p.pending_token()));
+  if (p.stats().size() != floats * sizeof(float) || p.position() < 0 ||
+      p.position() > c.context_length || p.pending_token() < -1 ||
+      p.pending_token() >= c.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state blob is inconsistent: ", p.stats().size(), " stats bytes (expected ",
+                     floats * sizeof(float), "), position ", p.position(), ", pending token ",
+                     p.pending_token()));
   }
   GenerationState s;
   s.model = p.model();

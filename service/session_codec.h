@@ -3,8 +3,8 @@
 // holding the same model and key can continue the session exactly, and a tampered, truncated,
 // foreign or mismatched blob is refused with a message saying which.
 //
-// Layout (version 1):  "TOSTSESS" | u32 version | u32 payload length | payload | HMAC-SHA256(key, all before)
-// with the payload a tost.v1.internal.SessionState protobuf. Integers little-endian.
+// Layout (version 1):  "TOSTSESS" | u32 version | u32 payload length | payload | HMAC-SHA256(key,
+// all before) with the payload a tost.v1.internal.SessionState protobuf. Integers little-endian.
 #pragma once
 
 #include <string>

@@ -8,12 +8,16 @@
 namespace tost::service {
 
 absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o) {
-  if (o.max_sessions < 1) return absl::InvalidArgumentError(absl::StrCat("max_sessions must be >= 1, got ", o.max_sessions));
+  if (o.max_sessions < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sessions must be >= 1, got ", o.max_sessions));
   if (o.max_state_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("session_budget_bytes must be >= 1, got ", o.max_state_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_budget_bytes must be >= 1, got ", o.max_state_bytes));
   }
   if (o.idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("session_idle_timeout must be > 0, got ", absl::FormatDuration(o.idle_timeout)));
+    return absl::InvalidArgumentError(absl::StrCat("session_idle_timeout must be > 0, got ",
+                                                   absl::FormatDuration(o.idle_timeout)));
   }
   return absl::OkStatus();
 }
@@ -24,13 +28,16 @@ std::string NewSessionId() {
     // The OS CSPRNG failing is not recoverable: an id must never be guessable.
     std::abort();
   }
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
 }
 
-absl::StatusOr<SessionStore::Entry*> SessionStore::Find(const std::string& id, const std::string& owner) {
+absl::StatusOr<SessionStore::Entry*> SessionStore::Find(const std::string& id,
+                                                        const std::string& owner) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.owner != owner) {
-    return absl::NotFoundError(absl::StrCat("session \"", id, "\" not found (closed, evicted, or not yours)"));
+    return absl::NotFoundError(
+        absl::StrCat("session \"", id, "\" not found (closed, evicted, or not yours)"));
   }
   return &it->second;
 }
@@ -50,7 +57,8 @@ void SessionStore::Erase(const std::string& id) {
 
 bool SessionStore::MakeRoom(int64_t extra_bytes) {
   auto over = [&] {
-    return static_cast<int64_t>(sessions_.size()) + 1 > options_.max_sessions || bytes_ + extra_bytes > options_.max_state_bytes;
+    return static_cast<int64_t>(sessions_.size()) + 1 > options_.max_sessions ||
+           bytes_ + extra_bytes > options_.max_state_bytes;
   };
   for (auto it = lru_.begin(); over() && it != lru_.end();) {
     const std::string id = *it++;
@@ -65,9 +73,10 @@ absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, Generati
   const int64_t bytes = static_cast<int64_t>(state.ByteSize());
   absl::MutexLock lock(&mu_);
   if (!MakeRoom(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("session store is full: ", sessions_.size(), " sessions (limit ",
-                                                     options_.max_sessions, "), ", bytes_, " state bytes (budget ",
-                                                     options_.max_state_bytes, "), all in use; retry after a short backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session store is full: ", sessions_.size(), " sessions (limit ",
+                     options_.max_sessions, "), ", bytes_, " state bytes (budget ",
+                     options_.max_state_bytes, "), all in use; retry after a short backoff"));
   }
   std::string id = NewSessionId();
   Entry& e = sessions_[id];
@@ -80,12 +89,14 @@ absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, Generati
   return id;
 }
 
-absl::StatusOr<GenerationState> SessionStore::Checkout(const std::string& id, const std::string& owner) {
+absl::StatusOr<GenerationState> SessionStore::Checkout(const std::string& id,
+                                                       const std::string& owner) {
   absl::MutexLock lock(&mu_);
   auto e = Find(id, owner);
   if (!e.ok()) return e.status();
   if ((*e)->busy) {
-    return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" is in use by another Generate; "
+    return absl::FailedPreconditionError(absl::StrCat("session \"", id,
+                                                      "\" is in use by another Generate; "
                                                       "a session runs one generation at a time"));
   }
   (*e)->busy = true;
@@ -117,7 +128,8 @@ absl::StatusOr<GenerationState> SessionStore::Get(const std::string& id, const s
   auto e = Find(id, owner);
   if (!e.ok()) return e.status();
   if ((*e)->busy) {
-    return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" is generating; wait for its stream to end"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", id, "\" is generating; wait for its stream to end"));
   }
   Touch(id, **e);
   return (*e)->state;
@@ -128,7 +140,8 @@ absl::Status SessionStore::Close(const std::string& id, const std::string& owner
   auto e = Find(id, owner);
   if (!e.ok()) return e.status();
   if ((*e)->busy) {
-    return absl::FailedPreconditionError(absl::StrCat("session \"", id, "\" is generating; cancel its stream first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", id, "\" is generating; cancel its stream first"));
   }
   Erase(id);
   return absl::OkStatus();

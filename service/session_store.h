@@ -21,9 +21,10 @@
 namespace tost::service {
 
 struct SessionStoreOptions {
-  int64_t max_sessions = 4096;                       // sessions held at once
-  int64_t max_state_bytes = 256LL << 20;             // bytes of all sessions' state (GenerationState::ByteSize)
-  absl::Duration idle_timeout = absl::Minutes(30);   // unused this long → evicted
+  int64_t max_sessions = 4096;  // sessions held at once
+  int64_t max_state_bytes =
+      256LL << 20;  // bytes of all sessions' state (GenerationState::ByteSize)
+  absl::Duration idle_timeout = absl::Minutes(30);  // unused this long → evicted
 };
 
 absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o);
@@ -75,7 +76,8 @@ class SessionStore {
     std::list<std::string>::iterator lru;  // position in lru_ (front = least recently used)
   };
 
-  absl::StatusOr<Entry*> Find(const std::string& id, const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Entry*> Find(const std::string& id, const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Erase(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts idle LRU sessions until `extra_bytes` more fit; false if impossible.

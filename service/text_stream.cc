@@ -4,7 +4,8 @@
 
 namespace tost::service {
 
-TextStream::TextStream(std::vector<std::string> stop_strings, std::string utf8_pending, std::string held)
+TextStream::TextStream(std::vector<std::string> stop_strings, std::string utf8_pending,
+                       std::string held)
     : stop_strings_(std::move(stop_strings)), held_(std::move(held)) {
   std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
   utf8_.Push(utf8_pending);  // incomplete bytes only: nothing is released

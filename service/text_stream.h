@@ -14,11 +14,12 @@ namespace tost::service {
 class TextStream {
  public:
   struct Output {
-    std::string text;          // releasable now
+    std::string text;           // releasable now
     bool stop_matched = false;  // a stop string completed; `text` ends before it
   };
 
-  explicit TextStream(std::vector<std::string> stop_strings, std::string utf8_pending = {}, std::string held = {});
+  explicit TextStream(std::vector<std::string> stop_strings, std::string utf8_pending = {},
+                      std::string held = {});
 
   Output Push(std::string_view token_bytes);
   // At the end of a one-shot generation: releases withheld text, and an incomplete character as

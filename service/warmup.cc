@@ -10,7 +10,8 @@ void WarmUpModels(std::vector<model::LoadedModel>& models) {
     absl::Status status;
     if (m.vision != nullptr) {
       const model::VisionConfig& v = m.config.vision;
-      const std::vector<float> zeros(static_cast<size_t>(v.in_chans * v.image_height * v.image_width), 0.f);
+      const std::vector<float> zeros(
+          static_cast<size_t>(v.in_chans * v.image_height * v.image_width), 0.f);
       status = m.vision->Forward(zeros, 1, v.image_height, v.image_width).status();
     } else if (m.language != nullptr) {
       model::SequenceState s = m.language->NewSequence();

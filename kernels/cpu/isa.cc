@@ -15,7 +15,8 @@ bool CpuSupports(CpuIsa isa) {
     case CpuIsa::kDefault:
       return true;
     case CpuIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     case CpuIsa::kAvx512:
       // The set LibTorch's own AVX512 kernels need (vec512 uses BW/DQ/VL instructions).
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -1,10 +1,11 @@
 // Row-range kernels of the fused CPU TSSA operators (contract in row_kernels.h).
 //
 // Compiled once per instruction set: CMake defines TOST_CPU_ISA (Default, Avx2, Avx512) together
-// with at::vec's CPU_CAPABILITY macros and the matching -m flags, so Vectorized<float> is 8 lanes of
-// plain C++ (Default), an __m256 (Avx2) or an __m512 (Avx512). Everything here lives in a namespace
-// named after the ISA, so the three objects never share a symbol; see Note [Do not compile
-// initializers with AVX] in ATen/cpu/vec/vec_base.h for why this file defines no static data.
+// with at::vec's CPU_CAPABILITY macros and the matching -m flags, so Vectorized<float> is 8 lanes
+// of plain C++ (Default), an __m256 (Avx2) or an __m512 (Avx512). Everything here lives in a
+// namespace named after the ISA, so the three objects never share a symbol; see Note [Do not
+// compile initializers with AVX] in ATen/cpu/vec/vec_base.h for why this file defines no static
+// data.
 #include "kernels/cpu/row_kernels.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -21,9 +22,11 @@
 #endif
 #define TOST_CPU_CAT_(a, b) a##b
 #define TOST_CPU_CAT(a, b) TOST_CPU_CAT_(a, b)
+// One token, so that formatters and readers see an ordinary namespace name.
+#define TOST_CPU_ISA_NAMESPACE TOST_CPU_CAT(isa_, TOST_CPU_ISA)
 
 namespace tost::kernels::cpu {
-namespace TOST_CPU_CAT(isa_, TOST_CPU_ISA) {
+namespace TOST_CPU_ISA_NAMESPACE {
 namespace {
 
 using at::vec::Vectorized;
@@ -65,7 +68,9 @@ struct ReducedIo {
   TOST_CPU_INLINE static void Store(T* p, const Vec& v) {
     at::vec::convert_from_float<T>(v, v).store(p, Vec::size());
   }
-  static void Store(T* p, const Vec& v, int64_t n) { at::vec::convert_from_float<T>(v, v).store(p, n); }
+  static void Store(T* p, const Vec& v, int64_t n) {
+    at::vec::convert_from_float<T>(v, v).store(p, n);
+  }
 };
 template <>
 struct Io<c10::BFloat16> : ReducedIo<c10::BFloat16> {};
@@ -74,7 +79,8 @@ struct Io<c10::Half> : ReducedIo<c10::Half> {};
 
 template <typename Acc>
 TOST_CPU_INLINE Acc ReduceAdd(const Vectorized<Acc>& v) {
-  return at::vec::vec_reduce_all<Acc>([](Vectorized<Acc>& a, Vectorized<Acc>& b) { return a + b; }, v);
+  return at::vec::vec_reduce_all<Acc>([](Vectorized<Acc>& a, Vectorized<Acc>& b) { return a + b; },
+                                      v);
 }
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -84,14 +90,16 @@ TOST_CPU_INLINE __m256 LaneSums8(const __m256 (&u)[8]) {
   const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(u[0], u[1]), _mm256_hadd_ps(u[2], u[3]));
   const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(u[4], u[5]), _mm256_hadd_ps(u[6], u[7]));
   // s0123 = [Σlo u0..u3 | Σhi u0..u3] (128-bit halves), likewise s4567.
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 #endif
 
 // Rows per block: a block is read from memory once for the logits and again, from L1, for the
 // statistics that need Π (16 rows of D = 384 floats are 24 KB); its softmax runs over rows.
 constexpr int64_t kBlockRows = kPiBlockRows;
-static_assert(kBlockRows % Vectorized<float>::size() == 0 && kBlockRows % Vectorized<double>::size() == 0,
+static_assert(kBlockRows % Vectorized<float>::size() == 0 &&
+                  kBlockRows % Vectorized<double>::size() == 0,
               "a block of rows must fill whole vectors");
 // out[j] = Σ lanes of h[j], j < 8.
 template <typename Acc>
@@ -132,7 +140,8 @@ TOST_CPU_INLINE void HeadSums(int64_t heads, HeadVector&& head_vector, Acc* dst)
   }
   if (k0 < heads) {
     Vectorized<Acc> h[8];
-    for (int64_t j = 0; j < 8; ++j) h[j] = k0 + j < heads ? head_vector(k0 + j) : Vectorized<Acc>(Acc(0));
+    for (int64_t j = 0; j < 8; ++j)
+      h[j] = k0 + j < heads ? head_vector(k0 + j) : Vectorized<Acc>(Acc(0));
     LaneSums(h, out);
     for (int64_t j = 0; k0 + j < heads; ++j) dst[(k0 + j) * kBlockRows] = out[j];
   }
@@ -164,7 +173,8 @@ void SoftmaxBlock(Acc* x, int64_t heads) {
       sum = sum + e;
     }
     const Vec inv = Vec(Acc(1)) / sum;
-    for (int64_t k = 0; k < heads; ++k) (Vec::loadu(x + k * kBlockRows + r) * inv).store(x + k * kBlockRows + r);
+    for (int64_t k = 0; k < heads; ++k)
+      (Vec::loadu(x + k * kBlockRows + r) * inv).store(x + k * kBlockRows + r);
   }
 }
 
@@ -215,8 +225,9 @@ void SumSquares(const RowsView<T>& w, int64_t channels, AccType<T>* acc) {
 // acc[c] += Σ_r Π[r,k]·w[r,c]² over the rows of one block, for the p channels of head k starting
 // at `off`; pi_k = Π of head k of the block (kBlockRows consecutive values).
 template <typename T>
-void AccumulateWeightedSquares(const T* base, int64_t row_stride, int64_t rows, const AccType<T>* pi_k, int64_t off,
-                               int64_t head_dim, AccType<T>* acc) {
+void AccumulateWeightedSquares(const T* base, int64_t row_stride, int64_t rows,
+                               const AccType<T>* pi_k, int64_t off, int64_t head_dim,
+                               AccType<T>* acc) {
   using Acc = AccType<T>;
   using Vec = Vectorized<Acc>;
   constexpr int64_t V = Vec::size();
@@ -227,8 +238,10 @@ void AccumulateWeightedSquares(const T* base, int64_t row_stride, int64_t rows, 
     const T* x_ptr = base + off + c;
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
-      const Vec x0 = Io<T>::Load(x_ptr + r * row_stride), x1 = Io<T>::Load(x_ptr + (r + 1) * row_stride);
-      const Vec x2 = Io<T>::Load(x_ptr + (r + 2) * row_stride), x3 = Io<T>::Load(x_ptr + (r + 3) * row_stride);
+      const Vec x0 = Io<T>::Load(x_ptr + r * row_stride),
+                x1 = Io<T>::Load(x_ptr + (r + 1) * row_stride);
+      const Vec x2 = Io<T>::Load(x_ptr + (r + 2) * row_stride),
+                x3 = Io<T>::Load(x_ptr + (r + 3) * row_stride);
       a0 = at::vec::fmadd(x0 * x0, Vec(pi_k[r]), a0);
       a1 = at::vec::fmadd(x1 * x1, Vec(pi_k[r + 1]), a1);
       a2 = at::vec::fmadd(x2 * x2, Vec(pi_k[r + 2]), a2);
@@ -269,8 +282,8 @@ TOST_CPU_INLINE Acc BlockColumnSum(const Acc* x, int64_t rows) {
 // kHeadVecs > 0: the head width p is exactly kHeadVecs vectors (fully unrolled head loops);
 // 0: any p, with a partial vector at the end of each head.
 template <typename T, int kHeadVecs>
-void VisionMembershipImpl(const RowsView<T>& w, const HeadShape& s, const AccType<T>* inv_nu2, const AccType<T>* temp,
-                          AccType<T>* pi, AccType<T>* s2, AccType<T>* n) {
+void VisionMembershipImpl(const RowsView<T>& w, const HeadShape& s, const AccType<T>* inv_nu2,
+                          const AccType<T>* temp, AccType<T>* pi, AccType<T>* s2, AccType<T>* n) {
   using Acc = AccType<T>;
   using Vec = Vectorized<Acc>;
   constexpr int64_t V = Vec::size();
@@ -311,7 +324,8 @@ void VisionMembershipImpl(const RowsView<T>& w, const HeadShape& s, const AccTyp
     }
     for (int64_t k = 0; k < K; ++k) {
       for (int64_t r = 0; r < kBlockRows; r += V) {
-        (Vec::loadu(block_pi + k * kBlockRows + r) * Vec(temp[k])).store(block_pi + k * kBlockRows + r);
+        (Vec::loadu(block_pi + k * kBlockRows + r) * Vec(temp[k]))
+            .store(block_pi + k * kBlockRows + r);
       }
     }
     SoftmaxBlock(block_pi, K);
@@ -324,8 +338,8 @@ void VisionMembershipImpl(const RowsView<T>& w, const HeadShape& s, const AccTyp
 }
 
 template <typename T>
-void VisionMembership(const RowsView<T>& w, const HeadShape& s, const AccType<T>* inv_nu2, const AccType<T>* temp,
-                      AccType<T>* pi, AccType<T>* s2, AccType<T>* n) {
+void VisionMembership(const RowsView<T>& w, const HeadShape& s, const AccType<T>* inv_nu2,
+                      const AccType<T>* temp, AccType<T>* pi, AccType<T>* s2, AccType<T>* n) {
   constexpr int64_t V = Vectorized<AccType<T>>::size();
   switch (s.head_dim % V == 0 ? s.head_dim / V : 0) {
     case 1:
@@ -368,8 +382,8 @@ TOST_CPU_INLINE void StreamFence() {
 }
 
 template <typename T>
-void VisionOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi, const AccType<T>* gate, T* y,
-                  bool stream) {
+void VisionOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi,
+                  const AccType<T>* gate, T* y, bool stream) {
   using Acc = AccType<T>;
   using Vec = Vectorized<Acc>;
   constexpr int64_t V = Vec::size();
@@ -396,9 +410,9 @@ void VisionOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi
 }
 
 template <typename T>
-void CausalMembership(const RowsView<T>& w, const HeadShape& s, const CausalCoeffs<AccType<T>>& coeffs,
-                      const AccType<T>* start1, AccType<T>* local1, AccType<T>* pi, AccType<T>* local2,
-                      AccType<T>* local3) {
+void CausalMembership(const RowsView<T>& w, const HeadShape& s,
+                      const CausalCoeffs<AccType<T>>& coeffs, const AccType<T>* start1,
+                      AccType<T>* local1, AccType<T>* pi, AccType<T>* local2, AccType<T>* local3) {
   using Acc = AccType<T>;
   using Vec = Vectorized<Acc>;
   constexpr int64_t V = Vec::size();
@@ -433,8 +447,8 @@ void CausalMembership(const RowsView<T>& w, const HeadShape& s, const CausalCoef
                 l1.store(local1 + o, n);
                 st1 = Vec::loadu(start1 + o, n);
               }
-              // S1 = max(S1_0 + Σ w², 1e-12): the clamp is on the squared sum (reference §2.1 step 2).
-              // Padding lanes hold 0/1e-12 = 0.
+              // S1 = max(S1_0 + Σ w², 1e-12): the clamp is on the squared sum (reference §2.1 step
+              // 2). Padding lanes hold 0/1e-12 = 0.
               sum = sum + (x * x) / at::vec::maximum(st1 + l1, eps);
             }
             return sum;
@@ -479,8 +493,9 @@ void CausalMembership(const RowsView<T>& w, const HeadShape& s, const CausalCoef
 }
 
 template <typename T>
-void CausalOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi, const AccType<T>* start2,
-                  const AccType<T>* start3, AccType<T>* local2, AccType<T>* local3, T* y) {
+void CausalOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi,
+                  const AccType<T>* start2, const AccType<T>* start3, AccType<T>* local2,
+                  AccType<T>* local3, T* y) {
   using Acc = AccType<T>;
   using Vec = Vectorized<Acc>;
   constexpr int64_t V = Vec::size();
@@ -492,7 +507,8 @@ void CausalOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi
     for (int64_t k = 0; k < K; ++k) {
       const Acc pik = PiAt(pi, K, r, k);
       local3[k] += pik;
-      // dots = S2 / (S3 + 1e-8), as S2 · (1/(S3 + 1e-8)): one division per head instead of per channel.
+      // dots = S2 / (S3 + 1e-8), as S2 · (1/(S3 + 1e-8)): one division per head instead of per
+      // channel.
       const Vec inv_count(Acc(1) / ((start3[k] + local3[k]) + kCountEps<Acc>));
       const Vec vpi(pik), neg_pi(-pik);
       const int64_t off = k * p;
@@ -518,15 +534,15 @@ void CausalOutput(const RowsView<T>& w, const HeadShape& s, const AccType<T>* pi
 }
 
 template <typename T>
-constexpr RowKernels<T> kTable{&SumSquares<T>, &VisionMembership<T>, &VisionOutput<T>, &CausalMembership<T>,
-                               &CausalOutput<T>};
+constexpr RowKernels<T> kTable{&SumSquares<T>, &VisionMembership<T>, &VisionOutput<T>,
+                               &CausalMembership<T>, &CausalOutput<T>};
 
 }  // namespace
-}  // namespace TOST_CPU_CAT(isa_, TOST_CPU_ISA)
+}  // namespace TOST_CPU_ISA_NAMESPACE
 
 template <typename T>
 const RowKernels<T>& TOST_CPU_CAT(RowKernels, TOST_CPU_ISA)() {
-  return TOST_CPU_CAT(isa_, TOST_CPU_ISA)::kTable<T>;
+  return TOST_CPU_ISA_NAMESPACE::kTable<T>;
 }
 
 template const RowKernels<float>& TOST_CPU_CAT(RowKernels, TOST_CPU_ISA)<float>();

@@ -54,9 +54,10 @@ struct HeadShape {
 // Per-call constants of the causal membership logit s[k] = temp[k]·(Σ_c w²/S1 + p·δ[k, pos]).
 template <typename Acc>
 struct CausalCoeffs {
-  const Acc* temp = nullptr;   // [K]
-  const Acc* delta = nullptr;  // δ of the first row: row r of head k reads delta[k·delta_stride + r]
-  int64_t delta_stride = 0;    // Tmax
+  const Acc* temp = nullptr;  // [K]
+  const Acc* delta =
+      nullptr;  // δ of the first row: row r of head k reads delta[k·delta_stride + r]
+  int64_t delta_stride = 0;  // Tmax
 };
 
 template <typename T>
@@ -68,24 +69,25 @@ struct RowKernels {
 
   // Vision pass 2. For each row: Π[r] = softmax_k(temp[k]·Σ_c w[r,c]²·inv_nu2[c]) into pi
   // pi; s2[c] += Π[r,k]·w[r,c]²; n[k] += Π[r,k].
-  void (*vision_membership)(const RowsView<T>& w, const HeadShape& shape, const Acc* inv_nu2, const Acc* temp,
-                            Acc* pi, Acc* s2, Acc* n);
+  void (*vision_membership)(const RowsView<T>& w, const HeadShape& shape, const Acc* inv_nu2,
+                            const Acc* temp, Acc* pi, Acc* s2, Acc* n);
 
   // Vision pass 3: y[r,c] = (−w[r,c]·Π[r,k])·gate[c], y contiguous [rows, D]. `stream`: write y
   // with non-temporal stores where the ISA and alignment allow (for outputs far beyond the caches).
-  void (*vision_output)(const RowsView<T>& w, const HeadShape& shape, const Acc* pi, const Acc* gate, T* y,
-                        bool stream);
+  void (*vision_output)(const RowsView<T>& w, const HeadShape& shape, const Acc* pi,
+                        const Acc* gate, T* y, bool stream);
 
   // Causal phase "membership" for rows in order: local1 += w² (fma), S1 = start1 + local1,
   // Π[r] = softmax_k(temp[k]·(Σ_c w²/max(S1, 1e-12) + p·δ[k, r])) into pi. When local2
   // is not null, also local2 = fma(w², Π, local2) and local3 += Π exactly as causal_output does.
-  void (*causal_membership)(const RowsView<T>& w, const HeadShape& shape, const CausalCoeffs<Acc>& coeffs,
-                            const Acc* start1, Acc* local1, Acc* pi, Acc* local2, Acc* local3);
+  void (*causal_membership)(const RowsView<T>& w, const HeadShape& shape,
+                            const CausalCoeffs<Acc>& coeffs, const Acc* start1, Acc* local1,
+                            Acc* pi, Acc* local2, Acc* local3);
 
   // Causal phase "output" for rows in order: local2 = fma(w², Π, local2), local3 += Π,
   // dots = (start2 + local2)·(1/((start3 + local3) + 1e-8)), y = (−w·Π)/(1 + dots).
-  void (*causal_output)(const RowsView<T>& w, const HeadShape& shape, const Acc* pi, const Acc* start2,
-                        const Acc* start3, Acc* local2, Acc* local3, T* y);
+  void (*causal_output)(const RowsView<T>& w, const HeadShape& shape, const Acc* pi,
+                        const Acc* start2, const Acc* start3, Acc* local2, Acc* local3, T* y);
 };
 
 // One table per compiled instruction set (defined in row_kernels.cc, built once per ISA).

@@ -56,8 +56,8 @@ struct CausalProblem {
   const Acc* denom_bias = nullptr;  // [K, Tmax]
   int64_t tmax = 0;
   const int64_t* positions = nullptr;  // [B]; null: all sequences start at 0
-  Acc* state = nullptr;                // [B, 2D+K] in Acc: the state before the call, replaced by the state after
-  T* y = nullptr;                      // [B, T, D] contiguous (tssa_step: [B, D])
+  Acc* state = nullptr;  // [B, 2D+K] in Acc: the state before the call, replaced by the state after
+  T* y = nullptr;        // [B, T, D] contiguous (tssa_step: [B, D])
   int64_t y_batch_stride = 0;
 
   int64_t width() const { return StateWidth(shape.channels, shape.heads); }
@@ -93,10 +93,10 @@ void ScanSequential(const CausalProblem<T>& pr) {
         std::fill_n(local.get(), W, Acc(0));
         for (int64_t r0 = c0; r0 < c1; r0 += kScanBlockRows) {
           const RowsView<T> rows = pr.rows(b, r0, std::min(kScanBlockRows, c1 - r0));
-          pr.kern->causal_membership(rows, pr.shape, pr.coeffs(b, r0), start, local.get(), pi.get(), nullptr,
-                                     nullptr);
-          pr.kern->causal_output(rows, pr.shape, pi.get(), start + D, start + 2 * D, local.get() + D,
-                                 local.get() + 2 * D, pr.y_rows(b, r0));
+          pr.kern->causal_membership(rows, pr.shape, pr.coeffs(b, r0), start, local.get(), pi.get(),
+                                     nullptr, nullptr);
+          pr.kern->causal_output(rows, pr.shape, pi.get(), start + D, start + 2 * D,
+                                 local.get() + D, local.get() + 2 * D, pr.y_rows(b, r0));
         }
         Fold(start, local.get(), W);
       }
@@ -140,7 +140,8 @@ void ScanChunked(const CausalProblem<T>& pr) {
   // A: chunk totals of Σw² (the same fma chain causal_membership runs on local1).
   ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
     const auto [b, t0] = chunk_rows(t);
-    pr.kern->sum_squares(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), D, totals.get() + t * W);
+    pr.kern->sum_squares(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), D,
+                         totals.get() + t * W);
   });
   prefix(0, D);
 
@@ -150,8 +151,9 @@ void ScanChunked(const CausalProblem<T>& pr) {
     auto local1 = Scratch<Acc>(D);
     std::fill_n(local1.get(), D, Acc(0));
     Acc* tot = totals.get() + t * W;
-    pr.kern->causal_membership(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape, pr.coeffs(b, t0),
-                               starts.get() + t * W, local1.get(), pi.get() + t * pi_per_task, tot + D, tot + 2 * D);
+    pr.kern->causal_membership(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape,
+                               pr.coeffs(b, t0), starts.get() + t * W, local1.get(),
+                               pi.get() + t * pi_per_task, tot + D, tot + 2 * D);
   });
   prefix(D, D + K);
 
@@ -162,8 +164,8 @@ void ScanChunked(const CausalProblem<T>& pr) {
     std::fill_n(local.get(), D + K, Acc(0));
     const Acc* st = starts.get() + t * W;
     pr.kern->causal_output(pr.rows(b, t0, std::min(kChunkTokens, pr.tokens - t0)), pr.shape,
-                           pi.get() + t * pi_per_task, st + D, st + 2 * D, local.get(), local.get() + D,
-                           pr.y_rows(b, t0));
+                           pi.get() + t * pi_per_task, st + D, st + 2 * D, local.get(),
+                           local.get() + D, pr.y_rows(b, t0));
   });
 }
 
@@ -176,20 +178,22 @@ bool UseChunkedScan(CausalScan scan, int64_t batch, int64_t tokens) {
     case CausalScan::kAuto:
       break;
   }
-  return batch * kMinThreadsPerSequenceForChunkedScan <= at::get_num_threads() && !at::in_parallel_region() &&
-         CeilDiv(tokens, kChunkTokens) >= kMinChunksForChunkedScan;
+  return batch * kMinThreadsPerSequenceForChunkedScan <= at::get_num_threads() &&
+         !at::in_parallel_region() && CeilDiv(tokens, kChunkTokens) >= kMinChunksForChunkedScan;
 }
 
 // The state [B, 2D+K] in the accumulation type, as a tensor the kernels may overwrite.
-at::Tensor WorkingState(const std::optional<at::Tensor>& state, at::ScalarType acc, const TssaDims& d,
-                        const at::Tensor& like) {
-  if (!state.has_value()) return at::zeros({d.batch, StateWidth(d.channels, d.heads)}, like.options().dtype(acc));
+at::Tensor WorkingState(const std::optional<at::Tensor>& state, at::ScalarType acc,
+                        const TssaDims& d, const at::Tensor& like) {
+  if (!state.has_value())
+    return at::zeros({d.batch, StateWidth(d.channels, d.heads)}, like.options().dtype(acc));
   return state->to(acc, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
 template <typename T>
-CausalProblem<T> MakeProblem(const CpuKernelOptions& options, const at::Tensor& w, const TssaDims& d,
-                             const at::Tensor& temp, const at::Tensor& denom_bias, const at::Tensor& positions,
+CausalProblem<T> MakeProblem(const CpuKernelOptions& options, const at::Tensor& w,
+                             const TssaDims& d, const at::Tensor& temp,
+                             const at::Tensor& denom_bias, const at::Tensor& positions,
                              at::Tensor& state, at::Tensor& y) {
   using Acc = AccType<T>;
   CausalProblem<T> pr;
@@ -209,56 +213,67 @@ CausalProblem<T> MakeProblem(const CpuKernelOptions& options, const at::Tensor& 
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> tssa_causal_with(const CpuKernelOptions& options, const at::Tensor& w_in,
-                                                    const at::Tensor& temp_in, const at::Tensor& denom_bias_in,
+std::tuple<at::Tensor, at::Tensor> tssa_causal_with(const CpuKernelOptions& options,
+                                                    const at::Tensor& w_in,
+                                                    const at::Tensor& temp_in,
+                                                    const at::Tensor& denom_bias_in,
                                                     const std::optional<at::Tensor>& state_in,
                                                     const std::optional<at::Tensor>& positions_in) {
   const TssaDims d = CheckCausalArgs(w_in, temp_in, denom_bias_in, state_in, positions_in);
   const at::Tensor w = detail::WithUnitChannelStride(w_in);
-  at::Tensor y = at::empty({d.batch, d.tokens, d.channels}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor y = at::empty({d.batch, d.tokens, d.channels},
+                           w.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor state;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa_causal (CPU)", [&] {
-    const at::ScalarType acc = detail::kAccScalarType<scalar_t>;
-    state = WorkingState(state_in, acc, d, w);
-    if (d.batch == 0 || d.tokens == 0) return;
-    const at::Tensor temp = temp_in.to(acc).contiguous();
-    const at::Tensor denom_bias = denom_bias_in.to(acc).contiguous();
-    const at::Tensor positions =
-        positions_in.has_value() ? positions_in->to(w.device()).contiguous() : at::Tensor();
-    CausalProblem<scalar_t> pr = MakeProblem<scalar_t>(options, w, d, temp, denom_bias, positions, state, y);
-    pr.batch_stride = w.stride(0);
-    pr.token_stride = w.stride(1);
-    pr.y_batch_stride = d.tokens * d.channels;
-    if (UseChunkedScan(options.causal_scan, d.batch, d.tokens)) {
-      ScanChunked(pr);
-    } else {
-      ScanSequential(pr);
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa_causal (CPU)", [&] {
+        const at::ScalarType acc = detail::kAccScalarType<scalar_t>;
+        state = WorkingState(state_in, acc, d, w);
+        if (d.batch == 0 || d.tokens == 0) return;
+        const at::Tensor temp = temp_in.to(acc).contiguous();
+        const at::Tensor denom_bias = denom_bias_in.to(acc).contiguous();
+        const at::Tensor positions =
+            positions_in.has_value() ? positions_in->to(w.device()).contiguous() : at::Tensor();
+        CausalProblem<scalar_t> pr =
+            MakeProblem<scalar_t>(options, w, d, temp, denom_bias, positions, state, y);
+        pr.batch_stride = w.stride(0);
+        pr.token_stride = w.stride(1);
+        pr.y_batch_stride = d.tokens * d.channels;
+        if (UseChunkedScan(options.causal_scan, d.batch, d.tokens)) {
+          ScanChunked(pr);
+        } else {
+          ScanSequential(pr);
+        }
+      });
   return {y, state.to(at::kFloat)};
 }
 
-at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w_in, const at::Tensor& temp_in,
-                          const at::Tensor& denom_bias_in, const at::Tensor& positions_in, at::Tensor& state) {
+at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w_in,
+                          const at::Tensor& temp_in, const at::Tensor& denom_bias_in,
+                          const at::Tensor& positions_in, at::Tensor& state) {
   const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state);
   const at::Tensor w = detail::WithUnitChannelStride(w_in);
-  at::Tensor y = at::empty({d.batch, d.channels}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor y =
+      at::empty({d.batch, d.channels}, w.options().memory_format(at::MemoryFormat::Contiguous));
   if (d.batch == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa_step (CPU)", [&] {
-    const at::ScalarType acc = detail::kAccScalarType<scalar_t>;
-    // The kernels update a contiguous state of the accumulation type in place: the caller's state
-    // itself when it is one (float32 contiguous, the usual case), else a working copy.
-    at::Tensor work = (state.scalar_type() == acc && state.is_contiguous()) ? state : WorkingState(state, acc, d, w);
-    const at::Tensor temp = temp_in.to(acc).contiguous();
-    const at::Tensor denom_bias = denom_bias_in.to(acc).contiguous();
-    const at::Tensor positions = positions_in.to(w.device()).contiguous();
-    CausalProblem<scalar_t> pr = MakeProblem<scalar_t>(options, w, d, temp, denom_bias, positions, work, y);
-    pr.batch_stride = w.stride(0);
-    pr.token_stride = 0;  // one token
-    pr.y_batch_stride = d.channels;
-    ScanSequential(pr);
-    if (!work.is_same(state)) state.copy_(work);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa_step (CPU)", [&] {
+        const at::ScalarType acc = detail::kAccScalarType<scalar_t>;
+        // The kernels update a contiguous state of the accumulation type in place: the caller's
+        // state itself when it is one (float32 contiguous, the usual case), else a working copy.
+        at::Tensor work = (state.scalar_type() == acc && state.is_contiguous())
+                              ? state
+                              : WorkingState(state, acc, d, w);
+        const at::Tensor temp = temp_in.to(acc).contiguous();
+        const at::Tensor denom_bias = denom_bias_in.to(acc).contiguous();
+        const at::Tensor positions = positions_in.to(w.device()).contiguous();
+        CausalProblem<scalar_t> pr =
+            MakeProblem<scalar_t>(options, w, d, temp, denom_bias, positions, work, y);
+        pr.batch_stride = w.stride(0);
+        pr.token_stride = 0;  // one token
+        pr.y_batch_stride = d.channels;
+        ScanSequential(pr);
+        if (!work.is_same(state)) state.copy_(work);
+      });
   return y;
 }
 

@@ -23,7 +23,7 @@ namespace tost::kernels::cpu {
 
 // How tssa_causal walks the token axis. Both give identical results.
 enum class CausalScan {
-  kAuto,        // chunked with >= 2 threads per sequence and >= 4 chunks of 256 tokens, else sequential
+  kAuto,  // chunked with >= 2 threads per sequence and >= 4 chunks of 256 tokens, else sequential
   kSequential,  // one pass per sequence (reads w once), sequences in parallel
   kChunked,     // three passes over fixed token chunks, chunks of every sequence in parallel
 };
@@ -47,11 +47,13 @@ at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tens
 
 // The same with explicit options, for tests and benchmarks.
 at::Tensor tssa_with(const CpuKernelOptions& options, const at::Tensor& w, const at::Tensor& temp);
-std::tuple<at::Tensor, at::Tensor> tssa_causal_with(const CpuKernelOptions& options, const at::Tensor& w,
-                                                    const at::Tensor& temp, const at::Tensor& denom_bias,
+std::tuple<at::Tensor, at::Tensor> tssa_causal_with(const CpuKernelOptions& options,
+                                                    const at::Tensor& w, const at::Tensor& temp,
+                                                    const at::Tensor& denom_bias,
                                                     const std::optional<at::Tensor>& state,
                                                     const std::optional<at::Tensor>& positions);
-at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w, const at::Tensor& temp,
-                          const at::Tensor& denom_bias, const at::Tensor& positions, at::Tensor& state);
+at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w,
+                          const at::Tensor& temp, const at::Tensor& denom_bias,
+                          const at::Tensor& positions, at::Tensor& state);
 
 }  // namespace tost::kernels::cpu

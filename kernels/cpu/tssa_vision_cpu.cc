@@ -3,8 +3,10 @@
 // Three passes over w, the fewest the math allows (Π needs ν from all tokens, the gate needs
 // ΣΠw² from all tokens):
 //   1. column pass     S1[c]  = Σ_j w[j,c]²                          -> 1/ν² = 1/max(√S1, 1e-12)²
-//   2. membership pass Π[j,k] = softmax_k(temp[k]·Σ_c w²/ν²), stored (N·K values, 1/48 of w at D=384);
-//                      S2[c] = Σ_j Π[j,k(c)]·w[j,c]², n[k] = Σ_j Π[j,k] -> gate = 1/(1 + S2/(n + 1e-8))
+//   2. membership pass Π[j,k] = softmax_k(temp[k]·Σ_c w²/ν²), stored (N·K values, 1/48 of w at
+//   D=384);
+//                      S2[c] = Σ_j Π[j,k(c)]·w[j,c]², n[k] = Σ_j Π[j,k] -> gate = 1/(1 + S2/(n +
+//                      1e-8))
 //   3. output pass     y[j,c] = −w[j,c]·Π[j,k(c)]·gate[c]
 // Each sequence's tokens are cut into chunks whose length depends only on N; a task is one
 // (sequence, chunk) and keeps its own partial sums, reduced in chunk order, so the result does
@@ -56,8 +58,8 @@ double LastLevelCacheBytes() {
 }
 
 template <typename T>
-void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_t row_stride, const TssaDims& d,
-             const AccType<T>* temp, T* y, bool stream) {
+void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_t row_stride,
+             const TssaDims& d, const AccType<T>* temp, T* y, bool stream) {
   using Acc = AccType<T>;
   const int64_t B = d.batch, N = d.tokens, D = d.channels, K = d.heads;
   const HeadShape shape{D, K, d.head_dim};
@@ -70,7 +72,9 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
   };
   const auto task = [&](int64_t t) {
     const int64_t b = t / chunks, r0 = (t % chunks) * chunk;
-    return Task{b, r0, RowsView<T>{w + b * batch_stride + r0 * row_stride, std::min(chunk, N - r0), row_stride}};
+    return Task{
+        b, r0,
+        RowsView<T>{w + b * batch_stride + r0 * row_stride, std::min(chunk, N - r0), row_stride}};
   };
 
   auto partial = Scratch<Acc>(tasks * D);    // per task: Σw², then ΣΠw²
@@ -100,8 +104,9 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
   std::fill_n(partial_n.get(), tasks * K, Acc(0));
   ParallelTasks(tasks, /*reverse=*/true, [&](int64_t t) {
     const Task tk = task(t);
-    kern.vision_membership(tk.rows, shape, inv_nu2.get() + tk.b * D, temp, pi.get() + t * pi_per_task,
-                           partial.get() + t * D, partial_n.get() + t * K);
+    kern.vision_membership(tk.rows, shape, inv_nu2.get() + tk.b * D, temp,
+                           pi.get() + t * pi_per_task, partial.get() + t * D,
+                           partial_n.get() + t * K);
   });
   // gate = 1/(1 + dots), dots = ΣΠw² / (ΣΠ + 1e-8).
   at::parallel_for(0, B * D, 4096, [&](int64_t begin, int64_t end) {
@@ -120,37 +125,42 @@ void RunTssa(const RowKernels<T>& kern, const T* w, int64_t batch_stride, int64_
   // around the caches: it would only evict w and cost a line read per line written.
   ParallelTasks(tasks, /*reverse=*/false, [&](int64_t t) {
     const Task tk = task(t);
-    kern.vision_output(tk.rows, shape, pi.get() + t * pi_per_task, gate.get() + tk.b * D, y + (tk.b * N + tk.r0) * D,
-                       stream);
+    kern.vision_output(tk.rows, shape, pi.get() + t * pi_per_task, gate.get() + tk.b * D,
+                       y + (tk.b * N + tk.r0) * D, stream);
   });
 }
 
 }  // namespace
 
-at::Tensor tssa_with(const CpuKernelOptions& options, const at::Tensor& w_in, const at::Tensor& temp_in) {
+at::Tensor tssa_with(const CpuKernelOptions& options, const at::Tensor& w_in,
+                     const at::Tensor& temp_in) {
   const TssaDims d = CheckTssaArgs(w_in, temp_in);
   const at::Tensor w = detail::WithUnitChannelStride(w_in);
-  at::Tensor y = at::empty({d.batch, d.tokens, d.channels}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor y = at::empty({d.batch, d.tokens, d.channels},
+                           w.options().memory_format(at::MemoryFormat::Contiguous));
   if (y.numel() == 0) return y;
   const CpuIsa isa = options.isa.value_or(ActiveCpuIsa());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa (CPU)", [&] {
-    using Acc = AccType<scalar_t>;
-    const at::Tensor temp = temp_in.to(detail::kAccScalarType<scalar_t>).contiguous();
-    const double sequence_bytes = static_cast<double>(d.tokens * d.channels) * sizeof(scalar_t);
-    const int64_t group = std::clamp<int64_t>(
-        static_cast<int64_t>(kGroupFractionOfCache * LastLevelCacheBytes() / sequence_bytes), 1, d.batch);
-    // y is streamed past the caches when the whole of it would not fit: the consumer reads it
-    // after every group, so caching one group's y would only evict the next group's w.
-    const bool stream = options.streaming_stores.value_or(static_cast<double>(y.nbytes()) >
-                                                          kStreamingFractionOfCache * LastLevelCacheBytes());
-    for (int64_t b0 = 0; b0 < d.batch; b0 += group) {
-      TssaDims part = d;
-      part.batch = std::min(group, d.batch - b0);
-      RunTssa<scalar_t>(KernelsFor<scalar_t>(isa), w.const_data_ptr<scalar_t>() + b0 * w.stride(0), w.stride(0),
-                        w.stride(1), part, temp.const_data_ptr<Acc>(),
-                        y.mutable_data_ptr<scalar_t>() + b0 * d.tokens * d.channels, stream);
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, w.scalar_type(), "tost::tssa (CPU)", [&] {
+        using Acc = AccType<scalar_t>;
+        const at::Tensor temp = temp_in.to(detail::kAccScalarType<scalar_t>).contiguous();
+        const double sequence_bytes = static_cast<double>(d.tokens * d.channels) * sizeof(scalar_t);
+        const int64_t group = std::clamp<int64_t>(
+            static_cast<int64_t>(kGroupFractionOfCache * LastLevelCacheBytes() / sequence_bytes), 1,
+            d.batch);
+        // y is streamed past the caches when the whole of it would not fit: the consumer reads it
+        // after every group, so caching one group's y would only evict the next group's w.
+        const bool stream = options.streaming_stores.value_or(
+            static_cast<double>(y.nbytes()) > kStreamingFractionOfCache * LastLevelCacheBytes());
+        for (int64_t b0 = 0; b0 < d.batch; b0 += group) {
+          TssaDims part = d;
+          part.batch = std::min(group, d.batch - b0);
+          RunTssa<scalar_t>(KernelsFor<scalar_t>(isa),
+                            w.const_data_ptr<scalar_t>() + b0 * w.stride(0), w.stride(0),
+                            w.stride(1), part, temp.const_data_ptr<Acc>(),
+                            y.mutable_data_ptr<scalar_t>() + b0 * d.tokens * d.channels, stream);
+        }
+      });
   return y;
 }
 

@@ -21,20 +21,24 @@
 namespace tost::kernels {
 namespace {
 
-bool UseReference(const at::Tensor& w, const TssaDims& d) { return w.scalar_type() == at::kDouble || d.channels == 0; }
+bool UseReference(const at::Tensor& w, const TssaDims& d) {
+  return w.scalar_type() == at::kDouble || d.channels == 0;
+}
 
 gpu::DType KernelDType(const at::Tensor& w, const char* op) {
   const at::ScalarType t = w.scalar_type();
   TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op,
               ": the CUDA kernel supports float32, float16, bfloat16 and float64 w, got ", t);
-  return t == at::kFloat ? gpu::DType::kFloat32 : t == at::kHalf ? gpu::DType::kFloat16 : gpu::DType::kBFloat16;
+  return t == at::kFloat  ? gpu::DType::kFloat32
+         : t == at::kHalf ? gpu::DType::kFloat16
+                          : gpu::DType::kBFloat16;
 }
 
 gpu::Dims KernelDims(const TssaDims& d, const char* op) {
   const gpu::Dims g{d.batch, d.tokens, d.channels, d.heads};
   const char* why = gpu::UnsupportedReason(g);
-  TORCH_CHECK(why == nullptr, op, ": ", why, " (got B=", d.batch, ", tokens=", d.tokens, ", D=", d.channels,
-              ", K=", d.heads, ")");
+  TORCH_CHECK(why == nullptr, op, ": ", why, " (got B=", d.batch, ", tokens=", d.tokens,
+              ", D=", d.channels, ", K=", d.heads, ")");
   return g;
 }
 
@@ -66,8 +70,9 @@ at::Tensor TssaCuda(const at::Tensor& w_in, const at::Tensor& temp_in) {
   const at::Tensor temp = Float32(temp_in);
   const gpu::Plan plan = gpu::PlanTssa(dims, SmCount());
   const at::Tensor ws = Workspace(w, plan.workspace_bytes);
-  CheckLaunch(gpu::LaunchTssa(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(), y.mutable_data_ptr(),
-                              ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream()),
+  CheckLaunch(gpu::LaunchTssa(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
+                              y.mutable_data_ptr(), ws.mutable_data_ptr(),
+                              at::cuda::getCurrentCUDAStream()),
               kOp);
   return y;
 }
@@ -78,7 +83,8 @@ std::tuple<at::Tensor, at::Tensor> TssaCausalCuda(const at::Tensor& w_in, const 
                                                   const std::optional<at::Tensor>& positions_in) {
   constexpr const char* kOp = "tost::tssa_causal (CUDA)";
   const TssaDims d = CheckCausalArgs(w_in, temp_in, denom_bias_in, state_in, positions_in);
-  if (UseReference(w_in, d)) return reference::tssa_causal(w_in, temp_in, denom_bias_in, state_in, positions_in);
+  if (UseReference(w_in, d))
+    return reference::tssa_causal(w_in, temp_in, denom_bias_in, state_in, positions_in);
   const gpu::DType dtype = KernelDType(w_in, kOp);
   const gpu::Dims dims = KernelDims(d, kOp);
   const c10::cuda::CUDAGuard guard(w_in.device());
@@ -88,34 +94,39 @@ std::tuple<at::Tensor, at::Tensor> TssaCausalCuda(const at::Tensor& w_in, const 
   at::Tensor y = at::empty(w.sizes(), w.options());
   if (d.batch == 0 || d.tokens == 0) {
     // No token: the state passes through unchanged (as a new tensor, like the reference).
-    at::Tensor state_out = state_in.has_value() ? state_in->clone(at::MemoryFormat::Contiguous)
-                                                : at::zeros({d.batch, width}, w.options().dtype(at::kFloat));
+    at::Tensor state_out = state_in.has_value()
+                               ? state_in->clone(at::MemoryFormat::Contiguous)
+                               : at::zeros({d.batch, width}, w.options().dtype(at::kFloat));
     return {y, state_out};
   }
   const at::Tensor temp = Float32(temp_in);
   const at::Tensor denom_bias = Float32(denom_bias_in);
   const at::Tensor state = state_in.has_value() ? state_in->contiguous() : at::Tensor();
-  const at::Tensor positions =
-      positions_in.has_value() ? positions_in->to(w.device(), at::kLong).contiguous() : at::Tensor();
+  const at::Tensor positions = positions_in.has_value()
+                                   ? positions_in->to(w.device(), at::kLong).contiguous()
+                                   : at::Tensor();
   at::Tensor state_out = at::empty({d.batch, width}, w.options().dtype(at::kFloat));
 
   const gpu::Plan plan = gpu::PlanTssaCausal(dims, SmCount());
   const at::Tensor ws = Workspace(w, plan.workspace_bytes);
-  CheckLaunch(gpu::LaunchTssaCausal(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
-                                    denom_bias.const_data_ptr<float>(), denom_bias.size(1),
-                                    state.defined() ? state.const_data_ptr<float>() : nullptr,
-                                    positions.defined() ? positions.const_data_ptr<int64_t>() : nullptr,
-                                    y.mutable_data_ptr(), state_out.mutable_data_ptr<float>(), ws.mutable_data_ptr(),
-                                    at::cuda::getCurrentCUDAStream()),
-              kOp);
+  CheckLaunch(
+      gpu::LaunchTssaCausal(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
+                            denom_bias.const_data_ptr<float>(), denom_bias.size(1),
+                            state.defined() ? state.const_data_ptr<float>() : nullptr,
+                            positions.defined() ? positions.const_data_ptr<int64_t>() : nullptr,
+                            y.mutable_data_ptr(), state_out.mutable_data_ptr<float>(),
+                            ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream()),
+      kOp);
   return {y, state_out};
 }
 
-at::Tensor TssaStepCuda(const at::Tensor& w_in, const at::Tensor& temp_in, const at::Tensor& denom_bias_in,
-                        const at::Tensor& positions_in, at::Tensor& state) {
+at::Tensor TssaStepCuda(const at::Tensor& w_in, const at::Tensor& temp_in,
+                        const at::Tensor& denom_bias_in, const at::Tensor& positions_in,
+                        at::Tensor& state) {
   constexpr const char* kOp = "tost::tssa_step (CUDA)";
   const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state);
-  if (UseReference(w_in, d)) return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state);
+  if (UseReference(w_in, d))
+    return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state);
   const gpu::DType dtype = KernelDType(w_in, kOp);
   const gpu::Dims dims = KernelDims(d, kOp);
   const c10::cuda::CUDAGuard guard(w_in.device());
@@ -128,11 +139,11 @@ at::Tensor TssaStepCuda(const at::Tensor& w_in, const at::Tensor& temp_in, const
   const at::Tensor positions = positions_in.to(w.device(), at::kLong).contiguous();
   // The kernel updates a contiguous state in place; a strided one is updated through a copy.
   at::Tensor st = state.is_contiguous() ? state : state.contiguous();
-  CheckLaunch(
-      gpu::LaunchTssaStep(dims, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
-                          denom_bias.const_data_ptr<float>(), denom_bias.size(1), positions.const_data_ptr<int64_t>(),
-                          st.mutable_data_ptr<float>(), y.mutable_data_ptr(), at::cuda::getCurrentCUDAStream()),
-      kOp);
+  CheckLaunch(gpu::LaunchTssaStep(dims, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
+                                  denom_bias.const_data_ptr<float>(), denom_bias.size(1),
+                                  positions.const_data_ptr<int64_t>(), st.mutable_data_ptr<float>(),
+                                  y.mutable_data_ptr(), at::cuda::getCurrentCUDAStream()),
+              kOp);
   if (!st.is_same(state)) state.copy_(st);
   return y;
 }

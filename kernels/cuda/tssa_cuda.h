@@ -50,17 +50,19 @@ Plan PlanTssa(const Dims& d, int sm_count);
 Plan PlanTssaCausal(const Dims& d, int sm_count);
 
 // Vision TSSA (global statistics over the N tokens): y = −w·Π/(1 + dots).
-cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp, void* y,
-                       void* workspace, cudaStream_t stream);
+cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w,
+                       const float* temp, void* y, void* workspace, cudaStream_t stream);
 
 // Causal TSSA prefill: y and state_out (S1 unclamped, S2, S3 after the last token). `state_in` and
 // `positions` may be null (zeros). state_out must not alias state_in.
-cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp,
-                             const float* denom_bias, int64_t tmax, const float* state_in, const int64_t* positions,
-                             void* y, float* state_out, void* workspace, cudaStream_t stream);
+cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const void* w,
+                             const float* temp, const float* denom_bias, int64_t tmax,
+                             const float* state_in, const int64_t* positions, void* y,
+                             float* state_out, void* workspace, cudaStream_t stream);
 
 // Causal TSSA decode step (d.tokens must be 1): one token per sequence, `state` updated in place.
-cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp, const float* denom_bias,
-                           int64_t tmax, const int64_t* positions, float* state, void* y, cudaStream_t stream);
+cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp,
+                           const float* denom_bias, int64_t tmax, const int64_t* positions,
+                           float* state, void* y, cudaStream_t stream);
 
 }  // namespace tost::kernels::gpu

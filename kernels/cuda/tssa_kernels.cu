@@ -1,9 +1,9 @@
 // CUDA kernels of the three TSSA operators (docs/tost-reference.md §1.1, §2.1, §2.2). The ATen
 // reference (kernels/reference.cc) is the ground truth; the eps placement follows it exactly:
 //   vision  ν = max(sqrt(Σ_j w²), 1e-12)           (clamp on the norm)
-//   causal  S1 = max(S1_0 + Σ_{s≤t} w², 1e-12)     (clamp on the squared sum, state keeps it unclamped)
-//   both    dots = Σ Π·w² / (Σ Π + 1e-8),  y = (−w·Π) / (1 + dots)
-//   causal  logit = temp[k] · (Σ_c w²/S1 + p·δ[k, pos])
+//   causal  S1 = max(S1_0 + Σ_{s≤t} w², 1e-12)     (clamp on the squared sum, state keeps it
+//   unclamped) both    dots = Σ Π·w² / (Σ Π + 1e-8),  y = (−w·Π) / (1 + dots) causal  logit =
+//   temp[k] · (Σ_c w²/S1 + p·δ[k, pos])
 // All statistics are float32 at every input precision; every reduction has a fixed order, so
 // results are deterministic run to run (no floating-point atomics).
 //
@@ -37,9 +37,11 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpSize = 32;
 
 constexpr int kColumnThreads = 256;  // ChunkSumSq, TssaStats, TssaApply
-constexpr int kRowThreads = 256;     // CausalStats, CausalApply, Step: thread i owns channels i + j·blockDim
+constexpr int kRowThreads =
+    256;  // CausalStats, CausalApply, Step: thread i owns channels i + j·blockDim
 constexpr int kMaxChannelsPerThread = 32;
-static_assert(kMaxChannelsPerThread * kRowThreads >= kMaxChannels, "row kernels must cover kMaxChannels");
+static_assert(kMaxChannelsPerThread * kRowThreads >= kMaxChannels,
+              "row kernels must cover kMaxChannels");
 constexpr int kElementwiseThreads = 256;
 constexpr int64_t kMaxChunkTokens = 64;
 constexpr int64_t kMinChunkTokens = 8;
@@ -115,7 +117,9 @@ __host__ __device__ constexpr int RowUnroll() {
 // channels in registers. Without an explicit value ptxas trades a few spills for occupancy;
 // these bounds (register caps 64, 85 or 255 at 256 threads) are the tightest that compile
 // spill-free for sm_80 and sm_90 (checked with -Xptxas=-v, see TOST_CUDA_PTXAS_VERBOSE).
-__host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) { return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1); }
+__host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) {
+  return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1);
+}
 __host__ __device__ constexpr int CausalApplyMinBlocks(int cpt) { return cpt <= 8 ? 4 : 1; }
 __host__ __device__ constexpr int StepMinBlocks(int cpt) { return cpt <= 16 ? 4 : 1; }
 
@@ -139,7 +143,8 @@ __device__ __forceinline__ float WarpMax(float v) {
 // first_pass + pass_stride, ... cover the heads. The group leader hands (k, sum) to `sink`.
 // Must be called by all 32 lanes of the warp (the pass loop is warp-uniform).
 template <typename Q, typename Sink>
-__device__ __forceinline__ void HeadSums(int heads, int p, int group, int first_pass, int pass_stride, Q q, Sink sink) {
+__device__ __forceinline__ void HeadSums(int heads, int p, int group, int first_pass,
+                                         int pass_stride, Q q, Sink sink) {
   const int lane = threadIdx.x & (kWarpSize - 1);
   const int per_pass = kWarpSize / group;
   const int g = lane / group;
@@ -179,8 +184,8 @@ __device__ __forceinline__ void WarpSoftmaxInPlace(float* x, int heads) {
 // part[b][g][c] = Σ_{t ∈ chunk g} w[b,t,c]²   (layout [B][chunks][D]). grid (chunks, B).
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
-    ChunkSumSqKernel(const T* __restrict__ w, float* __restrict__ part, int64_t tokens, int D, int64_t chunk_tokens,
-                     int chunks) {
+    ChunkSumSqKernel(const T* __restrict__ w, float* __restrict__ part, int64_t tokens, int D,
+                     int64_t chunk_tokens, int chunks) {
   const int g = blockIdx.x;
   const int b = blockIdx.y;
   const int64_t t0 = g * chunk_tokens;
@@ -191,7 +196,7 @@ __global__ void __launch_bounds__(kColumnThreads)
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
-#pragma unroll(RowUnroll<V>())
+#pragma unroll(RowUnroll <V>())
     for (int r = 0; r < rows; ++r) {
       float v[V];
       LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
@@ -206,8 +211,9 @@ __global__ void __launch_bounds__(kColumnThreads)
 // In-place exclusive scan over chunks of part[b][g][i] (layout [B][chunks][width]), seeded with
 // state_in[b][offset + i] (or 0); the total goes to state_out[b][offset + i].
 __global__ void __launch_bounds__(kElementwiseThreads)
-    ChunkScanKernel(float* __restrict__ part, int64_t batch, int chunks, int width, const float* __restrict__ state_in,
-                    int64_t state_width, int offset, float* __restrict__ state_out) {
+    ChunkScanKernel(float* __restrict__ part, int64_t batch, int chunks, int width,
+                    const float* __restrict__ state_in, int64_t state_width, int offset,
+                    float* __restrict__ state_out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= batch * width) return;
   const int64_t b = idx / width;
@@ -227,7 +233,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 
 // nu[b][c] = max(sqrt(Σ_g part[b][g][c]), 1e-12).
 __global__ void __launch_bounds__(kElementwiseThreads)
-    NormKernel(const float* __restrict__ part, float* __restrict__ nu, int64_t batch, int chunks, int D) {
+    NormKernel(const float* __restrict__ part, float* __restrict__ nu, int64_t batch, int chunks,
+               int D) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= batch * D) return;
   const int64_t b = idx / D;
@@ -243,9 +250,10 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 // (layout [B][chunks][D+K]). grid (chunks, B), dynamic shared memory chunk_tokens·K floats.
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
-    TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ nu,
-                    float* __restrict__ pi, float* __restrict__ part, int64_t tokens, int D, int K, int p, int group,
-                    int64_t chunk_tokens, int chunks) {
+    TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
+                    const float* __restrict__ nu, float* __restrict__ pi, float* __restrict__ part,
+                    int64_t tokens, int D, int K, int p, int group, int64_t chunk_tokens,
+                    int chunks) {
   extern __shared__ float pi_s[];  // [rows][K]
   const int g = blockIdx.x;
   const int b = blockIdx.y;
@@ -285,7 +293,7 @@ __global__ void __launch_bounds__(kColumnThreads)
       hk[i] = (c + i) / p;
       acc[i] = 0.f;
     }
-#pragma unroll(RowUnroll<V>())
+#pragma unroll(RowUnroll <V>())
     for (int r = 0; r < rows; ++r) {
       float v[V];
       LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
@@ -304,8 +312,8 @@ __global__ void __launch_bounds__(kColumnThreads)
 
 // denom[b][c] = 1 + Σ_g part[b][g][c] / (Σ_g part[b][g][D+k(c)] + 1e-8).
 __global__ void __launch_bounds__(kElementwiseThreads)
-    GateKernel(const float* __restrict__ part, float* __restrict__ denom, int64_t batch, int chunks, int D, int K,
-               int p) {
+    GateKernel(const float* __restrict__ part, float* __restrict__ denom, int64_t batch, int chunks,
+               int D, int K, int p) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= batch * D) return;
   const int64_t b = idx / D;
@@ -325,8 +333,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 // y[b,t,c] = (−w·Π[b,t,k(c)]) / denom[b][c]. grid (chunks, B).
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
-    TssaApplyKernel(const T* __restrict__ w, const float* __restrict__ pi, const float* __restrict__ denom,
-                    T* __restrict__ y, int64_t tokens, int D, int K, int p, int64_t chunk_tokens) {
+    TssaApplyKernel(const T* __restrict__ w, const float* __restrict__ pi,
+                    const float* __restrict__ denom, T* __restrict__ y, int64_t tokens, int D,
+                    int K, int p, int64_t chunk_tokens) {
   const int g = blockIdx.x;
   const int b = blockIdx.y;
   const int64_t t0 = g * chunk_tokens;
@@ -344,7 +353,7 @@ __global__ void __launch_bounds__(kColumnThreads)
       hk[i] = (c + i) / p;
       den[i] = denb[c + i];
     }
-#pragma unroll(RowUnroll<V>())
+#pragma unroll(RowUnroll <V>())
     for (int r = 0; r < rows; ++r) {
       float v[V];
       LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
@@ -366,10 +375,11 @@ __global__ void __launch_bounds__(kColumnThreads)
 // grid (chunks, B), dynamic shared memory (tile·(D+K) + K) floats.
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
-    CausalStatsKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ denom_bias,
-                      int64_t tmax, const int64_t* __restrict__ positions, const float* __restrict__ prefix1,
-                      float* __restrict__ pi, float* __restrict__ part23, int64_t tokens, int D, int K, int p,
-                      int group, int64_t chunk_tokens, int chunks, int tile) {
+    CausalStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
+                      const float* __restrict__ denom_bias, int64_t tmax,
+                      const int64_t* __restrict__ positions, const float* __restrict__ prefix1,
+                      float* __restrict__ pi, float* __restrict__ part23, int64_t tokens, int D,
+                      int K, int p, int group, int64_t chunk_tokens, int chunks, int tile) {
   extern __shared__ float smem[];
   float* q_s = smem;              // [tile][D]
   float* pi_s = q_s + tile * D;   // [tile][K]
@@ -466,8 +476,9 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
 // the local inclusive scans of Π·w² and Π, and y = (−w·Π) / (1 + S2/(S3 + 1e-8)). grid (chunks, B).
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
-    CausalApplyKernel(const T* __restrict__ w, const float* __restrict__ pi, const float* __restrict__ prefix23,
-                      T* __restrict__ y, int64_t tokens, int D, int K, int p, int64_t chunk_tokens, int chunks) {
+    CausalApplyKernel(const T* __restrict__ w, const float* __restrict__ pi,
+                      const float* __restrict__ prefix23, T* __restrict__ y, int64_t tokens, int D,
+                      int K, int p, int64_t chunk_tokens, int chunks) {
   const int g = blockIdx.x;
   const int b = blockIdx.y;
   const int tid = threadIdx.x;
@@ -509,9 +520,10 @@ __global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
 // Dynamic shared memory (D + 2K) floats.
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
-    StepKernel(const T* __restrict__ w, const float* __restrict__ temp, const float* __restrict__ denom_bias,
-               int64_t tmax, const int64_t* __restrict__ positions, float* __restrict__ state, T* __restrict__ y, int D,
-               int K, int p, int group) {
+    StepKernel(const T* __restrict__ w, const float* __restrict__ temp,
+               const float* __restrict__ denom_bias, int64_t tmax,
+               const int64_t* __restrict__ positions, float* __restrict__ state, T* __restrict__ y,
+               int D, int K, int p, int group) {
   extern __shared__ float smem[];
   float* q_s = smem;       // [D]
   float* pi_s = q_s + D;   // [K]
@@ -585,8 +597,8 @@ int HeadGroup(int64_t p) {
 // Threads of a column kernel covering D channels V at a time: whole warps, at most kColumnThreads.
 int ColumnThreads(int64_t D, int V) {
   const int64_t lanes = CeilDiv(D, V);
-  return static_cast<int>(
-      std::min<int64_t>(kColumnThreads, std::max<int64_t>(kWarpSize, CeilDiv(lanes, kWarpSize) * kWarpSize)));
+  return static_cast<int>(std::min<int64_t>(
+      kColumnThreads, std::max<int64_t>(kWarpSize, CeilDiv(lanes, kWarpSize) * kWarpSize)));
 }
 
 // Channels per thread of the causal and step kernels: the smallest power of two that covers D
@@ -598,7 +610,8 @@ int ChannelsPerThread(int64_t D) {
 }
 
 int ThreadsFor(int64_t D, int cpt) {
-  return static_cast<int>(std::max<int64_t>(kWarpSize, CeilDiv(CeilDiv(D, cpt), kWarpSize) * kWarpSize));
+  return static_cast<int>(
+      std::max<int64_t>(kWarpSize, CeilDiv(CeilDiv(D, cpt), kWarpSize) * kWarpSize));
 }
 
 // Tokens per chunk: up to kMaxChunkTokens, halved (down to kMinChunkTokens) while there are fewer
@@ -612,7 +625,8 @@ int64_t ChunkTokens(const Dims& d, int sm_count) {
 
 int CausalTile(const Dims& d, int64_t chunk_tokens) {
   const int64_t fit = (static_cast<int64_t>(kCausalTileFloats) - d.heads) / (d.channels + d.heads);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({fit, kMaxTileTokens, chunk_tokens})));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({fit, kMaxTileTokens, chunk_tokens})));
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -651,8 +665,8 @@ TssaWorkspace CarveTssa(const Dims& d, int64_t chunks, void* base) {
 }
 
 template <typename T, int V>
-cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* temp, T* y, void* workspace,
-                    cudaStream_t stream) {
+cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* temp, T* y,
+                    void* workspace, cudaStream_t stream) {
   const TssaWorkspace ws = CarveTssa(d, plan.chunks, workspace);
   const int D = static_cast<int>(d.channels);
   const int K = static_cast<int>(d.heads);
@@ -662,23 +676,26 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
   const int col_threads = ColumnThreads(D, V);
   const unsigned elem_blocks = static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads));
 
-  ChunkSumSqKernel<T, V><<<grid, col_threads, 0, stream>>>(w, ws.part, d.tokens, D, plan.chunk_tokens, chunks);
+  ChunkSumSqKernel<T, V>
+      <<<grid, col_threads, 0, stream>>>(w, ws.part, d.tokens, D, plan.chunk_tokens, chunks);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   NormKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   const size_t stats_smem = sizeof(float) * plan.chunk_tokens * K;
-  TssaStatsKernel<T, V><<<grid, kColumnThreads, stats_smem, stream>>>(w, temp, ws.vec, ws.pi, ws.part, d.tokens, D, K,
-                                                                      p, HeadGroup(p), plan.chunk_tokens, chunks);
+  TssaStatsKernel<T, V><<<grid, kColumnThreads, stats_smem, stream>>>(
+      w, temp, ws.vec, ws.pi, ws.part, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  GateKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D, K, p);
+  GateKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D,
+                                                              K, p);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  TssaApplyKernel<T, V><<<grid, col_threads, 0, stream>>>(w, ws.pi, ws.vec, y, d.tokens, D, K, p, plan.chunk_tokens);
+  TssaApplyKernel<T, V>
+      <<<grid, col_threads, 0, stream>>>(w, ws.pi, ws.vec, y, d.tokens, D, K, p, plan.chunk_tokens);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t LaunchTssaT(const Dims& d, const Plan& plan, const void* w, const float* temp, void* y, void* workspace,
-                        cudaStream_t stream) {
+cudaError_t LaunchTssaT(const Dims& d, const Plan& plan, const void* w, const float* temp, void* y,
+                        void* workspace, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const T* wt = static_cast<const T*>(w);
   T* yt = static_cast<T*>(y);
@@ -716,8 +733,9 @@ CausalWorkspace CarveCausal(const Dims& d, int64_t chunks, void* base) {
 }
 
 template <typename T, int CPT>
-cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const float* temp, const float* denom_bias,
-                           int64_t tmax, const float* state_in, const int64_t* positions, T* y, float* state_out,
+cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const float* temp,
+                           const float* denom_bias, int64_t tmax, const float* state_in,
+                           const int64_t* positions, T* y, float* state_out,
                            const CausalWorkspace& ws, cudaStream_t stream) {
   const int D = static_cast<int>(d.channels);
   const int K = static_cast<int>(d.heads);
@@ -728,26 +746,29 @@ cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const fl
   const int threads = ThreadsFor(D, CPT);
   const int tile = CausalTile(d, plan.chunk_tokens);
 
-  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads)), kElementwiseThreads, 0, stream>>>(
-      ws.part1, d.batch, chunks, D, state_in, state_width, 0, state_out);
+  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads)),
+                    kElementwiseThreads, 0, stream>>>(ws.part1, d.batch, chunks, D, state_in,
+                                                      state_width, 0, state_out);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   const size_t stats_smem = sizeof(float) * (static_cast<size_t>(tile) * (D + K) + K);
-  CausalStatsKernel<T, CPT><<<grid, threads, stats_smem, stream>>>(w, temp, denom_bias, tmax, positions, ws.part1,
-                                                                   ws.pi, ws.part23, d.tokens, D, K, p, HeadGroup(p),
-                                                                   plan.chunk_tokens, chunks, tile);
+  CausalStatsKernel<T, CPT><<<grid, threads, stats_smem, stream>>>(
+      w, temp, denom_bias, tmax, positions, ws.part1, ws.pi, ws.part23, d.tokens, D, K, p,
+      HeadGroup(p), plan.chunk_tokens, chunks, tile);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads)), kElementwiseThreads, 0,
-                    stream>>>(ws.part23, d.batch, chunks, D + K, state_in, state_width, D, state_out);
+  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads)),
+                    kElementwiseThreads, 0, stream>>>(ws.part23, d.batch, chunks, D + K, state_in,
+                                                      state_width, D, state_out);
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  CausalApplyKernel<T, CPT>
-      <<<grid, threads, 0, stream>>>(w, ws.pi, ws.part23, y, d.tokens, D, K, p, plan.chunk_tokens, chunks);
+  CausalApplyKernel<T, CPT><<<grid, threads, 0, stream>>>(w, ws.pi, ws.part23, y, d.tokens, D, K, p,
+                                                          plan.chunk_tokens, chunks);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, const float* temp,
-                          const float* denom_bias, int64_t tmax, const float* state_in, const int64_t* positions,
-                          void* y_raw, float* state_out, void* workspace, cudaStream_t stream) {
+                          const float* denom_bias, int64_t tmax, const float* state_in,
+                          const int64_t* positions, void* y_raw, float* state_out, void* workspace,
+                          cudaStream_t stream) {
   const CausalWorkspace ws = CarveCausal(d, plan.chunks, workspace);
   const T* w = static_cast<const T*>(w_raw);
   T* y = static_cast<T*>(y_raw);
@@ -757,35 +778,42 @@ cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, co
 
   constexpr int kVec = 16 / sizeof(T);
   if (d.channels % kVec == 0 && Aligned16(w)) {
-    ChunkSumSqKernel<T, kVec>
-        <<<grid, ColumnThreads(D, kVec), 0, stream>>>(w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
+    ChunkSumSqKernel<T, kVec><<<grid, ColumnThreads(D, kVec), 0, stream>>>(
+        w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
   } else {
-    ChunkSumSqKernel<T, 1>
-        <<<grid, ColumnThreads(D, 1), 0, stream>>>(w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
+    ChunkSumSqKernel<T, 1><<<grid, ColumnThreads(D, 1), 0, stream>>>(w, ws.part1, d.tokens, D,
+                                                                     plan.chunk_tokens, chunks);
   }
   TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
 
   switch (ChannelsPerThread(D)) {
     case 1:
-      return RunCausalScans<T, 1>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 1>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                  state_out, ws, stream);
     case 2:
-      return RunCausalScans<T, 2>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 2>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                  state_out, ws, stream);
     case 4:
-      return RunCausalScans<T, 4>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 4>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                  state_out, ws, stream);
     case 8:
-      return RunCausalScans<T, 8>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 8>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                  state_out, ws, stream);
     case 16:
-      return RunCausalScans<T, 16>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 16>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                   state_out, ws, stream);
     default:
-      return RunCausalScans<T, 32>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, ws, stream);
+      return RunCausalScans<T, 32>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                   state_out, ws, stream);
   }
 }
 
 // -- step -----------------------------------------------------------------------------------------
 
 template <typename T, int CPT>
-cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* denom_bias, int64_t tmax,
-                    const int64_t* positions, float* state, T* y, cudaStream_t stream) {
+cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* denom_bias,
+                    int64_t tmax, const int64_t* positions, float* state, T* y,
+                    cudaStream_t stream) {
   const int D = static_cast<int>(d.channels);
   const int K = static_cast<int>(d.heads);
   const int p = D / K;
@@ -796,8 +824,9 @@ cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* d
 }
 
 template <typename T>
-cudaError_t LaunchStepT(const Dims& d, const void* w, const float* temp, const float* denom_bias, int64_t tmax,
-                        const int64_t* positions, float* state, void* y, cudaStream_t stream) {
+cudaError_t LaunchStepT(const Dims& d, const void* w, const float* temp, const float* denom_bias,
+                        int64_t tmax, const int64_t* positions, float* state, void* y,
+                        cudaStream_t stream) {
   const T* wt = static_cast<const T*>(w);
   T* yt = static_cast<T*>(y);
   switch (ChannelsPerThread(d.channels)) {
@@ -852,8 +881,8 @@ Plan PlanTssaCausal(const Dims& d, int sm_count) {
   return plan;
 }
 
-cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp, void* y,
-                       void* workspace, cudaStream_t stream) {
+cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w,
+                       const float* temp, void* y, void* workspace, cudaStream_t stream) {
   if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kFloat32:
@@ -866,27 +895,30 @@ cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void*
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const void* w, const float* temp,
-                             const float* denom_bias, int64_t tmax, const float* state_in, const int64_t* positions,
-                             void* y, float* state_out, void* workspace, cudaStream_t stream) {
+cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const void* w,
+                             const float* temp, const float* denom_bias, int64_t tmax,
+                             const float* state_in, const int64_t* positions, void* y,
+                             float* state_out, void* workspace, cudaStream_t stream) {
   if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kFloat32:
-      return LaunchCausalT<float>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, workspace,
-                                  stream);
+      return LaunchCausalT<float>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                  state_out, workspace, stream);
     case DType::kFloat16:
-      return LaunchCausalT<__half>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out, workspace,
-                                   stream);
+      return LaunchCausalT<__half>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,
+                                   state_out, workspace, stream);
     case DType::kBFloat16:
-      return LaunchCausalT<__nv_bfloat16>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y, state_out,
-                                          workspace, stream);
+      return LaunchCausalT<__nv_bfloat16>(d, plan, w, temp, denom_bias, tmax, state_in, positions,
+                                          y, state_out, workspace, stream);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp, const float* denom_bias,
-                           int64_t tmax, const int64_t* positions, float* state, void* y, cudaStream_t stream) {
-  if (UnsupportedReason(d) != nullptr || d.tokens != 1 || d.batch < 1 || d.channels < 1 || positions == nullptr) {
+cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp,
+                           const float* denom_bias, int64_t tmax, const int64_t* positions,
+                           float* state, void* y, cudaStream_t stream) {
+  if (UnsupportedReason(d) != nullptr || d.tokens != 1 || d.batch < 1 || d.channels < 1 ||
+      positions == nullptr) {
     return cudaErrorInvalidValue;
   }
   switch (dtype) {

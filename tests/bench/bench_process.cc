@@ -90,7 +90,8 @@ std::map<std::string, double> RunChild(const std::vector<std::string>& args) {
                              "); output:\n" + output);
   }
   const size_t at = output.rfind("RESULT");
-  if (at == std::string::npos) throw std::runtime_error("child" + args_text + " printed no RESULT line:\n" + output);
+  if (at == std::string::npos)
+    throw std::runtime_error("child" + args_text + " printed no RESULT line:\n" + output);
   std::istringstream line(output.substr(at + 6, output.find('\n', at) - at - 6));
   std::map<std::string, double> values;
   std::string item;

@@ -63,10 +63,11 @@ tost::model::LanguageConfig BenchConfig(bool quick) {
 void WriteModel(const fs::path& repo, const tost::model::LanguageConfig& c) {
   const fs::path dir = repo / "bench-lm";
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << "{\"name\":\"bench-lm\",\"architecture\":\"tost_lm\",\"trained\":false,"
-                                     << "\"lm\":{\"n_layer\":" << c.n_layer << ",\"n_head\":" << c.n_head
-                                     << ",\"n_embd\":" << c.n_embd << ",\"context_length\":" << c.context_length
-                                     << ",\"vocab_size\":" << c.vocab_size << "},\"tokenizer\":{\"type\":\"byte\"}}";
+  std::ofstream(dir / "config.json")
+      << "{\"name\":\"bench-lm\",\"architecture\":\"tost_lm\",\"trained\":false,"
+      << "\"lm\":{\"n_layer\":" << c.n_layer << ",\"n_head\":" << c.n_head
+      << ",\"n_embd\":" << c.n_embd << ",\"context_length\":" << c.context_length
+      << ",\"vocab_size\":" << c.vocab_size << "},\"tokenizer\":{\"type\":\"byte\"}}";
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 0.02f);
   std::vector<std::vector<float>> storage;
@@ -76,15 +77,18 @@ void WriteModel(const fs::path& repo, const tost::model::LanguageConfig& c) {
     int64_t n = 1;
     for (int64_t d : e.shape) n *= d;
     std::vector<float> v(n);
-    const bool ones = e.name.find("ln_") != std::string::npos || e.name.find("gamma") != std::string::npos ||
+    const bool ones = e.name.find("ln_") != std::string::npos ||
+                      e.name.find("gamma") != std::string::npos ||
                       e.name.find("temp") != std::string::npos;
     const bool zeros = e.name.find("denom_bias") != std::string::npos;
     for (float& x : v) x = ones ? 1.f : zeros ? 0.f : normal(rng);
     storage.push_back(std::move(v));
     tensors.push_back({e.name, tost::model::StDtype::kF32, e.shape,
-                       std::string_view(reinterpret_cast<const char*>(storage.back().data()), n * sizeof(float))});
+                       std::string_view(reinterpret_cast<const char*>(storage.back().data()),
+                                        n * sizeof(float))});
   }
-  std::ofstream(dir / "model.safetensors", std::ios::binary) << tost::model::SerializeSafetensors(tensors);
+  std::ofstream(dir / "model.safetensors", std::ios::binary)
+      << tost::model::SerializeSafetensors(tensors);
 }
 
 // A GPT of the same dims with a KV cache: the softmax-attention baseline for P4/P5.
@@ -95,8 +99,8 @@ class KvCacheGpt {
     wte_ = w({c.vocab_size, c.n_embd});
     wpe_ = w({c.context_length, c.n_embd});
     for (int64_t l = 0; l < c.n_layer; ++l) {
-      layers_.push_back({w({3 * c.n_embd, c.n_embd}), w({c.n_embd, c.n_embd}), w({4 * c.n_embd, c.n_embd}),
-                         w({c.n_embd, 4 * c.n_embd}),
+      layers_.push_back({w({3 * c.n_embd, c.n_embd}), w({c.n_embd, c.n_embd}),
+                         w({4 * c.n_embd, c.n_embd}), w({c.n_embd, 4 * c.n_embd}),
                          at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head}),
                          at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head})});
     }
@@ -111,13 +115,17 @@ class KvCacheGpt {
       const auto qkv = at::linear(h, L.qkv).view({1, 3, c_.n_head, 1, p}).unbind(1);
       L.k.select(2, pos).copy_(qkv[1].squeeze(2));
       L.v.select(2, pos).copy_(qkv[2].squeeze(2));
-      const at::Tensor att = at::scaled_dot_product_attention(qkv[0], L.k.slice(2, 0, pos + 1), L.v.slice(2, 0, pos + 1));
+      const at::Tensor att = at::scaled_dot_product_attention(qkv[0], L.k.slice(2, 0, pos + 1),
+                                                              L.v.slice(2, 0, pos + 1));
       x = x + at::linear(att.reshape({1, c_.n_embd}), L.proj);
-      x = x + at::linear(at::gelu(at::linear(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), L.fc)), L.fc_out);
+      x = x + at::linear(at::gelu(at::linear(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), L.fc)),
+                         L.fc_out);
     }
     return at::matmul(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), wte_.t());
   }
-  int64_t CacheBytesPerSequence(int64_t tokens) const { return 2 * c_.n_layer * tokens * c_.n_embd * 4; }
+  int64_t CacheBytesPerSequence(int64_t tokens) const {
+    return 2 * c_.n_layer * tokens * c_.n_embd * 4;
+  }
 
  private:
   struct Layer {
@@ -159,22 +167,30 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
       const int32_t token = 65;
       auto t0 = Clock::now();
       for (int k = 0; k < args.steps; ++k) (void)(*lm)->Step(absl::MakeConstSpan(&token, 1), ptr);
-      tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / args.steps);
+      tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
+                           args.steps);
       t0 = Clock::now();
       for (int k = 0; k < args.steps; ++k) kv.Step(65, positions[i] + k % 64);
-      kv_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / args.steps);
+      kv_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
+                         args.steps);
     }
   }
   const double t100 = Median(tost_ms[0]), t4000 = Median(tost_ms[1]);
   const double k100 = Median(kv_ms[0]), k4000 = Median(kv_ms[1]);
-  std::printf("\nP4 decode latency, one sequence (ms/token, median of %d interleaved rounds of %d steps)\n", rounds, args.steps);
+  std::printf(
+      "\nP4 decode latency, one sequence (ms/token, median of %d interleaved rounds of %d steps)\n",
+      rounds, args.steps);
   std::printf("  %-28s %10s %10s %8s\n", "model", "pos 100", "pos 4000", "ratio");
-  std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", "ToST (tssa_step)", t100, t4000, t4000 / t100);
+  std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", "ToST (tssa_step)", t100, t4000,
+              t4000 / t100);
   std::printf("  %-28s %10.3f %10.3f %8.3f\n", "KV-cache GPT (SDPA)", k100, k4000, k4000 / k100);
   const double state_bytes = static_cast<double>(states[0].ByteSize());
   const double kv_bytes = static_cast<double>(kv.CacheBytesPerSequence(4096));
-  std::printf("\nP5 memory per sequence: ToST state %.1f KB at any length; KV cache at 4096 tokens %.1f MB: %.0fx "
-              "(target >= 1000x)\n", state_bytes / 1024, kv_bytes / (1 << 20), kv_bytes / state_bytes);
+  std::printf(
+      "\nP5 memory per sequence: ToST state %.1f KB at any length; KV cache at 4096 tokens %.1f "
+      "MB: %.0fx "
+      "(target >= 1000x)\n",
+      state_bytes / 1024, kv_bytes / (1 << 20), kv_bytes / state_bytes);
 }
 
 // One Generate stream; returns tokens received.
@@ -202,8 +218,9 @@ void RunP6(const fs::path& repo, const Args& args) {
     close(fds[0]);
     const std::string repo_flag = "--model_repository=" + repo.string();
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
-    execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0", slots.c_str(),
-          "--metrics_port=0", static_cast<char*>(nullptr));  // metrics on (as deployed), on a free port
+    execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0",
+          slots.c_str(), "--metrics_port=0",
+          static_cast<char*>(nullptr));  // metrics on (as deployed), on a free port
     _exit(127);
   }
   close(fds[1]);
@@ -228,7 +245,8 @@ void RunP6(const fs::path& repo, const Args& args) {
     std::vector<int> got(args.sessions);
     std::vector<std::thread> threads;
     t0 = Clock::now();
-    for (int i = 0; i < args.sessions; ++i) threads.emplace_back([&, i] { got[i] = Stream(*stub, args.tokens, 100 + i); });
+    for (int i = 0; i < args.sessions; ++i)
+      threads.emplace_back([&, i] { got[i] = Stream(*stub, args.tokens, 100 + i); });
     for (auto& t : threads) t.join();
     int total = 0;
     for (int g : got) total += std::max(g, 0);
@@ -240,24 +258,32 @@ void RunP6(const fs::path& repo, const Args& args) {
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);
   const double a = Median(one), b = Median(many);
-  std::printf("\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d rounds)\n",
-              args.tokens, rounds);
-  std::printf("  1 stream: %.1f tokens/s; %d streams: %.1f tokens/s; ratio %.1fx (target >= 8x); "
-              "largest decode batch %d\n", a, args.sessions, b, b / a,
-              status.generators_size() ? status.generators(0).max_decode_batch() : 0);
+  std::printf(
+      "\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d "
+      "rounds)\n",
+      args.tokens, rounds);
+  std::printf(
+      "  1 stream: %.1f tokens/s; %d streams: %.1f tokens/s; ratio %.1fx (target >= 8x); "
+      "largest decode batch %d\n",
+      a, args.sessions, b, b / a,
+      status.generators_size() ? status.generators(0).max_decode_batch() : 0);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
-  args.server_bin = (fs::path(argv[0]).parent_path() / ".." / ".." / "service" / "tost_server").string();
+  args.server_bin =
+      (fs::path(argv[0]).parent_path() / ".." / ".." / "service" / "tost_server").string();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help") {
-      std::printf("tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] [--steps=64]\n"
-                  "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV cache\n"
-                  "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
+      std::printf(
+          "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
+          "[--steps=64]\n"
+          "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
+          "cache\n"
+          "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
       return 0;
     }
     if (a == "--quick") args.quick = true;

@@ -35,7 +35,8 @@
 namespace tost::bench {
 namespace {
 
-constexpr const char* kUsage = R"(tssa_bench: fused CPU TSSA kernel vs the ATen reference and DRAM bandwidth (P1),
+constexpr const char* kUsage =
+    R"(tssa_bench: fused CPU TSSA kernel vs the ATen reference and DRAM bandwidth (P1),
 TSSA layer vs softmax-attention layers in time and peak memory (P2).
 
 usage: tssa_bench [--quick] [--threads=N] [--sections=LIST]
@@ -69,7 +70,8 @@ constexpr int64_t kHeads = 8;
 struct Args {
   bool quick = false;
   int threads = 0;
-  std::vector<std::string> sections = {"bandwidth", "kernel", "causal", "layer-time", "layer-memory"};
+  std::vector<std::string> sections = {"bandwidth", "kernel", "causal", "layer-time",
+                                       "layer-memory"};
   std::vector<std::pair<int64_t, int64_t>> sizes;  // kernel section (B, N); empty: the default grid
   // Child mode.
   std::string variant;
@@ -207,7 +209,10 @@ struct Bandwidth {
 class BandwidthProbe {
  public:
   explicit BandwidthProbe(const at::Tensor& src)
-      : b_(src), a_(at::empty_like(src)), c_(at::full_like(src, 0.5)), bytes_(static_cast<double>(src.nbytes())) {
+      : b_(src),
+        a_(at::empty_like(src)),
+        c_(at::full_like(src, 0.5)),
+        bytes_(static_cast<double>(src.nbytes())) {
     a_.zero_();  // pages mapped before timing
   }
   double ReadMs() const {
@@ -228,11 +233,13 @@ class BandwidthProbe {
     const char* src = static_cast<const char*>(b_.const_data_ptr());
     FlushCaches();
     // Through the kernels' ParallelTasks: at::parallel_for would run on one thread here (its OpenMP
-    // region exists only in translation units compiled with -fopenmp, see kernels/cpu/CMakeLists.txt).
+    // region exists only in translation units compiled with -fopenmp, see
+    // kernels/cpu/CMakeLists.txt).
     constexpr int64_t kChunk = 4 << 20;
     return TimeMs([&] {
       kernels::cpu::ParallelTasks((n + kChunk - 1) / kChunk, /*reverse=*/false, [&](int64_t t) {
-        std::memcpy(dst + t * kChunk, src + t * kChunk, static_cast<size_t>(std::min(kChunk, n - t * kChunk)));
+        std::memcpy(dst + t * kChunk, src + t * kChunk,
+                    static_cast<size_t>(std::min(kChunk, n - t * kChunk)));
       });
     });
   }
@@ -254,8 +261,8 @@ Bandwidth MeasureBandwidth(int64_t array_bytes, int repeats) {
     tm.push_back(probe.MemcpyMs());
   }
   const double bytes = probe.bytes();
-  return Bandwidth{bytes / Median(tr) / 1e6, 2 * bytes / Median(tc) / 1e6, 3 * bytes / Median(tt) / 1e6,
-                   2 * bytes / Median(tm) / 1e6};
+  return Bandwidth{bytes / Median(tr) / 1e6, 2 * bytes / Median(tc) / 1e6,
+                   3 * bytes / Median(tt) / 1e6, 2 * bytes / Median(tm) / 1e6};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,7 +314,8 @@ int RunKernelRowChild(const Args& args) {
   // both see the same machine (other tenants' load varies over a run).
   std::optional<BandwidthProbe> probe;
   const double w_bytes = static_cast<double>(w.nbytes());
-  if (w_bytes > static_cast<double>(LastLevelCacheBytes()) && args.alloc == "retain") probe.emplace(w);
+  if (w_bytes > static_cast<double>(LastLevelCacheBytes()) && args.alloc == "retain")
+    probe.emplace(w);
   // w beyond the cache: every call starts on a cold cache (a call following another over the same
   // w would find the tail of w still cached); within the cache: every call starts with w warm, as
   // it is when the qkv projection has just written it. Both need preparing before each call: the
@@ -329,8 +337,10 @@ int RunKernelRowChild(const Args& args) {
     tf.push_back(TimeMs([&] { kernels::tssa(w, temp); }));
     if (probe) tp_read.push_back(probe->ReadMs()), tp_copy.push_back(probe->MemcpyMs());
   }
-  std::map<std::string, double> result{{"ref_ms", Median(tr)}, {"fused_ms", Median(tf)}, {"repeats", reps}};
-  if (probe) result["probe_gbs"] = std::max(w_bytes / Median(tp_read), 2 * w_bytes / Median(tp_copy)) / 1e6;
+  std::map<std::string, double> result{
+      {"ref_ms", Median(tr)}, {"fused_ms", Median(tf)}, {"repeats", reps}};
+  if (probe)
+    result["probe_gbs"] = std::max(w_bytes / Median(tp_read), 2 * w_bytes / Median(tp_copy)) / 1e6;
   std::printf("%s\n", ResultLine(result).c_str());
   return 0;
 }
@@ -340,7 +350,8 @@ bool RunKernelSection(const Args& args, const Bandwidth& bw) {
   if (sizes.empty()) {
     for (const int64_t b : {1, 8}) {
       for (const int64_t n : args.quick ? std::vector<int64_t>{256, 1024, 4096}
-                                        : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}) {
+                                        : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192,
+                                                               16384, 32768, 65536}) {
         if (!(args.quick && b == 8 && n > 1024)) sizes.emplace_back(b, n);
       }
     }
@@ -350,9 +361,10 @@ bool RunKernelSection(const Args& args, const Bandwidth& bw) {
   for (const auto& [b, n] : sizes) {
     KernelRow row{b, n};
     for (int mode = 0; mode < 2; ++mode) {
-      std::vector<std::string> child = {"--variant=kernel-row", std::string("--alloc=") + kAllocModes[mode],
-                                        "--batch=" + std::to_string(b), "--tokens=" + std::to_string(n),
-                                        "--threads=" + std::to_string(at::get_num_threads())};
+      std::vector<std::string> child = {
+          "--variant=kernel-row", std::string("--alloc=") + kAllocModes[mode],
+          "--batch=" + std::to_string(b), "--tokens=" + std::to_string(n),
+          "--threads=" + std::to_string(at::get_num_threads())};
       if (args.quick) child.push_back("--quick");
       std::map<std::string, double> r;
       try {
@@ -365,33 +377,44 @@ bool RunKernelSection(const Args& args, const Bandwidth& bw) {
       row.ref_ms[mode] = r["ref_ms"];
       row.fused_ms[mode] = r["fused_ms"];
       if (r.count("probe_gbs")) row.probe_gbs = r["probe_gbs"];
-      std::printf("  kernel %-7s B=%ld N=%-6ld reference %9.3f ms  fused %8.3f ms  (%5.1fx, %6.1f GB/s)  [%g repeats]\n",
-                  kAllocModes[mode], b, n, row.ref_ms[mode], row.fused_ms[mode], row.ref_ms[mode] / row.fused_ms[mode],
-                  row.gbs(row.fused_ms[mode]), r["repeats"]);
+      std::printf(
+          "  kernel %-7s B=%ld N=%-6ld reference %9.3f ms  fused %8.3f ms  (%5.1fx, %6.1f GB/s)  "
+          "[%g repeats]\n",
+          kAllocModes[mode], b, n, row.ref_ms[mode], row.fused_ms[mode],
+          row.ref_ms[mode] / row.fused_ms[mode], row.gbs(row.fused_ms[mode]), r["repeats"]);
       std::fflush(stdout);
     }
     rows.push_back(row);
   }
 
-  std::printf("\nP1  fused tost::tssa vs reference::tssa (D=%ld, K=%ld, float32, %d threads, kernels ISA %s)\n",
-              kChannels, kHeads, at::get_num_threads(),
-              std::string(kernels::cpu::CpuIsaName(kernels::cpu::ActiveCpuIsa())).c_str());
-  std::printf("  DRAM bandwidth of these threads (best of read/copy/triad/memcpy): %.1f GB/s%s\n", bw.best(),
-              args.quick ? " [quick: arrays fit in cache, not DRAM]" : "");
-  std::printf("  warm: malloc keeps freed memory (no page faults on repeated calls); glibc: allocator defaults\n"
-              "  (blocks >= 32 MiB are fresh pages every call). eff GB/s = 4 x bytes(w) / time (three reads and\n"
-              "  one write of w). probe = best of read and memcpy bandwidth over w's size, timed between the same\n"
-              "  repeats (rows with w > LLC)\n");
-  std::printf("  %2s %6s | %10s %10s %8s %9s %8s %15s | %10s %10s %8s\n", "B", "N", "ref ms", "fused ms", "speedup",
-              "eff GB/s", "of DRAM", "of probe (GB/s)", "glibc ref", "glibc fus", "speedup");
+  std::printf(
+      "\nP1  fused tost::tssa vs reference::tssa (D=%ld, K=%ld, float32, %d threads, kernels ISA "
+      "%s)\n",
+      kChannels, kHeads, at::get_num_threads(),
+      std::string(kernels::cpu::CpuIsaName(kernels::cpu::ActiveCpuIsa())).c_str());
+  std::printf("  DRAM bandwidth of these threads (best of read/copy/triad/memcpy): %.1f GB/s%s\n",
+              bw.best(), args.quick ? " [quick: arrays fit in cache, not DRAM]" : "");
+  std::printf(
+      "  warm: malloc keeps freed memory (no page faults on repeated calls); glibc: allocator "
+      "defaults\n"
+      "  (blocks >= 32 MiB are fresh pages every call). eff GB/s = 4 x bytes(w) / time (three "
+      "reads and\n"
+      "  one write of w). probe = best of read and memcpy bandwidth over w's size, timed between "
+      "the same\n"
+      "  repeats (rows with w > LLC)\n");
+  std::printf("  %2s %6s | %10s %10s %8s %9s %8s %15s | %10s %10s %8s\n", "B", "N", "ref ms",
+              "fused ms", "speedup", "eff GB/s", "of DRAM", "of probe (GB/s)", "glibc ref",
+              "glibc fus", "speedup");
   for (const KernelRow& r : rows) {
     char probe[32] = "";
     if (r.probe_gbs > 0) {
-      std::snprintf(probe, sizeof(probe), "%3.0f%% (%5.1f)", 100 * r.gbs(r.fused_ms[0]) / r.probe_gbs, r.probe_gbs);
+      std::snprintf(probe, sizeof(probe), "%3.0f%% (%5.1f)",
+                    100 * r.gbs(r.fused_ms[0]) / r.probe_gbs, r.probe_gbs);
     }
-    std::printf("  %2ld %6ld | %10.3f %10.3f %7.1fx %9.1f %7.0f%% %15s | %10.3f %10.3f %7.1fx\n", r.batch, r.tokens,
-                r.ref_ms[0], r.fused_ms[0], r.ref_ms[0] / r.fused_ms[0], r.gbs(r.fused_ms[0]),
-                100 * r.gbs(r.fused_ms[0]) / bw.best(), probe, r.ref_ms[1], r.fused_ms[1], r.ref_ms[1] / r.fused_ms[1]);
+    std::printf("  %2ld %6ld | %10.3f %10.3f %7.1fx %9.1f %7.0f%% %15s | %10.3f %10.3f %7.1fx\n",
+                r.batch, r.tokens, r.ref_ms[0], r.fused_ms[0], r.ref_ms[0] / r.fused_ms[0],
+                r.gbs(r.fused_ms[0]), 100 * r.gbs(r.fused_ms[0]) / bw.best(), probe, r.ref_ms[1],
+                r.fused_ms[1], r.ref_ms[1] / r.fused_ms[1]);
   }
   return ok;
 }
@@ -405,22 +428,27 @@ bool RunCausalSection(const Args& args) {
   struct Case {
     int64_t batch, tokens;
   };
-  const std::vector<Case> prefill = args.quick ? std::vector<Case>{{1, 1024}} : std::vector<Case>{{1, 4096}, {8, 1024}};
+  const std::vector<Case> prefill =
+      args.quick ? std::vector<Case>{{1, 1024}} : std::vector<Case>{{1, 4096}, {8, 1024}};
   const at::Tensor temp = RandomInput({kHeads}, 3).abs() + 0.5;
   bool ok = true;
   // As the kernel rows' "warm" mode: otherwise whichever variant runs after the reference's
   // temporaries are trimmed pays the page faults of its output.
   ConfigureAllocator(AllocatorMode::kRetain);
-  std::printf("\nCausal prefill tost::tssa_causal vs reference (D=%ld, K=%ld, float32, %d threads)\n", kChannels, kHeads,
-              at::get_num_threads());
-  std::printf("  %2s %6s %10s %14s %12s %9s\n", "B", "T", "ref ms", "sequential ms", "chunked ms", "speedup");
+  std::printf(
+      "\nCausal prefill tost::tssa_causal vs reference (D=%ld, K=%ld, float32, %d threads)\n",
+      kChannels, kHeads, at::get_num_threads());
+  std::printf("  %2s %6s %10s %14s %12s %9s\n", "B", "T", "ref ms", "sequential ms", "chunked ms",
+              "speedup");
   for (const Case& c : prefill) {
     const at::Tensor w = RandomInput({c.batch, c.tokens, kChannels}, 40);
     const at::Tensor delta = RandomInput({kHeads, c.tokens}, 41) * 0.2;
     kernels::cpu::CpuKernelOptions seq, chunked;
     seq.causal_scan = CausalScan::kSequential;
     chunked.causal_scan = CausalScan::kChunked;
-    const auto run_ref = [&] { return kernels::reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt); };
+    const auto run_ref = [&] {
+      return kernels::reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt);
+    };
     const auto run = [&](const kernels::cpu::CpuKernelOptions& o) {
       return kernels::cpu::tssa_causal_with(o, w, temp, delta, std::nullopt, std::nullopt);
     };
@@ -436,10 +464,11 @@ bool RunCausalSection(const Args& args) {
       tc.push_back(TimeMs([&] { run(chunked); }));
     }
     const double best = std::min(Median(ts), Median(tc));
-    std::printf("  %2ld %6ld %10.3f %14.3f %12.3f %8.1fx\n", c.batch, c.tokens, Median(tr), Median(ts), Median(tc),
-                Median(tr) / best);
+    std::printf("  %2ld %6ld %10.3f %14.3f %12.3f %8.1fx\n", c.batch, c.tokens, Median(tr),
+                Median(ts), Median(tc), Median(tr) / best);
   }
-  std::printf("  decode step tost::tssa_step vs reference (one token per sequence, state in place)\n");
+  std::printf(
+      "  decode step tost::tssa_step vs reference (one token per sequence, state in place)\n");
   std::printf("  %4s %12s %12s %9s\n", "B", "ref us", "fused us", "speedup");
   for (const int64_t b : {int64_t{1}, int64_t{64}}) {
     const at::Tensor w = RandomInput({b, kChannels}, 50);
@@ -452,14 +481,16 @@ bool RunCausalSection(const Args& args) {
     for (int r = 0; r < reps; ++r) {
       // Same state every repeat: each call starts from a copy, outside the timed region.
       s_ref.copy_(state), s_fused.copy_(state);
-      tr.push_back(TimeMs([&] { kernels::reference::tssa_step(w, temp, delta, positions, s_ref); }));
+      tr.push_back(
+          TimeMs([&] { kernels::reference::tssa_step(w, temp, delta, positions, s_ref); }));
       tf.push_back(TimeMs([&] { kernels::tssa_step(w, temp, delta, positions, s_fused); }));
     }
     if (!at::allclose(s_ref, s_fused, 1e-5, 1e-4)) {
       std::fprintf(stderr, "MISMATCH: tssa_step state at B=%ld\n", b);
       ok = false;
     }
-    std::printf("  %4ld %12.1f %12.1f %8.1fx\n", b, 1e3 * Median(tr), 1e3 * Median(tf), Median(tr) / Median(tf));
+    std::printf("  %4ld %12.1f %12.1f %8.1fx\n", b, 1e3 * Median(tr), 1e3 * Median(tf),
+                Median(tr) / Median(tf));
   }
   return ok;
 }
@@ -499,7 +530,8 @@ class Layer {
       o = at::scaled_dot_product_attention(q, k, v);
     } else {
       // As ViT computes it: attn = softmax((q @ kᵀ) · scale); attn @ v.
-      const at::Tensor attn = at::softmax(at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd))), -1);
+      const at::Tensor attn =
+          at::softmax(at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd))), -1);
       o = at::matmul(attn, v);
     }
     return (*out_)(o.transpose(1, 2).reshape({b, n, kChannels}));
@@ -528,7 +560,8 @@ int RunChildVariant(const Args& args) {
     layer.Forward(x);  // warm-up: thread pools, library workspaces
     ReleaseFreeMemory();
     const MemoryStatus before = ReadMemoryStatus();
-    if (!ResetPeakRss()) throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
+    if (!ResetPeakRss())
+      throw std::runtime_error("cannot reset VmHWM through /proc/self/clear_refs");
     const at::Tensor y = layer.Forward(x);
     const MemoryStatus after = ReadMemoryStatus();
     result["peak_bytes"] = static_cast<double>(after.hwm_bytes - before.rss_bytes);
@@ -544,7 +577,8 @@ int RunChildVariant(const Args& args) {
 std::vector<std::string> ChildArgs(const std::string& variant, const std::string& layer,
                                    int64_t tokens, int repeats) {
   return {"--variant=" + variant, "--layer=" + layer, "--tokens=" + std::to_string(tokens),
-          "--repeats=" + std::to_string(repeats), "--threads=" + std::to_string(at::get_num_threads())};
+          "--repeats=" + std::to_string(repeats),
+          "--threads=" + std::to_string(at::get_num_threads())};
 }
 
 void RunLayerTimeSection(const Args& args) {
@@ -562,9 +596,10 @@ void RunLayerTimeSection(const Args& args) {
       }
     }
   }
-  std::printf("\nP2a TSSA layer (qkv D->D, tost::tssa, to_out) vs softmax-attention layer (qkv D->3D, "
-              "at::scaled_dot_product_attention, proj), D=%ld, %ld heads, batch 1\n",
-              kChannels, kHeads);
+  std::printf(
+      "\nP2a TSSA layer (qkv D->D, tost::tssa, to_out) vs softmax-attention layer (qkv D->3D, "
+      "at::scaled_dot_product_attention, proj), D=%ld, %ld heads, batch 1\n",
+      kChannels, kHeads);
   std::printf("  %6s %12s %12s %9s\n", "N", "TSSA ms", "SDPA ms", "SDPA/TSSA");
   for (const int64_t n : tokens) {
     const double t = Median(times[{"tssa", n}]), s = Median(times[{"sdpa", n}]);
@@ -579,38 +614,49 @@ void RunLayerMemorySection(const Args& args) {
   for (const int64_t n : tokens) {
     for (const std::string layer : {"tssa", "materialised", "sdpa"}) {
       peak[{layer, n}] = RunChild(ChildArgs("layer-memory", layer, n, 1))["peak_bytes"];
-      std::printf("  layer-memory %-12s N=%-6ld peak %.1f MiB\n", layer.c_str(), n, peak[{layer, n}] / (1 << 20));
+      std::printf("  layer-memory %-12s N=%-6ld peak %.1f MiB\n", layer.c_str(), n,
+                  peak[{layer, n}] / (1 << 20));
       std::fflush(stdout);
     }
   }
-  std::printf("\nP2b peak memory of one forward (VmHWM growth, own process each), D=%ld, batch 1\n", kChannels);
-  std::printf("  %6s %12s %18s %9s %12s\n", "N", "TSSA MiB", "softmax(QK^T)V MiB", "ratio", "SDPA MiB");
+  std::printf("\nP2b peak memory of one forward (VmHWM growth, own process each), D=%ld, batch 1\n",
+              kChannels);
+  std::printf("  %6s %12s %18s %9s %12s\n", "N", "TSSA MiB", "softmax(QK^T)V MiB", "ratio",
+              "SDPA MiB");
   for (const int64_t n : tokens) {
     const double t = peak[{"tssa", n}], m = peak[{"materialised", n}], s = peak[{"sdpa", n}];
-    std::printf("  %6ld %12.1f %18.1f %8.1fx %12.1f\n", n, t / (1 << 20), m / (1 << 20), m / std::max(t, 1.0),
-                s / (1 << 20));
+    std::printf("  %6ld %12.1f %18.1f %8.1fx %12.1f\n", n, t / (1 << 20), m / (1 << 20),
+                m / std::max(t, 1.0), s / (1 << 20));
   }
 }
 
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  at::set_num_threads(args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency()));
+  at::set_num_threads(args.threads > 0 ? args.threads
+                                       : static_cast<int>(std::thread::hardware_concurrency()));
   if (!args.variant.empty()) return RunChildVariant(args);
 
   c10::InferenceMode guard;
-  std::printf("tssa_bench%s: %s, %d threads (%u CPUs), LibTorch %d.%d.%d CPU capability %s, last-level cache %.0f MiB, "
-              "load average %s\n",
-              args.quick ? " --quick" : "", CpuModel().c_str(), at::get_num_threads(), std::thread::hardware_concurrency(),
-              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, at::get_cpu_capability().c_str(),
-              LastLevelCacheBytes() / 1048576.0, LoadAverage().c_str());
+  std::printf(
+      "tssa_bench%s: %s, %d threads (%u CPUs), LibTorch %d.%d.%d CPU capability %s, last-level "
+      "cache %.0f MiB, "
+      "load average %s\n",
+      args.quick ? " --quick" : "", CpuModel().c_str(), at::get_num_threads(),
+      std::thread::hardware_concurrency(), TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+      TORCH_VERSION_PATCH, at::get_cpu_capability().c_str(), LastLevelCacheBytes() / 1048576.0,
+      LoadAverage().c_str());
   bool ok = true;
   Bandwidth bw;
   if (Wants(args, "bandwidth") || Wants(args, "kernel")) {
-    const int64_t bytes = args.quick ? (64 << 20) : std::max<int64_t>(4 * LastLevelCacheBytes(), 256 << 20);
+    const int64_t bytes =
+        args.quick ? (64 << 20) : std::max<int64_t>(4 * LastLevelCacheBytes(), 256 << 20);
     bw = MeasureBandwidth(bytes, args.quick ? 3 : 7);
-    std::printf("\nMemory bandwidth, %d threads, %.0f MiB arrays: read %.1f GB/s, copy %.1f GB/s, triad %.1f GB/s, "
-                "memcpy %.1f GB/s\n",
-                at::get_num_threads(), bytes / 1048576.0, bw.read_gbs, bw.copy_gbs, bw.triad_gbs, bw.memcpy_gbs);
+    std::printf(
+        "\nMemory bandwidth, %d threads, %.0f MiB arrays: read %.1f GB/s, copy %.1f GB/s, triad "
+        "%.1f GB/s, "
+        "memcpy %.1f GB/s\n",
+        at::get_num_threads(), bytes / 1048576.0, bw.read_gbs, bw.copy_gbs, bw.triad_gbs,
+        bw.memcpy_gbs);
   }
   if (Wants(args, "kernel")) ok = RunKernelSection(args, bw) && ok;
   if (Wants(args, "causal")) ok = RunCausalSection(args) && ok;

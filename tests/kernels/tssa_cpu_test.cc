@@ -66,13 +66,13 @@ void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, const std
   const auto [rtol, atol] = Tolerance(precision.value_or(expected.scalar_type()));
   const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
   const bool ok = at::allclose(a, e, rtol, atol);
-  EXPECT_TRUE(ok) << what << ": max |diff| = " << (a - e).abs().max().item<double>()
-                  << " (rtol " << rtol << ", atol " << atol << ")";
+  EXPECT_TRUE(ok) << what << ": max |diff| = " << (a - e).abs().max().item<double>() << " (rtol "
+                  << rtol << ", atol " << atol << ")";
 }
 
 std::string Name(at::ScalarType dtype, const Shape& s, int64_t tokens) {
-  return std::string(c10::toString(dtype)) + " D=" + std::to_string(s.channels) + " K=" + std::to_string(s.heads) +
-         " tokens=" + std::to_string(tokens);
+  return std::string(c10::toString(dtype)) + " D=" + std::to_string(s.channels) +
+         " K=" + std::to_string(s.heads) + " tokens=" + std::to_string(tokens);
 }
 
 class TssaCpu : public testing::TestWithParam<CpuIsa> {
@@ -91,7 +91,8 @@ TEST_P(TssaCpu, VisionMatchesReference) {
       for (const int64_t n : kTokenCounts) {
         const at::Tensor w = (Randn({2, n, s.channels}, 11 + n) * 1.5 + 0.2).to(dtype);
         const at::Tensor temp = Randn({s.heads}, 5).abs() + 0.5;
-        ExpectClose(cpu::tssa_with(Options(), w, temp), reference::tssa(w, temp), Name(dtype, s, n));
+        ExpectClose(cpu::tssa_with(Options(), w, temp), reference::tssa(w, temp),
+                    Name(dtype, s, n));
       }
     }
   }
@@ -106,8 +107,10 @@ TEST_P(TssaCpu, CausalMatchesReferenceWithBothScans) {
         const at::Tensor delta = Randn({s.heads, t + 3}, 7) * 0.3;
         auto [y_ref, st_ref] = reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt);
         for (const CausalScan scan : {CausalScan::kSequential, CausalScan::kChunked}) {
-          const std::string what = Name(dtype, s, t) + (scan == CausalScan::kChunked ? " chunked" : " sequential");
-          auto [y, st] = cpu::tssa_causal_with(Options(scan), w, temp, delta, std::nullopt, std::nullopt);
+          const std::string what =
+              Name(dtype, s, t) + (scan == CausalScan::kChunked ? " chunked" : " sequential");
+          auto [y, st] =
+              cpu::tssa_causal_with(Options(scan), w, temp, delta, std::nullopt, std::nullopt);
           ExpectClose(y, y_ref, what + " y");
           // The state is float32 whatever w is; bf16/fp16 inputs are exact in it.
           ExpectClose(st, st_ref, what + " state");
@@ -137,7 +140,8 @@ TEST_P(TssaCpu, ManyHeadsMatchReference) {
         const at::Tensor positions = at::full({2}, n, at::kLong);
         const at::Tensor w_step = w.select(1, 0);
         ExpectClose(cpu::tssa_step_with(Options(), w_step, temp, delta, positions, step_state),
-                    reference::tssa_step(w_step, temp, delta, positions, step_state_ref), what + " step");
+                    reference::tssa_step(w_step, temp, delta, positions, step_state_ref),
+                    what + " step");
         ExpectClose(step_state, step_state_ref, what + " step state");
       }
     }
@@ -151,13 +155,15 @@ TEST_P(TssaCpu, CausalScansAreBitIdenticalAcrossStrategiesAndBatches) {
     const at::Tensor delta = Randn({8, 1100}, 33) * 0.3;
     const at::Tensor state = Randn({3, StateWidth(384, 8)}, 34).abs() * 50;
     const at::Tensor positions = at::tensor({0L, 17L, 100L});
-    auto [y_seq, st_seq] = cpu::tssa_causal_with(Options(CausalScan::kSequential), w, temp, delta, state, positions);
-    auto [y_chk, st_chk] = cpu::tssa_causal_with(Options(CausalScan::kChunked), w, temp, delta, state, positions);
+    auto [y_seq, st_seq] =
+        cpu::tssa_causal_with(Options(CausalScan::kSequential), w, temp, delta, state, positions);
+    auto [y_chk, st_chk] =
+        cpu::tssa_causal_with(Options(CausalScan::kChunked), w, temp, delta, state, positions);
     EXPECT_TRUE(at::equal(y_seq, y_chk)) << c10::toString(dtype);
     EXPECT_TRUE(at::equal(st_seq, st_chk)) << c10::toString(dtype);
     // A sequence's result does not depend on what else is in the batch.
-    auto [y_one, st_one] = cpu::tssa_causal_with(Options(), w.slice(0, 1, 2), temp, delta, state.slice(0, 1, 2),
-                                                 positions.slice(0, 1, 2));
+    auto [y_one, st_one] = cpu::tssa_causal_with(Options(), w.slice(0, 1, 2), temp, delta,
+                                                 state.slice(0, 1, 2), positions.slice(0, 1, 2));
     EXPECT_TRUE(at::equal(y_one, y_seq.slice(0, 1, 2))) << c10::toString(dtype);
     EXPECT_TRUE(at::equal(st_one, st_seq.slice(0, 1, 2))) << c10::toString(dtype);
   }
@@ -183,7 +189,8 @@ TEST_P(TssaCpu, StreamingStoresWriteTheSameOutput) {
     CpuKernelOptions on = Options(), off = Options();
     on.streaming_stores = true;
     off.streaming_stores = false;
-    EXPECT_TRUE(at::equal(cpu::tssa_with(on, w, temp), cpu::tssa_with(off, w, temp))) << "D=" << s.channels;
+    EXPECT_TRUE(at::equal(cpu::tssa_with(on, w, temp), cpu::tssa_with(off, w, temp)))
+        << "D=" << s.channels;
   }
 }
 
@@ -200,7 +207,8 @@ TEST_P(TssaCpu, StridedInputsAreReadInPlaceOrCopiedWithTheSameResult) {
   for (const auto& [what, w] : cases) {
     ASSERT_FALSE(w.is_contiguous()) << what;
     const at::Tensor wc = w.contiguous();
-    EXPECT_TRUE(at::equal(cpu::tssa_with(Options(), w, temp), cpu::tssa_with(Options(), wc, temp))) << what;
+    EXPECT_TRUE(at::equal(cpu::tssa_with(Options(), w, temp), cpu::tssa_with(Options(), wc, temp)))
+        << what;
     ExpectClose(cpu::tssa_with(Options(), w, temp), reference::tssa(wc, temp), what);
     auto [y, st] = cpu::tssa_causal_with(Options(), w, temp, delta, std::nullopt, std::nullopt);
     auto [yc, stc] = cpu::tssa_causal_with(Options(), wc, temp, delta, std::nullopt, std::nullopt);
@@ -214,7 +222,8 @@ TEST_P(TssaCpu, StridedInputsAreReadInPlaceOrCopiedWithTheSameResult) {
   at::Tensor state = state_big.slice(1, 0, StateWidth(384, 8));
   at::Tensor state_ref = state.clone();
   const at::Tensor y = cpu::tssa_step_with(Options(), w_step, temp, delta, positions, state);
-  const at::Tensor y_ref = reference::tssa_step(w_step.contiguous(), temp, delta, positions, state_ref);
+  const at::Tensor y_ref =
+      reference::tssa_step(w_step.contiguous(), temp, delta, positions, state_ref);
   ExpectClose(y, y_ref, "strided step y");
   ExpectClose(state, state_ref, "strided step state");
 }
@@ -225,12 +234,14 @@ TEST_P(TssaCpu, ChunkedPrefillWithStateAndPositionsEqualsWhole) {
     const at::Tensor w = (Randn({2, T, D}, 61) * 2).to(dtype);
     const at::Tensor temp = Randn({K}, 62).abs() + 0.5;
     const at::Tensor delta = Randn({K, T}, 63) * 0.2;
-    auto [whole, whole_state] = cpu::tssa_causal_with(Options(), w, temp, delta, std::nullopt, std::nullopt);
+    auto [whole, whole_state] =
+        cpu::tssa_causal_with(Options(), w, temp, delta, std::nullopt, std::nullopt);
     std::optional<at::Tensor> state;
     at::Tensor positions = at::zeros({2}, at::kLong);
     std::vector<at::Tensor> parts;
     for (auto [start, len] : {std::pair{0, 1}, {1, 299}, {300, 7}, {307, 693}}) {
-      auto [y, st] = cpu::tssa_causal_with(Options(), w.slice(1, start, start + len), temp, delta, state, positions);
+      auto [y, st] = cpu::tssa_causal_with(Options(), w.slice(1, start, start + len), temp, delta,
+                                           state, positions);
       parts.push_back(y);
       state = st;
       positions = positions + len;
@@ -238,10 +249,12 @@ TEST_P(TssaCpu, ChunkedPrefillWithStateAndPositionsEqualsWhole) {
     // The state between the parts is float32 (the contract), so float64 inputs continue at float32
     // precision.
     const at::ScalarType precision = dtype == at::kDouble ? at::kFloat : dtype;
-    ExpectClose(at::cat(parts, 1), whole, std::string(c10::toString(dtype)) + " chunked y", precision);
+    ExpectClose(at::cat(parts, 1), whole, std::string(c10::toString(dtype)) + " chunked y",
+                precision);
     EXPECT_TRUE(at::allclose(*state, whole_state, 1e-5, 1e-4)) << c10::toString(dtype);
     auto [y_ref, st_ref] = reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt);
-    ExpectClose(at::cat(parts, 1), y_ref, std::string(c10::toString(dtype)) + " chunked vs reference", precision);
+    ExpectClose(at::cat(parts, 1), y_ref,
+                std::string(c10::toString(dtype)) + " chunked vs reference", precision);
   }
 }
 
@@ -257,8 +270,8 @@ TEST_P(TssaCpu, StepsEqualPrefillAtMixedPositions) {
   at::Tensor state = at::zeros({3, StateWidth(D, K)}, at::kFloat);
   for (int64_t b = 0; b < 3; ++b) {
     if (prefill[b] == 0) continue;
-    auto [y, st] = cpu::tssa_causal_with(Options(), w.slice(0, b, b + 1).slice(1, 0, prefill[b]), temp, delta,
-                                         std::nullopt, std::nullopt);
+    auto [y, st] = cpu::tssa_causal_with(Options(), w.slice(0, b, b + 1).slice(1, 0, prefill[b]),
+                                         temp, delta, std::nullopt, std::nullopt);
     state[b].copy_(st[0]);
   }
   std::vector<int64_t> pos = prefill;
@@ -272,7 +285,8 @@ TEST_P(TssaCpu, StepsEqualPrefillAtMixedPositions) {
     EXPECT_TRUE(at::equal(y, y_prefill.squeeze(1))) << "step " << step;
     EXPECT_TRUE(at::equal(state, st_prefill)) << "step " << step;
     for (int64_t b = 0; b < 3; ++b) {
-      ExpectClose(y[b], whole[b][pos[b]], "sequence " + std::to_string(b) + " step " + std::to_string(step));
+      ExpectClose(y[b], whole[b][pos[b]],
+                  "sequence " + std::to_string(b) + " step " + std::to_string(step));
       ++pos[b];
     }
   }
@@ -293,8 +307,10 @@ TEST_P(TssaCpu, ContinuesFromAnImportedState) {
     ExpectClose(y, y_ref, std::string(c10::toString(dtype)) + " y");
     EXPECT_TRUE(at::allclose(st, st_ref, 1e-5, 1e-4)) << c10::toString(dtype);
     at::Tensor step_state = state.clone(), step_state_ref = state.clone();
-    const at::Tensor y_step = cpu::tssa_step_with(Options(), w.select(1, 0), temp, delta, positions, step_state);
-    ExpectClose(y_step, reference::tssa_step(w.select(1, 0), temp, delta, positions, step_state_ref),
+    const at::Tensor y_step =
+        cpu::tssa_step_with(Options(), w.select(1, 0), temp, delta, positions, step_state);
+    ExpectClose(y_step,
+                reference::tssa_step(w.select(1, 0), temp, delta, positions, step_state_ref),
                 std::string(c10::toString(dtype)) + " step");
     EXPECT_TRUE(at::allclose(step_state, step_state_ref, 1e-5, 1e-4)) << c10::toString(dtype);
   }
@@ -324,11 +340,12 @@ TEST(TssaCpuOps, LongStreamsKeepFloat32StatisticsAccurate) {
   const at::Tensor temp = Randn({K}, 102, at::kDouble).abs() + 0.5;
   const at::Tensor delta = Randn({K, T}, 103, at::kDouble) * 0.2;
   auto [y64, st64] = reference::tssa_causal(w, temp, delta, std::nullopt, std::nullopt);
-  auto [y32, st32] = tssa_causal(w.to(at::kFloat), temp.to(at::kFloat), delta.to(at::kFloat), std::nullopt,
-                                 std::nullopt);
-  const double state_err = ((st32.to(at::kDouble) - st64.to(at::kDouble)).abs() / st64.to(at::kDouble).abs())
-                               .max()
-                               .item<double>();
+  auto [y32, st32] = tssa_causal(w.to(at::kFloat), temp.to(at::kFloat), delta.to(at::kFloat),
+                                 std::nullopt, std::nullopt);
+  const double state_err =
+      ((st32.to(at::kDouble) - st64.to(at::kDouble)).abs() / st64.to(at::kDouble).abs())
+          .max()
+          .item<double>();
   EXPECT_LT(state_err, 5e-6);
   EXPECT_TRUE(at::allclose(y32.to(at::kDouble), y64, 1e-4, 1e-5));
 }
@@ -348,7 +365,8 @@ TEST(TssaCpuOps, EmptyInputs) {
             (std::vector<int64_t>{0, 4}));
   // D = 0: no channel, yet Π (uniform) still counts into S3, as in the reference.
   auto [y0, st0] = tssa_causal(at::zeros({1, 3, 0}), temp, delta, std::nullopt, std::nullopt);
-  auto [y0_ref, st0_ref] = reference::tssa_causal(at::zeros({1, 3, 0}), temp, delta, std::nullopt, std::nullopt);
+  auto [y0_ref, st0_ref] =
+      reference::tssa_causal(at::zeros({1, 3, 0}), temp, delta, std::nullopt, std::nullopt);
   EXPECT_TRUE(at::allclose(st0, st0_ref));
 }
 
@@ -367,23 +385,48 @@ TEST(TssaCpuOps, ArgumentErrorsNameTheArgument) {
   const at::Tensor delta = at::zeros({2, 16});
   at::Tensor state = at::zeros({1, StateWidth(10, 2)});
   ExpectError([&] { tssa(at::zeros({4, 10}), temp); }, "tssa: w must be [B,N,D]");
-  ExpectError([&] { tssa(at::zeros({1, 4, 10}), at::ones({3})); }, "divisible by the number of heads K=3");
-  ExpectError([&] { tssa(at::zeros({1, 4, 10}, at::kInt), temp); }, "w must be floating point");
-  ExpectError([&] { tssa_causal(at::zeros({1, 4, 10}), temp, at::zeros({3, 16}), std::nullopt, std::nullopt); },
-              "denom_bias must be [K=2, Tmax]");
-  ExpectError([&] { tssa_causal(at::zeros({1, 4, 10}), temp, delta, at::zeros({1, 7}), std::nullopt); },
-              "state must be [B=1, 2D+K=22]");
   ExpectError(
-      [&] { tssa_causal(at::zeros({1, 4, 10}), temp, delta, at::zeros({1, 22}, at::kDouble), std::nullopt); },
+      [&] {
+        tssa(at::zeros({1, 4, 10}), at::ones({3}));
+      },
+      "divisible by the number of heads K=3");
+  ExpectError([&] { tssa(at::zeros({1, 4, 10}, at::kInt), temp); }, "w must be floating point");
+  ExpectError(
+      [&] {
+        tssa_causal(at::zeros({1, 4, 10}), temp, at::zeros({3, 16}), std::nullopt, std::nullopt);
+      },
+      "denom_bias must be [K=2, Tmax]");
+  ExpectError(
+      [&] {
+        tssa_causal(at::zeros({1, 4, 10}), temp, delta, at::zeros({1, 7}), std::nullopt);
+      },
+      "state must be [B=1, 2D+K=22]");
+  ExpectError(
+      [&] {
+        tssa_causal(at::zeros({1, 4, 10}), temp, delta, at::zeros({1, 22}, at::kDouble),
+                    std::nullopt);
+      },
       "state must be float32");
-  ExpectError([&] { tssa_causal(at::zeros({1, 4, 10}), temp, delta, std::nullopt, at::tensor({13L})); },
-              "exceeds the context length Tmax=16");
-  ExpectError([&] { tssa_causal(at::zeros({1, 4, 10}), temp, delta, std::nullopt, at::tensor({-1L})); },
-              "positions must be >= 0");
-  ExpectError([&] { tssa_step(at::zeros({1, 10}), temp, delta, at::zeros({1}, at::kInt), state); },
-              "positions must be int64");
-  ExpectError([&] { tssa_step(at::zeros({2, 10}), temp, delta, at::zeros({2}, at::kLong), state); },
-              "state must be [B=2, 2D+K=22]");
+  ExpectError(
+      [&] {
+        tssa_causal(at::zeros({1, 4, 10}), temp, delta, std::nullopt, at::tensor({13L}));
+      },
+      "exceeds the context length Tmax=16");
+  ExpectError(
+      [&] {
+        tssa_causal(at::zeros({1, 4, 10}), temp, delta, std::nullopt, at::tensor({-1L}));
+      },
+      "positions must be >= 0");
+  ExpectError(
+      [&] {
+        tssa_step(at::zeros({1, 10}), temp, delta, at::zeros({1}, at::kInt), state);
+      },
+      "positions must be int64");
+  ExpectError(
+      [&] {
+        tssa_step(at::zeros({2, 10}), temp, delta, at::zeros({2}, at::kLong), state);
+      },
+      "state must be [B=2, 2D+K=22]");
   // A failed step leaves the state untouched.
   EXPECT_TRUE(at::equal(state, at::zeros({1, StateWidth(10, 2)})));
 }
@@ -402,7 +445,8 @@ TEST(TssaCpuOps, ParallelTasksRunEveryTaskExactlyOnceAndShareTheWork) {
         }
         runs[t].fetch_add(1);
       });
-      for (int64_t t = 0; t < tasks; ++t) ASSERT_EQ(runs[t].load(), 1) << "task " << t << " of " << tasks;
+      for (int64_t t = 0; t < tasks; ++t)
+        ASSERT_EQ(runs[t].load(), 1) << "task " << t << " of " << tasks;
       // With several threads the others run more than their static share (they steal).
       if (at::get_num_threads() > 1 && tasks >= 64) {
         EXPECT_GT(by_others.load(), tasks - tasks / at::get_num_threads()) << tasks << " tasks";
@@ -418,7 +462,8 @@ TEST(TssaCpuOps, ActiveIsaFollowsLibTorch) {
   // LibTorch's choice (ATEN_CPU_CAPABILITY honoured) when this build has it, else the best below.
   const std::string torch_choice = at::get_cpu_capability();
   const CpuIsa active = cpu::ActiveCpuIsa();
-  if (std::find(isas.begin(), isas.end(), active) == isas.end()) ADD_FAILURE() << "active ISA not available";
+  if (std::find(isas.begin(), isas.end(), active) == isas.end())
+    ADD_FAILURE() << "active ISA not available";
   if (torch_choice == "AVX512" || torch_choice == "AVX2" || torch_choice == "DEFAULT") {
     EXPECT_EQ(cpu::CpuIsaName(active), torch_choice);
   }

@@ -48,7 +48,8 @@ at::Tensor VisionLiteral(const at::Tensor& w_in, const at::Tensor& temp) {
       for (int64_t j = 0; j < N; ++j) n[k] += pi[j * K + k];
       for (int64_t c = 0; c < p; ++c) {
         double s = 0;
-        for (int64_t j = 0; j < N; ++j) s += pi[j * K + k] / (n[k] + 1e-8) * w[b][j][k * p + c] * w[b][j][k * p + c];
+        for (int64_t j = 0; j < N; ++j)
+          s += pi[j * K + k] / (n[k] + 1e-8) * w[b][j][k * p + c] * w[b][j][k * p + c];
         dots[k * p + c] = s;
       }
     }
@@ -106,7 +107,8 @@ TEST(TssaReference, VisionMatchesLiteralTranscription) {
     const at::Tensor w = Rand({2, n, d}) * 2;
     const at::Tensor temp = Rand({k}, at::kDouble, 7).abs() + 0.5;
     const at::Tensor y = reference::tssa(w, temp);
-    EXPECT_TRUE(at::allclose(y, VisionLiteral(w, temp), 1e-10, 1e-12)) << "N=" << n << " D=" << d << " K=" << k;
+    EXPECT_TRUE(at::allclose(y, VisionLiteral(w, temp), 1e-10, 1e-12))
+        << "N=" << n << " D=" << d << " K=" << k;
   }
 }
 
@@ -126,8 +128,10 @@ TEST(TssaReference, FirstTokenMembershipDependsOnlyOnTempAndDelta) {
   const int64_t D = 8, K = 2, p = D / K;
   const at::Tensor temp = at::tensor({1.0, 2.0}, at::kDouble);
   const at::Tensor delta = at::tensor({0.1, -0.2}, at::kDouble).view({K, 1});
-  auto [y1, s1] = reference::tssa_causal(Rand({1, 1, D}, at::kDouble, 1), temp, delta, std::nullopt, std::nullopt);
-  auto [y2, s2] = reference::tssa_causal(Rand({1, 1, D}, at::kDouble, 2), temp, delta, std::nullopt, std::nullopt);
+  auto [y1, s1] = reference::tssa_causal(Rand({1, 1, D}, at::kDouble, 1), temp, delta, std::nullopt,
+                                         std::nullopt);
+  auto [y2, s2] = reference::tssa_causal(Rand({1, 1, D}, at::kDouble, 2), temp, delta, std::nullopt,
+                                         std::nullopt);
   // Π = softmax(temp · (p + p·δ)) for every non-zero first token.
   const at::Tensor pi = at::softmax(temp * (p + p * delta.view({K})), 0).to(at::kFloat);
   EXPECT_TRUE(at::allclose(s1.slice(1, 2 * D), pi.view({1, K}), 1e-5, 1e-6));
@@ -162,7 +166,8 @@ TEST(TssaReference, StepsEqualPrefillAtMixedPositions) {
   // Sequence 0 starts stepping at 0; sequence 1 is prefilled for 10 tokens first, so the batched
   // step serves two sequences at different positions.
   at::Tensor state = at::zeros({2, StateWidth(D, K)}, at::kFloat);
-  auto [pre, pre_state] = tssa_causal(w.slice(0, 1, 2).slice(1, 0, 10), temp, delta, std::nullopt, std::nullopt);
+  auto [pre, pre_state] =
+      tssa_causal(w.slice(0, 1, 2).slice(1, 0, 10), temp, delta, std::nullopt, std::nullopt);
   state[1].copy_(pre_state[0]);
   std::vector<int64_t> pos = {0, 10};
   for (int i = 0; i < 15; ++i) {
@@ -181,8 +186,9 @@ TEST(TssaReference, NonContiguousInputsGiveTheSameResult) {
   const at::Tensor temp = at::ones({4}, at::kFloat);
   EXPECT_TRUE(at::allclose(tssa(w, temp), tssa(w.contiguous(), temp)));
   const at::Tensor delta = at::zeros({4, 16}, at::kFloat);
-  EXPECT_TRUE(at::allclose(std::get<0>(tssa_causal(w, temp, delta, std::nullopt, std::nullopt)),
-                           std::get<0>(tssa_causal(w.contiguous(), temp, delta, std::nullopt, std::nullopt))));
+  EXPECT_TRUE(at::allclose(
+      std::get<0>(tssa_causal(w, temp, delta, std::nullopt, std::nullopt)),
+      std::get<0>(tssa_causal(w.contiguous(), temp, delta, std::nullopt, std::nullopt))));
 }
 
 TEST(TssaReference, HalfPrecisionInputsKeepFloat32Statistics) {
@@ -199,17 +205,21 @@ TEST(TssaReference, ArgumentErrorsNameTheArgument) {
     tssa(w, at::ones({3}));
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("divisible by the number of heads K=3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("divisible by the number of heads K=3"), std::string::npos)
+        << e.what();
   }
   const at::Tensor delta = at::zeros({2, 4});
   try {
     tssa_causal(at::zeros({1, 5, 10}), at::ones({2}), delta, std::nullopt, std::nullopt);
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("exceed the context length Tmax=4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exceed the context length Tmax=4"), std::string::npos)
+        << e.what();
   }
   at::Tensor state = at::zeros({1, 7});
-  EXPECT_THROW(tssa_step(at::zeros({1, 10}), at::ones({2}), delta, at::zeros({1}, at::kLong), state), c10::Error);
+  EXPECT_THROW(
+      tssa_step(at::zeros({1, 10}), at::ones({2}), delta, at::zeros({1}, at::kLong), state),
+      c10::Error);
 }
 
 }  // namespace

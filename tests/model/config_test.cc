@@ -46,7 +46,8 @@ TEST_P(BadConfigTest, IsRefusedWithAMessageNamingTheProblem) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.status().message().find("m/config.json"), std::string::npos) << c.status();
-  EXPECT_NE(c.status().message().find(GetParam().expected_in_message), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find(GetParam().expected_in_message), std::string::npos)
+      << c.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -57,18 +58,27 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{R"({"name":"x","architecture":"bert"})", "architecture"},
         BadConfig{R"({"name":"x","architecture":"tost_lm"})", "\"lm\" object"},
         BadConfig{R"({"name":"x","architecture":"tost_lm","lm":{"n_layer":2,"n_head":3,"n_embd":64,
-                  "context_length":8,"vocab_size":257}})", "divisible by n_head"},
+                  "context_length":8,"vocab_size":257}})",
+                  "divisible by n_head"},
         BadConfig{R"({"name":"x","architecture":"tost_lm","lm":{"n_layer":2,"n_head":4,"n_embd":64,
-                  "context_length":8,"vocab_size":100}})", "vocab_size must be >= 257"},
+                  "context_length":8,"vocab_size":100}})",
+                  "vocab_size must be >= 257"},
         BadConfig{R"({"name":"x","architecture":"tost_lm","lm":{"n_layer":-1,"n_head":4,"n_embd":64,
-                  "context_length":8,"vocab_size":257}})", "n_layer"},
-        BadConfig{R"({"name":"x","architecture":"tost_vision","vision":{"embed_dim":64,"depth":1,"num_heads":4,
-                  "patch_size":6,"num_classes":2,"image_height":8,"image_width":8}})", "power of two"},
-        BadConfig{R"({"name":"x","architecture":"tost_vision","vision":{"embed_dim":64,"depth":1,"num_heads":4,
-                  "patch_size":4,"num_classes":2,"image_height":8,"image_width":8},"labels":["a"]})", "labels"},
+                  "context_length":8,"vocab_size":257}})",
+                  "n_layer"},
+        BadConfig{
+            R"({"name":"x","architecture":"tost_vision","vision":{"embed_dim":64,"depth":1,"num_heads":4,
+                  "patch_size":6,"num_classes":2,"image_height":8,"image_width":8}})",
+            "power of two"},
+        BadConfig{
+            R"({"name":"x","architecture":"tost_vision","vision":{"embed_dim":64,"depth":1,"num_heads":4,
+                  "patch_size":4,"num_classes":2,"image_height":8,"image_width":8},"labels":["a"]})",
+            "labels"},
         BadConfig{R"({"name":"x","architecture":"tost_vision","dtype":"int8"})", "dtype"},
-        BadConfig{R"({"name":"x","architecture":"tost_lm","trained":"yes","lm":{"n_layer":1,"n_head":4,
-                  "n_embd":64,"context_length":8,"vocab_size":257}})", "malformed field"}));
+        BadConfig{
+            R"({"name":"x","architecture":"tost_lm","trained":"yes","lm":{"n_layer":1,"n_head":4,
+                  "n_embd":64,"context_length":8,"vocab_size":257}})",
+            "malformed field"}));
 
 }  // namespace
 }  // namespace tost::model

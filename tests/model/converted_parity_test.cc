@@ -42,9 +42,10 @@ class ParityConvertedCheckpointTest : public ::testing::Test {
     const double right = RelativeMaxDiff(got, TensorValues<float>(fx, "logits"));
     const double wrong = RelativeMaxDiff(got, TensorValues<float>(fx, negative));
     EXPECT_LE(right, kTolerance) << name;
-    EXPECT_GT(wrong, 100 * kTolerance) << name << ": the negative control (" << negative << ") would pass";
-    std::printf("[converted] %s: relative max diff %.2e (%s: %.2e)\n", name.c_str(), right, negative.c_str(),
-                wrong);
+    EXPECT_GT(wrong, 100 * kTolerance)
+        << name << ": the negative control (" << negative << ") would pass";
+    std::printf("[converted] %s: relative max diff %.2e (%s: %.2e)\n", name.c_str(), right,
+                negative.c_str(), wrong);
   }
 };
 
@@ -80,10 +81,12 @@ TEST_F(ParityConvertedCheckpointTest, LanguageModelFromCompiledCheckpoint) {
     // ends on the parallel form's last logits.
     const int64_t length = shape[1], vocab = m.config.language.vocab_size;
     SequenceState s = m.language->NewSequence();
-    auto last = m.language->Prefill(absl::MakeConstSpan(tokens.data(), length), s, /*chunk_tokens=*/5);
+    auto last =
+        m.language->Prefill(absl::MakeConstSpan(tokens.data(), length), s, /*chunk_tokens=*/5);
     ASSERT_TRUE(last.ok()) << last.status();
     const auto expected = TensorValues<float>(fx, "logits");
-    std::vector<float> ref(expected.begin() + (length - 1) * vocab, expected.begin() + length * vocab);
+    std::vector<float> ref(expected.begin() + (length - 1) * vocab,
+                           expected.begin() + length * vocab);
     EXPECT_LE(RelativeMaxDiff(*last, ref), kTolerance) << name;
   }
 }

@@ -15,7 +15,8 @@ namespace fs = std::filesystem;
 class MalformedModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (testing::ParityDir().empty()) GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
+    if (testing::ParityDir().empty())
+      GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
     repo_ = fs::temp_directory_path() / ("tost_malformed_" + std::to_string(::getpid()));
     fs::remove_all(repo_);
     fs::create_directories(repo_);
@@ -26,8 +27,10 @@ class MalformedModelTest : public ::testing::Test {
   fs::path CopyModel(const std::string& from, const std::string& name) {
     const fs::path dst = repo_ / name;
     fs::create_directories(dst);
-    fs::copy_file(fs::path(testing::ParityDir()) / from / "model.safetensors", dst / "model.safetensors");
-    std::string config = *ReadFileToString((fs::path(testing::ParityDir()) / from / "config.json").string());
+    fs::copy_file(fs::path(testing::ParityDir()) / from / "model.safetensors",
+                  dst / "model.safetensors");
+    std::string config =
+        *ReadFileToString((fs::path(testing::ParityDir()) / from / "config.json").string());
     const std::string old_name = "\"name\": \"" + from + "\"";
     const size_t at = config.find(old_name);
     EXPECT_NE(at, std::string::npos) << "fixture config has no " << old_name;
@@ -41,11 +44,13 @@ class MalformedModelTest : public ::testing::Test {
   }
 
   // Rewrites a model's safetensors through `edit`, which may drop, add or alter tensors.
-  static void Rewrite(const fs::path& dir, const std::function<void(std::vector<StTensorToWrite>&)>& edit) {
+  static void Rewrite(const fs::path& dir,
+                      const std::function<void(std::vector<StTensorToWrite>&)>& edit) {
     auto file = SafetensorsFile::Open((dir / "model.safetensors").string());
     ASSERT_TRUE(file.ok()) << file.status();
     std::vector<StTensorToWrite> tensors;
-    for (const auto& [name, t] : file->tensors()) tensors.push_back({name, t.dtype, t.shape, t.bytes});
+    for (const auto& [name, t] : file->tensors())
+      tensors.push_back({name, t.dtype, t.shape, t.bytes});
     edit(tensors);
     Write(dir / "model.safetensors", SerializeSafetensors(tensors));
   }
@@ -53,7 +58,8 @@ class MalformedModelTest : public ::testing::Test {
   static void ExpectError(const LoadedModel& m, std::initializer_list<std::string> fragments) {
     ASSERT_FALSE(m.status.ok()) << m.name << " loaded although it is broken";
     for (const auto& f : fragments) {
-      EXPECT_NE(m.status.message().find(f), std::string::npos) << "missing \"" << f << "\" in: " << m.status;
+      EXPECT_NE(m.status.message().find(f), std::string::npos)
+          << "missing \"" << f << "\" in: " << m.status;
     }
   }
 
@@ -69,13 +75,22 @@ TEST_F(MalformedModelTest, TruncatedFileNamesFileAndTensor) {
 
 TEST_F(MalformedModelTest, MissingExtraMisshapenAndMistypedTensors) {
   const fs::path missing = CopyModel("vision_small", "missing");
-  Rewrite(missing, [](auto& t) { std::erase_if(t, [](auto& x) { return x.name == "blocks.1.attn.temp"; }); });
-  ExpectError(LoadModelDirectory(missing.string()), {"missing/model.safetensors", "blocks.1.attn.temp", "missing"});
+  Rewrite(missing, [](auto& t) {
+    std::erase_if(t, [](auto& x) { return x.name == "blocks.1.attn.temp"; });
+  });
+  ExpectError(LoadModelDirectory(missing.string()),
+              {"missing/model.safetensors", "blocks.1.attn.temp", "missing"});
 
   const fs::path extra = CopyModel("lm_small", "extra");
   static const float one = 1.f;
-  Rewrite(extra, [](auto& t) { t.push_back({"transformer.h.0.attn.qkv.weight", StDtype::kF32, {1}, {reinterpret_cast<const char*>(&one), 4}}); });
-  ExpectError(LoadModelDirectory(extra.string()), {"extra/model.safetensors", "transformer.h.0.attn.qkv.weight", "unexpected"});
+  Rewrite(extra, [](auto& t) {
+    t.push_back({"transformer.h.0.attn.qkv.weight",
+                 StDtype::kF32,
+                 {1},
+                 {reinterpret_cast<const char*>(&one), 4}});
+  });
+  ExpectError(LoadModelDirectory(extra.string()),
+              {"extra/model.safetensors", "transformer.h.0.attn.qkv.weight", "unexpected"});
 
   const fs::path shape = CopyModel("lm_small", "shape");
   Rewrite(shape, [](auto& t) {
@@ -83,7 +98,8 @@ TEST_F(MalformedModelTest, MissingExtraMisshapenAndMistypedTensors) {
       if (x.name == "transformer.wpe.weight") x.shape = {x.shape[1], x.shape[0]};
     }
   });
-  ExpectError(LoadModelDirectory(shape.string()), {"shape/model.safetensors", "transformer.wpe.weight", "expected ["});
+  ExpectError(LoadModelDirectory(shape.string()),
+              {"shape/model.safetensors", "transformer.wpe.weight", "expected ["});
 
   const fs::path dtype = CopyModel("lm_small", "dtype");
   Rewrite(dtype, [](auto& t) {
@@ -91,7 +107,8 @@ TEST_F(MalformedModelTest, MissingExtraMisshapenAndMistypedTensors) {
       if (x.name == "transformer.ln_f.weight") x.dtype = StDtype::kI32;
     }
   });
-  ExpectError(LoadModelDirectory(dtype.string()), {"dtype/model.safetensors", "transformer.ln_f.weight", "dtype I32"});
+  ExpectError(LoadModelDirectory(dtype.string()),
+              {"dtype/model.safetensors", "transformer.ln_f.weight", "dtype I32"});
 }
 
 TEST_F(MalformedModelTest, NonFiniteWeightsAreRefused) {
@@ -111,7 +128,8 @@ TEST_F(MalformedModelTest, NonFiniteWeightsAreRefused) {
 TEST_F(MalformedModelTest, ConfigProblems) {
   const fs::path renamed = CopyModel("lm_small", "renamed");
   fs::rename(renamed, repo_ / "other");
-  ExpectError(LoadModelDirectory((repo_ / "other").string()), {"\"renamed\"", "\"other\"", "must match"});
+  ExpectError(LoadModelDirectory((repo_ / "other").string()),
+              {"\"renamed\"", "\"other\"", "must match"});
 
   const fs::path nofile = CopyModel("lm_small", "nofile");
   fs::remove(nofile / "model.safetensors");
@@ -143,11 +161,14 @@ TEST_F(MalformedModelTest, BpeTokenizerFileProblemsNameTheFile) {
   EXPECT_EQ(ok.language->tokenizer().Encode("ab"), (std::vector<int32_t>{97, 98}));
 
   ExpectError(LoadModelDirectory(make("bpe_missing", "").string()), {"bpe_missing/tokenizer.json"});
-  ExpectError(LoadModelDirectory(make("bpe_vocab", R"({"format":"tost-bpe-v1","max_piece_bytes":32,"merges":[[1,2]],)"
-                                                   R"("special_tokens":{"<|endoftext|>":257}})")
-                                     .string()),
-              {"bpe_vocab/tokenizer.json", "vocabulary of 258 ids", "vocab_size 257"});
-  ExpectError(LoadModelDirectory(make("bpe_json", "{\"format\":").string()), {"bpe_json/tokenizer.json", "not valid JSON"});
+  ExpectError(
+      LoadModelDirectory(make("bpe_vocab",
+                              R"({"format":"tost-bpe-v1","max_piece_bytes":32,"merges":[[1,2]],)"
+                              R"("special_tokens":{"<|endoftext|>":257}})")
+                             .string()),
+      {"bpe_vocab/tokenizer.json", "vocabulary of 258 ids", "vocab_size 257"});
+  ExpectError(LoadModelDirectory(make("bpe_json", "{\"format\":").string()),
+              {"bpe_json/tokenizer.json", "not valid JSON"});
 }
 
 TEST_F(MalformedModelTest, RepositoryServesTheGoodModelsBesideTheBrokenOnes) {

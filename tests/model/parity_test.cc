@@ -45,7 +45,8 @@ class ParityTest : public ::testing::Test {
     const double wrong = RelativeMaxDiff(*logits, TensorValues<float>(fx, "logits_wrong_tssa"));
     EXPECT_LE(right, kTolerance) << name;
     EXPECT_GT(wrong, 100 * kTolerance) << name << ": a wrong TSSA would pass this test";
-    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right, wrong);
+    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right,
+                wrong);
   }
 
   void CheckLanguage(const std::string& name) {
@@ -63,7 +64,8 @@ class ParityTest : public ::testing::Test {
     const double wrong = RelativeMaxDiff(*logits, TensorValues<float>(fx, "logits_wrong_tssa"));
     EXPECT_LE(right, kTolerance) << name;
     EXPECT_GT(wrong, 100 * kTolerance) << name << ": a wrong TSSA would pass this test";
-    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right, wrong);
+    std::printf("[parity] %s: relative max diff %.2e (wrong TSSA: %.2e)\n", name.c_str(), right,
+                wrong);
 
     // Streaming: one token at a time for both sequences in one batched Step must give the same
     // logits as the parallel form at every position.
@@ -78,7 +80,8 @@ class ParityTest : public ::testing::Test {
       ASSERT_TRUE(step.ok()) << step.status();
       for (int64_t b = 0; b < batch; ++b) {
         std::vector<float> row(step->begin() + b * vocab, step->begin() + (b + 1) * vocab);
-        std::vector<float> ref(expected.begin() + (b * length + t) * vocab, expected.begin() + (b * length + t + 1) * vocab);
+        std::vector<float> ref(expected.begin() + (b * length + t) * vocab,
+                               expected.begin() + (b * length + t + 1) * vocab);
         worst = std::max(worst, RelativeMaxDiff(row, ref));
       }
     }
@@ -88,9 +91,11 @@ class ParityTest : public ::testing::Test {
 
     // Chunked prefill (odd chunk size) ends on the parallel form's last logits.
     SequenceState s = m.language->NewSequence();
-    auto last = m.language->Prefill(absl::MakeConstSpan(tokens.data(), length), s, /*chunk_tokens=*/7);
+    auto last =
+        m.language->Prefill(absl::MakeConstSpan(tokens.data(), length), s, /*chunk_tokens=*/7);
     ASSERT_TRUE(last.ok()) << last.status();
-    std::vector<float> ref(expected.begin() + (length - 1) * vocab, expected.begin() + length * vocab);
+    std::vector<float> ref(expected.begin() + (length - 1) * vocab,
+                           expected.begin() + length * vocab);
     EXPECT_LE(RelativeMaxDiff(*last, ref), kTolerance);
     EXPECT_EQ(s.position, length);
   }
@@ -115,7 +120,8 @@ TEST_F(ParityTest, ContextLengthIsEnforced) {
   ASSERT_TRUE(m.language->Prefill(tokens, s).ok());
   SequenceState* ptrs[] = {&s};
   const int32_t next = 66;
-  EXPECT_EQ(m.language->Step(absl::MakeConstSpan(&next, 1), ptrs).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(m.language->Step(absl::MakeConstSpan(&next, 1), ptrs).status().code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(ParityTest, StateSizeIsIndependentOfLength) {

@@ -8,9 +8,10 @@ namespace {
 std::string TwoTensorFile() {
   static const float a[6] = {1, 2, 3, 4, 5, 6};
   static const int64_t b[2] = {7, -8};
-  return SerializeSafetensors({{"a", StDtype::kF32, {2, 3}, std::string_view(reinterpret_cast<const char*>(a), sizeof(a))},
-                               {"b", StDtype::kI64, {2}, std::string_view(reinterpret_cast<const char*>(b), sizeof(b))}},
-                              {{"format", "pt"}});
+  return SerializeSafetensors(
+      {{"a", StDtype::kF32, {2, 3}, std::string_view(reinterpret_cast<const char*>(a), sizeof(a))},
+       {"b", StDtype::kI64, {2}, std::string_view(reinterpret_cast<const char*>(b), sizeof(b))}},
+      {{"format", "pt"}});
 }
 
 TEST(Safetensors, RoundTrip) {
@@ -38,7 +39,8 @@ TEST(Safetensors, EveryTruncationIsRefused) {
   const std::string good = TwoTensorFile();
   for (size_t len = 0; len < good.size(); ++len) {
     auto f = SafetensorsFile::Parse(good.substr(0, len), "cut.safetensors");
-    EXPECT_FALSE(f.ok()) << "accepted a file truncated to " << len << " of " << good.size() << " bytes";
+    EXPECT_FALSE(f.ok()) << "accepted a file truncated to " << len << " of " << good.size()
+                         << " bytes";
   }
 }
 
@@ -54,13 +56,21 @@ TEST(Safetensors, MalformedHeadersNameTheTensor) {
   ExpectCorrupt(WithHeader("{not json", 0), "not valid JSON");
   ExpectCorrupt(WithHeader("[1,2]", 0), "JSON object");
   ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[2]}})", 8), "tensor \"w\" needs");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "bad dimension");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "needs 12");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), "outside");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), "outside");
-  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})", 8),
-                "too large");
+  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8),
+                "unsupported dtype");
+  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+                "bad dimension");
+  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+                "needs 12");
+  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
+                "outside");
+  ExpectCorrupt(WithHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8),
+                "outside");
+  ExpectCorrupt(
+      WithHeader(
+          R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
+          8),
+      "too large");
   ExpectCorrupt(WithHeader(R"({"__metadata__":{"k":1}})", 0), "__metadata__");
 }
 

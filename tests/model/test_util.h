@@ -18,7 +18,8 @@ inline std::string ParityDir() {
 }
 
 template <typename T>
-std::vector<T> TensorValues(const SafetensorsFile& file, const std::string& name, std::vector<int64_t>* shape = nullptr) {
+std::vector<T> TensorValues(const SafetensorsFile& file, const std::string& name,
+                            std::vector<int64_t>* shape = nullptr) {
   auto t = file.Find(name);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};

@@ -42,8 +42,9 @@ TEST(BpeTokenizer, MergesByRankAndDecodesToTheSameBytes) {
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->Encode("the"), (std::vector<int32_t>{257}));
   EXPECT_EQ(tok->Encode(" the"), (std::vector<int32_t>{258}));
-  EXPECT_EQ(tok->Encode("thee"), (std::vector<int32_t>{257, 101}));  // rank 1 ("the") beats rank 3 ("ee")
-  EXPECT_EQ(tok->Encode("eee"), (std::vector<int32_t>{259, 101}));   // left to right, no overlaps
+  EXPECT_EQ(tok->Encode("thee"),
+            (std::vector<int32_t>{257, 101}));  // rank 1 ("the") beats rank 3 ("ee")
+  EXPECT_EQ(tok->Encode("eee"), (std::vector<int32_t>{259, 101}));  // left to right, no overlaps
   EXPECT_EQ(tok->TokenBytes(258), " the");
   EXPECT_EQ(tok->TokenBytes(260), "");  // end-of-text stands for no bytes
   EXPECT_EQ(tok->TokenBytes(-1), "");
@@ -65,12 +66,12 @@ std::vector<std::string> Pieces(std::string_view text, int64_t max_piece_bytes =
 TEST(BpeTokenizer, PreTokenizationFollowsToolsBpePy) {
   using V = std::vector<std::string>;
   EXPECT_EQ(Pieces("Hello world"), (V{"Hello", " world"}));
-  EXPECT_EQ(Pieces("a  b"), (V{"a", " ", " b"}));                       // a run's last space joins the word
-  EXPECT_EQ(Pieces("a\n\nb"), (V{"a", "\n\n", "b"}));                 // other whitespace does not
-  EXPECT_EQ(Pieces("end. "), (V{"end", ".", " "}));                      // trailing space stays alone
+  EXPECT_EQ(Pieces("a  b"), (V{"a", " ", " b"}));      // a run's last space joins the word
+  EXPECT_EQ(Pieces("a\n\nb"), (V{"a", "\n\n", "b"}));  // other whitespace does not
+  EXPECT_EQ(Pieces("end. "), (V{"end", ".", " "}));    // trailing space stays alone
   EXPECT_EQ(Pieces("in 1811, \"no\""), (V{"in", " 1811", ",", " \"", "no", "\""}));
-  EXPECT_EQ(Pieces("caf\xC3\xA9s"), (V{"caf\xC3\xA9s"}));                // UTF-8 stays inside words
-  EXPECT_EQ(Pieces(" abcdefghij", 4), (V{" abc", "defg", "hij"}));       // cut at max_piece_bytes
+  EXPECT_EQ(Pieces("caf\xC3\xA9s"), (V{"caf\xC3\xA9s"}));           // UTF-8 stays inside words
+  EXPECT_EQ(Pieces(" abcdefghij", 4), (V{" abc", "defg", "hij"}));  // cut at max_piece_bytes
   EXPECT_EQ(Pieces(""), V{});
 }
 
@@ -81,7 +82,8 @@ TEST(BpeTokenizer, HostileInputEncodesInLinearTime) {
   const std::string text(4 << 20, 'e');
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int32_t> ids = tok->Encode(text);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(ids.size(), text.size() / 2);  // "ee" pairs
   EXPECT_LT(seconds, 5.0);
 }
@@ -93,31 +95,42 @@ TEST(BpeTokenizer, MalformedFilesAreRefusedWithTheReason) {
   };
   EXPECT_EQ(error(kSmallBpe), "OK");
   EXPECT_NE(error("{").find("m/tokenizer.json: not valid JSON"), std::string::npos);
-  EXPECT_NE(error(R"({"format":"gpt2","max_piece_bytes":8,"merges":[]})").find("\"format\" must be \"tost-bpe-v1\""),
+  EXPECT_NE(error(R"({"format":"gpt2","max_piece_bytes":8,"merges":[]})")
+                .find("\"format\" must be \"tost-bpe-v1\""),
             std::string::npos);
-  EXPECT_NE(error(kSmallBpe, 300).find("vocabulary of 261 ids, but config.json says vocab_size 300"), std::string::npos);
+  EXPECT_NE(
+      error(kSmallBpe, 300).find("vocabulary of 261 ids, but config.json says vocab_size 300"),
+      std::string::npos);
   EXPECT_NE(error(kSmallBpe, 261, 259).find("end-of-text id is 260"), std::string::npos);
-  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[[300,1]],"special_tokens":{"<|endoftext|>":257}})",
-                  258, 257)
-                .find("merge 0 [300, 1] refers to an id outside [0, 256)"),
+  EXPECT_NE(
+      error(
+          R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[[300,1]],"special_tokens":{"<|endoftext|>":257}})",
+          258, 257)
+          .find("merge 0 [300, 1] refers to an id outside [0, 256)"),
+      std::string::npos);
+  EXPECT_NE(
+      error(
+          R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[[1,2],[1,2]],"special_tokens":{"<|endoftext|>":258}})",
+          259, 258)
+          .find("merge 1 [1, 2] repeats merge 0"),
+      std::string::npos);
+  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":0,"merges":[]})", 257, 256)
+                .find("max_piece_bytes"),
             std::string::npos);
-  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[[1,2],[1,2]],"special_tokens":{"<|endoftext|>":258}})",
-                  259, 258)
-                .find("merge 1 [1, 2] repeats merge 0"),
-            std::string::npos);
-  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":0,"merges":[]})", 257, 256).find("max_piece_bytes"),
-            std::string::npos);
-  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[],"special_tokens":{}})", 257, 256)
+  EXPECT_NE(error(R"({"format":"tost-bpe-v1","max_piece_bytes":8,"merges":[],"special_tokens":{}})",
+                  257, 256)
                 .find("<|endoftext|>"),
             std::string::npos);
 }
 
 TEST(BpeTokenizer, ConfigNamesAFileInsideTheModelDirectory) {
   const auto parse = [](const std::string& tokenizer) {
-    return ParseModelConfig(absl::StrCat(R"({"format_version":1,"name":"m","architecture":"tost_lm",)",
-                                         R"("lm":{"n_layer":1,"n_head":1,"n_embd":8,"context_length":8,"vocab_size":261},)",
-                                         R"("tokenizer":)", tokenizer, "}"),
-                            "m/config.json");
+    return ParseModelConfig(
+        absl::StrCat(
+            R"({"format_version":1,"name":"m","architecture":"tost_lm",)",
+            R"("lm":{"n_layer":1,"n_head":1,"n_embd":8,"context_length":8,"vocab_size":261},)",
+            R"("tokenizer":)", tokenizer, "}"),
+        "m/config.json");
   };
   auto ok = parse(R"({"type":"bpe","eos_token_id":260})");
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -128,20 +141,23 @@ TEST(BpeTokenizer, ConfigNamesAFileInsideTheModelDirectory) {
                           R"({"type":"bpe","file":"..","eos_token_id":260})"}) {
     auto r = parse(bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find("tokenizer.file must be a file name inside the model directory"),
-              std::string::npos)
+    EXPECT_NE(
+        r.status().message().find("tokenizer.file must be a file name inside the model directory"),
+        std::string::npos)
         << r.status();
   }
   auto wrong = parse(R"({"type":"sentencepiece"})");
   ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find(R"(tokenizer.type must be "byte" or "bpe", got "sentencepiece")"),
+  EXPECT_NE(wrong.status().message().find(
+                R"(tokenizer.type must be "byte" or "bpe", got "sentencepiece")"),
             std::string::npos);
 }
 
 // The C++ encoder against tools/bpe.py on the fixtures make_parity_fixtures.py writes: the small
 // tokenizer trained there and the shipped model's (models/tost-austen/tokenizer.json).
 TEST(ParityBpe, EncodesExactlyAsToolsBpePy) {
-  if (testing::ParityDir().empty()) GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
+  if (testing::ParityDir().empty())
+    GTEST_FAIL() << "TOST_PARITY_DIR is not set (run through ctest)";
   const std::string dir = testing::ParityDir() + "/bpe";
   const auto cases = ReadFileToString(dir + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
@@ -161,14 +177,17 @@ TEST(ParityBpe, EncodesExactlyAsToolsBpePy) {
     }
     const std::string text = absl::HexStringToBytes(c["text_hex"].get<std::string>());
     std::vector<std::string> pieces;
-    for (const auto& p : c["pieces_hex"]) pieces.push_back(absl::HexStringToBytes(p.get<std::string>()));
+    for (const auto& p : c["pieces_hex"])
+      pieces.push_back(absl::HexStringToBytes(p.get<std::string>()));
     EXPECT_EQ(Pieces(text), pieces) << name << ": " << c["text_hex"];
-    EXPECT_EQ(tok->Encode(text), c["ids"].get<std::vector<int32_t>>()) << name << ": " << c["text_hex"];
+    EXPECT_EQ(tok->Encode(text), c["ids"].get<std::vector<int32_t>>())
+        << name << ": " << c["text_hex"];
     ++checked;
   }
   EXPECT_GE(checked, 19);
   std::cout << checked << " encodings checked with tokenizers:";
-  for (const auto& [name, tok] : tokenizers) std::cout << " " << name << " (" << tok->vocab_size() << ")";
+  for (const auto& [name, tok] : tokenizers)
+    std::cout << " " << name << " (" << tok->vocab_size() << ")";
   std::cout << "\n";
 }
 
@@ -185,9 +204,16 @@ TEST(Utf8Assembler, HoldsIncompleteCharactersBack) {
 
 TEST(Utf8Assembler, ReplacesInvalidBytesWithoutBlocking) {
   Utf8Assembler a;
-  EXPECT_EQ(a.Push("\xFF" "a"), "\xEF\xBF\xBD" "a");
-  EXPECT_EQ(a.Push("\xC3" "b"), "\xEF\xBF\xBD" "b");      // lead byte followed by ASCII
-  EXPECT_EQ(a.Push("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate is not UTF-8
+  EXPECT_EQ(a.Push("\xFF"
+                   "a"),
+            "\xEF\xBF\xBD"
+            "a");
+  EXPECT_EQ(a.Push("\xC3"
+                   "b"),
+            "\xEF\xBF\xBD"
+            "b");  // lead byte followed by ASCII
+  EXPECT_EQ(a.Push("\xED\xA0\x80"),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");          // a surrogate is not UTF-8
   EXPECT_EQ(a.Push("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
 }
 

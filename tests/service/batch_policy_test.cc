@@ -19,8 +19,8 @@ constexpr ImageResolution k160{160, 160};
 const absl::Time kT0 = absl::FromUnixSeconds(1'000);
 const absl::Duration kDelay = absl::Milliseconds(2);
 
-QueuedRequestInfo Request(int64_t images, ImageResolution resolution = k224, absl::Time enqueued = kT0,
-                          absl::Time deadline = absl::InfiniteFuture()) {
+QueuedRequestInfo Request(int64_t images, ImageResolution resolution = k224,
+                          absl::Time enqueued = kT0, absl::Time deadline = absl::InfiniteFuture()) {
   return QueuedRequestInfo{images, resolution, enqueued, deadline};
 }
 
@@ -48,7 +48,8 @@ TEST(BatchPolicyTest, ClosesOnSizeExactlyWhenFull) {
 
 TEST(BatchPolicyTest, ClosesOnDelayExactlyAtMaxQueueDelayAndNotBefore) {
   const BatchPolicy policy(4, kDelay);
-  const std::vector<QueuedRequestInfo> queue = {Request(1), Request(2, k224, kT0 + absl::Microseconds(500))};
+  const std::vector<QueuedRequestInfo> queue = {Request(1),
+                                                Request(2, k224, kT0 + absl::Microseconds(500))};
 
   BatchAction action = policy.NextAction(kT0 + kDelay - absl::Microseconds(1), queue);
   EXPECT_THAT(action.batch, IsEmpty());
@@ -101,7 +102,8 @@ TEST(BatchPolicyTest, RequestBiggerThanRemainingRoomStartsTheNextBatch) {
 
 TEST(BatchPolicyTest, FullYoungerBatchRunsBeforeAnOlderBatchIsDue) {
   const BatchPolicy policy(2, kDelay);
-  const std::vector<QueuedRequestInfo> queue = {Request(1, k160, kT0), Request(2, k224, kT0 + absl::Microseconds(1))};
+  const std::vector<QueuedRequestInfo> queue = {Request(1, k160, kT0),
+                                                Request(2, k224, kT0 + absl::Microseconds(1))};
   const BatchAction action = policy.NextAction(kT0 + absl::Microseconds(1), queue);
   EXPECT_THAT(action.batch, ElementsAre(1));
   EXPECT_EQ(action.close_reason, BatchCloseReason::kSize);
@@ -109,7 +111,8 @@ TEST(BatchPolicyTest, FullYoungerBatchRunsBeforeAnOlderBatchIsDue) {
 
 TEST(BatchPolicyTest, OldestReadyBatchRunsFirst) {
   const BatchPolicy policy(8, kDelay);
-  const std::vector<QueuedRequestInfo> queue = {Request(1, k160, kT0), Request(1, k224, kT0 + absl::Microseconds(1))};
+  const std::vector<QueuedRequestInfo> queue = {Request(1, k160, kT0),
+                                                Request(1, k224, kT0 + absl::Microseconds(1))};
   const BatchAction action = policy.NextAction(kT0 + absl::Seconds(1), queue);
   EXPECT_THAT(action.batch, ElementsAre(0));
 }
@@ -117,7 +120,8 @@ TEST(BatchPolicyTest, OldestReadyBatchRunsFirst) {
 TEST(BatchPolicyTest, ExpiredRequestsAreReportedAndNeverBatched) {
   const BatchPolicy policy(4, kDelay);
   const absl::Time deadline = kT0 + absl::Milliseconds(1);
-  const std::vector<QueuedRequestInfo> queue = {Request(2, k224, kT0, deadline), Request(1, k224, kT0)};
+  const std::vector<QueuedRequestInfo> queue = {Request(2, k224, kT0, deadline),
+                                                Request(1, k224, kT0)};
 
   BatchAction action = policy.NextAction(deadline - absl::Microseconds(1), queue);
   EXPECT_THAT(action.expired, IsEmpty());
@@ -137,7 +141,8 @@ TEST(BatchPolicyTest, ExpiredRequestsAreReportedAndNeverBatched) {
 
 TEST(BatchPolicyTest, FlushClosesOpenBatchesButStillExpires) {
   const BatchPolicy policy(8, absl::Seconds(10));
-  const std::vector<QueuedRequestInfo> queue = {Request(1, k224, kT0, kT0), Request(1, k160), Request(1, k224)};
+  const std::vector<QueuedRequestInfo> queue = {Request(1, k224, kT0, kT0), Request(1, k160),
+                                                Request(1, k224)};
   const BatchAction action = policy.NextAction(kT0, queue, /*flush=*/true);
   EXPECT_THAT(action.expired, ElementsAre(0));
   EXPECT_THAT(action.batch, ElementsAre(1));
@@ -146,13 +151,15 @@ TEST(BatchPolicyTest, FlushClosesOpenBatchesButStillExpires) {
 
 TEST(BatchPolicyTest, IsDeterministic) {
   const BatchPolicy policy(3, kDelay);
-  const std::vector<QueuedRequestInfo> queue = {Request(1, k160), Request(2), Request(2), Request(1, k160)};
+  const std::vector<QueuedRequestInfo> queue = {Request(1, k160), Request(2), Request(2),
+                                                Request(1, k160)};
   const BatchAction a = policy.NextAction(kT0, queue);
   const BatchAction b = policy.NextAction(kT0, queue);
   EXPECT_EQ(a.batch, b.batch);
   EXPECT_EQ(a.expired, b.expired);
   EXPECT_EQ(a.wake_at, b.wake_at);
-  EXPECT_THAT(a.batch, ElementsAre(1)) << "2 + 2 > 3 closes the 224x224 batch on size; 160x160 waits";
+  EXPECT_THAT(a.batch, ElementsAre(1))
+      << "2 + 2 > 3 closes the 224x224 batch on size; 160x160 waits";
 }
 
 }  // namespace

@@ -115,11 +115,13 @@ class DynamicBatcherTest : public ::testing::Test {
         options,
         [this](const BatchInput& input) -> absl::StatusOr<std::vector<float>> {
           RunCall call{input.resolution(), input.num_images(), {}};
-          for (const BatchRequest* request : input.requests()) call.tags.push_back(request->input.at(0));
+          for (const BatchRequest* request : input.requests())
+            call.tags.push_back(request->input.at(0));
           runs_.push_back(call);
           clock_.Advance(compute_time_);
           if (!run_status_.ok()) return run_status_;
-          if (return_short_result_) return std::vector<float>(static_cast<size_t>(input.num_images() * 2 + 1));
+          if (return_short_result_)
+            return std::vector<float>(static_cast<size_t>(input.num_images() * 2 + 1));
           return FakeModel(input);
         },
         &clock_);
@@ -152,7 +154,8 @@ class DynamicBatcherTest : public ::testing::Test {
     return batches.value_or(-1);
   }
 
-  // Declared before any batcher a test makes, so they outlive it (its destructor completes requests).
+  // Declared before any batcher a test makes, so they outlive it (its destructor completes
+  // requests).
   FakeClock clock_;
   RecordingObserver observer_;
   std::deque<Outcome> outcomes_;  // a deque: growing it keeps earlier elements in place
@@ -286,7 +289,8 @@ TEST_F(DynamicBatcherTest, RefusesARequestLargerThanMaxBatchSizeBeforeQueueing) 
   EXPECT_THAT(status.message(), HasSubstr("was 5"));
   EXPECT_EQ(batcher->stats().queued_requests, 0);
   EXPECT_EQ(batcher->Reserve(0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(batcher->Submit(Req(1, 1, ImageResolution{0, 224})).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batcher->Submit(Req(1, 1, ImageResolution{0, 224})).code(),
+            absl::StatusCode::kInvalidArgument);
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Process(*batcher), 0);
   EXPECT_EQ(outcome(0).calls, 0) << "a refused request's done is never called";
@@ -302,7 +306,8 @@ TEST_F(DynamicBatcherTest, FullQueueIsResourceExhaustedWithARetryHint) {
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(status.message(), HasSubstr("tost-tiny"));
   EXPECT_THAT(status.message(), HasSubstr("2 requests waiting (max_queue_size 2)"));
-  EXPECT_THAT(status.message(), HasSubstr("retry after about 2 ms")) << "the queue delay, before any compute is known";
+  EXPECT_THAT(status.message(), HasSubstr("retry after about 2 ms"))
+      << "the queue delay, before any compute is known";
   EXPECT_EQ(batcher->stats().rejected_queue_full, 1);
   EXPECT_THAT(observer_.drops(), ElementsAre(std::make_pair(BatchDropReason::kQueueFull, 1)));
 
@@ -347,8 +352,9 @@ TEST_F(DynamicBatcherTest, ExpiredRequestIsDeadlineExceededAndNotRun) {
   options.timeout_us = 5'000;
   auto batcher = Make(options);
   const absl::Time t0 = clock_.Now();
-  ASSERT_TRUE(batcher->Submit(Req(0, 1)).ok());                                      // default: t0 + 5 ms
-  ASSERT_TRUE(batcher->Submit(Req(1, 1, k224, t0 + absl::Milliseconds(8))).ok());  // its own deadline
+  ASSERT_TRUE(batcher->Submit(Req(0, 1)).ok());  // default: t0 + 5 ms
+  ASSERT_TRUE(
+      batcher->Submit(Req(1, 1, k224, t0 + absl::Milliseconds(8))).ok());  // its own deadline
   EXPECT_EQ(batcher->NextWakeTime(), t0 + absl::Milliseconds(5));
 
   clock_.Advance(absl::Microseconds(4'999));
@@ -369,8 +375,9 @@ TEST_F(DynamicBatcherTest, ExpiredRequestIsDeadlineExceededAndNotRun) {
   EXPECT_EQ(outcome(1).rows.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(runs_, IsEmpty());
   EXPECT_EQ(batcher->stats().expired, 2);
-  EXPECT_THAT(observer_.drops(), ElementsAre(std::make_pair(BatchDropReason::kDeadlineExceeded, 1),
-                                             std::make_pair(BatchDropReason::kDeadlineExceeded, 1)));
+  EXPECT_THAT(observer_.drops(),
+              ElementsAre(std::make_pair(BatchDropReason::kDeadlineExceeded, 1),
+                          std::make_pair(BatchDropReason::kDeadlineExceeded, 1)));
 }
 
 TEST_F(DynamicBatcherTest, PastDeadlineIsRefusedAtSubmit) {
@@ -449,7 +456,8 @@ TEST_F(DynamicBatcherTest, ResultWithoutOneRowPerImageIsInternalForEveryRequest)
   EXPECT_EQ(Process(*batcher), 1);
   for (int tag = 0; tag < 2; ++tag) {
     EXPECT_EQ(outcome(tag).rows.status().code(), absl::StatusCode::kInternal);
-    EXPECT_THAT(outcome(tag).rows.status().message(), HasSubstr("returned 9 floats for a batch of 4 images"));
+    EXPECT_THAT(outcome(tag).rows.status().message(),
+                HasSubstr("returned 9 floats for a batch of 4 images"));
   }
 }
 
@@ -562,7 +570,8 @@ TEST(DynamicBatcherThreadTest, ShutdownDrainsTheQueueWithoutWaitingForTheDelay) 
   for (int tag = 0; tag < 3; ++tag) {
     EXPECT_EQ(outcomes[static_cast<size_t>(tag)].calls, 1);
     ASSERT_TRUE(outcomes[static_cast<size_t>(tag)].rows.ok());
-    EXPECT_EQ(*outcomes[static_cast<size_t>(tag)].rows, ExpectedRows(static_cast<float>(tag), 1, k224));
+    EXPECT_EQ(*outcomes[static_cast<size_t>(tag)].rows,
+              ExpectedRows(static_cast<float>(tag), 1, k224));
   }
   EXPECT_EQ(batcher->stats().batches_run, 1);
 }

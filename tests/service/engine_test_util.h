@@ -15,7 +15,8 @@ inline const model::LoadedModel& ShippedLanguageModel() {
   static const model::LoadedModel* m = [] {
     // One intra-op thread: these tests run beside others on 2 cores, where OpenMP barriers spin.
     model::SetTorchThreads(1);
-    auto* loaded = new model::LoadedModel(model::LoadModelDirectory(std::string(TOST_SOURCE_DIR) + "/models/tost-austen"));
+    auto* loaded = new model::LoadedModel(
+        model::LoadModelDirectory(std::string(TOST_SOURCE_DIR) + "/models/tost-austen"));
     return loaded;
   }();
   EXPECT_TRUE(m->status.ok()) << m->status;

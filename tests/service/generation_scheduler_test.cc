@@ -40,8 +40,8 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return *std::move(s);
   }
-  GenerationRequest Request(GenerationScheduler& s, const std::string& prompt, int32_t max_new, uint64_t seed = 1,
-                            float temperature = 1.0f) {
+  GenerationRequest Request(GenerationScheduler& s, const std::string& prompt, int32_t max_new,
+                            uint64_t seed = 1, float temperature = 1.0f) {
     GenerationRequest r;
     model::SamplingParams p;
     p.seed = seed;
@@ -52,7 +52,8 @@ class SchedulerTest : public ::testing::Test {
     return r;
   }
   // Steps until every job is finished (bounded).
-  void RunAll(GenerationScheduler& s, std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs) {
+  void RunAll(GenerationScheduler& s,
+              std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs) {
     for (int i = 0; i < 10000; ++i) {
       for (auto& [job, out] : jobs) Drain(*job, *out);
       bool all = true;
@@ -74,7 +75,8 @@ TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
   ASSERT_TRUE(job.ok()) << job.status();
   RunAll(*s, {{*job, &c}});
   ASSERT_EQ(c.tokens.size(), 12u);
-  for (size_t i = 0; i < c.positions.size(); ++i) EXPECT_EQ(c.positions[i], 5 + static_cast<int64_t>(i));
+  for (size_t i = 0; i < c.positions.size(); ++i)
+    EXPECT_EQ(c.positions[i], 5 + static_cast<int64_t>(i));
   EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
   EXPECT_EQ(c.final->prompt_tokens, 5);
   EXPECT_EQ(c.final->snapshot.sequence.position, 16);  // 5 prompt + 12 new, the last one pending
@@ -93,13 +95,15 @@ TEST_F(SchedulerTest, SixtyFourSessionsShareEachDecodeStep) {
   RunAll(*s, jobs);
   const GenerationSchedulerStats st = s->stats();
   size_t received = 0, longest = 0;
-  for (const auto& c : out) received += c.tokens.size(), longest = std::max(longest, c.tokens.size());
+  for (const auto& c : out)
+    received += c.tokens.size(), longest = std::max(longest, c.tokens.size());
   // All 64 prompts are prefilled in the first step and decode together from then on (a job may
   // leave early on its end-of-text token, so later steps may carry fewer).
   EXPECT_EQ(st.max_decode_batch, 64);
   EXPECT_GE(st.decode_batch_histogram[64], 1);
   EXPECT_EQ(st.decoded_tokens, static_cast<int64_t>(received));
-  EXPECT_EQ(st.decode_steps, static_cast<int64_t>(longest)) << "each decode step should carry every running sequence";
+  EXPECT_EQ(st.decode_steps, static_cast<int64_t>(longest))
+      << "each decode step should carry every running sequence";
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSlotWithinOneStep) {
@@ -219,7 +223,9 @@ TEST_F(SchedulerTest, ContinuingFromTheFinalStateEqualsTheUninterruptedRun) {
       std::vector<Collected> others(invariant ? 12 : 0);
       std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs;
       for (size_t i = 0; i < others.size(); ++i) {
-        jobs.emplace_back(*second->Submit(Request(*second, "noise " + std::to_string(i), 9, 100 + i)), &others[i]);
+        jobs.emplace_back(
+            *second->Submit(Request(*second, "noise " + std::to_string(i), 9, 100 + i)),
+            &others[i]);
       }
       Collected part2;
       auto j2 = second->Submit(std::move(cont));
@@ -229,7 +235,8 @@ TEST_F(SchedulerTest, ContinuingFromTheFinalStateEqualsTheUninterruptedRun) {
 
       std::vector<int32_t> joined = part1.tokens;
       joined.insert(joined.end(), part2.tokens.begin(), part2.tokens.end());
-      EXPECT_EQ(joined, whole.tokens) << "batch_invariant=" << invariant << " temperature=" << temperature;
+      EXPECT_EQ(joined, whole.tokens)
+          << "batch_invariant=" << invariant << " temperature=" << temperature;
       if (invariant) {
         EXPECT_EQ(second->stats().max_decode_batch, 13);
       }

@@ -25,7 +25,8 @@ std::vector<uint8_t> TestPixels(int w, int h, int c) {
   for (int y = 0; y < h; ++y) {
     for (int x = 0; x < w; ++x) {
       for (int k = 0; k < c; ++k) {
-        p[static_cast<size_t>((y * w + x) * c + k)] = static_cast<uint8_t>((x * 37 + y * 11 + k * 85 + (x ^ y) * 3) % 256);
+        p[static_cast<size_t>((y * w + x) * c + k)] =
+            static_cast<uint8_t>((x * 37 + y * 11 + k * 85 + (x ^ y) * 3) % 256);
       }
     }
   }
@@ -40,20 +41,24 @@ std::string EncodePng(const std::vector<uint8_t>& pixels, int w, int h, png_uint
   image.height = static_cast<png_uint_32>(h);
   image.format = format;
   png_alloc_size_t size = 0;
-  EXPECT_NE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr), 0) << image.message;
+  EXPECT_NE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr), 0)
+      << image.message;
   std::string out(size, '\0');
-  EXPECT_NE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr), 0) << image.message;
+  EXPECT_NE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr), 0)
+      << image.message;
   out.resize(size);
   return out;
 }
 
 // pixel_format TJPF_RGB / TJPF_GRAY / TJPF_CMYK; subsampling TJSAMP_444 / TJSAMP_GRAY.
-std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int w, int h, int pixel_format, int subsampling,
-                       int quality = 100) {
+std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int w, int h, int pixel_format,
+                       int subsampling, int quality = 100) {
   tjhandle tj = tjInitCompress();
   unsigned char* buf = nullptr;
   unsigned long size = 0;
-  EXPECT_EQ(tjCompress2(tj, pixels.data(), w, 0, h, pixel_format, &buf, &size, subsampling, quality, TJFLAG_ACCURATEDCT), 0)
+  EXPECT_EQ(tjCompress2(tj, pixels.data(), w, 0, h, pixel_format, &buf, &size, subsampling, quality,
+                        TJFLAG_ACCURATEDCT),
+            0)
       << tjGetErrorStr2(tj);
   std::string out(reinterpret_cast<char*>(buf), size);
   tjFree(buf);
@@ -98,7 +103,8 @@ std::string JpegWithDeclaredSize(std::string jpeg, uint16_t w, uint16_t h) {
   return jpeg;
 }
 
-model::VisionConfig Config(int64_t chans, int64_t h, int64_t w, std::vector<float> mean, std::vector<float> std) {
+model::VisionConfig Config(int64_t chans, int64_t h, int64_t w, std::vector<float> mean,
+                           std::vector<float> std) {
   model::VisionConfig v;
   v.in_chans = chans;
   v.image_height = h;
@@ -111,7 +117,8 @@ model::VisionConfig Config(int64_t chans, int64_t h, int64_t w, std::vector<floa
 int MaxAbsDiff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   EXPECT_EQ(a.size(), b.size());
   int m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(int(a[i]) - int(b[i])));
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::abs(int(a[i]) - int(b[i])));
   return m;
 }
 
@@ -149,7 +156,8 @@ TEST(ImageDecode, PngGrayRoundTripAndReplicationToRgb) {
 
 TEST(ImageDecode, RgbToGrayIsBt601Luma) {
   // Primaries: Y = 0.299 R + 0.587 G + 0.114 B, rounded.
-  const std::vector<uint8_t> px = {255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255, 0, 0, 0, 10, 200, 90};
+  const std::vector<uint8_t> px = {255, 0,   0,   0, 255, 0, 0,  0,   255,
+                                   255, 255, 255, 0, 0,   0, 10, 200, 90};
   const std::string png = EncodePng(px, 6, 1, PNG_FORMAT_RGB);
   auto g = DecodeImage(png, 1, ImageLimits{}, "img");
   ASSERT_TRUE(g.ok()) << g.status();
@@ -241,7 +249,13 @@ TEST(ImageDecode, TruncatedAndGarbageInputsAreInvalidArgument) {
       {"truncated png", png.substr(0, png.size() / 2), "damaged or truncated PNG"},
       {"png header only", png.substr(0, 40), "PNG"},
       {"png signature then garbage", png.substr(0, 8) + std::string(64, 'x'), "damaged PNG header"},
-      {"corrupt png idat", [&] { std::string s = png; for (size_t i = 60; i < s.size() - 20; ++i) s[i] ^= 0x5A; return s; }(), "PNG"},
+      {"corrupt png idat",
+       [&] {
+         std::string s = png;
+         for (size_t i = 60; i < s.size() - 20; ++i) s[i] ^= 0x5A;
+         return s;
+       }(),
+       "PNG"},
       {"truncated jpeg", jpeg.substr(0, jpeg.size() / 2), "damaged or truncated JPEG"},
       {"jpeg soi then garbage", jpeg.substr(0, 3) + std::string(64, '\x17'), "damaged JPEG header"},
       {"garbage", std::string("GIF89a this is not an image at all"), "not a PNG or JPEG image"},
@@ -250,7 +264,8 @@ TEST(ImageDecode, TruncatedAndGarbageInputsAreInvalidArgument) {
   for (const Case& c : cases) {
     auto r = DecodeImage(c.bytes, 3, ImageLimits{}, "images[0]");
     ASSERT_FALSE(r.ok()) << c.name;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.name << ": " << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr("images[0]: ")) << c.name;
     EXPECT_THAT(r.status().message(), HasSubstr(c.fragment)) << c.name << ": " << r.status();
   }
@@ -259,7 +274,8 @@ TEST(ImageDecode, TruncatedAndGarbageInputsAreInvalidArgument) {
 TEST(ImageDecode, PngBombIsRefusedFromItsHeader) {
   // ~100 bytes declaring 100000 x 100000 pixels (40 GB as RGBA). The header is valid (libpng reads
   // it), so only our limit stands between it and the allocation.
-  const std::string bomb = PngWithDeclaredSize(EncodePng(TestPixels(2, 2, 3), 2, 2, PNG_FORMAT_RGB), 100000, 100000);
+  const std::string bomb =
+      PngWithDeclaredSize(EncodePng(TestPixels(2, 2, 3), 2, 2, PNG_FORMAT_RGB), 100000, 100000);
   ASSERT_LT(bomb.size(), 200u);
   auto header = ReadImageHeader(bomb, "img");
   ASSERT_TRUE(header.ok()) << header.status();
@@ -268,19 +284,22 @@ TEST(ImageDecode, PngBombIsRefusedFromItsHeader) {
   auto r = DecodeImage(bomb, 3, ImageLimits{}, "images[1]");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("images[1]: PNG header declares 100000x100000 = 10000000000 pixels"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("images[1]: PNG header declares 100000x100000 = 10000000000 pixels"));
   EXPECT_THAT(r.status().message(), HasSubstr("max_decoded_pixels 40000000"));
 }
 
 TEST(ImageDecode, JpegBombIsRefusedFromItsHeader) {
-  const std::string bomb = JpegWithDeclaredSize(EncodeJpeg(TestPixels(8, 8, 3), 8, 8, TJPF_RGB, TJSAMP_444), 60000, 60000);
+  const std::string bomb = JpegWithDeclaredSize(
+      EncodeJpeg(TestPixels(8, 8, 3), 8, 8, TJPF_RGB, TJSAMP_444), 60000, 60000);
   auto header = ReadImageHeader(bomb, "img");
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->width, 60000);
   auto r = DecodeImage(bomb, 1, ImageLimits{}, "image");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("image: JPEG header declares 60000x60000 = 3600000000 pixels"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("image: JPEG header declares 60000x60000 = 3600000000 pixels"));
   EXPECT_THAT(r.status().message(), HasSubstr("max_decoded_pixels"));
 }
 
@@ -292,7 +311,8 @@ TEST(ImageDecode, PixelLimitIsInclusive) {
   limits.max_decoded_pixels = 64 * 64 - 1;
   auto r = DecodeImage(png, 3, limits, "img");
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("64x64 = 4096 pixels, more than max_decoded_pixels 4095"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("64x64 = 4096 pixels, more than max_decoded_pixels 4095"));
 }
 
 TEST(ImageDecode, EncodedByteLimitIsCheckedFirst) {
@@ -304,8 +324,9 @@ TEST(ImageDecode, EncodedByteLimitIsCheckedFirst) {
   auto r = DecodeImage(png, 3, limits, "images[0]");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("images[0]: encoded image of " + std::to_string(png.size()) +
-                                              " bytes exceeds max_encoded_bytes " + std::to_string(png.size() - 1)));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("images[0]: encoded image of " + std::to_string(png.size()) +
+                        " bytes exceeds max_encoded_bytes " + std::to_string(png.size() - 1)));
   // Oversized garbage is refused for its size, before anyone looks at it.
   auto g = DecodeImage(std::string(png.size(), 'z'), 3, limits, "img");
   EXPECT_THAT(g.status().message(), HasSubstr("max_encoded_bytes"));
@@ -319,7 +340,8 @@ TEST(ImageResize, SameSizeIsAnExactCopy) {
 
 TEST(ImageResize, DownscaleUsesWidenedTriangleFilter) {
   // 1x4 → 1x2: scale 2, support 2. Output 0 (centre 1.0) has taps 0,1,2 with weights
-  // 0.75, 0.75, 0.25 (normalised by 1.75); output 1 (centre 3.0) has taps 1,2,3 with 0.25, 0.75, 0.75.
+  // 0.75, 0.75, 0.25 (normalised by 1.75); output 1 (centre 3.0) has taps 1,2,3 with 0.25, 0.75,
+  // 0.75.
   const std::vector<float> out = ResizeBilinearAntialias({0, 1, 2, 3}, 1, 1, 4, 1, 2);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_NEAR(out[0], (0 * 0.75 + 1 * 0.75 + 2 * 0.25) / 1.75, 1e-6);
@@ -361,9 +383,9 @@ TEST(ImagePreprocess, ScalesNormalisesAndLaysOutChw) {
   img.pixels = {0, 51, 255, 255, 102, 0};  // HWC
   auto out = PreprocessImage(img, Config(3, 1, 2, {0.5f, 0.2f, 0.f}, {0.5f, 0.1f, 2.f}), "img");
   ASSERT_TRUE(out.ok()) << out.status();
-  const std::vector<float> want = {(0.f - 0.5f) / 0.5f, (1.f - 0.5f) / 0.5f,        // channel 0
-                                   (0.2f - 0.2f) / 0.1f, (0.4f - 0.2f) / 0.1f,      // channel 1
-                                   (1.f - 0.f) / 2.f,  (0.f - 0.f) / 2.f};          // channel 2
+  const std::vector<float> want = {(0.f - 0.5f) / 0.5f,  (1.f - 0.5f) / 0.5f,   // channel 0
+                                   (0.2f - 0.2f) / 0.1f, (0.4f - 0.2f) / 0.1f,  // channel 1
+                                   (1.f - 0.f) / 2.f,    (0.f - 0.f) / 2.f};    // channel 2
   ASSERT_EQ(out->size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR((*out)[i], want[i], 1e-5) << i;
 }
@@ -378,7 +400,8 @@ TEST(ImagePreprocess, DecodeAndPreprocessResizesToTheModelResolution) {
   // The same pipeline by hand from the documented steps.
   std::vector<float> luma(48 * 40);
   for (size_t i = 0; i < luma.size(); ++i) {
-    luma[i] = std::round(0.299f * px[i * 3] + 0.587f * px[i * 3 + 1] + 0.114f * px[i * 3 + 2]) / 255.f;
+    luma[i] =
+        std::round(0.299f * px[i * 3] + 0.587f * px[i * 3 + 1] + 0.114f * px[i * 3 + 2]) / 255.f;
   }
   const std::vector<float> resized = ResizeBilinearAntialias(luma, 1, 40, 48, 32, 32);
   int off_by_rounding = 0;
@@ -394,7 +417,8 @@ TEST(ImagePreprocess, DecodeAndPreprocessResizesToTheModelResolution) {
 
 TEST(ImagePreprocess, RefusesModelsWithoutGrayOrRgbInput) {
   const std::string png = EncodePng(TestPixels(4, 4, 3), 4, 4, PNG_FORMAT_RGB);
-  auto r = DecodeAndPreprocess(png, Config(4, 4, 4, {0, 0, 0, 0}, {1, 1, 1, 1}), ImageLimits{}, "inputs[0]");
+  auto r = DecodeAndPreprocess(png, Config(4, 4, 4, {0, 0, 0, 0}, {1, 1, 1, 1}), ImageLimits{},
+                               "inputs[0]");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("inputs[0]: the model takes in_chans 4"));

@@ -23,19 +23,23 @@ namespace {
 // grpc.health.v1.Health/Check through the generic stub (the health protos have no C++ stubs in
 // the packages we build against). Request {service}: field 1, string. Response {status}: field 1,
 // enum, 1 = SERVING, 2 = NOT_SERVING. Returns the status, or -1 with the RPC's error.
-int HealthStatus(const std::shared_ptr<grpc::Channel>& channel, const std::string& service, grpc::Status* rpc) {
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                 grpc::Status* rpc) {
   std::string request;
-  if (!service.empty()) request = absl::StrCat(std::string("\x0a", 1), std::string(1, static_cast<char>(service.size())), service);
+  if (!service.empty())
+    request = absl::StrCat(std::string("\x0a", 1),
+                           std::string(1, static_cast<char>(service.size())), service);
   grpc::Slice slice(request);
   grpc::ByteBuffer in(&slice, 1), out;
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   absl::Notification done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
-    *rpc = std::move(s);
-    done.Notify();
-  });
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) {
+                   *rpc = std::move(s);
+                   done.Notify();
+                 });
   done.WaitForNotification();
   if (!rpc->ok()) return -1;
   std::vector<grpc::Slice> slices;
@@ -53,17 +57,20 @@ TEST(LoadingResponder, ReportsNotServingAndRefusesCallsWithUnavailable) {
   ASSERT_TRUE(responder.ok()) << responder.status();
   const int port = (*responder)->port();
   ASSERT_GT(port, 0);
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   for (const std::string service : {"", "tost.v1.Tost", "inference.GRPCInferenceService"}) {
     grpc::Status rpc;
-    EXPECT_EQ(HealthStatus(channel, service, &rpc), kNotServing) << "service \"" << service << "\": " << rpc.error_message();
+    EXPECT_EQ(HealthStatus(channel, service, &rpc), kNotServing)
+        << "service \"" << service << "\": " << rpc.error_message();
   }
   auto stub = tost::v1::Tost::NewStub(channel);
   grpc::ClientContext context;
   tost::v1::ListModelsResponse models;
   const grpc::Status s = stub->ListModels(&context, tost::v1::ListModelsRequest(), &models);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(s.error_message().find("/tost.v1.Tost/ListModels: tost_server is still loading"), std::string::npos)
+  EXPECT_NE(s.error_message().find("/tost.v1.Tost/ListModels: tost_server is still loading"),
+            std::string::npos)
       << s.error_message();
   (*responder)->Stop();
   (*responder)->Stop();  // idempotent
@@ -93,7 +100,8 @@ TEST(LoadingResponder, HandsThePortToTheRealServerWithoutClosingIt) {
         ++refused;
       } else {
         ++cut;
-        std::cerr << "probe cut by the hand-over: " << rpc.error_code() << " " << rpc.error_message() << "\n";
+        std::cerr << "probe cut by the hand-over: " << rpc.error_code() << " "
+                  << rpc.error_message() << "\n";
       }
     }
   });
@@ -115,7 +123,8 @@ TEST(LoadingResponder, HandsThePortToTheRealServerWithoutClosingIt) {
   real->GetHealthCheckService()->SetServingStatus(true);
   (*responder)->Stop();
   const int serving_before = serving.load();
-  while (serving.load() < serving_before + 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (serving.load() < serving_before + 5)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   stop = true;
   prober.join();
   // The port never refuses a connection. A probe can still be cut by the responder closing: one

@@ -6,8 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "service/logging.h"
@@ -59,25 +59,37 @@ TEST(MetricsTest, SchedulerObserverCountsTokensAndLatenciesOnTheSchedulersClock)
   }
   int64_t tokens = 0;
   for (auto& job : jobs) {
-    while (auto e = job->Next(absl::ZeroDuration())) tokens += e->kind == GenerationEvent::Kind::kToken ? 1 : 0;
+    while (auto e = job->Next(absl::ZeroDuration()))
+      tokens += e->kind == GenerationEvent::Kind::kToken ? 1 : 0;
   }
   ASSERT_GE(tokens, 2);  // each job's first token at least (EOS may end one early)
   const GenerationSchedulerStats stats = (*scheduler)->stats();
   const std::string text = metrics.Render();
   const std::string model = absl::StrCat("model=\"", lm.name, "\"");
-  EXPECT_EQ(Value(text, absl::StrCat("tost_prompt_tokens_total{", model, "}")), 7);  // "Hello" + "Hi"
+  EXPECT_EQ(Value(text, absl::StrCat("tost_prompt_tokens_total{", model, "}")),
+            7);  // "Hello" + "Hi"
   EXPECT_EQ(Value(text, absl::StrCat("tost_generated_tokens_total{", model, "}")), tokens);
   // Both first tokens came out of step 1, 10 ms after Submit; every later token 1 ms after its
   // predecessor.
   EXPECT_EQ(Value(text, absl::StrCat("tost_time_to_first_token_seconds_count{", model, "}")), 2);
-  EXPECT_NEAR(Value(text, absl::StrCat("tost_time_to_first_token_seconds_sum{", model, "}")), 0.020, 1e-9);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_time_to_first_token_seconds_bucket{", model, ",le=\"0.005\"}")), 0);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_time_to_first_token_seconds_bucket{", model, ",le=\"0.01\"}")), 2);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_inter_token_latency_seconds_count{", model, "}")), tokens - 2);
-  EXPECT_NEAR(Value(text, absl::StrCat("tost_inter_token_latency_seconds_sum{", model, "}")), 0.001 * (tokens - 2), 1e-9);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_count{", model, ",workload=\"generate\"}")), stats.decode_steps);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_sum{", model, ",workload=\"generate\"}")), tokens);
-  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_bucket{", model, ",workload=\"generate\",le=\"2\"}")),
+  EXPECT_NEAR(Value(text, absl::StrCat("tost_time_to_first_token_seconds_sum{", model, "}")), 0.020,
+              1e-9);
+  EXPECT_EQ(Value(text, absl::StrCat("tost_time_to_first_token_seconds_bucket{", model,
+                                     ",le=\"0.005\"}")),
+            0);
+  EXPECT_EQ(
+      Value(text, absl::StrCat("tost_time_to_first_token_seconds_bucket{", model, ",le=\"0.01\"}")),
+      2);
+  EXPECT_EQ(Value(text, absl::StrCat("tost_inter_token_latency_seconds_count{", model, "}")),
+            tokens - 2);
+  EXPECT_NEAR(Value(text, absl::StrCat("tost_inter_token_latency_seconds_sum{", model, "}")),
+              0.001 * (tokens - 2), 1e-9);
+  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_count{", model, ",workload=\"generate\"}")),
+            stats.decode_steps);
+  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_sum{", model, ",workload=\"generate\"}")),
+            tokens);
+  EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_bucket{", model,
+                                     ",workload=\"generate\",le=\"2\"}")),
             stats.decode_steps);
 }
 
@@ -103,8 +115,10 @@ TEST(MetricsTest, BatchRecordsFeedQueueComputeBatchSizeAndSuccessfulImages) {
   EXPECT_EQ(Value(text, "tost_queue_duration_seconds_bucket{model=\"digits\",le=\"0.002\"}"), 2);
   EXPECT_NEAR(Value(text, "tost_compute_duration_seconds_sum{model=\"digits\"}"), 0.008, 1e-12);
   EXPECT_EQ(Value(text, "tost_batch_size_sum{model=\"digits\",workload=\"classify\"}"), 8);
-  EXPECT_EQ(Value(text, "tost_model_info{backend=\"libtorch_cpu\",model=\"digits\",version=\"v1\"}"), 1);
-  EXPECT_EQ(text.find("workload=\"generate\""), std::string::npos) << "a vision model has no generation series";
+  EXPECT_EQ(
+      Value(text, "tost_model_info{backend=\"libtorch_cpu\",model=\"digits\",version=\"v1\"}"), 1);
+  EXPECT_EQ(text.find("workload=\"generate\""), std::string::npos)
+      << "a vision model has no generation series";
 }
 
 TEST(MetricsTest, RpcOutcomesCountByCodeAndRejectionReason) {
@@ -146,7 +160,8 @@ std::string HttpGet(int port, const std::string& request) {
   EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
   std::string response;
   char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+    response.append(buf, static_cast<size_t>(n));
   close(fd);
   return response;
 }
@@ -161,16 +176,22 @@ TEST(MetricsHttpServerTest, ServesMetricsOnAFreePortAndNothingElse) {
   EXPECT_NE(ok.find("Content-Length: 9\r\n"), std::string::npos);
   EXPECT_EQ(ok.substr(ok.size() - 9), "tost_x 1\n");
   EXPECT_EQ(HttpGet((*server)->port(), "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
-  EXPECT_EQ(HttpGet((*server)->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(HttpGet((*server)->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0),
+            0u);
   // The same port cannot be bound twice.
-  auto second = MetricsHttpServer::Start("127.0.0.1", (*server)->port(), [] { return std::string(); });
+  auto second =
+      MetricsHttpServer::Start("127.0.0.1", (*server)->port(), [] { return std::string(); });
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(LoggingTest, JsonLinesAreOneObjectWithTypedFields) {
   const std::string line = FormatLogLine(LogFormat::kJson, LogLevel::kWarning, "rpc",
-                                         {{"request_id", "abc"}, {"code", "OK"}, {"n", 3}, {"ms", 1.5},
-                                          {"ok", true}, {"error", "quote \" newline \n bad utf8 \xff"}});
+                                         {{"request_id", "abc"},
+                                          {"code", "OK"},
+                                          {"n", 3},
+                                          {"ms", 1.5},
+                                          {"ok", true},
+                                          {"error", "quote \" newline \n bad utf8 \xff"}});
   EXPECT_EQ(line.find('\n'), std::string::npos);
   const auto j = nlohmann::json::parse(line);
   EXPECT_EQ(j["level"], "warning");

@@ -126,7 +126,9 @@ class SessionCodecTest : public ::testing::Test {
  protected:
   const model::LoadedModel& lm = testing::ShippedLanguageModel();
   ModelIdentity identity{&lm.config, std::string(32, 'h')};
-  int64_t floats() const { return lm.config.language.n_layer * lm.config.language.state_floats_per_layer(); }
+  int64_t floats() const {
+    return lm.config.language.n_layer * lm.config.language.state_floats_per_layer();
+  }
 };
 
 TEST_F(SessionCodecTest, RoundTripsEveryField) {
@@ -158,7 +160,8 @@ TEST_F(SessionCodecTest, RefusesTamperedTruncatedForeignAndMismatchedBlobs) {
   for (size_t i = 0; i < blob.size(); i += 7) {  // flip one bit at a time across the blob
     std::string bad = blob;
     bad[i] ^= 0x10;
-    EXPECT_EQ(codec->Decode(bad, identity).status().code(), absl::StatusCode::kInvalidArgument) << "byte " << i;
+    EXPECT_EQ(codec->Decode(bad, identity).status().code(), absl::StatusCode::kInvalidArgument)
+        << "byte " << i;
   }
   for (size_t len : {size_t{0}, size_t{10}, blob.size() / 2, blob.size() - 1}) {
     auto r = codec->Decode(blob.substr(0, len), identity);

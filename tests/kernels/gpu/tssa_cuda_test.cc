@@ -57,8 +57,9 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, Tol tol, const s
   const at::Tensor diff = (g - w).abs();
   const at::Tensor bad = (diff > tol.atol + tol.rtol * w.abs()) | (g.isnan() != w.isnan());
   const int64_t n_bad = bad.sum().item<int64_t>();
-  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel() << " elements outside rtol=" << tol.rtol
-                      << " atol=" << tol.atol << "; max |diff| = " << at::nan_to_num(diff).max().item<double>();
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                      << " elements outside rtol=" << tol.rtol << " atol=" << tol.atol
+                      << "; max |diff| = " << at::nan_to_num(diff).max().item<double>();
 }
 
 at::Tensor Cuda(const at::Tensor& t) { return t.to(at::kCUDA); }
@@ -82,7 +83,8 @@ struct Inputs {
 };
 
 // w ~ N(0,1); temp ~ U(0.5, 1.5) (learned temperatures stay near their init of 1); δ ~ 0.1·N(0,1).
-Inputs MakeInputs(std::vector<int64_t> w_sizes, int64_t heads, int64_t tmax, at::ScalarType dtype, uint64_t seed) {
+Inputs MakeInputs(std::vector<int64_t> w_sizes, int64_t heads, int64_t tmax, at::ScalarType dtype,
+                  uint64_t seed) {
   at::manual_seed(seed);
   Inputs in;
   in.w = at::randn(w_sizes).to(dtype);
@@ -136,12 +138,12 @@ const auto kDTypes = ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf);
 
 // Odd head widths (p = 5), the registered model sizes (p = 48, 64), one token, long sequences,
 // and widths that take every per-thread channel count of the kernels (D up to 8192).
-const auto kVisionShapes =
-    ::testing::Values(Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4}, Shape{3, 1000, 384, 8}, Shape{2, 197, 768, 12},
-                      Shape{1, 33, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{4, 50, 12, 12});
-const auto kCausalShapes =
-    ::testing::Values(Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4}, Shape{1, 1000, 384, 8}, Shape{2, 130, 768, 12},
-                      Shape{1, 70, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{3, 40, 12, 12});
+const auto kVisionShapes = ::testing::Values(
+    Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4}, Shape{3, 1000, 384, 8}, Shape{2, 197, 768, 12},
+    Shape{1, 33, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{4, 50, 12, 12});
+const auto kCausalShapes = ::testing::Values(
+    Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4}, Shape{1, 1000, 384, 8}, Shape{2, 130, 768, 12},
+    Shape{1, 70, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{3, 40, 12, 12});
 
 // ---------------------------------------------------------------------------------------------
 // tssa (vision).
@@ -158,7 +160,8 @@ TEST_P(TssaCudaTest, MatchesReference) {
   ExpectClose(got, want, YTol(dtype), "tssa y");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, TssaCudaTest, ::testing::Combine(kVisionShapes, kDTypes), ParamName);
+INSTANTIATE_TEST_SUITE_P(Shapes, TssaCudaTest, ::testing::Combine(kVisionShapes, kDTypes),
+                         ParamName);
 
 // Transposed, channel-sliced and misaligned (storage offset of one element) w, strided temp.
 class TssaCudaLayoutTest : public ::testing::TestWithParam<at::ScalarType> {};
@@ -168,13 +171,17 @@ TEST_P(TssaCudaLayoutTest, NonContiguousInputs) {
   const at::ScalarType dtype = GetParam();
   const int64_t B = 2, N = 77, D = 384, K = 8;
   at::manual_seed(7);
-  const Pair temp = Strided(at::rand({K, 2}) + 0.5, [](const at::Tensor& t) { return t.select(1, 1); });
+  const Pair temp =
+      Strided(at::rand({K, 2}) + 0.5, [](const at::Tensor& t) { return t.select(1, 1); });
   const std::vector<std::pair<std::string, Pair>> variants = {
-      {"transposed", Strided(at::randn({B, D, N}).to(dtype), [](const at::Tensor& t) { return t.transpose(1, 2); })},
-      {"channel slice",
-       Strided(at::randn({B, N, D + 6}).to(dtype), [&](const at::Tensor& t) { return t.slice(2, 3, 3 + D); })},
+      {"transposed", Strided(at::randn({B, D, N}).to(dtype),
+                             [](const at::Tensor& t) { return t.transpose(1, 2); })},
+      {"channel slice", Strided(at::randn({B, N, D + 6}).to(dtype),
+                                [&](const at::Tensor& t) { return t.slice(2, 3, 3 + D); })},
       {"misaligned", Strided(at::randn({B * N * D + 1}).to(dtype),
-                             [&](const at::Tensor& t) { return t.slice(0, 1).view({B, N, D}); })},
+                             [&](const at::Tensor& t) {
+                               return t.slice(0, 1).view({B, N, D});
+                             })},
   };
   ASSERT_FALSE(temp.cuda.is_contiguous());
   for (const auto& [name, w] : variants) {
@@ -185,7 +192,8 @@ TEST_P(TssaCudaLayoutTest, NonContiguousInputs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, TssaCudaLayoutTest, kDTypes, [](const auto& info) { return DTypeName(info.param); });
+INSTANTIATE_TEST_SUITE_P(DTypes, TssaCudaLayoutTest, kDTypes,
+                         [](const auto& info) { return DTypeName(info.param); });
 
 TEST(TssaCudaMisc, Deterministic) {
   TOST_REQUIRE_CUDA();
@@ -197,9 +205,12 @@ TEST(TssaCudaMisc, Deterministic) {
 TEST(TssaCudaMisc, Float64RunsTheReferenceOnTheDevice) {
   TOST_REQUIRE_CUDA();
   const Inputs in = MakeInputs({2, 31, 20, 4}, 4, 40, at::kDouble, 4);
-  ExpectClose(tssa(Cuda(in.w), Cuda(in.temp)), reference::tssa(in.w, in.temp), YTol(at::kDouble), "tssa f64");
-  const auto [y, st] = tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
-  const auto [y_ref, st_ref] = reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
+  ExpectClose(tssa(Cuda(in.w), Cuda(in.temp)), reference::tssa(in.w, in.temp), YTol(at::kDouble),
+              "tssa f64");
+  const auto [y, st] =
+      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
+  const auto [y_ref, st_ref] =
+      reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
   ExpectClose(y, y_ref, YTol(at::kDouble), "tssa_causal f64 y");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal f64 state");
 }
@@ -220,8 +231,10 @@ TEST_P(TssaCausalCudaTest, FromEmptyStateMatchesReference) {
   TOST_REQUIRE_CUDA();
   const auto [s, dtype] = GetParam();
   const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, s.tokens + 3, dtype, 11);
-  const auto [y_ref, st_ref] = reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
-  const auto [y, st] = tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
+  const auto [y_ref, st_ref] =
+      reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
+  const auto [y, st] =
+      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state");
 }
@@ -233,13 +246,16 @@ TEST_P(TssaCausalCudaTest, ContinuesFromStateAtPositions) {
   const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, tmax, dtype, 12);
   const at::Tensor state = MakeState(s.batch, s.channels, s.heads, 13);
   const at::Tensor positions = at::arange(s.batch, at::kLong) * 13 % 41;  // distinct starts, ≤ 40
-  const auto [y_ref, st_ref] = reference::tssa_causal(in.w, in.temp, in.denom_bias, state, positions);
-  const auto [y, st] = tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state), Cuda(positions));
+  const auto [y_ref, st_ref] =
+      reference::tssa_causal(in.w, in.temp, in.denom_bias, state, positions);
+  const auto [y, st] =
+      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state), Cuda(positions));
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, TssaCausalCudaTest, ::testing::Combine(kCausalShapes, kDTypes), ParamName);
+INSTANTIATE_TEST_SUITE_P(Shapes, TssaCausalCudaTest, ::testing::Combine(kCausalShapes, kDTypes),
+                         ParamName);
 
 class TssaCausalCudaDTypeTest : public ::testing::TestWithParam<at::ScalarType> {};
 
@@ -251,7 +267,8 @@ TEST_P(TssaCausalCudaDTypeTest, ChunkedEqualsWhole) {
   const int64_t B = 2, T = 1000, D = 384, K = 8, split = 377;
   const Inputs in = MakeInputs({B, T, D}, K, T + 8, dtype, 21);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{0, 5});
-  const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias), pos = Cuda(positions);
+  const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias),
+                   pos = Cuda(positions);
 
   const auto [y_whole, st_whole] = tssa_causal(w, temp, db, std::nullopt, pos);
   const auto [y1, st1] = tssa_causal(w.slice(1, 0, split), temp, db, std::nullopt, pos);
@@ -259,7 +276,8 @@ TEST_P(TssaCausalCudaDTypeTest, ChunkedEqualsWhole) {
   ExpectClose(at::cat({y1, y2}, 1), y_whole, YTol(dtype), "chunked y vs whole y");
   ExpectClose(st2, st_whole, kStateTol, "chunked state vs whole state");
 
-  const auto [y_ref, st_ref] = reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, positions);
+  const auto [y_ref, st_ref] =
+      reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, positions);
   ExpectClose(y_whole, y_ref, YTol(dtype), "whole y vs reference");
   ExpectClose(st_whole, st_ref, kStateTol, "whole state vs reference");
 }
@@ -270,26 +288,33 @@ TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
   const at::ScalarType dtype = GetParam();
   const int64_t B = 3, T = 45, D = 768, K = 12, tmax = 64;
   at::manual_seed(31);
-  const Pair w = Strided(at::randn({B, D, T}).to(dtype), [](const at::Tensor& t) { return t.transpose(1, 2); });
-  const Pair temp = Strided(at::rand({K, 3}) + 0.5, [](const at::Tensor& t) { return t.select(1, 2); });
-  const Pair denom_bias = Strided(0.1 * at::randn({tmax, K}), [](const at::Tensor& t) { return t.t(); });
-  const Pair state = Strided(MakeState(B, D, K, 32).t().contiguous(), [](const at::Tensor& t) { return t.t(); });
-  ASSERT_FALSE(w.cuda.is_contiguous() || temp.cuda.is_contiguous() || denom_bias.cuda.is_contiguous() ||
-               state.cuda.is_contiguous());
+  const Pair w = Strided(at::randn({B, D, T}).to(dtype),
+                         [](const at::Tensor& t) { return t.transpose(1, 2); });
+  const Pair temp =
+      Strided(at::rand({K, 3}) + 0.5, [](const at::Tensor& t) { return t.select(1, 2); });
+  const Pair denom_bias =
+      Strided(0.1 * at::randn({tmax, K}), [](const at::Tensor& t) { return t.t(); });
+  const Pair state =
+      Strided(MakeState(B, D, K, 32).t().contiguous(), [](const at::Tensor& t) { return t.t(); });
+  ASSERT_FALSE(w.cuda.is_contiguous() || temp.cuda.is_contiguous() ||
+               denom_bias.cuda.is_contiguous() || state.cuda.is_contiguous());
   ASSERT_EQ(state.cuda.sizes(), at::IntArrayRef({B, StateWidth(D, K)}));
   const at::Tensor positions = at::tensor(std::vector<int64_t>{3, 0, 19});
 
-  const auto [y_ref, st_ref] = reference::tssa_causal(w.cpu, temp.cpu, denom_bias.cpu, state.cpu, positions);
+  const auto [y_ref, st_ref] =
+      reference::tssa_causal(w.cpu, temp.cpu, denom_bias.cpu, state.cpu, positions);
   const auto [y, st] = tssa_causal(w.cuda, temp.cuda, denom_bias.cuda, state.cuda, positions);
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y, strided inputs");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state, strided inputs");
 
-  const Pair w_mis = Strided(at::randn({B * T * D + 1}).to(dtype),
-                             [&](const at::Tensor& t) { return t.slice(0, 1).view({B, T, D}); });
+  const Pair w_mis = Strided(at::randn({B * T * D + 1}).to(dtype), [&](const at::Tensor& t) {
+    return t.slice(0, 1).view({B, T, D});
+  });
   ASSERT_EQ(w_mis.cuda.storage_offset(), 1);
   const auto [y2_ref, st2_ref] =
       reference::tssa_causal(w_mis.cpu, temp.cpu, denom_bias.cpu, std::nullopt, std::nullopt);
-  const auto [y2, st2] = tssa_causal(w_mis.cuda, temp.cuda, denom_bias.cuda, std::nullopt, std::nullopt);
+  const auto [y2, st2] =
+      tssa_causal(w_mis.cuda, temp.cuda, denom_bias.cuda, std::nullopt, std::nullopt);
   ExpectClose(y2, y2_ref, YTol(dtype), "tssa_causal y, misaligned w");
   ExpectClose(st2, st2_ref, kStateTol, "tssa_causal state, misaligned w");
 }
@@ -302,20 +327,24 @@ TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
 TEST_P(TssaCausalCudaDTypeTest, RepeatedStepEqualsCausal) {
   TOST_REQUIRE_CUDA();
   const at::ScalarType dtype = GetParam();
-  for (const Shape s : {Shape{3, 7, 20, 4}, Shape{2, 20, 384, 8}, Shape{2, 6, 2304, 36}, Shape{1, 3, 8192, 128}}) {
+  for (const Shape s :
+       {Shape{3, 7, 20, 4}, Shape{2, 20, 384, 8}, Shape{2, 6, 2304, 36}, Shape{1, 3, 8192, 128}}) {
     const int64_t tmax = s.tokens + 16;
     const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, tmax, dtype, 41);
     const at::Tensor state0 = MakeState(s.batch, s.channels, s.heads, 42);
     const at::Tensor positions = at::arange(s.batch, at::kLong) * 5 % 17;
-    const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias), pos = Cuda(positions);
+    const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias),
+                     pos = Cuda(positions);
 
     at::Tensor state = Cuda(state0).clone();
     std::vector<at::Tensor> ys;
-    for (int64_t t = 0; t < s.tokens; ++t) ys.push_back(tssa_step(w.select(1, t), temp, db, pos + t, state));
+    for (int64_t t = 0; t < s.tokens; ++t)
+      ys.push_back(tssa_step(w.select(1, t), temp, db, pos + t, state));
     const at::Tensor y_steps = at::stack(ys, 1);
 
     const auto [y_causal, st_causal] = tssa_causal(w, temp, db, Cuda(state0), pos);
-    const auto [y_ref, st_ref] = reference::tssa_causal(in.w, in.temp, in.denom_bias, state0, positions);
+    const auto [y_ref, st_ref] =
+        reference::tssa_causal(in.w, in.temp, in.denom_bias, state0, positions);
     const std::string name = ShapeName(s);
     ExpectClose(y_steps, y_causal, YTol(dtype), name + ": steps y vs tssa_causal y");
     ExpectClose(state, st_causal, kStateTol, name + ": steps state vs tssa_causal state");
@@ -335,7 +364,8 @@ TEST(TssaStepCuda, FromZeroStateMatchesReferenceStep) {
   at::Tensor st_ref = at::zeros({B, StateWidth(D, K)});
   at::Tensor st = Cuda(st_ref);
   const at::Tensor y_ref = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, st_ref);
-  const at::Tensor y = tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
+  const at::Tensor y =
+      tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
   ExpectClose(y, y_ref, YTol(at::kFloat), "tssa_step y");
   ExpectClose(st, st_ref, kStateTol, "tssa_step state");
 }
@@ -353,7 +383,8 @@ TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
   at::Tensor st = cache.slice(1, 5, 5 + width);
   ASSERT_FALSE(st.is_contiguous());
   const at::Tensor y_ref = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, st_ref);
-  const at::Tensor y = tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
+  const at::Tensor y =
+      tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
   ExpectClose(y, y_ref, YTol(at::kBFloat16), "tssa_step y");
   ExpectClose(cache, cache_ref, kStateTol, "state cache after tssa_step");
 }
@@ -365,13 +396,13 @@ TEST(TssaCausalCudaMisc, NoTokensReturnsACopyOfTheState) {
   TOST_REQUIRE_CUDA();
   const int64_t B = 2, D = 20, K = 4;
   const at::Tensor state = Cuda(MakeState(B, D, K, 71));
-  const auto [y, st] = tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})), Cuda(at::zeros({K, 8})), state,
-                                   Cuda(at::zeros({B}, at::kLong)));
+  const auto [y, st] = tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
+                                   Cuda(at::zeros({K, 8})), state, Cuda(at::zeros({B}, at::kLong)));
   EXPECT_EQ(y.sizes(), at::IntArrayRef({B, 0, D}));
   EXPECT_TRUE(at::equal(st, state));
   EXPECT_FALSE(st.is_same(state));
-  const auto [y0, st0] =
-      tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})), Cuda(at::zeros({K, 8})), std::nullopt, std::nullopt);
+  const auto [y0, st0] = tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
+                                     Cuda(at::zeros({K, 8})), std::nullopt, std::nullopt);
   EXPECT_TRUE(at::equal(st0, at::zeros({B, StateWidth(D, K)}, st0.options())));
 }
 
@@ -383,14 +414,17 @@ TEST(TssaCausalCudaMisc, RejectsBadArgumentsLikeTheReference) {
   const at::Tensor db = Cuda(at::zeros({K, 8}));
   const at::Tensor bad_state = Cuda(at::zeros({B, 2 * D}));
   EXPECT_THROW(tssa_causal(w, temp, db, bad_state, std::nullopt), c10::Error);
-  EXPECT_THROW(tssa_causal(w, temp, db, std::nullopt, Cuda(at::full({B}, 4, at::kLong))), c10::Error);
+  EXPECT_THROW(tssa_causal(w, temp, db, std::nullopt, Cuda(at::full({B}, 4, at::kLong))),
+               c10::Error);
   EXPECT_THROW(tssa(w, Cuda(at::ones({3}))), c10::Error);
   at::Tensor st = Cuda(at::zeros({B, StateWidth(D, K)}));
-  EXPECT_THROW(tssa_step(w.select(1, 0), temp, db, Cuda(at::full({B}, 8, at::kLong)), st), c10::Error);
+  EXPECT_THROW(tssa_step(w.select(1, 0), temp, db, Cuda(at::full({B}, 8, at::kLong)), st),
+               c10::Error);
   try {
     tssa_causal(w, temp, db, bad_state, std::nullopt);
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("state must be [B=2, 2D+K=44]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("state must be [B=2, 2D+K=44]"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -62,7 +62,8 @@ double Median(std::vector<double> v) {
 }
 
 // Median times of `a` and `b`, interleaved (a, b, a, b, ...) after two warm-up calls each.
-std::pair<double, double> Interleaved(int reps, const std::function<void()>& a, const std::function<void()>& b) {
+std::pair<double, double> Interleaved(int reps, const std::function<void()>& a,
+                                      const std::function<void()>& b) {
   for (int i = 0; i < 2; ++i) a(), b();
   std::vector<double> ta, tb;
   for (int i = 0; i < reps; ++i) {
@@ -79,8 +80,8 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::strin
   const double scale = want.abs().max().item<double>() + 1e-30;
   const double diff = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>() / scale;
   if (!(diff <= tol)) {
-    std::fprintf(stderr, "MISMATCH %s: max |fused - reference| / max |reference| = %.3g > %.1g\n", what.c_str(), diff,
-                 tol);
+    std::fprintf(stderr, "MISMATCH %s: max |fused - reference| / max |reference| = %.3g > %.1g\n",
+                 what.c_str(), diff, tol);
     g_mismatch = true;
   }
 }
@@ -95,7 +96,9 @@ double CopyBandwidthGBs(int reps) {
   return 2.0 * a.nbytes() / (Median(t) * 1e-3) / 1e9;
 }
 
-const char* Name(at::ScalarType t) { return t == at::kFloat ? "float32" : t == at::kBFloat16 ? "bfloat16" : "float16"; }
+const char* Name(at::ScalarType t) {
+  return t == at::kFloat ? "float32" : t == at::kBFloat16 ? "bfloat16" : "float16";
+}
 
 }  // namespace
 
@@ -113,45 +116,53 @@ int main(int argc, char** argv) {
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const int reps = quick ? 5 : 21;
   const double copy_gbs = CopyBandwidthGBs(reps);
-  std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB); device-to-device copy (read + write): %.0f GB/s\n", prop.name,
-              prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30), copy_gbs);
+  std::printf(
+      "device: %s (sm_%d%d, %d SMs, %.1f GiB); device-to-device copy (read + write): %.0f GB/s\n",
+      prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+      prop.totalGlobalMem / double(1 << 30), copy_gbs);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(0);
 
-  std::printf("\ntost::tssa vs reference::tssa on the GPU (D=%ld, K=%ld)\n", long(kChannels), long(kHeads));
-  std::printf("  %-8s %3s %7s | %10s %10s %8s %9s %8s\n", "dtype", "B", "N", "ref ms", "fused ms", "speedup",
-              "eff GB/s", "of copy");
+  std::printf("\ntost::tssa vs reference::tssa on the GPU (D=%ld, K=%ld)\n", long(kChannels),
+              long(kHeads));
+  std::printf("  %-8s %3s %7s | %10s %10s %8s %9s %8s\n", "dtype", "B", "N", "ref ms", "fused ms",
+              "speedup", "eff GB/s", "of copy");
   const std::vector<std::pair<int64_t, int64_t>> sizes =
-      quick ? std::vector<std::pair<int64_t, int64_t>>{{1, 4096}}
-            : std::vector<std::pair<int64_t, int64_t>>{{1, 1024}, {1, 4096}, {1, 16384}, {1, 65536},
-                                                        {8, 1024}, {8, 4096}, {8, 16384}, {8, 65536}};
+      quick
+          ? std::vector<std::pair<int64_t, int64_t>>{{1, 4096}}
+          : std::vector<std::pair<int64_t, int64_t>>{{1, 1024}, {1, 4096}, {1, 16384}, {1, 65536},
+                                                     {8, 1024}, {8, 4096}, {8, 16384}, {8, 65536}};
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (const auto& [B, N] : sizes) {
       const at::Tensor w = at::randn({B, N, kChannels}, cuda.dtype(dtype));
       const at::Tensor temp = at::rand({kHeads}, cuda.dtype(at::kFloat)) + 0.5;
       ExpectClose(fused::tssa(w, temp), ref::tssa(w, temp), std::string("tssa ") + Name(dtype));
-      const auto [t_ref, t_fused] =
-          Interleaved(reps, [&] { ref::tssa(w, temp); }, [&] { fused::tssa(w, temp); });
-      const double bytes = 4.0 * w.nbytes() + 2.0 * B * N * kHeads * 4;  // 3 reads + 1 write of w, Π twice
+      const auto [t_ref, t_fused] = Interleaved(
+          reps, [&] { ref::tssa(w, temp); }, [&] { fused::tssa(w, temp); });
+      const double bytes =
+          4.0 * w.nbytes() + 2.0 * B * N * kHeads * 4;  // 3 reads + 1 write of w, Π twice
       const double gbs = bytes / (t_fused * 1e-3) / 1e9;
-      std::printf("  %-8s %3ld %7ld | %10.3f %10.3f %7.1fx %9.0f %7.0f%%\n", Name(dtype), long(B), long(N), t_ref,
-                  t_fused, t_ref / t_fused, gbs, 100.0 * gbs / copy_gbs);
+      std::printf("  %-8s %3ld %7ld | %10.3f %10.3f %7.1fx %9.0f %7.0f%%\n", Name(dtype), long(B),
+                  long(N), t_ref, t_fused, t_ref / t_fused, gbs, 100.0 * gbs / copy_gbs);
     }
   }
 
   std::printf("\ntost::tssa_causal (prefill) vs reference, float32\n");
   std::printf("  %3s %6s | %10s %10s %8s\n", "B", "T", "ref ms", "fused ms", "speedup");
-  for (const auto& [B, T] : quick ? std::vector<std::pair<int64_t, int64_t>>{{1, 1024}}
-                                  : std::vector<std::pair<int64_t, int64_t>>{{1, 4096}, {8, 1024}, {64, 1024}}) {
+  for (const auto& [B, T] :
+       quick ? std::vector<std::pair<int64_t, int64_t>>{{1, 1024}}
+             : std::vector<std::pair<int64_t, int64_t>>{{1, 4096}, {8, 1024}, {64, 1024}}) {
     const at::Tensor w = at::randn({B, T, kChannels}, cuda.dtype(at::kFloat));
     const at::Tensor temp = at::rand({kHeads}, cuda) + 0.5;
     const at::Tensor denom_bias = at::randn({kHeads, T}, cuda) * 0.1;
     ExpectClose(std::get<0>(fused::tssa_causal(w, temp, denom_bias, std::nullopt, std::nullopt)),
-                std::get<0>(ref::tssa_causal(w, temp, denom_bias, std::nullopt, std::nullopt)), "tssa_causal");
+                std::get<0>(ref::tssa_causal(w, temp, denom_bias, std::nullopt, std::nullopt)),
+                "tssa_causal");
     const auto [t_ref, t_fused] = Interleaved(
         reps, [&] { ref::tssa_causal(w, temp, denom_bias, std::nullopt, std::nullopt); },
         [&] { fused::tssa_causal(w, temp, denom_bias, std::nullopt, std::nullopt); });
-    std::printf("  %3ld %6ld | %10.3f %10.3f %7.1fx\n", long(B), long(T), t_ref, t_fused, t_ref / t_fused);
+    std::printf("  %3ld %6ld | %10.3f %10.3f %7.1fx\n", long(B), long(T), t_ref, t_fused,
+                t_ref / t_fused);
   }
 
   std::printf("\ntost::tssa_step (decode, state in place) vs reference, float32\n");
@@ -171,7 +182,8 @@ int main(int argc, char** argv) {
     const auto [t_ref, t_fused] = Interleaved(
         reps, [&] { ref::tssa_step(w, temp, denom_bias, positions, s_ref); },
         [&] { fused::tssa_step(w, temp, denom_bias, positions, s_fused); });
-    std::printf("  %4ld | %10.1f %10.1f %7.1fx\n", long(B), t_ref * 1e3, t_fused * 1e3, t_ref / t_fused);
+    std::printf("  %4ld | %10.1f %10.1f %7.1fx\n", long(B), t_ref * 1e3, t_fused * 1e3,
+                t_ref / t_fused);
   }
   if (g_mismatch) std::fprintf(stderr, "tssa_gpu_bench: fused results differ from the reference\n");
   return g_mismatch ? 1 : 0;
