@@ -21,7 +21,7 @@ at::Tensor tssa(const at::Tensor& w_in, const at::Tensor& temp) {
   // b n (h d) -> b n h d; reductions over tokens run along dim 1.
   const at::Tensor w = w_in.to(acc).reshape({d.batch, d.tokens, d.heads, d.head_dim});
   const at::Tensor w2 = w * w;
-  // §1.1 step 2: ν = max(||w||_tokens, 1e-12)   (F.normalize clamps the norm)
+  // docs/model-semantics.md §1.1 step 2: ν = max(||w||_tokens, 1e-12) (F.normalize clamps the norm)
   const at::Tensor nu = w2.sum(1, /*keepdim=*/true).sqrt().clamp_min(kNormEps);
   // step 3: s = temp[k] · Σ_c (w/ν)²
   const at::Tensor s = (w / nu).pow(2).sum(-1) * temp.to(acc).view({1, 1, d.heads});
@@ -59,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w_in, const at:
   const at::Tensor start = positions.has_value() ? positions->to(w_in.device())
                                                  : at::zeros({d.batch}, opts.dtype(at::kLong));
 
-  // §2.1 step 2: S1[t] = max(Σ_{s≤t} w², 1e-12)   (clamp on the squared sum, unlike vision)
+  // docs/model-semantics.md §2.1 step 2: S1[t] = max(Σ_{s≤t} w², 1e-12) (clamp on the squared sum)
   const at::Tensor s1 = (s1_0 + at::cumsum(w2, 1)).clamp_min(kNormEps);
   // step 3: u = w²/S1 + δ[k, pos]   (δ added after the division)
   const at::Tensor pos =

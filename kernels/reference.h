@@ -1,5 +1,5 @@
 // ATen reference of the three TSSA operators: plain tensor ops, autograd-capable, written to
-// mirror docs/tost-reference.md §1.1 and §2.1 line by line. It is the oracle that every fused
+// mirror docs/model-semantics.md §1.1 and §2.1 line by line. It is the oracle that every fused
 // CPU and CUDA kernel is tested against; production code calls tssa_ops.h instead.
 #pragma once
 

@@ -1,8 +1,8 @@
 // The causal ToST language model (nanoGPT skeleton, causal TSSA with denom_bias, γ layer scale,
-// tied embeddings) as docs/tost-reference.md §2 describes it, in three forms that agree:
+// tied embeddings) as docs/model-semantics.md §2 describes it, in three forms that agree:
 //   ForwardAll  parallel causal form over whole sequences (all positions' logits);
-//   Prefill     chunked tssa_causal continuing a SequenceState (exact: chunks carry the
-//   statistics); Step        one token for each of B sequences at their own positions (tssa_step).
+//   Prefill     chunked tssa_causal continuing a SequenceState (exact: chunks carry statistics);
+//   Step        one token for each of B sequences at their own positions (tssa_step).
 // Torch-free interface; tensors live in language_model.cc.
 #pragma once
 

@@ -82,7 +82,7 @@ struct VisionModel::Impl {
     return b.to_out(kernels::tssa(w, b.temp));
   }
 
-  // Π of §1.1 steps 2-4 (what the fused op computes internally): [B, K, N].
+  // Π of docs/model-semantics.md §1.1 steps 2-4 (what the fused op computes internally): [B, K, N].
   at::Tensor Membership(const TssaBlock& b, const at::Tensor& w_in) const {
     const int64_t batch = w_in.size(0), n = w_in.size(1), k = config.vision.num_heads;
     const at::Tensor w = w_in.reshape({batch, n, k, -1});

@@ -1,5 +1,5 @@
 // The ToST vision classifier (XCiT skeleton, TSSA blocks, class-attention tail), exactly as
-// docs/tost-reference.md §1.2 describes it. The interface is torch-free so service code can use it
+// docs/model-semantics.md §1.2 describes it. The interface is torch-free so service code can use it
 // without LibTorch headers; tensors live in vision_model.cc.
 #pragma once
 

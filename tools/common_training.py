@@ -156,8 +156,8 @@ def plot_curves(path: str, runs: Dict[str, Dict[str, Sequence[Tuple[int, float]]
 # Optimiser recipe
 # ---------------------------------------------------------------------------------------------
 
-# Parameters never decayed: the official LM excludes temp and denom_bias (tost-reference §2.3),
-# XCiT excludes cls_token; norms, biases and layer-scales (all 1-D) are excluded by rank.
+# Parameters never decayed: the official LM excludes temp and denom_bias (docs/model-semantics.md
+# §2.3), XCiT excludes cls_token; norms, biases and layer-scales (all 1-D) are excluded by rank.
 NO_DECAY_LEAVES = ("temp", "denom_bias", "cls_token")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert checkpoints of the official ToST code (RobinWu218/ToST) to our model repository format.
 
-Two layouts are understood (docs/tost-reference.md §3):
+Two layouts are understood (docs/model-semantics.md §3):
 
   vision  ``torch.save`` dict from ``tost_vision/main.py``: keys ``model``, ``model_ema``,
           ``optimizer``, ``lr_scheduler``, ``epoch``, ``scaler``, ``args`` (an argparse.Namespace).
@@ -56,7 +56,7 @@ IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 PREFIXES = ("_orig_mod.", "module.")
 
-# tost_vision/tost.py registrations (tost-reference §1.3): name -> (embed_dim, depth, num_heads).
+# tost_vision/tost.py registrations (docs/model-semantics.md §1.3): name -> (embed_dim, depth, num_heads).
 # Every one exists as _p16 (4-stage stem) and _p8 (3-stage stem).
 OFFICIAL_VISION = {
     "tost_cab_tiny_12": (192, 12, 4),
@@ -293,8 +293,8 @@ def write_converted(model: nn.Module, config: Dict[str, Any], sd: Dict[str, torc
 
 
 # ---------------------------------------------------------------------------------------------
-# Official-layout test checkpoints (key lists of tost-reference §3, written out independently of
-# tools/tost_reference.py so that a wrong key there is caught too)
+# Official-layout test checkpoints (key lists of docs/model-semantics.md §3, written out
+# independently of tools/tost_reference.py so that a wrong key there is caught too)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -3,8 +3,8 @@
 Why this file exists: the C++ server re-implements ToST with LibTorch ops and custom kernels. To know
 that it is right we need an independent, readable implementation of the *exact* semantics of the
 official code (``RobinWu218/ToST``), quirks included, that can run in float64. This module is that
-implementation. It is written from ``/work/shared/docs/tost-reference.md`` (section numbers below
-refer to it) and produces state_dict keys identical to the on-disk contract in
+implementation. It follows ``docs/model-semantics.md`` (section numbers below refer to it) and
+produces state_dict keys identical to the on-disk contract in
 ``docs/model-repository.md``, so ``load_state_dict(..., strict=True)`` works on our safetensors files.
 
 Contents

@@ -283,7 +283,7 @@ def previous_byte_probe(steps: int, seed: int, n_embd: int = 64, n_layer: int = 
     """Can the architecture tell which byte came just before? Train each attention type on
     uniformly random byte strings (``alphabet`` symbols) to output, at position t, the byte at
     t-1. Softmax attention can attend to the previous position. TSSA sees other tokens only through
-    prefix sums (S1 = Σw², S2 = ΣΠw², S3 = ΣΠ, tost-reference §2.2), in which the previous token
+    prefix sums (S1 = Σw², S2 = ΣΠw², S3 = ΣΠ, docs/model-semantics.md §2.2), in which the previous token
     weighs 1/t; so its accuracy should fall toward chance (1/alphabet) as t grows.
     Returns accuracy per position band for each attention type."""
     cfg = R.LMConfig(n_layer=n_layer, n_head=4, n_embd=n_embd, context_length=seq_len, vocab_size=ByteTokens.vocab_size)

@@ -447,8 +447,8 @@ void CausalMembership(const RowsView<T>& w, const HeadShape& s,
                 l1.store(local1 + o, n);
                 st1 = Vec::loadu(start1 + o, n);
               }
-              // S1 = max(S1_0 + Σ w², 1e-12): the clamp is on the squared sum (reference §2.1 step
-              // 2). Padding lanes hold 0/1e-12 = 0.
+              // S1 = max(S1_0 + Σ w², 1e-12), clamp on the squared sum (docs/model-semantics.md
+              // §2.1 step 2). Padding lanes hold 0/1e-12 = 0.
               sum = sum + (x * x) / at::vec::maximum(st1 + l1, eps);
             }
             return sum;

@@ -1,9 +1,9 @@
-// CUDA kernels of the three TSSA operators (docs/tost-reference.md §1.1, §2.1, §2.2). The ATen
+// CUDA kernels of the three TSSA operators (docs/model-semantics.md §1.1, §2.1, §2.2). The ATen
 // reference (kernels/reference.cc) is the ground truth; the eps placement follows it exactly:
 //   vision  ν = max(sqrt(Σ_j w²), 1e-12)           (clamp on the norm)
-//   causal  S1 = max(S1_0 + Σ_{s≤t} w², 1e-12)     (clamp on the squared sum, state keeps it
-//   unclamped) both    dots = Σ Π·w² / (Σ Π + 1e-8),  y = (−w·Π) / (1 + dots) causal  logit =
-//   temp[k] · (Σ_c w²/S1 + p·δ[k, pos])
+//   causal  S1 = max(S1_0 + Σ_{s≤t} w², 1e-12)     (clamp on the squared sum; the state keeps
+//           S1 unclamped), logit = temp[k] · (Σ_c w²/S1 + p·δ[k, pos])
+//   both    dots = Σ Π·w² / (Σ Π + 1e-8),  y = (−w·Π) / (1 + dots)
 // All statistics are float32 at every input precision; every reduction has a fixed order, so
 // results are deterministic run to run (no floating-point atomics).
 //

@@ -1,5 +1,5 @@
-// Generation benchmark (DESIGN §8 P4, P5, P6), on a 4096-token-context causal ToST written with
-// random weights into a temporary model repository:
+// Generation benchmark (the targets P4, P5, P6 below), on a 4096-token-context causal ToST written
+// with random weights into a temporary model repository:
 //   P4  decode latency at position 4000 vs 100, ToST (tssa_step on fixed-size statistics) next to
 //       a KV-cache transformer of equal size (SDPA over the cache) in the same run;
 //   P5  per-session memory: ToST state bytes vs a KV cache of equal dims at 4096 tokens;

@@ -1,5 +1,5 @@
 // tssa_bench: the fused CPU TSSA kernel against the ATen reference and the memory bandwidth of
-// the same cores, and a TSSA layer against softmax-attention layers (DESIGN §8, P1 and P2).
+// the same cores, and a TSSA layer against softmax-attention layers (P1, P2 of docs/kernels.md).
 //
 // One run prints every figure side by side; each timing is the median of repeats interleaved
 // between the variants it is compared with. Layer variants run in child processes (this

@@ -1,9 +1,9 @@
-"""Metrics end to end (DESIGN §7, docs/metrics.md): a real Prometheus server scrapes a live
+"""Metrics end to end: a real Prometheus server scrapes a live
 tost_server during a classify + generate + sessions load, and its HTTP API must report what the
 clients saw (tokens received, images sent, requests by method and code, histogram counts, session
 gauges with one active and one idle session, exact state bytes, resident memory). Also:
 `promtool check metrics` on /metrics, `promtool check rules/config` on deploy/prometheus, the
-README (or docs/metrics.md) table against the live families, the Grafana dashboard covering every
+README's "## Metrics" table against the live families, the Grafana dashboard covering every
 family, and JSON logs with request ids."""
 import json
 import os
@@ -347,14 +347,11 @@ def test_promtool_accepts_metrics_rules_and_config(observed):
 
 
 def documented_families():
-    """(family, type, cuda_only) rows of the README's metrics table (docs/metrics.md until merged)."""
-    readme = os.path.join(SOURCE_DIR, "README.md")
-    text = open(readme).read() if os.path.exists(readme) else ""
+    """(family, type, cuda_only) rows of the metrics table in README.md's "## Metrics" section."""
+    with open(os.path.join(SOURCE_DIR, "README.md"), encoding="utf-8") as f:
+        text = f.read()
     m = re.search(r"^## Metrics\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if m is None:
-        text = open(os.path.join(SOURCE_DIR, "docs", "metrics.md")).read()
-        m = re.search(r"^## Metrics\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert m, "no '## Metrics' section in README.md or docs/metrics.md"
+    assert m, "no '## Metrics' section in README.md"
     rows = re.findall(r"^\| `(tost_\w+)` \| (\w+) \|[^|]*\| ([^|]*) \|$", m.group(1), re.M)
     assert rows, "the Metrics section has no table rows"
     return {name: (kind, meaning.strip().startswith("CUDA only")) for name, kind, meaning in rows}

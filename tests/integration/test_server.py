@@ -265,7 +265,7 @@ def _austen_words():
 
 
 def test_cli_generate_continues_english_with_english_words(server):
-    """Issue 6's acceptance: tost_cli generate continues an English prompt with English words.
+    """tost_cli generate continues an English prompt with English words.
     Sampled as a user would (temperature 0.7, top-k 40; three prompts, two seeds each): at least
     85% of the words written must be words of Austen's English (measured: 93% over 5 prompts x 4
     seeds; greedy decoding gives 100% but loops), and each continuation must write 20 or more."""

@@ -1,7 +1,9 @@
 """Sessions end to end: export → stop the server → start another → import → continue gives exactly
 the uninterrupted tokens (greedy and seeded, alone and beside 32 concurrent streams in the
 batch-invariant decode mode); stateless continuation; fork; per-step batching of 64 streams;
-drain with a resumable blob; the status codes of DESIGN §6."""
+drain with a resumable blob; the gRPC status codes of the failure cases (INVALID_ARGUMENT for a
+tampered or truncated blob, NOT_FOUND for a closed session or another user's, UNAUTHENTICATED
+without a valid key, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED with a retry hint when full)."""
 import os
 import signal
 import sys

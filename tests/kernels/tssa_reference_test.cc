@@ -1,4 +1,4 @@
-// The ATen reference against literal scalar transcriptions of docs/tost-reference.md §1.1/§2.1,
+// The ATen reference against literal scalar transcriptions of docs/model-semantics.md §1.1/§2.1,
 // and the algebraic identities every TSSA implementation must satisfy (chunked = whole prefill,
 // step = prefill, continuation from a state). The dispatcher path (tost::tssa*) is checked too.
 #include <cmath>

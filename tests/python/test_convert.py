@@ -87,7 +87,7 @@ def test_vision_registered_name_must_match_the_tensors(tmp_path, capsys):
 
 
 def test_official_registry_sizes_match_reference_doc():
-    # tost-reference §1.3: tiny_12 is 5.769M parameters, small_12 22.590M (with 1000 classes, p16).
+    # docs/model-semantics.md §1.3: tiny_12 has 5.769M parameters, small_12 22.590M (1000 classes, p16).
     for name, want in (("tost_cab_tiny_12_p16", 5_769_000), ("tost_cab_small_12_p16", 22_590_000)):
         D, depth, K = CO.OFFICIAL_VISION[name[:-4]]
         sd = CO.official_vision_state_dict(D, depth, K, 16, 3, 1000, seed=0)

@@ -1,8 +1,8 @@
 """Tests of the Python reference oracle (tools/tost_reference.py) and the fixture/model tools.
 
 The reference is what the C++ server is judged against, so it is itself checked here against
-independent, deliberately naive transcriptions of /work/shared/docs/tost-reference.md (loops and
-slices instead of reshapes, explicit exp/sum instead of softmax), against the on-disk contract of
+independent, deliberately naive transcriptions of docs/model-semantics.md (loops and slices
+instead of reshapes, explicit exp/sum instead of softmax), against the on-disk contract of
 docs/model-repository.md (tensor names written out by hand), and against itself (streaming vs
 parallel causal form). Everything runs in float64 on small models, in a few seconds on 2 cores.
 """
