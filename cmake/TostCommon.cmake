@@ -25,6 +25,8 @@ if(TOST_ENABLE_CUDA)
       set(CMAKE_CUDA_COMPILER ${_tost_nvcc})
     endif()
   endif()
+  # The one place that lists the CUDA architectures: the kernels' build and the ptxas spill check
+  # (kernels/cuda/CMakeLists.txt) both read it.
   set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "CUDA architectures compiled in every build")
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)

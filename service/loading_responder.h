@@ -1,4 +1,4 @@
-// What answers on the server's port while the models load. DESIGN §6: grpc.health.v1 reports
+// What answers on the server's port while the models load: grpc.health.v1 reports
 // NOT_SERVING while loading (or draining). Loading and warming up a repository takes seconds to
 // minutes; without this the port would stay closed until then, and a probe could not tell "still
 // loading" from "dead".

@@ -13,8 +13,7 @@
 #include "model/status_macros.h"
 #include "model/torch_threads.h"
 #include "service/loading_responder.h"
-#include "service/logging.h"
-#include "service/warmup.h"
+#include "service/observability/logging.h"
 
 namespace tost::service {
 
@@ -40,9 +39,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
   }
-  if (o.limits.max_batch_size > o.batching.max_batch_size) {
+  if (o.limits.max_images_per_request > o.batching.max_batch_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_batch_size (images per request, ", o.limits.max_batch_size,
+        absl::StrCat("--max_batch_size (images per request, ", o.limits.max_images_per_request,
                      ") must not exceed --max_batch_images (images per batch, ",
                      o.batching.max_batch_size, "): a request never splits"));
   }
@@ -109,60 +108,38 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                         LoadingResponder::Start(options.host, options.port, credentials));
   Log(LogLevel::kInfo, "loading models",
       {{"repository", options.model_repository}, {"port", loading->port()}});
-  TOST_ASSIGN_OR_RETURN(std::vector<model::LoadedModel> models,
-                        model::LoadRepository(options.model_repository));
-  WarmUpModels(models);  // before readiness: SERVING only once every model has run once
-  for (const auto& m : models) {
+  std::unique_ptr<Server> server(new Server());
+  // Loaded and warmed up before readiness: SERVING only once every model has run once.
+  TOST_ASSIGN_OR_RETURN(server->repository_, LoadedRepository::Load(options.model_repository));
+  server->metrics_ = std::make_unique<Metrics>();
+  for (const auto& m : server->repository_->models()) {
     if (m.status.ok()) {
       Log(LogLevel::kInfo, "model loaded",
           {{"model", m.name},
            {"architecture", model::ArchitectureName(m.config.architecture)},
            {"version", m.config.version},
            {"trained", m.config.trained}});
+      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
+                                      m.language != nullptr);
     } else {
       Log(LogLevel::kError, "model failed to load",
           {{"model", m.name}, {"error", m.status.message()}});
     }
   }
-  std::unique_ptr<Server> server(new Server());
-  server->metrics_ = std::make_unique<Metrics>();
-  for (const auto& m : models) {
-    if (m.status.ok()) {
-      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
-                                      m.language != nullptr);
-    }
-  }
-  server->registry_ = std::make_unique<ModelRegistry>(std::move(models));
-  server->core_ = std::make_unique<ServingCore>(
-      *server->registry_, options.sessions, std::move(codec), std::move(auth), RealClock::Get());
-  for (const auto& m : server->registry_->models()) {
-    if (m.language == nullptr) continue;
-    TOST_ASSIGN_OR_RETURN(server->core_->weights_sha256[m.name],
-                          Sha256OfFile(m.dir + "/model.safetensors"));
-    GenerationSchedulerOptions generation = options.generation;
-    generation.observer = server->metrics_.get();
-    TOST_ASSIGN_OR_RETURN(auto scheduler,
-                          GenerationScheduler::Create(*m.language, generation, RealClock::Get()));
-    scheduler->Start();
-    server->core_->schedulers[m.name] = std::move(scheduler);
-  }
-  for (const auto& m : server->registry_->models()) {
-    if (m.vision == nullptr) continue;
-    DynamicBatcherOptions batching = options.batching;
-    batching.model_name = m.name;
-    batching.observer = server->metrics_.get();
-    const model::VisionModel* vm = m.vision.get();
-    TOST_ASSIGN_OR_RETURN(server->core_->batchers[m.name],
-                          DynamicBatcher::Create(
-                              batching,
-                              [vm](const BatchInput& in) {
-                                return vm->Forward(in.ConcatenatedInput(), in.num_images(),
-                                                   in.resolution().height, in.resolution().width);
-                              },
-                              RealClock::Get()));
-  }
-  server->service_ = std::make_unique<TostService>(*server->core_, options.limits);
-  server->kserve_ = std::make_unique<KServeService>(*server->core_, options.limits);
+  EngineOptions engine_options;
+  engine_options.generation = options.generation;
+  engine_options.generation.observer = server->metrics_.get();
+  engine_options.batching = options.batching;
+  engine_options.batching.observer = server->metrics_.get();
+  engine_options.sessions = options.sessions;
+  engine_options.sessions.observer = server->metrics_.get();
+  TOST_ASSIGN_OR_RETURN(server->engine_,
+                        Engine::Create(server->repository_->Entries(), engine_options,
+                                       std::move(codec), RealClock::Get()));
+  server->auth_ = std::move(auth);
+  server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits);
+  server->kserve_ = std::make_unique<KServeService>(
+      *server->engine_, server->auth_.keys_configured() ? &server->auth_ : nullptr, options.limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -191,14 +168,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   health->SetServingStatus(true);
   for (const char* service : kHealthCheckedServices) health->SetServingStatus(service, true);
   loading->Stop();
-  server->metrics_->WatchCore(server->core_.get());
+  server->metrics_->WatchEngine(server->engine_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
 
   Server* raw = server.get();
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
   server->reaper_ = std::thread([raw, reap_every] {
     while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every))
-      raw->core_->sessions.ReapIdle();
+      raw->engine_->ReapIdleSessions();
   });
   return server;
 }
@@ -206,28 +183,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 Server::~Server() { Shutdown(0); }
 
 void Server::StopBackground() {
-  if (metrics_ != nullptr) metrics_->StopServing();  // its scrapes read core_
+  if (metrics_ != nullptr) metrics_->StopServing();  // its scrapes read engine_
   if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
 }
 
 void Server::Drain(int drain_timeout_ms) {
   if (server_ == nullptr) return;
-  core_->draining = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  for (auto& [name, scheduler] : core_->schedulers) scheduler->StopAdmitting();
-  // Classification requests already queued run now; new ones are refused with UNAVAILABLE.
-  for (auto& [name, batcher] : core_->batchers) batcher->Shutdown(ShutdownMode::kFinishQueued);
+  // New generations and classifications are refused (UNAVAILABLE); queued classification requests
+  // run now; admitted generations get until the deadline.
+  engine_->StopAdmitting();
   const absl::Time deadline = absl::Now() + absl::Milliseconds(drain_timeout_ms);
-  auto busy = [&] {
-    for (auto& [name, scheduler] : core_->schedulers) {
-      if (scheduler->in_flight() > 0) return true;
-    }
-    return false;
-  };
-  while (busy() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while (engine_->generations_in_flight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   // Whatever still runs ends now with FINISH_REASON_DRAINED and its state blob.
-  for (auto& [name, scheduler] : core_->schedulers) scheduler->Shutdown();
+  engine_->Shutdown();
   Shutdown(std::max(1000, drain_timeout_ms));
 }
 
@@ -235,11 +207,8 @@ void Server::Shutdown(int grace_ms) {
   StopBackground();
   if (server_ == nullptr) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  // Schedulers first: their jobs end (drained) so the Generate handlers can return.
-  if (core_ != nullptr) {
-    for (auto& [name, scheduler] : core_->schedulers) scheduler->Shutdown();
-    for (auto& [name, batcher] : core_->batchers) batcher->Shutdown(ShutdownMode::kFailQueued);
-  }
+  // The engine first: its jobs end (drained), so the Generate streams finish.
+  if (engine_ != nullptr) engine_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   server_->Wait();
   server_.reset();

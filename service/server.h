@@ -1,7 +1,7 @@
-// Owns the gRPC server: loads the model repository, builds the serving core (generation
-// schedulers, session store and codec, authenticator), registers tost.v1, grpc.health.v1 and server
-// reflection, KServe v2 inference.GRPCInferenceService, binds the port (0 picks a free one), drains
-// and shuts down.
+// Wiring: loads the model repository (service/runtime), builds the engine over it
+// (service/engine), puts the tost.v1 and KServe v2 front ends (service/api), grpc.health.v1 and
+// server reflection on one port (0 picks a free one) with the metrics interceptor
+// (service/observability), and drains and shuts down.
 #pragma once
 
 #include <memory>
@@ -12,11 +12,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
-#include "service/kserve_service.h"
-#include "service/metrics.h"
-#include "service/model_registry.h"
-#include "service/serving_core.h"
-#include "service/tost_service.h"
+#include "service/api/auth.h"
+#include "service/api/kserve_service.h"
+#include "service/api/tost_service.h"
+#include "service/engine/engine.h"
+#include "service/observability/metrics.h"
+#include "service/runtime/torch_models.h"
 
 namespace tost::service {
 
@@ -53,8 +54,7 @@ class Server {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }  // 0: no metrics endpoint
-  const ModelRegistry& registry() const { return *registry_; }
-  ServingCore& core() { return *core_; }
+  Engine& engine() { return *engine_; }
 
   // Graceful stop: readiness off (health NOT_SERVING), no new generations, in-flight ones get up to
   // `drain_timeout_ms` to finish; those still running then end with FINISH_REASON_DRAINED and their
@@ -70,8 +70,9 @@ class Server {
 
   std::unique_ptr<Metrics>
       metrics_;  // first: the schedulers and batchers report to it until they die
-  std::unique_ptr<ModelRegistry> registry_;
-  std::unique_ptr<ServingCore> core_;
+  std::unique_ptr<LoadedRepository> repository_;  // before engine_: the engine's models live here
+  std::unique_ptr<Engine> engine_;
+  Authenticator auth_;
   std::unique_ptr<TostService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;

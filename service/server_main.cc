@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "service/logging.h"
+#include "service/observability/logging.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
@@ -18,8 +18,8 @@ ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on 
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
 ABSL_FLAG(int, intra_op_threads, 1,
           "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler "
-          "and the "
-          "classification batcher are the parallelism: 1 keeps 2 cores from oversubscription");
+          "and the classification batcher are the parallelism: 1 keeps 2 cores from "
+          "oversubscription");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
           "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
@@ -51,6 +51,9 @@ ABSL_FLAG(bool, batch_invariant_decode, false,
           "Decode each sequence with a fixed shape so its tokens are bit-identical under any "
           "concurrent load "
           "(slower); default: batched products, identical for the same batch composition");
+ABSL_FLAG(int, stream_stall_timeout_ms, 30000,
+          "A Generate stream whose client has left 8 tokens unread for this long is cancelled, its "
+          "state kept for its session; 0 = never");
 ABSL_FLAG(int64_t, max_sessions, 4096,
           "Server-held sessions at once (LRU eviction of idle ones beyond)");
 ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20,
@@ -103,7 +106,7 @@ int main(int argc, char** argv) {
   options.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
   options.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
-  options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.limits.max_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   options.limits.image.max_encoded_bytes = absl::GetFlag(FLAGS_max_image_bytes);
   options.limits.image.max_decoded_pixels = absl::GetFlag(FLAGS_max_decoded_pixels);
@@ -117,6 +120,8 @@ int main(int argc, char** argv) {
   options.generation.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_generations);
   options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   options.generation.batch_invariant = absl::GetFlag(FLAGS_batch_invariant_decode);
+  options.generation.stream_stall_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_stream_stall_timeout_ms));
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.sessions.max_state_bytes = absl::GetFlag(FLAGS_session_budget_bytes);
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));

@@ -1,7 +1,7 @@
 // Image decoding and preprocessing: PNG/JPEG round trips (encoded here with the same libraries),
 // channel conversion, resampling against hand-computed coefficients, normalisation, damaged input
 // and limits checked before decoding (decompression bombs).
-#include "service/image_decode.h"
+#include "service/api/image_decode.h"
 
 #include <png.h>
 #include <turbojpeg.h>

@@ -1,6 +1,6 @@
 // Metrics families fed by their sources (scheduler observer with a fake clock, batch records, RPC
 // outcomes), the structured log format, and the /metrics HTTP endpoint.
-#include "service/metrics.h"
+#include "service/observability/metrics.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "service/logging.h"
-#include "service/metrics_http.h"
-#include "tests/service/engine_test_util.h"
+#include "service/observability/logging.h"
+#include "service/observability/metrics_http.h"
+#include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
 namespace {
@@ -30,13 +30,14 @@ double Value(const std::string& text, const std::string& series) {
 }
 
 TEST(MetricsTest, SchedulerObserverCountsTokensAndLatenciesOnTheSchedulersClock) {
-  const model::LoadedModel& lm = testing::ShippedLanguageModel();
+  // A deterministic stand-in that never says end of text: every job yields all its tokens.
+  const testing::FakeLanguageModel lm;
   FakeClock clock;
   Metrics metrics;
-  metrics.RegisterModel(lm.name, lm.config.version, "libtorch_cpu", /*generates=*/true);
+  metrics.RegisterModel(lm.config().name, lm.config().version, "libtorch_cpu", /*generates=*/true);
   GenerationSchedulerOptions options;
   options.observer = &metrics;
-  auto scheduler = GenerationScheduler::Create(*lm.language, options, &clock);
+  auto scheduler = GenerationScheduler::Create(lm, options, &clock);
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
   std::vector<std::shared_ptr<GenerationJob>> jobs;
   for (const std::string prompt : {"Hello", "Hi"}) {
@@ -65,7 +66,7 @@ TEST(MetricsTest, SchedulerObserverCountsTokensAndLatenciesOnTheSchedulersClock)
   ASSERT_GE(tokens, 2);  // each job's first token at least (EOS may end one early)
   const GenerationSchedulerStats stats = (*scheduler)->stats();
   const std::string text = metrics.Render();
-  const std::string model = absl::StrCat("model=\"", lm.name, "\"");
+  const std::string model = absl::StrCat("model=\"", lm.config().name, "\"");
   EXPECT_EQ(Value(text, absl::StrCat("tost_prompt_tokens_total{", model, "}")),
             7);  // "Hello" + "Hi"
   EXPECT_EQ(Value(text, absl::StrCat("tost_generated_tokens_total{", model, "}")), tokens);
@@ -121,22 +122,32 @@ TEST(MetricsTest, BatchRecordsFeedQueueComputeBatchSizeAndSuccessfulImages) {
       << "a vision model has no generation series";
 }
 
-TEST(MetricsTest, RpcOutcomesCountByCodeAndRejectionReason) {
+TEST(MetricsTest, RpcOutcomesCountByCodeAndRejectionsByTheReasonTheirSourceGives) {
   Metrics metrics;
   metrics.ObserveRpc("Classify", grpc::StatusCode::OK, absl::Milliseconds(3));
   metrics.ObserveRpc("Classify", grpc::StatusCode::RESOURCE_EXHAUSTED, absl::Microseconds(50));
-  metrics.ObserveRpc("Generate", grpc::StatusCode::RESOURCE_EXHAUSTED, absl::Microseconds(50));
-  metrics.ObserveRpc("CreateSession", grpc::StatusCode::RESOURCE_EXHAUSTED, absl::Microseconds(50));
   metrics.ObserveRpc("Generate", grpc::StatusCode::UNAVAILABLE, absl::Microseconds(50));
   metrics.ObserveRpc("ListModels", grpc::StatusCode::UNAUTHENTICATED, absl::Microseconds(50));
   metrics.ObserveRpc("Classify", grpc::StatusCode::INVALID_ARGUMENT, absl::Microseconds(50));
-  const std::string text = metrics.Render();
+  // A status code alone says nothing of why: only the refusing components count reasons.
+  std::string text = metrics.Render();
   EXPECT_EQ(Value(text, "tost_requests_total{code=\"OK\",rpc=\"Classify\"}"), 1);
   EXPECT_EQ(Value(text, "tost_requests_total{code=\"RESOURCE_EXHAUSTED\",rpc=\"Classify\"}"), 1);
   EXPECT_EQ(Value(text, "tost_request_duration_seconds_count{rpc=\"Classify\"}"), 3);
+  EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"queue_full\"}"), 0);
+  EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"draining\"}"), 0);
+  EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"unauthenticated\"}"), 1);
+
+  metrics.OnDropped("digits", BatchDropReason::kQueueFull, 2);
+  metrics.OnRefused("lm", GenerationRefusal::kQueueFull);
+  metrics.OnDropped("digits", BatchDropReason::kShutdown, 1);
+  metrics.OnRefused("lm", GenerationRefusal::kDraining);
+  metrics.OnDropped("digits", BatchDropReason::kDeadlineExceeded, 1);  // accepted, then expired
+  metrics.OnStoreFull();
+  text = metrics.Render();
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"queue_full\"}"), 2);
+  EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"draining\"}"), 2);
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"sessions_full\"}"), 1);
-  EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"draining\"}"), 1);
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"unauthenticated\"}"), 1);
 }
 

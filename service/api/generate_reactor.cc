@@ -1,0 +1,248 @@
+// tost.v1 Generate on gRPC's callback API. The request is resolved and admitted on the gRPC
+// thread that delivers it (where its state comes from: fresh, a server-held session, or a state
+// blob); from then on the stream is driven by two kinds of events and holds no thread:
+//   - the scheduler publishes an event to the job, and the job's listener pumps it to the stream;
+//   - gRPC reports a write done (OnWriteDone), and the next waiting event is written.
+// At most one write is in flight. Events the client has not taken wait in the job, and the
+// scheduler pauses a job that has max_buffered_tokens of them, so a client that stops reading
+// stops its own generation instead of growing a buffer here; after the stall timeout the scheduler
+// ends it, and its state goes back to its session like any other ending.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "model/status_macros.h"
+#include "service/api/generation_request.h"
+#include "service/api/grpc_status.h"
+#include "service/api/request_deadline.h"
+#include "service/api/tost_service.h"
+
+namespace tost::service {
+namespace {
+
+class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::GenerateResponse> {
+ public:
+  GenerateReactor(Engine& engine, const Authenticator& auth, const ServiceLimits& limits,
+                  grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request)
+      : engine_(engine), auth_(auth), limits_(limits), context_(context), request_(*request) {}
+
+  // Admits the job, or finishes the call with the reason it was refused.
+  void Start() {
+    absl::Status admitted = Admit();
+    if (!admitted.ok()) {
+      ReleaseSession();
+      Finish(ToGrpcStatus(admitted));
+      return;
+    }
+    job_->SetListener([this] { Pump(); });
+    Pump();  // events published before the listener was set
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      if (!ok) client_gone_ = true;
+    }
+    // The stream is broken: stop generating, but keep taking events until the job's final one,
+    // which carries the state its session gets back.
+    if (!ok) job_->Cancel();
+    Pump();
+  }
+
+  void OnCancel() override {
+    if (job_ != nullptr) job_->Cancel();
+  }
+
+  void OnDone() override {
+    // No listener call is running once this returns, so the reactor can go.
+    if (job_ != nullptr) job_->SetListener(nullptr);
+    delete this;
+  }
+
+ private:
+  absl::Status Admit();
+  // Writes the next waiting event if no write is in flight; finishes the call on the final one.
+  void Pump();
+  // Builds the message of a token or snapshot event.
+  void FillEvent(const GenerationEvent& event, tost::v1::GenerateResponse& msg) const;
+  // Handles the job's final event: returns the status the call ends with, and fills `msg` with
+  // the final message when there is one to send.
+  absl::Status FinishEvent(GenerationEvent& event, tost::v1::GenerateResponse& msg);
+  void ReleaseSession() {
+    if (!checked_out_.empty()) engine_.sessions().Release(checked_out_);
+    checked_out_.clear();
+  }
+
+  Engine& engine_;
+  const Authenticator& auth_;
+  const ServiceLimits& limits_;
+  grpc::CallbackServerContext* const context_;
+  const tost::v1::GenerateRequest& request_;
+
+  // Set by Admit() before any other reaction can run, then read-only.
+  std::string model_name_;
+  ModelIdentity identity_;
+  bool stateless_ = false;
+  std::shared_ptr<GenerationJob> job_;
+  std::string checked_out_;  // the session this call holds busy, until its state is checked in
+
+  absl::Mutex mu_;
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // TryCancel() called on a stalled stream
+  tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the one in flight
+};
+
+absl::Status GenerateReactor::Admit() {
+  TOST_ASSIGN_OR_RETURN(const std::string owner, auth_.Identify(*context_));
+  const tost::v1::GenerateRequest& request = request_;
+  if (!request.session_id().empty() && !request.state().empty()) {
+    return absl::InvalidArgumentError("set session_id or state, not both");
+  }
+  // Where the state comes from decides the model when the request leaves it empty.
+  GenerationState state;
+  model_name_ = request.model();
+  if (!request.session_id().empty()) {
+    TOST_ASSIGN_OR_RETURN(state, engine_.sessions().Checkout(request.session_id(), owner));
+    checked_out_ = request.session_id();
+    if (!model_name_.empty() && model_name_ != state.model) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session \"", checked_out_, "\" belongs to model \"", state.model,
+                       "\", the request names \"", model_name_, "\""));
+    }
+    model_name_ = state.model;
+  } else if (!request.state().empty()) {
+    if (model_name_.empty()) {
+      TOST_ASSIGN_OR_RETURN(model_name_, engine_.codec().PeekModel(request.state()));
+    }
+    TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(model_name_));
+    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity));
+  }
+  TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(model_name_));
+  const model::LanguageConfig& c = scheduler->model().config().language;
+  const bool fresh = request.session_id().empty() && request.state().empty();
+  if (fresh) {
+    TOST_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromProto(request.sampling()));
+    state = scheduler->NewState(sampling);
+  } else if (request.has_sampling()) {
+    TOST_ASSIGN_OR_RETURN(state.sampling, SamplingFromProto(request.sampling()));
+  }
+  if (request.has_stop() || fresh) TOST_RETURN_IF_ERROR(ApplyStop(request.stop(), c, state));
+  // 0 asks for the default, which never exceeds the server's ceiling.
+  const int32_t max_new = request.max_new_tokens() == 0
+                              ? std::min(limits_.default_max_new_tokens, limits_.max_new_tokens)
+                              : request.max_new_tokens();
+  if (max_new < 0 || max_new > limits_.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be in [0, ", limits_.max_new_tokens, "], got ", max_new));
+  }
+  GenerationRequest job_request;
+  TOST_ASSIGN_OR_RETURN(job_request.prompt,
+                        PromptTokens(request, scheduler->model().tokenizer(), limits_));
+  job_request.state = std::move(state);
+  job_request.max_new_tokens = max_new;
+  job_request.top_logprobs = request.top_logprobs();
+  job_request.snapshot_every = request.state_every_tokens();
+  stateless_ = !request.state().empty();
+  job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
+  job_request.deadline = RequestDeadline(*context_);
+  TOST_ASSIGN_OR_RETURN(identity_, engine_.Identity(model_name_));
+  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(job_request)));
+  return absl::OkStatus();
+}
+
+void GenerateReactor::FillEvent(const GenerationEvent& event,
+                                tost::v1::GenerateResponse& msg) const {
+  msg.Clear();
+  if (event.kind == GenerationEvent::Kind::kToken) {
+    auto* t = msg.mutable_token();
+    t->set_id(event.token.id);
+    t->set_bytes(event.token.bytes);
+    t->set_text(event.token.text);
+    t->set_position(event.token.position);
+    for (const auto& [id, lp] : event.token.top_logprobs) {
+      auto* alt = t->add_top_logprobs();
+      alt->set_id(id);
+      alt->set_logprob(lp);
+    }
+  } else {
+    msg.mutable_snapshot()->set_state(engine_.codec().Encode(event.snapshot, identity_));
+    msg.mutable_snapshot()->set_position(event.snapshot.sequence.position);
+  }
+}
+
+absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::GenerateResponse& msg) {
+  // The session is free (with its new state) before the client hears the end.
+  if (!checked_out_.empty()) {
+    engine_.sessions().Checkin(checked_out_, event.snapshot);
+    checked_out_.clear();
+  }
+  if (!event.status.ok()) return event.status;
+  if (event.finish_reason == FinishReason::kCancelled) {
+    return absl::CancelledError(absl::StrCat("Generate on model ", model_name_,
+                                             " was cancelled after ", event.generated_tokens,
+                                             " token(s)"));
+  }
+  msg.Clear();
+  auto* f = msg.mutable_final();
+  f->set_finish_reason(ToProto(event.finish_reason));
+  f->set_prompt_tokens(event.prompt_tokens);
+  f->set_generated_tokens(event.generated_tokens);
+  f->set_text(event.final_text);
+  f->set_session_id(request_.session_id());
+  f->set_position(event.snapshot.sequence.position + (event.snapshot.pending_token >= 0 ? 1 : 0));
+  if (stateless_ || request_.return_state() || event.finish_reason == FinishReason::kDrained) {
+    f->set_state(engine_.codec().Encode(event.snapshot, identity_));
+  }
+  return absl::OkStatus();
+}
+
+void GenerateReactor::Pump() {
+  absl::MutexLock lock(&mu_);
+  if (write_in_flight_ && job_->stalled() && !abandoned_) {
+    // The client has read nothing for the stall timeout and the write waits on its flow-control
+    // window: cancel the call, so the write fails, the final event is taken (the session gets its
+    // state back) and the server holds nothing for this client. It cannot hear why: it is not
+    // reading.
+    abandoned_ = true;
+    context_->TryCancel();
+  }
+  while (!finished_ && !write_in_flight_) {
+    std::optional<GenerationEvent> event = job_->TryNext();
+    if (!event.has_value()) return;
+    if (event->kind != GenerationEvent::Kind::kFinished) {
+      if (client_gone_) continue;  // nobody to tell; wait for the final state
+      FillEvent(*event, message_);
+      write_in_flight_ = true;
+      StartWrite(&message_);
+      return;
+    }
+    finished_ = true;
+    const absl::Status status = FinishEvent(*event, message_);
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+    } else if (client_gone_) {
+      Finish(ToGrpcStatus(absl::CancelledError(
+          absl::StrCat("Generate on model ", model_name_, ": the client went away"))));
+    } else {
+      StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
+    }
+  }
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<tost::v1::GenerateResponse>* TostService::Generate(
+    grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor(engine_, auth_, limits_, context, request);
+  reactor->Start();
+  return reactor;
+}
+
+}  // namespace tost::service

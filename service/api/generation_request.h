@@ -1,0 +1,38 @@
+// Turning tost.v1 generation messages into engine requests and back: sampling parameters, stop
+// conditions, prompts, finish reasons and session descriptions. Shared by Generate and the session
+// RPCs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "service/api/request_input.h"
+#include "service/engine/generation_scheduler.h"
+#include "service/engine/generation_state.h"
+#include "tost/v1/tost.pb.h"
+
+namespace tost::service {
+
+tost::v1::FinishReason ToProto(FinishReason r);
+
+// Proto defaults (0) mean "disabled" or "the default": top_p 1, repetition_penalty 1, window 64.
+absl::StatusOr<model::SamplingParams> SamplingFromProto(const tost::v1::SamplingParams& p);
+
+// At most 16 stop strings of 1 to 256 bytes; stop token ids inside the vocabulary.
+absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::LanguageConfig& c,
+                       GenerationState& st);
+
+// The prompt as token ids (prompt_tokens as given, prompt_bytes through the tokenizer), at most
+// limits.max_prompt_bytes of either.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
+                                                  const model::Tokenizer& tokenizer,
+                                                  const ServiceLimits& limits);
+
+void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info);
+
+}  // namespace tost::service

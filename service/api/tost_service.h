@@ -1,0 +1,54 @@
+// tost.v1.Tost over the engine. Classification and the model and server RPCs live in
+// tost_service.cc, the session RPCs in session_handlers.cc, and Generate, which streams, in
+// generate_reactor.cc on gRPC's callback API: no thread is held per stream, cancellation arrives
+// through OnCancel, and at most one write is in flight per stream, so a client that stops reading
+// pauses its own generation (the scheduler's flow control) instead of growing a server buffer.
+#pragma once
+
+#include <cstdint>
+
+#include "service/api/auth.h"
+#include "service/api/request_input.h"
+#include "service/engine/engine.h"
+#include "tost/v1/tost.grpc.pb.h"
+
+namespace tost::service {
+
+class TostService final
+    : public tost::v1::Tost::WithCallbackMethod_Generate<tost::v1::Tost::Service> {
+ public:
+  // `engine` and `auth` are not owned and must outlive the service.
+  TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits)
+      : engine_(engine), auth_(auth), limits_(limits) {}
+
+  grpc::Status Classify(grpc::ServerContext* context, const tost::v1::ClassifyRequest* request,
+                        tost::v1::ClassifyResponse* response) override;
+  grpc::ServerWriteReactor<tost::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request) override;
+  grpc::Status ListModels(grpc::ServerContext* context, const tost::v1::ListModelsRequest* request,
+                          tost::v1::ListModelsResponse* response) override;
+  grpc::Status ModelInfo(grpc::ServerContext* context, const tost::v1::ModelInfoRequest* request,
+                         tost::v1::ModelStatus* response) override;
+  grpc::Status ServerStatus(grpc::ServerContext* context,
+                            const tost::v1::ServerStatusRequest* request,
+                            tost::v1::ServerStatusResponse* response) override;
+  grpc::Status CreateSession(grpc::ServerContext* context,
+                             const tost::v1::CreateSessionRequest* request,
+                             tost::v1::SessionInfo* response) override;
+  grpc::Status ForkSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+                           tost::v1::SessionInfo* response) override;
+  grpc::Status ExportSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+                             tost::v1::ExportSessionResponse* response) override;
+  grpc::Status ImportSession(grpc::ServerContext* context,
+                             const tost::v1::ImportSessionRequest* request,
+                             tost::v1::SessionInfo* response) override;
+  grpc::Status CloseSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+                            tost::v1::CloseSessionResponse* response) override;
+
+ private:
+  Engine& engine_;
+  const Authenticator& auth_;
+  const ServiceLimits limits_;
+};
+
+}  // namespace tost::service

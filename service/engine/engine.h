@@ -1,0 +1,135 @@
+// The serving engine: the models of a repository as the front ends see them, one dynamic batcher
+// per classifier, one generation scheduler per language model, the session store and the session
+// codec, and the drain state. It knows models only through service/engine/model_interface.h, and
+// links neither gRPC nor LibTorch (its CMake target enforces it): the front ends (service/api)
+// translate protocols into engine calls, service/runtime loads the LibTorch models behind the
+// interfaces, and service/server.cc wires them together.
+//
+// Thread-safety: every method may be called from any thread once Create() has returned.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/config.h"
+#include "service/engine/clock.h"
+#include "service/engine/dynamic_batcher.h"
+#include "service/engine/generation_scheduler.h"
+#include "service/engine/model_interface.h"
+#include "service/engine/session_codec.h"
+#include "service/engine/session_store.h"
+
+namespace tost::service {
+
+// One model of the repository, served or not.
+struct ModelEntry {
+  std::string name;
+  absl::Status load_status;                     // OK: it serves; else why it does not
+  model::ModelConfig config;                    // valid when its config.json parsed
+  const ClassifierModel* classifier = nullptr;  // tost_vision; not owned, outlives the engine
+  const GenerativeModel* generator = nullptr;   // tost_lm; not owned, outlives the engine
+  std::string weights_sha256;                   // generators: 32 raw bytes, for session blobs
+};
+
+struct EngineOptions {
+  GenerationSchedulerOptions generation;  // per language model (observer: shared, not owned)
+  DynamicBatcherOptions batching;         // per classifier; model_name is filled in per model
+  SessionStoreOptions sessions;
+  // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
+  bool start_threads = true;
+};
+
+// What ServerStatus and the metrics read.
+struct GeneratorStats {
+  std::string model;
+  GenerationSchedulerStats scheduler;
+  int32_t max_active = 0;
+  int32_t max_queued = 0;
+  int64_t state_bytes_per_session = 0;
+};
+struct ClassifierStats {
+  std::string model;
+  DynamicBatcherStats batcher;
+  int64_t max_queue_size = 0;
+};
+struct EngineStats {
+  bool draining = false;
+  std::vector<GeneratorStats> generators;    // by model name
+  std::vector<ClassifierStats> classifiers;  // by model name
+  SessionStoreStats sessions;
+  int64_t session_budget_bytes = 0;  // SessionStoreOptions::max_state_bytes
+  int64_t max_sessions = 0;
+};
+
+class Engine {
+ public:
+  // Builds a batcher per served classifier and a scheduler per served language model.
+  // INVALID_ARGUMENT for invalid options, two models of one name, a served model with no
+  // interface (or two), or a generator without its weights hash.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::vector<ModelEntry> models,
+                                                        EngineOptions options, SessionCodec codec,
+                                                        Clock* clock);
+  // Shutdown().
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Every model of the repository, served or not, in repository order.
+  const std::vector<ModelEntry>& models() const { return models_; }
+  // NOT_FOUND for a name the repository does not hold (listing the ones it does).
+  absl::StatusOr<const ModelEntry*> Find(const std::string& name) const;
+  // NOT_FOUND as Find; FAILED_PRECONDITION for a model that failed to load (with its error);
+  // INVALID_ARGUMENT for a model of the other kind (naming the RPC it needs).
+  absl::StatusOr<const ClassifierModel*> Classifier(const std::string& name) const;
+  absl::StatusOr<GenerationScheduler*> Scheduler(const std::string& name) const;
+  // The identity a session blob of language model `name` must match.
+  absl::StatusOr<ModelIdentity> Identity(const std::string& name) const;
+
+  // Classification through the model's dynamic batcher, in two steps so that a full queue is
+  // refused (RESOURCE_EXHAUSTED with a retry hint) before the caller decodes anything: Reserve a
+  // place for `images`, then Classify with it, which waits for the batch and returns this
+  // request's logits [images, num_classes].
+  absl::StatusOr<DynamicBatcher::Slot> ReserveClassification(const std::string& model,
+                                                             int64_t images) const;
+  absl::StatusOr<std::vector<float>> Classify(const std::string& model, DynamicBatcher::Slot slot,
+                                              std::vector<float> pixels, int64_t images,
+                                              absl::Time deadline) const;
+
+  SessionStore& sessions() { return sessions_; }
+  const SessionCodec& codec() const { return codec_; }
+
+  // The first half of a drain: new generations are refused (UNAVAILABLE), queued classification
+  // requests run now and new ones are refused; admitted generations run on.
+  void StopAdmitting();
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  // Generations admitted and not finished, over all models.
+  int32_t generations_in_flight() const;
+  // Ends every generation (FinishReason kDrained, with its resumable state) and fails queued
+  // classification requests. Idempotent.
+  void Shutdown();
+
+  EngineStats Stats() const;
+  // Removes sessions idle past their timeout (the server calls it periodically).
+  void ReapIdleSessions() { sessions_.ReapIdle(); }
+
+ private:
+  Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions, SessionCodec codec,
+         Clock* clock);
+  absl::StatusOr<const ModelEntry*> FindServed(const std::string& name) const;
+
+  const std::vector<ModelEntry> models_;
+  std::map<std::string, size_t> by_name_;
+  std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
+  std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
+  SessionStore sessions_;
+  const SessionCodec codec_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace tost::service

@@ -1,0 +1,532 @@
+#include "service/engine/generation_scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "model/status_macros.h"
+#include "model/tokenizer.h"
+#include "service/engine/text_stream.h"
+
+namespace tost::service {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kDrained:
+      return "drained";
+  }
+  return "?";
+}
+
+// A counter the scheduler's idle loop waits on: every reason to look at the jobs again rings it.
+struct GenerationJob::Doorbell {
+  absl::Mutex mu;
+  int64_t rings ABSL_GUARDED_BY(mu) = 0;
+
+  void Ring() {
+    absl::MutexLock lock(&mu);
+    ++rings;
+  }
+  int64_t Count() {
+    absl::MutexLock lock(&mu);
+    return rings;
+  }
+  // Waits until rung after `seen` was read, or for `timeout`.
+  void WaitPast(int64_t seen, absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    auto rung = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return rings != seen; };
+    mu.AwaitWithTimeout(absl::Condition(&rung), timeout);
+  }
+};
+
+std::optional<GenerationEvent> GenerationJob::Next(absl::Duration timeout) {
+  bool took_token = false;
+  std::optional<GenerationEvent> e;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (events_.empty()) return std::nullopt;
+    e = std::move(events_.front());
+    events_.pop_front();
+    if (e->kind == GenerationEvent::Kind::kToken) {
+      --buffered_tokens_;
+      took_token = true;
+    }
+  }
+  if (took_token) doorbell_->Ring();
+  return e;
+}
+
+void GenerationJob::SetListener(absl::AnyInvocable<void()> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void GenerationJob::Cancel() {
+  cancelled_.store(true, std::memory_order_relaxed);
+  doorbell_->Ring();
+}
+
+int32_t GenerationJob::buffered_tokens() const {
+  absl::MutexLock lock(&mu_);
+  return buffered_tokens_;
+}
+
+void GenerationJob::Publish(GenerationEvent e) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (e.kind == GenerationEvent::Kind::kToken) ++buffered_tokens_;
+    events_.push_back(std::move(e));
+  }
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_();
+}
+
+struct GenerationScheduler::Job {
+  explicit Job(std::shared_ptr<GenerationJob::Doorbell> doorbell)
+      : handle(new GenerationJob(std::move(doorbell))) {}
+
+  std::shared_ptr<GenerationJob> handle;
+  GenerationRequest request;        // request.state is the live state
+  std::vector<int32_t> to_prefill;  // fed by prefill chunks; the last prompt token stays pending
+  size_t prefilled = 0;
+  int32_t prompt_tokens = 0;
+  int32_t generated = 0;
+  std::unique_ptr<TextStream> text;
+  bool finished = false;
+  absl::Time submitted;   // for the observer's time to first token
+  absl::Time last_token;  // for its inter-token latency
+  // Since when the consumer has left max_buffered_tokens untaken; InfiniteFuture: not paused.
+  absl::Time paused_since = absl::InfiniteFuture();
+
+  GenerationState& state() { return request.state; }
+  bool decoding() const { return prefilled == to_prefill.size(); }
+};
+
+absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o) {
+  if (o.max_active_jobs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_active_jobs must be >= 1, got ", o.max_active_jobs));
+  }
+  if (o.max_queued_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queued_jobs must be >= 0, got ", o.max_queued_jobs));
+  }
+  if (o.prefill_chunk_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk_tokens must be >= 1, got ", o.prefill_chunk_tokens));
+  }
+  if (o.max_buffered_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_buffered_tokens must be >= 1, got ", o.max_buffered_tokens));
+  }
+  if (o.stream_stall_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("stream_stall_timeout must be >= 0, got ",
+                                                   absl::FormatDuration(o.stream_stall_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create(
+    const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock) {
+  TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options));
+  if (clock == nullptr) return absl::InvalidArgumentError("GenerationScheduler needs a clock");
+  return std::unique_ptr<GenerationScheduler>(new GenerationScheduler(model, options, clock));
+}
+
+GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
+                                         GenerationSchedulerOptions options, Clock* clock)
+    : model_(model),
+      options_(options),
+      clock_(clock),
+      doorbell_(std::make_shared<GenerationJob::Doorbell>()) {
+  stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
+}
+
+GenerationScheduler::~GenerationScheduler() { Shutdown(); }
+
+GenerationState GenerationScheduler::NewState(const model::SamplingParams& sampling) const {
+  GenerationState s;
+  s.model = model_.config().name;
+  s.sequence = model_.NewSequence();
+  s.sampling = sampling;
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
+    GenerationRequest request) {
+  const model::LanguageConfig& c = model_.config().language;
+  const std::string& name = model_.config().name;
+  GenerationState& st = request.state;
+  TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(st.sampling));
+  if (request.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 0, got ", request.max_new_tokens));
+  }
+  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, 20], got ", request.top_logprobs));
+  }
+  if (request.snapshot_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_every_tokens must be >= 0, got ", request.snapshot_every));
+  }
+  if (st.model != name || st.sequence.stats.size() != model_.NewSequence().stats.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation state belongs to model \"", st.model, "\" with ", st.sequence.stats.size(),
+        " state floats; model \"", name, "\" needs ", model_.NewSequence().stats.size()));
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t t = request.prompt[i];
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", name, ": prompt token id ", t, " at index ", i,
+                       " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  auto job = std::make_unique<Job>(doorbell_);
+  std::vector<int32_t> feed;
+  if (st.pending_token >= 0) feed.push_back(st.pending_token);
+  feed.insert(feed.end(), request.prompt.begin(), request.prompt.end());
+  if (feed.empty())
+    return absl::InvalidArgumentError("prompt is empty: send prompt_bytes or prompt_tokens");
+  if (st.sequence.position + static_cast<int64_t>(feed.size()) > c.context_length) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "model ", name, ": position ", st.sequence.position, " + ", feed.size(),
+        " prompt token(s) exceeds the context length of ", c.context_length, " tokens"));
+  }
+  job->prompt_tokens = static_cast<int32_t>(request.prompt.size());
+  st.pending_token = feed.back();
+  feed.pop_back();
+  job->to_prefill = std::move(feed);
+  for (int32_t t : request.prompt) st.Remember(t);
+  job->text = std::make_unique<TextStream>(st.stop_strings, st.utf8_pending, st.held_text);
+  job->request = std::move(request);
+  if (options_.observer != nullptr) job->submitted = clock_->Now();
+  std::shared_ptr<GenerationJob> handle = job->handle;
+
+  std::optional<GenerationRefusal> refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!admitting_ || stopping_) {
+      refusal = GenerationRefusal::kDraining;
+    } else if (active_count_ + static_cast<int32_t>(queued_.size()) >=
+               options_.max_active_jobs + options_.max_queued_jobs) {
+      refusal = GenerationRefusal::kQueueFull;
+    } else {
+      queued_.push_back(std::move(job));
+      ++stats_.queued;
+      doorbell_->Ring();
+      return handle;
+    }
+  }
+  if (options_.observer != nullptr) options_.observer->OnRefused(name, *refusal);
+  if (*refusal == GenerationRefusal::kDraining) {
+    return absl::UnavailableError(
+        absl::StrCat("model ", name, " is draining: retry on another replica"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "model ", name, ": all ", options_.max_active_jobs, " generation slots and ",
+      options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
+}
+
+void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status status) {
+  GenerationState& st = job.state();
+  GenerationEvent e;
+  e.kind = GenerationEvent::Kind::kFinished;
+  e.status = std::move(status);
+  e.finish_reason = reason;
+  e.prompt_tokens = job.prompt_tokens;
+  e.generated_tokens = job.generated;
+  if (job.request.persistent) {
+    st.utf8_pending = job.text->utf8_pending();
+    st.held_text = job.text->held();
+  } else {
+    e.final_text = job.text->Flush();
+    st.utf8_pending.clear();
+    st.held_text.clear();
+  }
+  e.snapshot = st;
+  job.handle->Publish(std::move(e));
+  job.finished = true;
+}
+
+bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
+  GenerationState& st = job.state();
+  const model::LanguageConfig& c = model_.config().language;
+  const int64_t position = st.sequence.position;  // where the new token sits
+  const std::vector<int32_t> recent(st.recent_tokens.begin(), st.recent_tokens.end());
+  const int32_t token =
+      model::SampleToken(logits, st.sampling, static_cast<uint64_t>(position), recent);
+  st.pending_token = token;
+  st.Remember(token);
+  ++st.generated_tokens;
+  ++job.generated;
+
+  GenerationEvent e;
+  e.kind = GenerationEvent::Kind::kToken;
+  e.token.id = token;
+  e.token.bytes = model_.tokenizer().TokenBytes(token);
+  e.token.position = position;
+  const TextStream::Output out = job.text->Push(e.token.bytes);
+  e.token.text = out.text;
+  if (job.request.top_logprobs > 0)
+    e.token.top_logprobs = model::TopLogprobs(logits, job.request.top_logprobs);
+  job.handle->Publish(std::move(e));
+
+  const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
+                       st.stop_token_ids.end();
+  if (out.stop_matched || stop_id) {
+    Finish(job, FinishReason::kStop);
+  } else if (token == c.eos_token_id) {
+    Finish(job, FinishReason::kEos);
+  } else if (job.generated >= job.request.max_new_tokens) {
+    Finish(job, FinishReason::kLength);
+  } else if (position >= c.context_length) {
+    Finish(job, FinishReason::kContext);  // the new token cannot be fed: no position left
+  } else if (job.request.snapshot_every > 0 && job.generated % job.request.snapshot_every == 0) {
+    GenerationEvent snap;
+    snap.kind = GenerationEvent::Kind::kSnapshot;
+    snap.snapshot = st;
+    snap.snapshot.utf8_pending = job.text->utf8_pending();
+    snap.snapshot.held_text = job.text->held();
+    job.handle->Publish(std::move(snap));
+  }
+  return !job.finished;
+}
+
+bool GenerationScheduler::StepOnce() {
+  int64_t prompt_tokens_started = 0;
+  bool admitted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
+      admitted = true;
+      prompt_tokens_started += queued_.front()->prompt_tokens;
+      active_.push_back(std::move(queued_.front()));
+      queued_.pop_front();
+      --stats_.queued;
+      ++active_count_;
+    }
+    stats_.active = active_count_;
+  }
+  if (active_.empty()) {
+    next_timed_event_ = absl::InfiniteFuture();
+    return false;
+  }
+
+  const absl::Time now = clock_->Now();
+  for (auto& job : active_) {
+    if (job->handle->cancel_requested()) {
+      Finish(*job, FinishReason::kCancelled);
+    } else if (now >= job->request.deadline) {
+      Finish(*job, FinishReason::kCancelled,
+             absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ",
+                                                      job->generated, " token(s)")));
+    }
+  }
+  const int64_t stalled = UpdatePauses(now);
+
+  // Prefill: at most prefill_chunk_tokens prompt tokens per step, shared by the prefilling jobs in
+  // arrival order, so decoders wait at most one chunk and many short prompts start together.
+  int64_t prefill_tokens = 0;
+  int64_t prefill_chunks = 0;
+  for (auto& job : active_) {
+    const int64_t budget = options_.prefill_chunk_tokens - prefill_tokens;
+    if (budget <= 0) break;
+    if (job->finished || job->decoding()) continue;
+    const size_t n = std::min<size_t>(budget, job->to_prefill.size() - job->prefilled);
+    auto logits = model_.Prefill(absl::MakeConstSpan(job->to_prefill.data() + job->prefilled, n),
+                                 job->state().sequence, static_cast<int64_t>(n));
+    if (!logits.ok()) {
+      Finish(*job, FinishReason::kCancelled, logits.status());
+      continue;
+    }
+    job->prefilled += n;
+    prefill_tokens += static_cast<int64_t>(n);
+    ++prefill_chunks;
+  }
+
+  std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
+  int64_t emitted = 0;
+  std::vector<Job*> decoding;
+  for (auto& job : active_) {
+    if (job->finished || !job->decoding() || job->paused_since != absl::InfiniteFuture()) continue;
+    if (job->request.max_new_tokens == 0) {
+      Finish(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
+      continue;
+    }
+    decoding.push_back(job.get());
+  }
+  if (!decoding.empty()) {
+    std::vector<int32_t> tokens;
+    std::vector<model::SequenceState*> states;
+    for (Job* job : decoding) {
+      tokens.push_back(job->state().pending_token);
+      states.push_back(&job->state().sequence);
+    }
+    auto logits = model_.Step(tokens, states, options_.batch_invariant);
+    if (!logits.ok()) {
+      for (Job* job : decoding) Finish(*job, FinishReason::kCancelled, logits.status());
+    } else {
+      const size_t vocab = logits->size() / decoding.size();
+      const absl::Time emitted_at =
+          options_.observer != nullptr ? clock_->Now() : absl::InfinitePast();
+      for (size_t i = 0; i < decoding.size(); ++i) {
+        Job& job = *decoding[i];
+        if (options_.observer != nullptr) {
+          (job.generated == 0 ? first_token : inter_token)
+              .push_back(emitted_at - (job.generated == 0 ? job.submitted : job.last_token));
+          job.last_token = emitted_at;
+        }
+        EmitToken(job, absl::MakeConstSpan(logits->data() + i * vocab, vocab));
+      }
+      emitted = static_cast<int64_t>(decoding.size());
+    }
+  }
+
+  if (options_.observer != nullptr) {
+    GenerationStepRecord record;
+    record.model = model_.config().name;
+    record.decode_batch = emitted > 0 ? static_cast<int32_t>(emitted) : 0;
+    record.prefill_tokens = prefill_tokens;
+    record.prompt_tokens_started = prompt_tokens_started;
+    record.tokens_emitted = emitted;
+    record.time_to_first_token = first_token;
+    record.inter_token_latency = inter_token;
+    options_.observer->OnStep(record);
+  }
+  const auto finished =
+      std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
+  std::erase_if(active_, [](const auto& j) { return j->finished; });
+  int32_t paused = 0;
+  next_timed_event_ = absl::InfiniteFuture();
+  for (const auto& job : active_) {
+    next_timed_event_ = std::min(next_timed_event_, job->request.deadline);
+    if (job->paused_since == absl::InfiniteFuture()) continue;
+    ++paused;
+    if (options_.stream_stall_timeout > absl::ZeroDuration()) {
+      next_timed_event_ =
+          std::min(next_timed_event_, job->paused_since + options_.stream_stall_timeout);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  active_count_ -= static_cast<int32_t>(finished);
+  stats_.paused = paused;
+  ++stats_.steps;
+  stats_.active = active_count_;
+  stats_.prefill_chunks += prefill_chunks;
+  stats_.prefill_tokens += prefill_tokens;
+  if (!decoding.empty()) {
+    ++stats_.decode_steps;
+    stats_.decoded_tokens += static_cast<int64_t>(decoding.size());
+    stats_.max_decode_batch =
+        std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
+    ++stats_.decode_batch_histogram[decoding.size()];
+  }
+  stats_.stalled_jobs += stalled;
+  return prompt_tokens_started > 0 || prefill_chunks > 0 || !decoding.empty() || finished > 0 ||
+         admitted;
+}
+
+int64_t GenerationScheduler::UpdatePauses(absl::Time now) {
+  int64_t stalled = 0;
+  for (auto& job : active_) {
+    if (job->finished) continue;
+    if (job->handle->buffered_tokens() < options_.max_buffered_tokens) {
+      job->paused_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (job->paused_since == absl::InfiniteFuture()) job->paused_since = now;
+    if (options_.stream_stall_timeout > absl::ZeroDuration() &&
+        now - job->paused_since >= options_.stream_stall_timeout) {
+      ++stalled;
+      job->handle->stalled_.store(true, std::memory_order_release);
+      Finish(*job, FinishReason::kCancelled,
+             absl::CancelledError(
+                 absl::StrCat("model ", model_.config().name, ": the client took none of the last ",
+                              options_.max_buffered_tokens, " tokens for ",
+                              absl::FormatDuration(options_.stream_stall_timeout),
+                              " (--stream_stall_timeout_ms); generation stopped after ",
+                              job->generated, " token(s), its state kept")));
+    }
+  }
+  return stalled;
+}
+
+void GenerationScheduler::Start() {
+  absl::MutexLock lock(&mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void GenerationScheduler::Loop() {
+  while (true) {
+    // Read before looking at the jobs: a ring from here on ends the wait below at once.
+    const int64_t seen = doorbell_->Count();
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    if (StepOnce()) continue;
+    // Nothing to do until a job arrives, a consumer takes a token or cancels, or a deadline or a
+    // stall timeout of an active job comes due.
+    const absl::Duration wait =
+        next_timed_event_ == absl::InfiniteFuture()
+            ? absl::InfiniteDuration()
+            : std::max(absl::ZeroDuration(), next_timed_event_ - clock_->Now());
+    doorbell_->WaitPast(seen, wait);
+  }
+}
+
+void GenerationScheduler::StopAdmitting() {
+  absl::MutexLock lock(&mu_);
+  admitting_ = false;
+}
+
+void GenerationScheduler::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    admitting_ = false;
+    stopping_ = true;
+  }
+  doorbell_->Ring();
+  if (thread_.joinable()) thread_.join();
+  // The loop has stopped: this thread now owns active_ and queued_.
+  std::deque<std::unique_ptr<Job>> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued.swap(queued_);
+    stats_.queued = 0;
+  }
+  for (auto& job : active_) {
+    if (!job->finished) Finish(*job, FinishReason::kDrained);
+  }
+  for (auto& job : queued) Finish(*job, FinishReason::kDrained);
+  active_.clear();
+  absl::MutexLock lock(&mu_);
+  active_count_ = 0;
+  stats_.active = 0;
+}
+
+int32_t GenerationScheduler::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return active_count_ + static_cast<int32_t>(queued_.size());
+}
+
+GenerationSchedulerStats GenerationScheduler::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace tost::service

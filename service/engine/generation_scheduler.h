@@ -1,0 +1,242 @@
+// Continuous-batching generation for one language model.
+//
+// Each scheduler step: (1) drops cancelled, past-deadline and drained jobs, freeing their slots at
+// once; (2) feeds at most `prefill_chunk_tokens` prompt tokens (split over the prefilling jobs in
+// arrival order, tssa_causal continuing each one's state), so a long prompt never stalls the
+// decoders for more than a chunk; (3) runs one batched decode step
+// (GenerativeModel::Step) for every decoding job, samples per job and publishes each token to its
+// job at once. Jobs join and leave between steps.
+//
+// Jobs are handed to callers as GenerationJob handles: the front end takes their events (notified
+// by a listener) and writes them to its stream, so a slow client never blocks the step loop. Flow
+// control is per job: a job whose consumer has not taken `max_buffered_tokens` published tokens is
+// paused (it keeps its slot and state but is left out of decode steps) until the consumer catches
+// up; a job paused for `stream_stall_timeout` is cancelled, its final state kept like any other.
+//
+// Thread-safety: Submit/Cancel/Drain/stats may be called from any thread; StepOnce runs on the
+// scheduler's own thread after Start(), or on the test's thread when Start() is never called.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "service/engine/clock.h"
+#include "service/engine/generation_state.h"
+#include "service/engine/model_interface.h"
+
+namespace tost::service {
+
+enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kDrained };
+const char* FinishReasonName(FinishReason r);
+
+struct TokenEvent {
+  int32_t id = 0;
+  std::string bytes;
+  std::string text;      // complete characters released by this token (may be empty)
+  int64_t position = 0;  // absolute position of this token in the sequence
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
+struct GenerationEvent {
+  enum class Kind { kToken, kSnapshot, kFinished };
+  Kind kind = Kind::kToken;
+  TokenEvent token;  // kToken
+  GenerationState
+      snapshot;  // kSnapshot (every `snapshot_every` tokens) and kFinished (final state)
+  // kFinished:
+  absl::Status status;  // non-OK: the job failed (e.g. an internal model error)
+  FinishReason finish_reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  int32_t generated_tokens = 0;
+  std::string final_text;  // text released at the end (one-shot generations only)
+};
+
+struct GenerationRequest {
+  GenerationState state;  // a fresh state (NewState) or a session's
+  std::vector<int32_t>
+      prompt;  // appended to the sequence; may be empty if state has a pending token
+  int32_t max_new_tokens = 64;  // 0: only feed the prompt
+  int32_t top_logprobs = 0;     // per token, the n most likely alternatives
+  int32_t snapshot_every = 0;   // publish the state every k tokens (0: only at the end)
+  bool persistent = false;      // the state outlives this call: keep withheld text in it
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+class GenerationJob {
+ public:
+  // The next event, waiting at most `timeout`; nullopt on timeout.
+  std::optional<GenerationEvent> Next(absl::Duration timeout);
+  // The next event if one is ready.
+  std::optional<GenerationEvent> TryNext() { return Next(absl::ZeroDuration()); }
+  // `listener` is called after each event is published (on the scheduler's thread, with no lock
+  // of the job or the scheduler held; it must not block), so a consumer need not poll. Setting
+  // another listener (or null) returns only once no call of the previous one is in progress, so a
+  // consumer can clear it and then be destroyed.
+  void SetListener(absl::AnyInvocable<void()> listener);
+  // Asks the scheduler to stop this job; it is dropped at the start of the next step.
+  void Cancel();
+  bool cancel_requested() const { return cancelled_.load(std::memory_order_relaxed); }
+  // Tokens published and not yet taken by the consumer.
+  int32_t buffered_tokens() const;
+  // True once the scheduler has ended the job because its consumer took nothing for
+  // stream_stall_timeout. Its final event is waiting behind tokens nobody reads, so a consumer
+  // that cannot deliver them (a stream stuck in flow control) should abandon its delivery.
+  bool stalled() const { return stalled_.load(std::memory_order_acquire); }
+
+ private:
+  friend class GenerationScheduler;
+  struct Doorbell;
+  explicit GenerationJob(std::shared_ptr<Doorbell> doorbell) : doorbell_(std::move(doorbell)) {}
+  void Publish(GenerationEvent e);
+
+  // Rung when the consumer takes a token or cancels, so a scheduler waiting on paused jobs wakes.
+  const std::shared_ptr<Doorbell> doorbell_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> stalled_{false};
+  mutable absl::Mutex mu_;
+  std::deque<GenerationEvent> events_ ABSL_GUARDED_BY(mu_);
+  int32_t buffered_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held while the listener runs; the listener may take mu_ (TryNext), never the reverse.
+  absl::Mutex listener_mu_;
+  absl::AnyInvocable<void()> listener_ ABSL_GUARDED_BY(listener_mu_);
+};
+
+// What one scheduler step did (metrics). Valid only during the OnStep call.
+struct GenerationStepRecord {
+  std::string_view model;
+  int32_t decode_batch = 0;           // sequences in this step's batched decode (0: none)
+  int64_t prefill_tokens = 0;         // prompt tokens fed by prefill chunks in this step
+  int64_t prompt_tokens_started = 0;  // prompt tokens of the jobs that got a slot in this step
+  int64_t tokens_emitted = 0;         // tokens published to jobs in this step
+  // One entry per job whose first token this step emitted: from Submit to that token.
+  absl::Span<const absl::Duration> time_to_first_token;
+  // One entry per other token emitted: since the same job's previous token.
+  absl::Span<const absl::Duration> inter_token_latency;
+};
+
+// Called on the step loop's thread after each step that did work; must be cheap and thread-safe.
+// Why Submit refused a job before any model work.
+enum class GenerationRefusal {
+  kQueueFull,  // every slot and queue place taken (RESOURCE_EXHAUSTED)
+  kDraining,   // the scheduler stopped admitting (UNAVAILABLE)
+};
+
+class GenerationObserver {
+ public:
+  virtual ~GenerationObserver() = default;
+  virtual void OnStep(const GenerationStepRecord& record) = 0;
+  // Called on the submitting thread, without the scheduler's lock held.
+  virtual void OnRefused(std::string_view model, GenerationRefusal reason) {}
+};
+
+struct GenerationSchedulerOptions {
+  int32_t max_active_jobs = 64;   // jobs prefilling or decoding at once
+  int32_t max_queued_jobs = 256;  // jobs admitted but waiting for a slot
+  // Prompt tokens fed per scheduler step, over all prefilling jobs.
+  int32_t prefill_chunk_tokens = 128;
+  bool batch_invariant = false;  // decode rows independently: bit-identical under any load
+  // Tokens a job may have published and its consumer not yet taken; at this many it is paused.
+  int32_t max_buffered_tokens = 8;
+  // A job paused this long (its client reads nothing) is cancelled with its state kept;
+  // ZeroDuration: never.
+  absl::Duration stream_stall_timeout = absl::Seconds(30);
+  GenerationObserver* observer = nullptr;  // not owned, outlives the scheduler; null: no records
+};
+
+absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o);
+
+// What the scheduler has done, for tests and metrics.
+struct GenerationSchedulerStats {
+  int64_t steps = 0;
+  int64_t decode_steps = 0;
+  int64_t decoded_tokens = 0;
+  int64_t prefill_chunks = 0;
+  int64_t prefill_tokens = 0;
+  int32_t max_decode_batch = 0;
+  std::vector<int64_t> decode_batch_histogram;  // [b] = decode steps that ran with batch size b
+  int32_t active = 0;
+  int32_t queued = 0;
+  int32_t paused = 0;        // active jobs waiting for their consumer
+  int64_t stalled_jobs = 0;  // jobs cancelled after stream_stall_timeout
+};
+
+class GenerationScheduler {
+ public:
+  static absl::StatusOr<std::unique_ptr<GenerationScheduler>> Create(
+      const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock);
+  ~GenerationScheduler();
+
+  // A fresh state for this model with the given sampling parameters.
+  GenerationState NewState(const model::SamplingParams& sampling) const;
+
+  // Admits a job or refuses it before any model work: INVALID_ARGUMENT for a bad request,
+  // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every slot
+  // and queue place is taken, UNAVAILABLE once draining.
+  absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(GenerationRequest request);
+
+  // Runs the step loop on an owned thread until Shutdown().
+  void Start();
+  // Refuses new jobs (UNAVAILABLE) while admitted ones run on: the first half of a drain.
+  void StopAdmitting();
+  // Stops the loop and joins its thread; jobs still admitted end with FinishReason kDrained and
+  // their final state, so their clients can resume elsewhere.
+  void Shutdown();
+  // Jobs admitted and not finished (queued or active).
+  int32_t in_flight() const;
+
+  // One scheduler iteration. Returns false when there was nothing to do (no job, or every job
+  // paused with no prompt left to feed).
+  bool StepOnce();
+
+  GenerationSchedulerStats stats() const;
+  const GenerativeModel& model() const { return model_; }
+  const GenerationSchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Job;
+  GenerationScheduler(const GenerativeModel& model, GenerationSchedulerOptions options,
+                      Clock* clock);
+  void Loop();
+  // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
+  // past stream_stall_timeout (returns how many).
+  int64_t UpdatePauses(absl::Time now);
+  void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
+  // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when
+  // the job finished.
+  bool EmitToken(Job& job, absl::Span<const float> logits);
+
+  const GenerativeModel& model_;
+  const GenerationSchedulerOptions options_;
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::unique_ptr<Job>> queued_ ABSL_GUARDED_BY(mu_);
+  bool admitting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
+  GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+
+  const std::shared_ptr<GenerationJob::Doorbell> doorbell_;
+
+  // Owned by the step loop (one thread at a time).
+  std::vector<std::unique_ptr<Job>> active_;
+  // The earliest instant at which a deadline or a stall ends an active job (the idle loop's wake).
+  absl::Time next_timed_event_ = absl::InfiniteFuture();
+  std::thread thread_;
+};
+
+}  // namespace tost::service

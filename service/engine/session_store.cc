@@ -1,0 +1,176 @@
+#include "service/engine/session_store.h"
+
+#include <openssl/rand.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace tost::service {
+
+absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o) {
+  if (o.max_sessions < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sessions must be >= 1, got ", o.max_sessions));
+  if (o.max_state_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_budget_bytes must be >= 1, got ", o.max_state_bytes));
+  }
+  if (o.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("session_idle_timeout must be > 0, got ",
+                                                   absl::FormatDuration(o.idle_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+std::string NewSessionId() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    // The OS CSPRNG failing is not recoverable: an id must never be guessable.
+    std::abort();
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+absl::StatusOr<SessionStore::Entry*> SessionStore::Find(const std::string& id,
+                                                        const std::string& owner) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.owner != owner) {
+    return absl::NotFoundError(
+        absl::StrCat("session \"", id, "\" not found (closed, evicted, or not yours)"));
+  }
+  return &it->second;
+}
+
+void SessionStore::Touch(const std::string& id, Entry& e) {
+  lru_.splice(lru_.end(), lru_, e.lru);
+  e.last_used = clock_->Now();
+}
+
+void SessionStore::Erase(const std::string& id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  bytes_ -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  sessions_.erase(it);
+}
+
+bool SessionStore::MakeRoom(int64_t extra_bytes) {
+  // The lambda runs inside this locked member; the analysis cannot see that on its own.
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(sessions_.size()) + 1 > options_.max_sessions ||
+           bytes_ + extra_bytes > options_.max_state_bytes;
+  };
+  for (auto it = lru_.begin(); over() && it != lru_.end();) {
+    const std::string id = *it++;
+    if (sessions_.at(id).busy) continue;
+    Erase(id);
+    ++evicted_lru_;
+  }
+  return !over();
+}
+
+absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, GenerationState state) {
+  const int64_t bytes = static_cast<int64_t>(state.ByteSize());
+  absl::MutexLock lock(&mu_);
+  if (!MakeRoom(bytes)) {
+    if (options_.observer != nullptr) options_.observer->OnStoreFull();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session store is full: ", sessions_.size(), " sessions (limit ",
+                     options_.max_sessions, "), ", bytes_, " state bytes (budget ",
+                     options_.max_state_bytes, "), all in use; retry after a short backoff"));
+  }
+  std::string id = NewSessionId();
+  Entry& e = sessions_[id];
+  e.owner = owner;
+  e.state = std::move(state);
+  e.bytes = bytes;
+  bytes_ += bytes;
+  e.lru = lru_.insert(lru_.end(), id);
+  e.last_used = clock_->Now();
+  return id;
+}
+
+absl::StatusOr<GenerationState> SessionStore::Checkout(const std::string& id,
+                                                       const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  auto e = Find(id, owner);
+  if (!e.ok()) return e.status();
+  if ((*e)->busy) {
+    return absl::FailedPreconditionError(absl::StrCat("session \"", id,
+                                                      "\" is in use by another Generate; "
+                                                      "a session runs one generation at a time"));
+  }
+  (*e)->busy = true;
+  Touch(id, **e);
+  return (*e)->state;
+}
+
+void SessionStore::Checkin(const std::string& id, GenerationState state) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Entry& e = it->second;
+  const int64_t bytes = static_cast<int64_t>(state.ByteSize());
+  bytes_ += bytes - e.bytes;
+  e.bytes = bytes;
+  e.state = std::move(state);
+  e.busy = false;
+  Touch(id, e);
+}
+
+void SessionStore::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) it->second.busy = false;
+}
+
+absl::StatusOr<GenerationState> SessionStore::Get(const std::string& id, const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  auto e = Find(id, owner);
+  if (!e.ok()) return e.status();
+  if ((*e)->busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", id, "\" is generating; wait for its stream to end"));
+  }
+  Touch(id, **e);
+  return (*e)->state;
+}
+
+absl::Status SessionStore::Close(const std::string& id, const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  auto e = Find(id, owner);
+  if (!e.ok()) return e.status();
+  if ((*e)->busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", id, "\" is generating; cancel its stream first"));
+  }
+  Erase(id);
+  return absl::OkStatus();
+}
+
+void SessionStore::ReapIdle() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time cutoff = clock_->Now() - options_.idle_timeout;
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    const std::string id = *it++;
+    const Entry& e = sessions_.at(id);
+    if (!e.busy && e.last_used <= cutoff) {
+      Erase(id);
+      ++evicted_idle_;
+    }
+  }
+}
+
+SessionStoreStats SessionStore::stats() const {
+  absl::MutexLock lock(&mu_);
+  SessionStoreStats s;
+  s.sessions = static_cast<int64_t>(sessions_.size());
+  for (const auto& [id, e] : sessions_) s.busy += e.busy ? 1 : 0;
+  s.state_bytes = bytes_;
+  s.evicted_idle = evicted_idle_;
+  s.evicted_lru = evicted_lru_;
+  return s;
+}
+
+}  // namespace tost::service

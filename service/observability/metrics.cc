@@ -1,0 +1,568 @@
+#include "service/observability/metrics.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/server_context.h>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "model/device_memory.h"
+#include "service/engine/engine.h"
+#include "service/observability/logging.h"
+#include "service/observability/metrics_http.h"
+
+namespace tost::service {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::ClientMetric;
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Bucket upper bounds, in the family's base unit, suited to what each one measures.
+// Whole RPCs: a sub-millisecond status call up to a long generation stream.
+const Histogram::BucketBoundaries kRequestBuckets = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+// Waiting for a classification batch: bounded by --max_queue_delay_us (2 ms by default) unless the
+// worker is saturated.
+const Histogram::BucketBoundaries kQueueBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+// One batched forward pass.
+const Histogram::BucketBoundaries kComputeBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                                     0.1,    0.2,   0.5,   1,     2,    5};
+// Images per classification batch, sequences per decode step (powers of two up to 256).
+const Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+// Submit to first token: queueing plus prefill.
+const Histogram::BucketBoundaries kTtftBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1,     2.5,  5,     10};
+// Between two tokens of one stream: one decode step (plus a prefill chunk at most).
+const Histogram::BucketBoundaries kItlBuckets = {0.00025, 0.0005, 0.001, 0.002, 0.003,
+                                                 0.005,   0.0075, 0.01,  0.015, 0.02,
+                                                 0.05,    0.1,    0.25,  0.5,   1};
+
+constexpr std::array<const char*, 4> kRejectionReasons = {"queue_full", "sessions_full", "draining",
+                                                          "unauthenticated"};
+
+// Codes that mean "refused before any work" (the log level of such calls is a warning).
+bool IsRefusalCode(grpc::StatusCode code) {
+  return code == grpc::StatusCode::RESOURCE_EXHAUSTED || code == grpc::StatusCode::UNAVAILABLE ||
+         code == grpc::StatusCode::UNAUTHENTICATED;
+}
+
+// "/pkg.Service/Method" → "Method" when the method belongs to a service this binary knows (its
+// generated descriptors, or the health service, which has none); "other" for anything a client
+// made up, so the label stays bounded.
+std::string RpcLabel(const char* method) {
+  if (method == nullptr) return "other";
+  const absl::string_view path(method);
+  if (path.size() < 3 || path[0] != '/') return "other";
+  const size_t slash = path.find('/', 1);
+  if (slash == absl::string_view::npos) return "other";
+  const std::string service(path.substr(1, slash - 1));
+  const std::string name(path.substr(slash + 1));
+  if (service == "grpc.health.v1.Health")
+    return name == "Check" || name == "Watch" ? name : "other";
+  const auto* desc = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  return desc != nullptr && desc->FindMethodByName(name) != nullptr ? name : "other";
+}
+
+int64_t ResidentMemoryBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size_pages = 0, resident_pages = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size_pages, &resident_pages);
+  std::fclose(f);
+  return n == 2 ? resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+ClientMetric GaugeSample(double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  return m;
+}
+
+ClientMetric CounterSample(double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.counter.value = value;
+  return m;
+}
+
+MetricFamily MakeFamily(std::string name, std::string help, MetricType type,
+                        std::vector<ClientMetric> metrics) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  f.metric = std::move(metrics);
+  return f;
+}
+
+// The families read from their owners at scrape time.
+class ScrapeTimeCollector final : public prometheus::Collectable {
+ public:
+  void Watch(const Engine* engine) {
+    absl::MutexLock lock(&mu_);
+    engine_ = engine;
+  }
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out;
+    out.push_back(MakeFamily("tost_process_resident_memory_bytes",
+                             "Resident set size of the server process", MetricType::Gauge,
+                             {GaugeSample(static_cast<double>(ResidentMemoryBytes()))}));
+    const std::vector<model::DeviceMemoryStats> devices = model::CudaDeviceMemory();
+    if (!devices.empty()) {
+      std::vector<ClientMetric> allocated, reserved;
+      for (const auto& d : devices) {
+        const std::vector<ClientMetric::Label> labels = {
+            {"device", absl::StrCat("cuda:", d.device)}};
+        allocated.push_back(GaugeSample(static_cast<double>(d.allocated_bytes), labels));
+        reserved.push_back(GaugeSample(static_cast<double>(d.reserved_bytes), labels));
+      }
+      out.push_back(
+          MakeFamily("tost_device_memory_allocated_bytes",
+                     "CUDA memory held by live tensors (LibTorch caching allocator), per device",
+                     MetricType::Gauge, std::move(allocated)));
+      out.push_back(MakeFamily("tost_device_memory_reserved_bytes",
+                               "CUDA memory the caching allocator holds from the driver (allocated "
+                               "+ cached), per device",
+                               MetricType::Gauge, std::move(reserved)));
+    }
+    absl::MutexLock lock(&mu_);
+    if (engine_ == nullptr) return out;
+    const EngineStats stats = engine_->Stats();
+    const SessionStoreStats& s = stats.sessions;
+    out.push_back(MakeFamily(
+        "tost_sessions", "Server-held sessions: active = generating, idle = held between calls",
+        MetricType::Gauge,
+        {GaugeSample(static_cast<double>(s.busy), {{"state", "active"}}),
+         GaugeSample(static_cast<double>(s.sessions - s.busy), {{"state", "idle"}})}));
+    out.push_back(MakeFamily(
+        "tost_session_state_bytes",
+        "Bytes of generation state held by all sessions (sum of GenerationState::ByteSize)",
+        MetricType::Gauge, {GaugeSample(static_cast<double>(s.state_bytes))}));
+    out.push_back(MakeFamily(
+        "tost_session_budget_bytes", "Session state byte budget (--session_budget_bytes)",
+        MetricType::Gauge, {GaugeSample(static_cast<double>(stats.session_budget_bytes))}));
+    out.push_back(MakeFamily(
+        "tost_session_evictions_total",
+        "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
+        {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
+         CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
+    std::vector<ClientMetric> depth, capacity;
+    for (const ClassifierStats& c : stats.classifiers) {
+      const std::vector<ClientMetric::Label> labels = {{"model", c.model},
+                                                       {"workload", "classify"}};
+      depth.push_back(GaugeSample(
+          static_cast<double>(c.batcher.queued_requests + c.batcher.reserved_slots), labels));
+      capacity.push_back(GaugeSample(static_cast<double>(c.max_queue_size), labels));
+    }
+    for (const GeneratorStats& g : stats.generators) {
+      const std::vector<ClientMetric::Label> labels = {{"model", g.model},
+                                                       {"workload", "generate"}};
+      depth.push_back(GaugeSample(static_cast<double>(g.scheduler.queued), labels));
+      capacity.push_back(GaugeSample(static_cast<double>(g.max_queued), labels));
+    }
+    out.push_back(MakeFamily(
+        "tost_queue_depth",
+        "Requests waiting: classification requests for a batch, generations for a decode slot",
+        MetricType::Gauge, std::move(depth)));
+    out.push_back(MakeFamily("tost_queue_capacity",
+                             "Queue places; more waiting requests are refused (queue_full)",
+                             MetricType::Gauge, std::move(capacity)));
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  const Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace
+
+const char* GrpcCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+absl::Status ValidateMetricsOptions(const MetricsOptions& o) {
+  if (o.port < -1 || o.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_port must be -1 (off), 0 (a free port) or in [1, 65535], got ", o.port));
+  }
+  if (o.port >= 0 && o.address.empty())
+    return absl::InvalidArgumentError("--metrics_address must name an address");
+  return absl::OkStatus();
+}
+
+struct Metrics::Impl {
+  // The series of one model, created once so the hot paths skip the families' label lookups.
+  struct ClassifySeries {
+    Histogram* queue = nullptr;
+    Histogram* compute = nullptr;
+    Histogram* batch = nullptr;
+    Counter* images = nullptr;
+  };
+  struct GenerateSeries {
+    Histogram* batch = nullptr;
+    Counter* prompt_tokens = nullptr;
+    Counter* generated_tokens = nullptr;
+    Histogram* ttft = nullptr;
+    Histogram* itl = nullptr;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::shared_ptr<ScrapeTimeCollector> collector = std::make_shared<ScrapeTimeCollector>();
+
+  Family<Counter>& requests = BuildCounter()
+                                  .Name("tost_requests_total")
+                                  .Help("RPCs finished, by method and gRPC status code")
+                                  .Register(*registry);
+  Family<Histogram>& request_duration =
+      BuildHistogram()
+          .Name("tost_request_duration_seconds")
+          .Help("RPC duration from arrival to status (whole stream for Generate)")
+          .Register(*registry);
+  Family<Histogram>& queue_duration =
+      BuildHistogram()
+          .Name("tost_queue_duration_seconds")
+          .Help("Classification: the oldest request's wait for its batch to start")
+          .Register(*registry);
+  Family<Histogram>& compute_duration = BuildHistogram()
+                                            .Name("tost_compute_duration_seconds")
+                                            .Help("Classification: one batched forward pass")
+                                            .Register(*registry);
+  Family<Histogram>& batch_size =
+      BuildHistogram()
+          .Name("tost_batch_size")
+          .Help("Batch size: images per classification batch, sequences per decode step")
+          .Register(*registry);
+  Family<Counter>& images = BuildCounter()
+                                .Name("tost_images_classified_total")
+                                .Help("Images classified (successful batches)")
+                                .Register(*registry);
+  Family<Counter>& prompt_tokens = BuildCounter()
+                                       .Name("tost_prompt_tokens_total")
+                                       .Help("Prompt tokens of the generations that started")
+                                       .Register(*registry);
+  Family<Counter>& generated_tokens = BuildCounter()
+                                          .Name("tost_generated_tokens_total")
+                                          .Help("Tokens generated and sent to streams")
+                                          .Register(*registry);
+  Family<Histogram>& ttft = BuildHistogram()
+                                .Name("tost_time_to_first_token_seconds")
+                                .Help("Generate: from admission to the stream's first token")
+                                .Register(*registry);
+  Family<Histogram>& itl = BuildHistogram()
+                               .Name("tost_inter_token_latency_seconds")
+                               .Help("Generate: between consecutive tokens of one stream")
+                               .Register(*registry);
+  Family<Counter>& rejections = BuildCounter()
+                                    .Name("tost_rejections_total")
+                                    .Help("Requests refused before any work, by reason")
+                                    .Register(*registry);
+  Family<Gauge>& model_info =
+      BuildGauge()
+          .Name("tost_model_info")
+          .Help("1 for each served model, with its version and execution backend")
+          .Register(*registry);
+
+  absl::Mutex mu;
+  std::map<std::string, ClassifySeries, std::less<>> classify ABSL_GUARDED_BY(mu);
+  std::map<std::string, GenerateSeries, std::less<>> generate ABSL_GUARDED_BY(mu);
+
+  absl::Mutex http_mu;
+  std::unique_ptr<MetricsHttpServer> http ABSL_GUARDED_BY(http_mu);
+
+  Impl() {
+    for (const char* reason : kRejectionReasons) rejections.Add({{"reason", reason}});
+  }
+
+  void Reject(const char* reason) { rejections.Add({{"reason", reason}}).Increment(); }
+
+  // std::map never moves its values, so the references stay valid without the lock.
+  ClassifySeries& Classify(std::string_view model) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    if (auto it = classify.find(model); it != classify.end()) return it->second;
+    const std::string name(model);
+    ClassifySeries s;
+    s.queue = &queue_duration.Add({{"model", name}}, kQueueBuckets);
+    s.compute = &compute_duration.Add({{"model", name}}, kComputeBuckets);
+    s.batch = &batch_size.Add({{"model", name}, {"workload", "classify"}}, kBatchBuckets);
+    s.images = &images.Add({{"model", name}});
+    return classify.emplace(name, s).first->second;
+  }
+
+  GenerateSeries& Generate(std::string_view model) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    if (auto it = generate.find(model); it != generate.end()) return it->second;
+    const std::string name(model);
+    GenerateSeries s;
+    s.batch = &batch_size.Add({{"model", name}, {"workload", "generate"}}, kBatchBuckets);
+    s.prompt_tokens = &prompt_tokens.Add({{"model", name}});
+    s.generated_tokens = &generated_tokens.Add({{"model", name}});
+    s.ttft = &ttft.Add({{"model", name}}, kTtftBuckets);
+    s.itl = &itl.Add({{"model", name}}, kItlBuckets);
+    return generate.emplace(name, s).first->second;
+  }
+};
+
+Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
+
+Metrics::~Metrics() { StopServing(); }
+
+absl::Status Metrics::Serve(const MetricsOptions& options) {
+  if (options.port < 0) return absl::OkStatus();
+  absl::MutexLock lock(&impl_->http_mu);
+  if (impl_->http != nullptr)
+    return absl::FailedPreconditionError("the metrics endpoint is already serving");
+  auto http = MetricsHttpServer::Start(options.address, options.port, [this] { return Render(); });
+  if (!http.ok()) return http.status();
+  impl_->http = std::move(*http);
+  return absl::OkStatus();
+}
+
+void Metrics::StopServing() {
+  std::unique_ptr<MetricsHttpServer> http;
+  {
+    absl::MutexLock lock(&impl_->http_mu);
+    http = std::move(impl_->http);
+  }
+  http.reset();  // joins the endpoint's thread (which may be rendering) outside the lock
+}
+
+int Metrics::port() const {
+  absl::MutexLock lock(&impl_->http_mu);
+  return impl_->http != nullptr ? impl_->http->port() : 0;
+}
+
+void Metrics::RegisterModel(const std::string& name, const std::string& version,
+                            const std::string& backend, bool generates) {
+  impl_->model_info.Add({{"model", name}, {"version", version}, {"backend", backend}}).Set(1);
+  if (generates) {
+    impl_->Generate(name);
+  } else {
+    impl_->Classify(name);
+  }
+}
+
+void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine); }
+
+void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
+  const std::string rpc_label(rpc);
+  impl_->requests.Add({{"rpc", rpc_label}, {"code", GrpcCodeName(code)}}).Increment();
+  impl_->request_duration.Add({{"rpc", rpc_label}}, kRequestBuckets)
+      .Observe(absl::ToDoubleSeconds(elapsed));
+  // Only the authenticator answers UNAUTHENTICATED, so the code is the reason; the other reasons
+  // come from the components that refused (OnDropped, OnRefused, OnStoreFull), which know them.
+  if (code == grpc::StatusCode::UNAUTHENTICATED) impl_->Reject("unauthenticated");
+}
+
+void Metrics::OnDropped(std::string_view, BatchDropReason reason, int64_t) {
+  switch (reason) {
+    case BatchDropReason::kQueueFull:
+      impl_->Reject("queue_full");
+      break;
+    case BatchDropReason::kShutdown:
+      impl_->Reject("draining");
+      break;
+    case BatchDropReason::kDeadlineExceeded:
+      break;  // accepted, then expired: not a refusal
+  }
+}
+
+void Metrics::OnRefused(std::string_view, GenerationRefusal reason) {
+  impl_->Reject(reason == GenerationRefusal::kQueueFull ? "queue_full" : "draining");
+}
+
+void Metrics::OnStoreFull() { impl_->Reject("sessions_full"); }
+
+void Metrics::OnBatch(const BatchRecord& record) {
+  Impl::ClassifySeries& s = impl_->Classify(record.model_name);
+  s.queue->Observe(absl::ToDoubleSeconds(record.queue_delay));
+  s.compute->Observe(absl::ToDoubleSeconds(record.compute_time));
+  s.batch->Observe(static_cast<double>(record.images));
+  if (record.code == absl::StatusCode::kOk) s.images->Increment(static_cast<double>(record.images));
+}
+
+void Metrics::OnStep(const GenerationStepRecord& record) {
+  Impl::GenerateSeries& s = impl_->Generate(record.model);
+  if (record.decode_batch > 0) s.batch->Observe(record.decode_batch);
+  if (record.prompt_tokens_started > 0)
+    s.prompt_tokens->Increment(static_cast<double>(record.prompt_tokens_started));
+  if (record.tokens_emitted > 0)
+    s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
+  for (absl::Duration d : record.time_to_first_token) s.ttft->Observe(absl::ToDoubleSeconds(d));
+  for (absl::Duration d : record.inter_token_latency) s.itl->Observe(absl::ToDoubleSeconds(d));
+}
+
+std::string Metrics::Render() const {
+  std::vector<MetricFamily> families = impl_->registry->Collect();
+  for (auto& f : impl_->collector->Collect()) families.push_back(std::move(f));
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+namespace {
+
+// Per call: created when the call starts, destroyed when it ends.
+class RpcInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcInterceptor(Metrics* metrics, grpc::experimental::ServerRpcInfo* info, bool log_requests)
+      : metrics_(metrics),
+        rpc_(RpcLabel(info->method())),
+        context_(info->server_context()),
+        log_requests_(log_requests),
+        start_(absl::Now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      const auto* md = methods->GetRecvInitialMetadata();
+      if (md != nullptr) {
+        auto it = md->find("x-request-id");
+        if (it != md->end()) {
+          const std::string_view id(it->second.data(), it->second.size());
+          if (IsValidRequestId(id)) request_id_ = std::string(id);
+        }
+      }
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("x-request-id", RequestId());
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      const absl::Duration elapsed = absl::Now() - start_;
+      metrics_->ObserveRpc(rpc_, status.error_code(), elapsed);
+      if (log_requests_) LogCall(status, elapsed);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string& RequestId() {
+    if (request_id_.empty()) request_id_ = NewRequestId();
+    return request_id_;
+  }
+
+  void LogCall(const grpc::Status& status, absl::Duration elapsed) {
+    const grpc::StatusCode code = status.error_code();
+    LogLevel level = LogLevel::kInfo;
+    if (code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
+        code == grpc::StatusCode::DATA_LOSS) {
+      level = LogLevel::kError;
+    } else if (IsRefusalCode(code) || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      level = LogLevel::kWarning;
+    }
+    const std::string peer = context_ != nullptr ? context_->peer() : std::string();
+    if (status.ok()) {
+      Log(level, "rpc",
+          {{"request_id", RequestId()},
+           {"rpc", rpc_},
+           {"code", GrpcCodeName(code)},
+           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+           {"peer", peer}});
+    } else {
+      Log(level, "rpc",
+          {{"request_id", RequestId()},
+           {"rpc", rpc_},
+           {"code", GrpcCodeName(code)},
+           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+           {"peer", peer},
+           {"error", status.error_message()}});
+    }
+  }
+
+  Metrics* const metrics_;
+  const std::string rpc_;
+  grpc::ServerContextBase* const context_;
+  const bool log_requests_;
+  const absl::Time start_;
+  std::string request_id_;
+};
+
+class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  RpcInterceptorFactory(Metrics* metrics, bool log_requests)
+      : metrics_(metrics), log_requests_(log_requests) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcInterceptor(metrics_, info, log_requests_);
+  }
+
+ private:
+  Metrics* const metrics_;
+  const bool log_requests_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::InterceptorFactory(
+    bool log_requests) {
+  return std::make_unique<RpcInterceptorFactory>(this, log_requests);
+}
+
+}  // namespace tost::service

@@ -1,0 +1,96 @@
+// Prometheus metrics of the server. Every family is defined in metrics.cc, and the README's
+// metrics table lists the same ones; tests/integration/test_metrics.py
+// checks both against a real Prometheus server.
+//
+// Where the numbers come from:
+//  - requests, request latency, rejections and the access log: a gRPC server interceptor (one
+//    place for every RPC of every service, with the status code the client receives);
+//  - classification queue/compute time, batch sizes, images: DynamicBatcher's BatchObserver;
+//  - generation batch sizes, prompt/generated tokens, TTFT, inter-token latency: the
+//    GenerationScheduler's GenerationObserver (once per step);
+//  - sessions, state bytes, budget, evictions, queue depths, resident and CUDA memory: read from
+//    their owners when Prometheus scrapes, so they are exact at that instant and cost nothing
+//    between scrapes.
+// Labels are bounded: model, rpc (methods of the registered services, else "other"), code,
+// reason, state, workload, device; never a session or request id.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <grpcpp/support/server_interceptor.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "service/engine/dynamic_batcher.h"
+#include "service/engine/generation_scheduler.h"
+#include "service/engine/session_store.h"
+
+namespace tost::service {
+
+class Engine;
+
+struct MetricsOptions {
+  std::string address = "0.0.0.0";  // where the /metrics HTTP endpoint listens
+  int port = 8502;                  // 0: the kernel picks a free port; -1: no endpoint
+  bool log_requests = true;         // one access-log line per RPC (service/logging.h)
+};
+
+absl::Status ValidateMetricsOptions(const MetricsOptions& options);
+
+class Metrics final : public BatchObserver, public GenerationObserver, public SessionStoreObserver {
+ public:
+  Metrics();
+  ~Metrics() override;
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Starts the HTTP endpoint (GET /metrics) at options.address:options.port; nothing for port -1.
+  // UNAVAILABLE if the address cannot be bound.
+  absl::Status Serve(const MetricsOptions& options);
+  // Stops the endpoint (joins its threads). Idempotent. Call before whatever WatchCore() reads
+  // dies.
+  void StopServing();
+  // The bound port; 0 when not serving.
+  int port() const;
+
+  // tost_model_info{model,version,backend} = 1, and the model's series (generation ones for a
+  // language model, classification ones otherwise) start at zero.
+  void RegisterModel(const std::string& name, const std::string& version,
+                     const std::string& backend, bool generates);
+  // Sessions and queue depths are read from `engine` at each scrape. Not owned; must outlive
+  // serving.
+  void WatchEngine(const Engine* engine);
+
+  // Counts every RPC (tost_requests_total, tost_request_duration_seconds, tost_rejections_total),
+  // tags it with a request id (the client's x-request-id if valid, else a new one, echoed in the
+  // response's initial metadata) and writes the access log line.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory(
+      bool log_requests);
+
+  // One finished RPC; `rpc` is a method name such as "Classify". What the interceptor calls.
+  void ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed);
+
+  // BatchObserver (classification), GenerationObserver (generation) and SessionStoreObserver.
+  // Refusals are counted by the component that refused, with its own reason
+  // (tost_rejections_total): queue_full, draining, sessions_full; unauthenticated by the
+  // interceptor.
+  void OnBatch(const BatchRecord& record) override;
+  void OnDropped(std::string_view model_name, BatchDropReason reason, int64_t images) override;
+  void OnStep(const GenerationStepRecord& record) override;
+  void OnRefused(std::string_view model, GenerationRefusal reason) override;
+  void OnStoreFull() override;
+
+  // The text exposition format, exactly what GET /metrics returns.
+  std::string Render() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The gRPC status code's canonical name ("OK", "RESOURCE_EXHAUSTED", ...), the `code` label.
+const char* GrpcCodeName(grpc::StatusCode code);
+
+}  // namespace tost::service

@@ -1,0 +1,101 @@
+#include "service/runtime/torch_models.h"
+
+#include <utility>
+
+#include "model/status_macros.h"
+#include "service/runtime/warmup.h"
+
+namespace tost::service {
+
+class LoadedRepository::Classifier final : public ClassifierModel {
+ public:
+  explicit Classifier(const model::VisionModel& model) : model_(model) {}
+
+  const model::ModelConfig& config() const override { return model_.config(); }
+
+  absl::StatusOr<std::vector<float>> Classify(absl::Span<const float> pixels, int64_t images,
+                                              int64_t height, int64_t width) const override {
+    return model_.Forward(pixels, images, height, width);
+  }
+
+  absl::StatusOr<Explained> ClassifyWithMembership(absl::Span<const float> pixels, int64_t images,
+                                                   int64_t height, int64_t width) const override {
+    TOST_ASSIGN_OR_RETURN(model::VisionModel::Explained e,
+                          model_.ForwardWithMembership(pixels, images, height, width));
+    return Explained{std::move(e.logits), std::move(e.membership), e.grid_h, e.grid_w};
+  }
+
+ private:
+  const model::VisionModel& model_;
+};
+
+class LoadedRepository::Generator final : public GenerativeModel {
+ public:
+  explicit Generator(const model::LanguageModel& model) : model_(model) {}
+
+  const model::ModelConfig& config() const override { return model_.config(); }
+  const model::Tokenizer& tokenizer() const override { return model_.tokenizer(); }
+  model::SequenceState NewSequence() const override { return model_.NewSequence(); }
+
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
+                                             model::SequenceState& state,
+                                             int64_t chunk_tokens) const override {
+    return model_.Prefill(tokens, state, chunk_tokens);
+  }
+
+  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
+                                          absl::Span<model::SequenceState* const> states,
+                                          bool batch_invariant) const override {
+    return model_.Step(tokens, states, batch_invariant);
+  }
+
+ private:
+  const model::LanguageModel& model_;
+};
+
+LoadedRepository::~LoadedRepository() = default;
+
+absl::StatusOr<std::unique_ptr<LoadedRepository>> LoadedRepository::Load(
+    const std::string& repo_dir) {
+  std::unique_ptr<LoadedRepository> repo(new LoadedRepository());
+  TOST_ASSIGN_OR_RETURN(repo->models_, model::LoadRepository(repo_dir));
+  WarmUpModels(repo->models_);  // before readiness: SERVING only once every model has run once
+  const size_t n = repo->models_.size();
+  repo->classifiers_.resize(n);
+  repo->generators_.resize(n);
+  repo->weights_sha256_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    model::LoadedModel& m = repo->models_[i];
+    if (!m.status.ok()) continue;
+    if (m.vision != nullptr) repo->classifiers_[i] = std::make_unique<Classifier>(*m.vision);
+    if (m.language != nullptr) {
+      absl::StatusOr<std::string> sha = Sha256OfFile(m.dir + "/model.safetensors");
+      if (!sha.ok()) {
+        m.status = sha.status();
+        m.language.reset();
+        continue;
+      }
+      repo->weights_sha256_[i] = *std::move(sha);
+      repo->generators_[i] = std::make_unique<Generator>(*m.language);
+    }
+  }
+  return repo;
+}
+
+std::vector<ModelEntry> LoadedRepository::Entries() const {
+  std::vector<ModelEntry> out;
+  for (size_t i = 0; i < models_.size(); ++i) {
+    const model::LoadedModel& m = models_[i];
+    ModelEntry e;
+    e.name = m.name;
+    e.load_status = m.status;
+    e.config = m.config;
+    e.classifier = classifiers_[i].get();
+    e.generator = generators_[i].get();
+    e.weights_sha256 = weights_sha256_[i];
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace tost::service

@@ -1,0 +1,638 @@
+// The continuous-batching scheduler on the deterministic fake LM, driven step by step on the test
+// thread (no scheduler thread, no sleeps) except where the scheduler's own thread is the subject.
+// Time is a FakeClock: deadlines and stall timeouts pass when a test advances it.
+#include "service/engine/generation_scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/service/engine/fake_models.h"
+
+namespace tost::service {
+namespace {
+
+using ::testing::Each;
+using testing::FakeLanguageModel;
+using testing::FakeLanguageOptions;
+using ::testing::Le;
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> positions;
+  std::string text;
+  std::optional<GenerationEvent> final;
+  int snapshots = 0;
+};
+
+void Record(GenerationEvent e, Collected& out) {
+  if (e.kind == GenerationEvent::Kind::kToken) {
+    out.tokens.push_back(e.token.id);
+    out.positions.push_back(e.token.position);
+    out.text += e.token.text;
+  } else if (e.kind == GenerationEvent::Kind::kSnapshot) {
+    ++out.snapshots;
+  } else {
+    out.final = std::move(e);
+  }
+}
+
+// Pulls whatever events are ready (never waits).
+void Drain(GenerationJob& job, Collected& out) {
+  while (auto e = job.TryNext()) Record(*std::move(e), out);
+}
+
+// Takes exactly `n` ready events, as a consumer that catches up a little.
+void Take(GenerationJob& job, int n, Collected& out) {
+  for (int i = 0; i < n; ++i) {
+    auto e = job.TryNext();
+    ASSERT_TRUE(e.has_value()) << "event " << i << " of " << n << " was not ready";
+    Record(*std::move(e), out);
+  }
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<GenerationScheduler> Make(GenerationSchedulerOptions o = {},
+                                            const GenerativeModel* model = nullptr) {
+    auto s = GenerationScheduler::Create(model != nullptr ? *model : lm_, o, &clock_);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *std::move(s);
+  }
+  GenerationRequest Request(GenerationScheduler& s, const std::string& prompt, int32_t max_new,
+                            uint64_t seed = 1, float temperature = 1.0f) {
+    GenerationRequest r;
+    model::SamplingParams p;
+    p.seed = seed;
+    p.temperature = temperature;
+    r.state = s.NewState(p);
+    r.prompt.assign(prompt.begin(), prompt.end());
+    r.max_new_tokens = max_new;
+    return r;
+  }
+  // Steps until every job is finished (bounded), taking every event after each step.
+  void RunAll(GenerationScheduler& s,
+              std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs) {
+    for (int i = 0; i < 10000; ++i) {
+      for (auto& [job, out] : jobs) Drain(*job, *out);
+      bool all = true;
+      for (auto& [job, out] : jobs) all = all && out->final.has_value();
+      if (all) return;
+      s.StepOnce();
+    }
+    FAIL() << "scheduler did not finish";
+  }
+  // The tokens of `prompt` run alone on a fresh scheduler with a consumer that keeps up.
+  std::vector<int32_t> Uninterrupted(const std::string& prompt, int32_t max_new, uint64_t seed,
+                                     float temperature) {
+    auto s = Make();
+    Collected c;
+    auto job = s->Submit(Request(*s, prompt, max_new, seed, temperature));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return {};
+    RunAll(*s, {{*job, &c}});
+    return c.tokens;
+  }
+
+  FakeLanguageModel lm_;
+  FakeClock clock_;
+};
+
+TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
+  auto s = Make();
+  Collected c;
+  auto job = s->Submit(Request(*s, "Hello", 12));
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunAll(*s, {{*job, &c}});
+  ASSERT_EQ(c.tokens.size(), 12u);
+  for (size_t i = 0; i < c.positions.size(); ++i)
+    EXPECT_EQ(c.positions[i], 5 + static_cast<int64_t>(i));
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(c.final->status.ok()) << c.final->status;
+  EXPECT_EQ(c.final->prompt_tokens, 5);
+  EXPECT_EQ(c.final->generated_tokens, 12);
+  EXPECT_EQ(c.final->snapshot.sequence.position, 16);  // 5 prompt + 12 new, the last one pending
+  EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
+  EXPECT_EQ(c.final->snapshot.generated_tokens, 12);
+}
+
+TEST_F(SchedulerTest, SixtyFourSessionsShareEachDecodeStep) {
+  auto s = Make({.max_active_jobs = 64});
+  std::vector<Collected> out(64);
+  std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs;
+  for (int i = 0; i < 64; ++i) {
+    auto job = s->Submit(Request(*s, "ab", 8, i));
+    ASSERT_TRUE(job.ok());
+    jobs.emplace_back(*job, &out[i]);
+  }
+  RunAll(*s, jobs);
+  const GenerationSchedulerStats st = s->stats();
+  size_t received = 0, longest = 0;
+  for (const auto& c : out)
+    received += c.tokens.size(), longest = std::max(longest, c.tokens.size());
+  // All 64 prompts are prefilled in the first step and decode together from then on; the fake
+  // model never says end of text, so every step carries all 64.
+  EXPECT_EQ(st.max_decode_batch, 64);
+  EXPECT_EQ(st.decode_batch_histogram[64], 8);
+  EXPECT_EQ(st.decoded_tokens, static_cast<int64_t>(received));
+  EXPECT_EQ(received, 64u * 8u);
+  EXPECT_EQ(st.decode_steps, static_cast<int64_t>(longest))
+      << "each decode step should carry every running sequence";
+  EXPECT_EQ(lm_.step_batch_sizes(), std::vector<int32_t>(8, 64));
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSlotWithinOneStep) {
+  auto s = Make({.max_active_jobs = 1, .max_queued_jobs = 1});
+  Collected a, b;
+  auto ja = s->Submit(Request(*s, "x", 1000));
+  auto jb = s->Submit(Request(*s, "y", 3));
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  EXPECT_EQ(s->Submit(Request(*s, "z", 3)).status().code(), absl::StatusCode::kResourceExhausted);
+  s->StepOnce();
+  s->StepOnce();
+  EXPECT_EQ(s->stats().active, 1);
+  EXPECT_EQ(s->stats().queued, 1);
+  (*ja)->Cancel();
+  EXPECT_TRUE((*ja)->cancel_requested());
+  s->StepOnce();  // drops a: its slot is free for b at the next step
+  EXPECT_EQ(s->stats().active, 0);
+  EXPECT_EQ(s->in_flight(), 1);
+  Drain(**ja, a);
+  ASSERT_TRUE(a.final.has_value());
+  EXPECT_EQ(a.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(a.tokens.size(), 2u);
+  RunAll(*s, {{*jb, &b}});
+  EXPECT_EQ(b.tokens.size(), 3u);
+  EXPECT_EQ(s->in_flight(), 0);
+}
+
+TEST_F(SchedulerTest, DeadlineOnTheInjectedClockEndsTheJob) {
+  auto s = Make();
+  GenerationRequest r = Request(*s, "abc", 1000);
+  r.deadline = clock_.Now() + absl::Seconds(2);
+  auto job = s->Submit(std::move(r));
+  ASSERT_TRUE(job.ok());
+  Collected c;
+  s->StepOnce();
+  s->StepOnce();
+  clock_.Advance(absl::Milliseconds(1999));
+  s->StepOnce();
+  Drain(**job, c);
+  EXPECT_FALSE(c.final.has_value()) << "ended before its deadline";
+  clock_.Advance(absl::Milliseconds(1));
+  s->StepOnce();
+  Drain(**job, c);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.tokens.size(), 3u);
+  EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
+}
+
+TEST_F(SchedulerTest, ContextLengthBoundsPromptAndGeneration) {
+  auto s = Make();
+  const int64_t ctx = lm_.config().language.context_length;
+  auto too_long = s->Submit(Request(*s, std::string(ctx + 1, 'a'), 1));
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(too_long.status().message().find(std::to_string(ctx)), std::string::npos);
+  EXPECT_EQ(lm_.step_calls(), 0) << "refused before any model work";
+  Collected c;
+  auto job = s->Submit(Request(*s, std::string(ctx - 3, 'a'), 100, 1, 0.f));
+  ASSERT_TRUE(job.ok());
+  RunAll(*s, {{*job, &c}});
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kContext);
+  EXPECT_EQ(c.tokens.size(), 4u);  // positions ctx-3 .. ctx: the last cannot be fed
+  EXPECT_EQ(c.positions.back(), ctx);
+  EXPECT_EQ(c.final->snapshot.sequence.position, ctx);
+}
+
+TEST_F(SchedulerTest, EndOfTextFinishesWithReasonEos) {
+  FakeLanguageModel lm({.eos_at_position = 9});
+  auto s = Make({}, &lm);
+  Collected c;
+  auto job = s->Submit(Request(*s, "abcd", 100, 1, 0.f));
+  ASSERT_TRUE(job.ok());
+  RunAll(*s, {{*job, &c}});
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kEos);
+  ASSERT_EQ(c.tokens.size(), 6u);  // positions 4..9; the model says end of text at 9
+  EXPECT_EQ(c.tokens.back(), 256);
+  EXPECT_EQ(c.positions.back(), 9);
+}
+
+TEST_F(SchedulerTest, LongPromptPrefillDoesNotStallDecoders) {
+  auto s = Make({.prefill_chunk_tokens = 16});
+  Collected decoder, prefiller;
+  auto jd = s->Submit(Request(*s, "go", 40));
+  s->StepOnce();  // jd is decoding
+  auto jp = s->Submit(Request(*s, std::string(400, 'p'), 1));
+  ASSERT_TRUE(jd.ok() && jp.ok());
+  Drain(**jd, decoder);
+  for (int step = 0; step < 10; ++step) {
+    const size_t before = decoder.tokens.size();
+    s->StepOnce();
+    Drain(**jd, decoder);
+    EXPECT_EQ(decoder.tokens.size(), before + 1) << "decoder stalled at step " << step;
+  }
+  EXPECT_GE(s->stats().prefill_chunks, 10);
+  RunAll(*s, {{*jd, &decoder}, {*jp, &prefiller}});
+  EXPECT_EQ(prefiller.tokens.size(), 1u);
+  EXPECT_EQ(prefiller.positions.front(), 400);
+  EXPECT_THAT(lm_.prefill_sizes(), Each(Le(16)));
+}
+
+TEST_F(SchedulerTest, StopStringsStopTokensAndSnapshots) {
+  auto s = Make();
+  // Greedy text of the model is deterministic: learn it, then stop on a piece of it.
+  Collected free_run;
+  auto j0 = s->Submit(Request(*s, "The ", 30, 1, 0.f));
+  ASSERT_TRUE(j0.ok());
+  RunAll(*s, {{*j0, &free_run}});
+  ASSERT_GE(free_run.tokens.size(), 20u);
+  std::string bytes;
+  for (int32_t t : free_run.tokens) bytes.push_back(static_cast<char>(t));
+  ASSERT_EQ(free_run.text, bytes);
+
+  GenerationRequest r = Request(*s, "The ", 30, 1, 0.f);
+  r.state.stop_token_ids = {free_run.tokens[6]};
+  r.snapshot_every = 2;
+  Collected stopped;
+  auto j1 = s->Submit(std::move(r));
+  ASSERT_TRUE(j1.ok());
+  RunAll(*s, {{*j1, &stopped}});
+  EXPECT_EQ(stopped.final->finish_reason, FinishReason::kStop);
+  const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[6]);
+  EXPECT_EQ(stopped.tokens.size(), static_cast<size_t>(first - free_run.tokens.begin()) + 1);
+  // A snapshot every 2 tokens, except on the token that finished the job.
+  EXPECT_EQ(stopped.snapshots, static_cast<int>((stopped.tokens.size() - 1) / 2));
+
+  // A stop string: the text ends just before its first occurrence and never shows any of it.
+  const std::string stop = bytes.substr(12, 3);
+  GenerationRequest rs = Request(*s, "The ", 30, 1, 0.f);
+  rs.state.stop_strings = {stop};
+  Collected by_string;
+  auto j2 = s->Submit(std::move(rs));
+  ASSERT_TRUE(j2.ok());
+  RunAll(*s, {{*j2, &by_string}});
+  EXPECT_EQ(by_string.final->finish_reason, FinishReason::kStop);
+  const size_t at = bytes.find(stop);
+  EXPECT_EQ(by_string.tokens.size(), at + stop.size());
+  EXPECT_EQ(by_string.text + by_string.final->final_text, bytes.substr(0, at));
+}
+
+// The identity sessions rest on: stopping after N tokens, carrying the final state elsewhere (a new
+// scheduler) and continuing gives exactly the uninterrupted tokens, alone and (batch-invariant
+// mode) beside 12 other sequences.
+TEST_F(SchedulerTest, ContinuingFromTheFinalStateEqualsTheUninterruptedRun) {
+  for (bool invariant : {false, true}) {
+    for (float temperature : {0.f, 0.9f}) {
+      auto s = Make({.batch_invariant = invariant});
+      Collected whole;
+      auto j = s->Submit(Request(*s, "Once upon a time", 24, 7, temperature));
+      ASSERT_TRUE(j.ok());
+      RunAll(*s, {{*j, &whole}});
+
+      auto first = Make({.batch_invariant = invariant});
+      Collected part1;
+      auto j1 = first->Submit(Request(*first, "Once upon a time", 15, 7, temperature));
+      ASSERT_TRUE(j1.ok());
+      RunAll(*first, {{*j1, &part1}});
+      GenerationState carried = part1.final->snapshot;
+
+      auto second = Make({.batch_invariant = invariant});
+      GenerationRequest cont;
+      cont.state = carried;
+      cont.max_new_tokens = 9;
+      std::vector<Collected> others(invariant ? 12 : 0);
+      std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs;
+      for (size_t i = 0; i < others.size(); ++i) {
+        auto other = second->Submit(Request(*second, "noise " + std::to_string(i), 9, 100 + i));
+        ASSERT_TRUE(other.ok());
+        jobs.emplace_back(*other, &others[i]);
+      }
+      Collected part2;
+      auto j2 = second->Submit(std::move(cont));
+      ASSERT_TRUE(j2.ok()) << j2.status();
+      jobs.emplace_back(*j2, &part2);
+      RunAll(*second, jobs);
+
+      std::vector<int32_t> joined = part1.tokens;
+      joined.insert(joined.end(), part2.tokens.begin(), part2.tokens.end());
+      EXPECT_EQ(joined, whole.tokens)
+          << "batch_invariant=" << invariant << " temperature=" << temperature;
+      EXPECT_EQ(part2.positions.front(), 16 + 15);
+      if (invariant) {
+        EXPECT_EQ(second->stats().max_decode_batch, 13);
+      }
+    }
+  }
+}
+
+TEST_F(SchedulerTest, ShutdownDrainsWithResumableState) {
+  auto s = Make();
+  Collected c;
+  auto job = s->Submit(Request(*s, "abc", 1000, 4, 0.9f));
+  ASSERT_TRUE(job.ok());
+  s->StepOnce();
+  s->StepOnce();
+  s->StopAdmitting();
+  EXPECT_EQ(s->Submit(Request(*s, "late", 3)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s->in_flight(), 1);
+  s->Shutdown();
+  Drain(**job, c);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kDrained);
+  ASSERT_EQ(c.tokens.size(), 2u);
+  EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
+  EXPECT_EQ(s->in_flight(), 0);
+
+  // Resumable: another scheduler continues the drained state as if nothing had happened.
+  auto elsewhere = Make();
+  GenerationRequest cont;
+  cont.state = c.final->snapshot;
+  cont.max_new_tokens = 6;
+  Collected rest;
+  auto j2 = elsewhere->Submit(std::move(cont));
+  ASSERT_TRUE(j2.ok()) << j2.status();
+  RunAll(*elsewhere, {{*j2, &rest}});
+  std::vector<int32_t> joined = c.tokens;
+  joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(joined, Uninterrupted("abc", 8, 4, 0.9f));
+}
+
+TEST_F(SchedulerTest, AFailedDecodeStepEndsEveryJobInItWithTheModelsError) {
+  auto s = Make();
+  Collected a, b;
+  auto ja = s->Submit(Request(*s, "ab", 10));
+  auto jb = s->Submit(Request(*s, "cd", 10));
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  s->StepOnce();
+  lm_.FailStepsWith(absl::InternalError("device lost"));
+  s->StepOnce();
+  Drain(**ja, a);
+  Drain(**jb, b);
+  for (const Collected* c : {&a, &b}) {
+    ASSERT_TRUE(c->final.has_value());
+    EXPECT_EQ(c->final->finish_reason, FinishReason::kCancelled);
+    EXPECT_EQ(c->final->status.code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(c->final->status.message(), "device lost");
+    EXPECT_EQ(c->tokens.size(), 1u);
+  }
+  EXPECT_EQ(s->in_flight(), 0);
+}
+
+TEST_F(SchedulerTest, AFailedPrefillEndsThatJobAndSparesTheDecoders) {
+  auto s = Make();
+  Collected decoder, failed;
+  auto jd = s->Submit(Request(*s, "a", 5));  // one token: nothing to prefill
+  auto jf = s->Submit(Request(*s, "a longer prompt", 5));
+  ASSERT_TRUE(jd.ok() && jf.ok());
+  lm_.FailPrefillWith(absl::InternalError("out of memory"));
+  RunAll(*s, {{*jd, &decoder}, {*jf, &failed}});
+  EXPECT_EQ(failed.final->status.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(failed.tokens.empty());
+  EXPECT_TRUE(decoder.final->status.ok()) << decoder.final->status;
+  EXPECT_EQ(decoder.tokens.size(), 5u);
+}
+
+TEST_F(SchedulerTest, CreateRefusesInvalidOptions) {
+  const auto code = [this](GenerationSchedulerOptions o) {
+    return GenerationScheduler::Create(lm_, o, &clock_).status().code();
+  };
+  EXPECT_EQ(code({.max_active_jobs = 0}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.max_queued_jobs = -1}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.prefill_chunk_tokens = 0}), absl::StatusCode::kInvalidArgument);
+  GenerationSchedulerOptions no_buffer;
+  no_buffer.max_buffered_tokens = 0;
+  EXPECT_EQ(code(no_buffer), absl::StatusCode::kInvalidArgument);
+  GenerationSchedulerOptions negative_stall;
+  negative_stall.stream_stall_timeout = absl::Seconds(-1);
+  EXPECT_EQ(code(negative_stall), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GenerationScheduler::Create(lm_, {}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({}), absl::StatusCode::kOk);
+}
+
+// Flow control: a consumer that does not take its tokens holds back its own job and nobody else's.
+
+TEST_F(SchedulerTest, AJobWhoseConsumerTakesNothingPausesAfterMaxBufferedTokens) {
+  GenerationSchedulerOptions o;
+  ASSERT_EQ(o.max_buffered_tokens, 8);
+  auto s = Make(o);
+  auto lagging = s->Submit(Request(*s, "ab", 100));
+  auto reader = s->Submit(Request(*s, "cd", 100, 2));
+  ASSERT_TRUE(lagging.ok() && reader.ok());
+  Collected r;
+  for (int step = 0; step < 20; ++step) {
+    s->StepOnce();
+    Drain(**reader, r);
+  }
+  EXPECT_EQ((*lagging)->buffered_tokens(), 8);
+  EXPECT_EQ(r.tokens.size(), 20u) << "the reader decoded in every step";
+  // Both jobs shared each step until the lagging one had 8 untaken tokens; then the reader went on
+  // alone in the same steps.
+  std::vector<int32_t> expected(8, 2);
+  expected.resize(20, 1);
+  EXPECT_EQ(lm_.step_batch_sizes(), expected);
+  EXPECT_EQ(s->stats().paused, 1);
+  EXPECT_EQ(s->stats().active, 2);
+  EXPECT_EQ(s->stats().stalled_jobs, 0);
+
+  s->Shutdown();
+  Collected l;
+  Drain(**lagging, l);
+  ASSERT_EQ(l.tokens.size(), 8u);
+  EXPECT_EQ(l.positions.front(), 2);
+  EXPECT_EQ(l.positions.back(), 9);
+  ASSERT_TRUE(l.final.has_value());
+  // Its sequence stopped with its 8th token pending: 2 prompt + 8 new - 1 fed.
+  EXPECT_EQ(l.final->snapshot.sequence.position, 9);
+  EXPECT_EQ(l.final->generated_tokens, 8);
+}
+
+TEST_F(SchedulerTest, APausedJobResumesWhenItsConsumerTakesTokens) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 4;
+  auto s = Make(o);
+  auto job = s->Submit(Request(*s, "ab", 12, 5, 0.9f));
+  ASSERT_TRUE(job.ok());
+  for (int step = 0; step < 6; ++step) s->StepOnce();
+  EXPECT_EQ((*job)->buffered_tokens(), 4);
+  EXPECT_FALSE(s->StepOnce()) << "a paused job leaves the scheduler nothing to do";
+  EXPECT_EQ(s->stats().paused, 1);
+  EXPECT_EQ(lm_.step_calls(), 4);
+
+  Collected c;
+  Take(**job, 3, c);
+  EXPECT_EQ((*job)->buffered_tokens(), 1);
+  for (int step = 0; step < 10; ++step) s->StepOnce();
+  EXPECT_EQ((*job)->buffered_tokens(), 4) << "exactly the 3 taken tokens were made up";
+  EXPECT_EQ(lm_.step_calls(), 7);
+  EXPECT_EQ(s->stats().paused, 1);
+
+  RunAll(*s, {{*job, &c}});
+  ASSERT_EQ(c.tokens.size(), 12u);
+  for (size_t i = 0; i < c.positions.size(); ++i)
+    EXPECT_EQ(c.positions[i], 2 + static_cast<int64_t>(i));
+  EXPECT_EQ(c.tokens, Uninterrupted("ab", 12, 5, 0.9f)) << "pausing changed the tokens";
+  EXPECT_EQ(s->stats().paused, 0);
+}
+
+TEST_F(SchedulerTest, AJobPausedForTheStallTimeoutIsCancelledWithItsState) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 4;
+  o.stream_stall_timeout = absl::Seconds(5);
+  auto s = Make(o);
+  auto job = s->Submit(Request(*s, "ab", 12, 3, 0.9f));
+  ASSERT_TRUE(job.ok());
+  for (int step = 0; step < 5; ++step) s->StepOnce();  // 4 tokens, then paused
+  EXPECT_EQ(s->stats().paused, 1);
+  clock_.Advance(absl::Seconds(4));
+  s->StepOnce();
+  EXPECT_EQ(s->in_flight(), 1) << "cancelled before the stall timeout";
+  EXPECT_EQ(s->stats().stalled_jobs, 0);
+  clock_.Advance(absl::Seconds(1));
+  s->StepOnce();
+  EXPECT_EQ(s->in_flight(), 0);
+  EXPECT_EQ(s->stats().stalled_jobs, 1);
+  EXPECT_EQ(s->stats().paused, 0);
+
+  Collected c;
+  Drain(**job, c);
+  ASSERT_EQ(c.tokens.size(), 4u);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.final->status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(c.final->generated_tokens, 4);
+  EXPECT_EQ(c.final->snapshot.sequence.position, 5);  // 2 prompt + 4 new - 1 pending
+  EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
+  EXPECT_EQ(c.final->snapshot.generated_tokens, 4);
+
+  // The state it was cancelled with continues exactly where the stream stopped.
+  auto elsewhere = Make();
+  GenerationRequest cont;
+  cont.state = c.final->snapshot;
+  cont.max_new_tokens = 8;
+  Collected rest;
+  auto j2 = elsewhere->Submit(std::move(cont));
+  ASSERT_TRUE(j2.ok()) << j2.status();
+  RunAll(*elsewhere, {{*j2, &rest}});
+  std::vector<int32_t> joined = c.tokens;
+  joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(joined, Uninterrupted("ab", 12, 3, 0.9f));
+}
+
+TEST_F(SchedulerTest, AZeroStallTimeoutNeverCancelsAPausedJob) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 2;
+  o.stream_stall_timeout = absl::ZeroDuration();
+  auto s = Make(o);
+  auto job = s->Submit(Request(*s, "ab", 10));
+  ASSERT_TRUE(job.ok());
+  for (int step = 0; step < 3; ++step) s->StepOnce();
+  clock_.Advance(absl::Hours(24));
+  s->StepOnce();
+  EXPECT_EQ(s->in_flight(), 1);
+  EXPECT_EQ(s->stats().paused, 1);
+  EXPECT_EQ(s->stats().stalled_jobs, 0);
+  Collected c;
+  RunAll(*s, {{*job, &c}});
+  EXPECT_EQ(c.tokens.size(), 10u);
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+}
+
+TEST_F(SchedulerTest, CancellingAPausedJobEndsItAtTheNextStep) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 2;
+  auto s = Make(o);
+  auto job = s->Submit(Request(*s, "ab", 50));
+  ASSERT_TRUE(job.ok());
+  for (int step = 0; step < 4; ++step) s->StepOnce();
+  ASSERT_EQ(s->stats().paused, 1);
+  (*job)->Cancel();
+  s->StepOnce();
+  EXPECT_EQ(s->in_flight(), 0);
+  Collected c;
+  Drain(**job, c);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.final->generated_tokens, 2);
+  EXPECT_EQ(s->stats().stalled_jobs, 0);
+}
+
+TEST_F(SchedulerTest, TheListenerIsCalledForEveryEvent) {
+  auto s = Make();
+  GenerationRequest r = Request(*s, "ab", 5);
+  r.snapshot_every = 2;
+  auto job = s->Submit(std::move(r));
+  ASSERT_TRUE(job.ok());
+  std::atomic<int> calls{0};
+  (*job)->SetListener([&calls] { ++calls; });
+  s->StepOnce();
+  s->StepOnce();
+  EXPECT_EQ(calls.load(), 3);  // two tokens and the snapshot after the second
+  Collected c;
+  RunAll(*s, {{*job, &c}});
+  // 5 tokens, snapshots after tokens 2 and 4, the end.
+  EXPECT_EQ(c.tokens.size(), 5u);
+  EXPECT_EQ(c.snapshots, 2);
+  EXPECT_EQ(calls.load(), 8);
+
+  // A cleared listener is not called again.
+  auto quiet = s->Submit(Request(*s, "cd", 3));
+  ASSERT_TRUE(quiet.ok());
+  std::atomic<int> quiet_calls{0};
+  (*quiet)->SetListener([&quiet_calls] { ++quiet_calls; });
+  s->StepOnce();
+  (*quiet)->SetListener(nullptr);
+  s->StepOnce();
+  s->StepOnce();
+  EXPECT_EQ(quiet_calls.load(), 1);
+  EXPECT_EQ((*quiet)->buffered_tokens(), 3);
+}
+
+TEST_F(SchedulerTest, AListenerThatTakesEachEventKeepsItsJobFromPausing) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 1;
+  auto s = Make(o);
+  auto job = s->Submit(Request(*s, "ab", 10));
+  ASSERT_TRUE(job.ok());
+  GenerationJob* raw = job->get();
+  Collected c;
+  raw->SetListener([raw, &c] { Drain(*raw, c); });
+  for (int step = 0; step < 10; ++step) s->StepOnce();
+  EXPECT_EQ(c.tokens.size(), 10u);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(lm_.step_calls(), 10);
+  raw->SetListener(nullptr);
+}
+
+// The scheduler's own thread sleeps while its only job is paused; a consumer taking a token must
+// wake it, or this consumer would wait out its timeout.
+TEST_F(SchedulerTest, TheSchedulerThreadResumesAPausedJobWhenItsConsumerCatchesUp) {
+  GenerationSchedulerOptions o;
+  o.max_buffered_tokens = 2;
+  auto s = Make(o);
+  s->Start();
+  auto job = s->Submit(Request(*s, "ab", 30, 9, 0.9f));
+  ASSERT_TRUE(job.ok());
+  Collected c;
+  while (!c.final.has_value()) {
+    auto e = (*job)->Next(absl::Seconds(60));
+    ASSERT_TRUE(e.has_value()) << "no event after " << c.tokens.size() << " tokens";
+    EXPECT_LE((*job)->buffered_tokens(), 2);
+    Record(*std::move(e), c);
+  }
+  s->Shutdown();
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.tokens, Uninterrupted("ab", 30, 9, 0.9f));
+}
+
+}  // namespace
+}  // namespace tost::service
