@@ -125,15 +125,13 @@ absl::Status GenerateReactor::Admit() {
     TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity));
   }
   TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(model_name_));
-  const model::LanguageConfig& c = scheduler->model().config().language;
   const bool fresh = request.session_id().empty() && request.state().empty();
   if (fresh) {
-    TOST_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromProto(request.sampling()));
-    state = scheduler->NewState(sampling);
+    state = scheduler->NewState(SamplingFromProto(request.sampling()));
   } else if (request.has_sampling()) {
-    TOST_ASSIGN_OR_RETURN(state.sampling, SamplingFromProto(request.sampling()));
+    state.sampling = SamplingFromProto(request.sampling());
   }
-  if (request.has_stop() || fresh) TOST_RETURN_IF_ERROR(ApplyStop(request.stop(), c, state));
+  if (request.has_stop() || fresh) TOST_RETURN_IF_ERROR(ApplyStop(request.stop(), state));
   // 0 asks for the default, which never exceeds the server's ceiling.
   const int32_t max_new = request.max_new_tokens() == 0
                               ? std::min(limits_.default_max_new_tokens, limits_.max_new_tokens)

@@ -23,7 +23,7 @@ tost::v1::FinishReason ToProto(FinishReason r) {
   return tost::v1::FINISH_REASON_UNSPECIFIED;
 }
 
-absl::StatusOr<model::SamplingParams> SamplingFromProto(const tost::v1::SamplingParams& p) {
+model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p) {
   model::SamplingParams s;
   s.temperature = p.temperature();
   s.top_k = p.top_k();
@@ -32,12 +32,10 @@ absl::StatusOr<model::SamplingParams> SamplingFromProto(const tost::v1::Sampling
   s.repetition_penalty = p.repetition_penalty() == 0.f ? 1.f : p.repetition_penalty();
   s.repetition_window = p.repetition_window() == 0 ? 64 : p.repetition_window();
   s.seed = p.seed();
-  TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(s));
   return s;
 }
 
-absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::LanguageConfig& c,
-                       GenerationState& st) {
+absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st) {
   if (stop.stop_size() > 16)
     return absl::InvalidArgumentError(
         absl::StrCat("stop: at most 16 strings, got ", stop.stop_size()));
@@ -45,12 +43,6 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::Langua
     if (s.empty() || s.size() > 256) {
       return absl::InvalidArgumentError(
           absl::StrCat("stop strings must hold 1 to 256 bytes, got ", s.size()));
-    }
-  }
-  for (int32_t id : stop.stop_token_ids()) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stop_token_ids: id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
   st.stop_strings.assign(stop.stop().begin(), stop.stop().end());

@@ -21,11 +21,12 @@ namespace tost::service {
 tost::v1::FinishReason ToProto(FinishReason r);
 
 // Proto defaults (0) mean "disabled" or "the default": top_p 1, repetition_penalty 1, window 64.
-absl::StatusOr<model::SamplingParams> SamplingFromProto(const tost::v1::SamplingParams& p);
+// Not validated here: GenerationScheduler::CheckState validates every state, whatever its source.
+model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p);
 
-// At most 16 stop strings of 1 to 256 bytes; stop token ids inside the vocabulary.
-absl::Status ApplyStop(const tost::v1::StopConditions& stop, const model::LanguageConfig& c,
-                       GenerationState& st);
+// At most 16 stop strings of 1 to 256 bytes (limits of the protocol); the stop token ids are
+// copied as they are and checked against the vocabulary by GenerationScheduler::CheckState.
+absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st);
 
 // The prompt as token ids (prompt_tokens as given, prompt_bytes through the tokenizer), at most
 // limits.max_prompt_bytes of either.

@@ -344,7 +344,8 @@ absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl:
         " language model; KServe ModelInfer serves classification only: generate "
         "text with tost.v1.Tost/Generate"));
   }
-  const model::ModelConfig& cfg = m->classifier->config();
+  TOST_ASSIGN_OR_RETURN(const ServedClassifier classifier, engine_.Classifier(m->name));
+  const model::ModelConfig& cfg = classifier.config();
   TOST_RETURN_IF_ERROR(CheckRequestParameters(req, cfg.name));
 
   if (req.inputs_size() != 1) {
@@ -378,13 +379,12 @@ absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl:
   // the place before any payload is touched, so a full queue costs the server nothing.
   TOST_ASSIGN_OR_RETURN(const int64_t images, DeclaredImages(in, cfg));
   TOST_RETURN_IF_ERROR(CheckImageCount(images, cfg, limits_, "inputs[0].shape[0]"));
-  TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, engine_.ReserveClassification(cfg.name, images));
+  TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, classifier.Reserve(images));
   TOST_ASSIGN_OR_RETURN(std::vector<float> pixels, in.name() == kKServeImageInput
                                                        ? FloatInput(req, images, cfg, limits_)
                                                        : EncodedInput(req, images, cfg, limits_));
-  TOST_ASSIGN_OR_RETURN(
-      const std::vector<float> logits,
-      engine_.Classify(cfg.name, std::move(slot), std::move(pixels), images, deadline));
+  TOST_ASSIGN_OR_RETURN(const std::vector<float> logits,
+                        classifier.Classify(std::move(slot), std::move(pixels), images, deadline));
   TOST_ASSIGN_OR_RETURN(const std::vector<float> probs, SoftmaxRows(logits, images, cfg));
   const int64_t n = cfg.vision.num_classes;
 

@@ -15,9 +15,9 @@ grpc::Status TostService::CreateSession(grpc::ServerContext* context,
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, auth_.Identify(*context));
     TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(request->model()));
-    TOST_ASSIGN_OR_RETURN(model::SamplingParams sampling, SamplingFromProto(request->sampling()));
-    GenerationState state = scheduler->NewState(sampling);
-    TOST_RETURN_IF_ERROR(ApplyStop(request->stop(), scheduler->model().config().language, state));
+    GenerationState state = scheduler->NewState(SamplingFromProto(request->sampling()));
+    TOST_RETURN_IF_ERROR(ApplyStop(request->stop(), state));
+    TOST_RETURN_IF_ERROR(scheduler->CheckState(state));
     TOST_ASSIGN_OR_RETURN(std::string id, engine_.sessions().Add(owner, state));
     FillSessionInfo(id, state, response);
     return absl::OkStatus();

@@ -52,8 +52,9 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
                                    tost::v1::ClassifyResponse* response) {
   auto run = [&]() -> absl::Status {
     TOST_RETURN_IF_ERROR(auth_.Identify(*context).status());
-    TOST_ASSIGN_OR_RETURN(const ClassifierModel* classifier, engine_.Classifier(request->model()));
-    const model::ModelConfig& cfg = classifier->config();
+    // The one lookup of the model: the handle carries its batcher for the rest of the request.
+    TOST_ASSIGN_OR_RETURN(const ServedClassifier classifier, engine_.Classifier(request->model()));
+    const model::ModelConfig& cfg = classifier.config();
     const model::VisionConfig& v = cfg.vision;
     if (request->top_k() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (0: the default of ",
@@ -89,8 +90,7 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
                                                                                : "tensor.shape"));
     // Membership requests hold the place while they run, though they run outside the batcher, so
     // that they too are refused when the queue is full or the server drains.
-    TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot,
-                          engine_.ReserveClassification(cfg.name, images));
+    TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, classifier.Reserve(images));
 
     std::vector<float> pixels;
     if (encoded) {
@@ -105,7 +105,7 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
     ClassifierModel::Explained explained;
     if (request->return_membership()) {
       // The batcher carries logits rows only, so diagnostic requests run on their own.
-      TOST_ASSIGN_OR_RETURN(explained, classifier->ClassifyWithMembership(
+      TOST_ASSIGN_OR_RETURN(explained, classifier.model().ClassifyWithMembership(
                                            pixels, images, v.image_height, v.image_width));
       const int64_t expected = images * v.depth * v.num_heads * explained.grid_h * explained.grid_w;
       if (static_cast<int64_t>(explained.membership.size()) != expected) {
@@ -115,8 +115,8 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
       }
       logits = std::move(explained.logits);
     } else {
-      TOST_ASSIGN_OR_RETURN(logits, engine_.Classify(cfg.name, std::move(slot), std::move(pixels),
-                                                     images, RequestDeadline(*context)));
+      TOST_ASSIGN_OR_RETURN(logits, classifier.Classify(std::move(slot), std::move(pixels), images,
+                                                        RequestDeadline(*context)));
     }
     TOST_ASSIGN_OR_RETURN(const std::vector<float> probabilities, SoftmaxRows(logits, images, cfg));
 

@@ -86,14 +86,14 @@ absl::StatusOr<const ModelEntry*> Engine::FindServed(const std::string& name) co
   return m;
 }
 
-absl::StatusOr<const ClassifierModel*> Engine::Classifier(const std::string& name) const {
+absl::StatusOr<ServedClassifier> Engine::Classifier(const std::string& name) const {
   TOST_ASSIGN_OR_RETURN(const ModelEntry* m, FindServed(name));
   if (m->classifier == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ",
                                                    model::ArchitectureName(m->config.architecture),
                                                    " model; Classify needs a tost_vision model"));
   }
-  return m->classifier;
+  return ServedClassifier(m->classifier, batchers_.at(name).get());
 }
 
 absl::StatusOr<GenerationScheduler*> Engine::Scheduler(const std::string& name) const {
@@ -112,18 +112,15 @@ absl::StatusOr<ModelIdentity> Engine::Identity(const std::string& name) const {
   return ModelIdentity{&m.generator->config(), m.weights_sha256};
 }
 
-absl::StatusOr<DynamicBatcher::Slot> Engine::ReserveClassification(const std::string& model,
-                                                                   int64_t images) const {
-  TOST_RETURN_IF_ERROR(Classifier(model).status());
-  return batchers_.at(model)->Reserve(images);
+absl::StatusOr<DynamicBatcher::Slot> ServedClassifier::Reserve(int64_t images) const {
+  return batcher_->Reserve(images);
 }
 
-absl::StatusOr<std::vector<float>> Engine::Classify(const std::string& model,
-                                                    DynamicBatcher::Slot slot,
-                                                    std::vector<float> pixels, int64_t images,
-                                                    absl::Time deadline) const {
-  TOST_ASSIGN_OR_RETURN(const ClassifierModel* classifier, Classifier(model));
-  const model::VisionConfig& v = classifier->config().vision;
+absl::StatusOr<std::vector<float>> ServedClassifier::Classify(DynamicBatcher::Slot slot,
+                                                              std::vector<float> pixels,
+                                                              int64_t images,
+                                                              absl::Time deadline) const {
+  const model::VisionConfig& v = model_->config().vision;
   absl::Notification done;
   absl::StatusOr<std::vector<float>> result;
   BatchRequest request;
@@ -135,7 +132,7 @@ absl::StatusOr<std::vector<float>> Engine::Classify(const std::string& model,
     result = std::move(rows);
     done.Notify();
   };
-  TOST_RETURN_IF_ERROR(batchers_.at(model)->Submit(std::move(slot), std::move(request)));
+  TOST_RETURN_IF_ERROR(batcher_->Submit(std::move(slot), std::move(request)));
   done.WaitForNotification();
   return result;
 }

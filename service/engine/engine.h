@@ -67,6 +67,30 @@ struct EngineStats {
   int64_t max_sessions = 0;
 };
 
+// A served classifier and its dynamic batcher: what one Engine::Classifier() lookup gives a front
+// end for the whole of a request. Cheap to copy; valid while the engine lives.
+class ServedClassifier {
+ public:
+  const ClassifierModel& model() const { return *model_; }
+  const model::ModelConfig& config() const { return model_->config(); }
+
+  // Classification through the model's dynamic batcher, in two steps so that a full queue is
+  // refused (RESOURCE_EXHAUSTED with a retry hint; UNAVAILABLE while draining) before the caller
+  // decodes anything: Reserve a place for `images`, then Classify with it, which waits for the
+  // batch and returns this request's logits [images, num_classes].
+  absl::StatusOr<DynamicBatcher::Slot> Reserve(int64_t images) const;
+  absl::StatusOr<std::vector<float>> Classify(DynamicBatcher::Slot slot, std::vector<float> pixels,
+                                              int64_t images, absl::Time deadline) const;
+
+ private:
+  friend class Engine;
+  ServedClassifier(const ClassifierModel* model, DynamicBatcher* batcher)
+      : model_(model), batcher_(batcher) {}
+
+  const ClassifierModel* model_;
+  DynamicBatcher* batcher_;
+};
+
 class Engine {
  public:
   // Builds a batcher per served classifier and a scheduler per served language model.
@@ -86,20 +110,10 @@ class Engine {
   absl::StatusOr<const ModelEntry*> Find(const std::string& name) const;
   // NOT_FOUND as Find; FAILED_PRECONDITION for a model that failed to load (with its error);
   // INVALID_ARGUMENT for a model of the other kind (naming the RPC it needs).
-  absl::StatusOr<const ClassifierModel*> Classifier(const std::string& name) const;
+  absl::StatusOr<ServedClassifier> Classifier(const std::string& name) const;
   absl::StatusOr<GenerationScheduler*> Scheduler(const std::string& name) const;
   // The identity a session blob of language model `name` must match.
   absl::StatusOr<ModelIdentity> Identity(const std::string& name) const;
-
-  // Classification through the model's dynamic batcher, in two steps so that a full queue is
-  // refused (RESOURCE_EXHAUSTED with a retry hint) before the caller decodes anything: Reserve a
-  // place for `images`, then Classify with it, which waits for the batch and returns this
-  // request's logits [images, num_classes].
-  absl::StatusOr<DynamicBatcher::Slot> ReserveClassification(const std::string& model,
-                                                             int64_t images) const;
-  absl::StatusOr<std::vector<float>> Classify(const std::string& model, DynamicBatcher::Slot slot,
-                                              std::vector<float> pixels, int64_t images,
-                                              absl::Time deadline) const;
 
   SessionStore& sessions() { return sessions_; }
   const SessionCodec& codec() const { return codec_; }

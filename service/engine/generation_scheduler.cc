@@ -163,12 +163,30 @@ GenerationState GenerationScheduler::NewState(const model::SamplingParams& sampl
   return s;
 }
 
+absl::Status GenerationScheduler::CheckState(const GenerationState& st) const {
+  const model::LanguageConfig& c = model_.config().language;
+  const std::string& name = model_.config().name;
+  if (st.model != name || st.sequence.stats.size() != model_.NewSequence().stats.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation state belongs to model \"", st.model, "\" with ", st.sequence.stats.size(),
+        " state floats; model \"", name, "\" needs ", model_.NewSequence().stats.size()));
+  }
+  TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(st.sampling));
+  for (int32_t id : st.stop_token_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids: id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     GenerationRequest request) {
   const model::LanguageConfig& c = model_.config().language;
   const std::string& name = model_.config().name;
   GenerationState& st = request.state;
-  TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(st.sampling));
+  TOST_RETURN_IF_ERROR(CheckState(st));
   if (request.max_new_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_new_tokens must be >= 0, got ", request.max_new_tokens));
@@ -180,11 +198,6 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   if (request.snapshot_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("state_every_tokens must be >= 0, got ", request.snapshot_every));
-  }
-  if (st.model != name || st.sequence.stats.size() != model_.NewSequence().stats.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "generation state belongs to model \"", st.model, "\" with ", st.sequence.stats.size(),
-        " state floats; model \"", name, "\" needs ", model_.NewSequence().stats.size()));
   }
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t t = request.prompt[i];

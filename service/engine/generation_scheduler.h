@@ -183,6 +183,11 @@ class GenerationScheduler {
   // A fresh state for this model with the given sampling parameters.
   GenerationState NewState(const model::SamplingParams& sampling) const;
 
+  // INVALID_ARGUMENT unless `state` belongs to this model (name and state size) and its sampling
+  // parameters and stop token ids are valid: what every state must pass before it is stored or
+  // run (Submit checks it too).
+  absl::Status CheckState(const GenerationState& state) const;
+
   // Admits a job or refuses it before any model work: INVALID_ARGUMENT for a bad request,
   // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every slot
   // and queue place is taken, UNAVAILABLE once draining.

@@ -39,18 +39,24 @@ bool Eventually(absl::FunctionRef<bool()> reached) {
   return true;
 }
 
-// Runs a classification on its own thread: Engine::Classify blocks until the batch has run.
+// Runs a classification on its own thread: ServedClassifier::Classify blocks until the batch has
+// run.
 class Classification {
  public:
   Classification(const Engine& engine, std::vector<float> pixels, int64_t images)
       : thread_([this, &engine, pixels = std::move(pixels), images]() mutable {
-          auto slot = engine.ReserveClassification("vit", images);
+          absl::StatusOr<ServedClassifier> vit = engine.Classifier("vit");
+          if (!vit.ok()) {
+            result_ = vit.status();
+            return;
+          }
+          auto slot = vit->Reserve(images);
           if (!slot.ok()) {
             result_ = slot.status();
             return;
           }
-          result_ = engine.Classify("vit", *std::move(slot), std::move(pixels), images,
-                                    absl::InfiniteFuture());
+          result_ =
+              vit->Classify(*std::move(slot), std::move(pixels), images, absl::InfiniteFuture());
         }) {}
   ~Classification() {
     if (thread_.joinable()) thread_.join();
@@ -87,6 +93,16 @@ class EngineTest : public ::testing::Test {
     EngineOptions o;
     o.start_threads = false;
     return o;
+  }
+  // A fresh generation of `max_new` tokens after `prompt` (bytes), admitted by `s`.
+  static absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(GenerationScheduler& s,
+                                                               const std::string& prompt,
+                                                               int32_t max_new) {
+    GenerationRequest r;
+    r.state = s.NewState({});
+    r.prompt.assign(prompt.begin(), prompt.end());
+    r.max_new_tokens = max_new;
+    return s.Submit(std::move(r));
   }
   std::unique_ptr<Engine> Make(EngineOptions options, Clock* clock = nullptr) {
     auto engine = Engine::Create(Models(), options, Codec(), clock != nullptr ? clock : &clock_);
@@ -137,8 +153,7 @@ TEST_F(EngineTest, AnUnknownModelIsNotFoundAndTheErrorListsTheRepository) {
   ASSERT_NE(engine, nullptr);
   for (const absl::Status& s :
        {engine->Find("nope").status(), engine->Classifier("nope").status(),
-        engine->Scheduler("nope").status(), engine->Identity("nope").status(),
-        engine->ReserveClassification("nope", 1).status()}) {
+        engine->Scheduler("nope").status(), engine->Identity("nope").status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
     EXPECT_THAT(s.message(), HasSubstr("\"nope\"")) << s;
     EXPECT_THAT(s.message(), HasSubstr("[vit, lm, broken]")) << s;
@@ -153,7 +168,7 @@ TEST_F(EngineTest, AModelThatFailedToLoadIsRefusedWithItsLoadError) {
   ASSERT_NE(engine, nullptr);
   for (const absl::Status& s :
        {engine->Classifier("broken").status(), engine->Scheduler("broken").status(),
-        engine->Identity("broken").status(), engine->ReserveClassification("broken", 1).status()}) {
+        engine->Identity("broken").status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(s.message(), HasSubstr("model.safetensors is truncated at byte 12")) << s;
   }
@@ -162,8 +177,7 @@ TEST_F(EngineTest, AModelThatFailedToLoadIsRefusedWithItsLoadError) {
 TEST_F(EngineTest, AModelOfTheOtherKindIsRefusedNamingTheRpcItNeeds) {
   auto engine = Make(Unthreaded());
   ASSERT_NE(engine, nullptr);
-  for (const absl::Status& s :
-       {engine->Classifier("lm").status(), engine->ReserveClassification("lm", 1).status()}) {
+  for (const absl::Status& s : {engine->Classifier("lm").status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr("Classify")) << s;
   }
@@ -172,7 +186,7 @@ TEST_F(EngineTest, AModelOfTheOtherKindIsRefusedNamingTheRpcItNeeds) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr("Generate")) << s;
   }
-  EXPECT_EQ(*engine->Classifier("vit"), &vit_);
+  EXPECT_EQ(&engine->Classifier("vit")->model(), &vit_);
   EXPECT_EQ(&(*engine->Scheduler("lm"))->model(), &lm_);
 }
 
@@ -254,13 +268,13 @@ TEST_F(EngineTest, AFullQueueIsRefusedBeforeAnyWork) {
   ASSERT_NE(engine, nullptr);
   std::optional<DynamicBatcher::Slot> first, second;
   {
-    auto s1 = engine->ReserveClassification("vit", 1);
-    auto s2 = engine->ReserveClassification("vit", 1);
+    auto s1 = engine->Classifier("vit")->Reserve(1);
+    auto s2 = engine->Classifier("vit")->Reserve(1);
     ASSERT_TRUE(s1.ok() && s2.ok());
     first.emplace(*std::move(s1));
     second.emplace(*std::move(s2));
   }
-  auto refused = engine->ReserveClassification("vit", 1);
+  auto refused = engine->Classifier("vit")->Reserve(1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("retry"));
   EXPECT_THAT(vit_.batch_sizes(), IsEmpty());
@@ -268,7 +282,7 @@ TEST_F(EngineTest, AFullQueueIsRefusedBeforeAnyWork) {
   EXPECT_EQ(engine->Stats().classifiers.at(0).batcher.reserved_slots, 2);
 
   first.reset();  // an unused reservation gives its place back
-  EXPECT_TRUE(engine->ReserveClassification("vit", 1).ok());
+  EXPECT_TRUE(engine->Classifier("vit")->Reserve(1).ok());
   second.reset();
 }
 
@@ -276,11 +290,7 @@ TEST_F(EngineTest, StopAdmittingRunsQueuedWorkAndRefusesNewWork) {
   auto engine = Make(Unthreaded());
   ASSERT_NE(engine, nullptr);
   GenerationScheduler* s = *engine->Scheduler("lm");
-  GenerationRequest r;
-  r.state = s->NewState({});
-  r.prompt = {'h', 'i'};
-  r.max_new_tokens = 5;
-  auto job = s->Submit(std::move(r));
+  auto job = Submit(*s, "hi", 5);
   ASSERT_TRUE(job.ok()) << job.status();
   s->StepOnce();
 
@@ -295,8 +305,7 @@ TEST_F(EngineTest, StopAdmittingRunsQueuedWorkAndRefusesNewWork) {
   ASSERT_TRUE(queued.Result().ok()) << queued.Result().status();
   EXPECT_EQ(*queued.Result(), Expected(pixels));
   EXPECT_THAT(vit_.batch_sizes(), ElementsAre(1));
-  EXPECT_EQ(engine->ReserveClassification("vit", 1).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine->Classifier("vit")->Reserve(1).status().code(), absl::StatusCode::kUnavailable);
   GenerationRequest late;
   late.state = s->NewState({});
   late.prompt = {'x'};
@@ -315,11 +324,7 @@ TEST_F(EngineTest, ShutdownDrainsGenerationsWithTheirStateAndFailsQueuedClassifi
   auto engine = Make(Unthreaded());
   ASSERT_NE(engine, nullptr);
   GenerationScheduler* s = *engine->Scheduler("lm");
-  GenerationRequest r;
-  r.state = s->NewState({});
-  r.prompt = {'h', 'i'};
-  r.max_new_tokens = 100;
-  auto job = s->Submit(std::move(r));
+  auto job = Submit(*s, "hi", 100);
   ASSERT_TRUE(job.ok()) << job.status();
   s->StepOnce();
   s->StepOnce();
@@ -351,11 +356,7 @@ TEST_F(EngineTest, StatsDescribeEveryServedModelAndTheSessions) {
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
   GenerationScheduler* s = *engine->Scheduler("lm");
-  GenerationRequest r;
-  r.state = s->NewState({});
-  r.prompt = {'a', 'b', 'c'};
-  r.max_new_tokens = 2;
-  ASSERT_TRUE(s->Submit(std::move(r)).ok());
+  ASSERT_TRUE(Submit(*s, "abc", 2).ok());
   s->StepOnce();
   ASSERT_TRUE(engine->sessions().Add("alice", s->NewState({})).ok());
 
@@ -477,11 +478,7 @@ TEST_F(EngineTest, WithItsThreadsTheEngineRunsGenerationsOnItsOwn) {
   auto engine = Make(EngineOptions{});
   ASSERT_NE(engine, nullptr);
   GenerationScheduler* s = *engine->Scheduler("lm");
-  GenerationRequest r;
-  r.state = s->NewState({});
-  r.prompt = {'o', 'k'};
-  r.max_new_tokens = 20;
-  auto job = s->Submit(std::move(r));
+  auto job = Submit(*s, "ok", 20);
   ASSERT_TRUE(job.ok()) << job.status();
   int tokens = 0;
   std::optional<GenerationEvent> end;

@@ -21,6 +21,7 @@ namespace {
 using ::testing::Each;
 using testing::FakeLanguageModel;
 using testing::FakeLanguageOptions;
+using ::testing::HasSubstr;
 using ::testing::Le;
 
 struct Collected {
@@ -398,6 +399,30 @@ TEST_F(SchedulerTest, AFailedPrefillEndsThatJobAndSparesTheDecoders) {
   EXPECT_TRUE(failed.tokens.empty());
   EXPECT_TRUE(decoder.final->status.ok()) << decoder.final->status;
   EXPECT_EQ(decoder.tokens.size(), 5u);
+}
+
+TEST_F(SchedulerTest, EveryStateIsCheckedOnceByTheSchedulerWhateverItsSource) {
+  auto s = Make();
+  GenerationState ok = s->NewState({});
+  ok.stop_token_ids = {0, 259};
+  EXPECT_TRUE(s->CheckState(ok).ok());
+
+  GenerationState bad_stop = ok;
+  bad_stop.stop_token_ids = {260};
+  GenerationState bad_sampling = ok;
+  bad_sampling.sampling.temperature = -1.0f;
+  GenerationState foreign = ok;
+  foreign.model = "another-lm";
+  for (const GenerationState& st : {bad_stop, bad_sampling, foreign}) {
+    const absl::Status checked = s->CheckState(st);
+    EXPECT_EQ(checked.code(), absl::StatusCode::kInvalidArgument) << checked;
+    GenerationRequest r = Request(*s, "Hi", 1);
+    r.state = st;
+    const absl::Status submitted = s->Submit(std::move(r)).status();
+    EXPECT_EQ(submitted, checked) << "Submit refuses with CheckState's own answer";
+  }
+  EXPECT_THAT(s->CheckState(bad_stop).message(), HasSubstr("stop_token_ids: id 260"));
+  EXPECT_EQ(s->stats().queued, 0);
 }
 
 TEST_F(SchedulerTest, CreateRefusesInvalidOptions) {
