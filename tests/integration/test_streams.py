@@ -60,6 +60,7 @@ def test_256_streams_all_admitted_run_on_fewer_than_64_threads(proto_modules):
                 return busy_threads, results
 
         busy_threads, results = asyncio.run(main())
+        print(f"server threads: {idle_threads} idle, {busy_threads} with 256 streams in flight")
         assert busy_threads < 64, f"{busy_threads} server threads with 256 streams ({idle_threads} idle)"
         assert len(results) == 256
         for tokens, final in results:
