@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "client/membership_png.h"
 #include "client/npy.h"
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, membership_png, "",
           "heatmaps over the image");
 ABSL_FLAG(int, top_k, 5, "classify: labels per image; generate: sampling top-k (0 = off)");
 ABSL_FLAG(std::string, prompt, "", "generate: prompt text");
+ABSL_FLAG(std::vector<std::string>, prompt_tokens, {},
+          "generate: the prompt as comma-separated token ids instead of text (models without a "
+          "text tokenizer); the output is then printed as token ids too");
 ABSL_FLAG(int, max_new_tokens, 64, "generate: tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0 = greedy)");
 ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass");
@@ -157,7 +161,21 @@ int Classify(Tost::Stub& stub) {
 int Generate(Tost::Stub& stub) {
   tost::v1::GenerateRequest req;
   req.set_model(absl::GetFlag(FLAGS_model));
-  req.set_prompt_bytes(absl::GetFlag(FLAGS_prompt));
+  const std::vector<std::string> prompt_ids = absl::GetFlag(FLAGS_prompt_tokens);
+  const bool ids = !prompt_ids.empty();
+  if (ids && !absl::GetFlag(FLAGS_prompt).empty()) {
+    std::cerr << "tost_cli: give --prompt or --prompt_tokens, not both\n";
+    return 2;
+  }
+  for (const std::string& id : prompt_ids) {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(id, &value)) {
+      std::cerr << "tost_cli: --prompt_tokens takes integers, got \"" << id << "\"\n";
+      return 2;
+    }
+    req.mutable_prompt_tokens()->add_ids(value);
+  }
+  if (!ids) req.set_prompt_bytes(absl::GetFlag(FLAGS_prompt));
   req.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
   req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
@@ -167,14 +185,18 @@ int Generate(Tost::Stub& stub) {
   SetDeadline(ctx);
   auto reader = stub.Generate(&ctx, req);
   tost::v1::GenerateResponse msg;
-  std::fputs(req.prompt_bytes().c_str(), stdout);
+  std::fputs(ids ? absl::StrJoin(prompt_ids, " ").c_str() : req.prompt_bytes().c_str(), stdout);
   std::fflush(stdout);
   while (reader->Read(&msg)) {
     if (msg.has_token()) {
-      std::fputs(msg.token().text().c_str(), stdout);
+      if (ids) {
+        std::printf(" %d", msg.token().id());
+      } else {
+        std::fputs(msg.token().text().c_str(), stdout);
+      }
       std::fflush(stdout);  // stream: each token appears as it arrives
     } else if (msg.has_final()) {
-      std::fputs(msg.final().text().c_str(), stdout);
+      if (!ids) std::fputs(msg.final().text().c_str(), stdout);
       std::fprintf(stdout, "\n");
       std::fprintf(stderr, "[finish: %s, prompt tokens %d, generated %d]\n",
                    tost::v1::FinishReason_Name(msg.final().finish_reason()).c_str(),

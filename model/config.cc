@@ -128,32 +128,76 @@ absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string
   const json tok = root.value("tokenizer", json::object({{"type", "byte"}}));
   if (!tok.is_object())
     return Invalid(source, absl::StrCat("field \"tokenizer\" must be an object, got ", tok.dump()));
+  if (!tok.value("type", json("byte")).is_string()) {
+    return Invalid(source, "tokenizer.type must be a string");
+  }
   c.tokenizer = tok.value("type", std::string("byte"));
-  if (c.tokenizer != "byte" && c.tokenizer != "bpe") {
-    return Invalid(source, absl::StrCat("tokenizer.type must be \"byte\" or \"bpe\", got \"",
-                                        c.tokenizer, "\""));
-  }
-  if (c.vocab_size < 257) {
+  if (c.tokenizer != "byte" && c.tokenizer != "bpe" && c.tokenizer != "gpt2" &&
+      c.tokenizer != "none") {
     return Invalid(
-        where,
-        absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text), got ", c.vocab_size));
+        source,
+        absl::StrCat("tokenizer.type must be \"byte\", \"bpe\", \"gpt2\" or \"none\", got \"",
+                     c.tokenizer, "\""));
   }
-  if (c.tokenizer == "bpe") {
-    c.tokenizer_file = tok.value("file", std::string("tokenizer.json"));
-    // A plain file name: a config must not make the server read outside its model directory.
-    if (c.tokenizer_file.empty() || c.tokenizer_file.find('/') != std::string::npos ||
-        c.tokenizer_file.find('\\') != std::string::npos || c.tokenizer_file == "." ||
-        c.tokenizer_file == "..") {
-      return Invalid(
-          source,
-          absl::StrCat("tokenizer.file must be a file name inside the model directory, got \"",
-                       c.tokenizer_file, "\""));
+  // A plain file name: a config must not make the server read outside its model directory.
+  auto file_field = [&](const char* field, const std::string& fallback,
+                        std::string* out) -> absl::Status {
+    const json value = tok.value(field, json(fallback));
+    *out = value.is_string() ? value.get<std::string>() : std::string();
+    if (out->empty() || out->find('/') != std::string::npos ||
+        out->find('\\') != std::string::npos || *out == "." || *out == "..") {
+      return Invalid(source, absl::StrCat("tokenizer.", field,
+                                          " must be a file name inside the model directory, got ",
+                                          value.dump()));
     }
+    return absl::OkStatus();
+  };
+  const json eos = tok.value("eos_token_id", json());
+  if (!eos.is_null() && !eos.is_number_integer()) {
+    return Invalid(source,
+                   absl::StrCat("tokenizer.eos_token_id must be an integer, got ", eos.dump()));
   }
-  c.eos_token_id = tok.value("eos_token_id", int64_t{256});
-  if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
-    return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ",
-                                        c.vocab_size, "), got ", c.eos_token_id));
+  if (c.tokenizer == "byte" || c.tokenizer == "bpe") {
+    if (c.vocab_size < 257) {
+      return Invalid(where,
+                     absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text) for "
+                                  "the ",
+                                  c.tokenizer, " tokenizer, got ", c.vocab_size,
+                                  "; a model without a text vocabulary takes tokenizer "
+                                  "{\"type\": \"none\"}"));
+    }
+    if (c.tokenizer == "bpe")
+      TOST_RETURN_IF_ERROR(file_field("file", "tokenizer.json", &c.tokenizer_file));
+    c.eos_token_id = eos.is_null() ? 256 : eos.get<int64_t>();
+    if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ",
+                                          c.vocab_size, "), got ", c.eos_token_id));
+    }
+  } else if (c.tokenizer == "gpt2") {
+    if (tok.contains("ranks_file")) {
+      if (tok.contains("encoder_file") || tok.contains("merges_file")) {
+        return Invalid(source,
+                       "tokenizer: give ranks_file (tiktoken) or encoder_file and "
+                       "merges_file (encoder.json, vocab.bpe), not both");
+      }
+      TOST_RETURN_IF_ERROR(file_field("ranks_file", "", &c.tokenizer_ranks_file));
+    } else {
+      TOST_RETURN_IF_ERROR(file_field("encoder_file", "encoder.json", &c.tokenizer_encoder_file));
+      TOST_RETURN_IF_ERROR(file_field("merges_file", "vocab.bpe", &c.tokenizer_merges_file));
+    }
+    // GPT-2's end of text; the tokenizer's files are checked against it when they load.
+    c.eos_token_id = eos.is_null() ? 50256 : eos.get<int64_t>();
+    if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be in [256, ", c.vocab_size,
+                                          ") for the gpt2 tokenizer, got ", c.eos_token_id));
+    }
+  } else {  // none
+    c.eos_token_id = eos.is_null() ? -1 : eos.get<int64_t>();
+    if (c.eos_token_id < -1 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be -1 (none) or an id in "
+                                          "[0, ",
+                                          c.vocab_size, "), got ", c.eos_token_id));
+    }
   }
   return c;
 }

@@ -44,8 +44,15 @@ struct LanguageConfig {
   int64_t vocab_size = 0;
   int64_t mlp_ratio = 4;
   bool bias = false;
-  std::string tokenizer = "byte";  // "byte" or "bpe" (model/tokenizer.h)
-  std::string tokenizer_file;      // bpe: the merges file, a plain name inside the model directory
+  // "byte", "bpe", "gpt2" or "none" (model/tokenizer.h). Every file below is a plain name inside
+  // the model directory.
+  std::string tokenizer = "byte";
+  std::string tokenizer_file;          // bpe: the merges file
+  std::string tokenizer_encoder_file;  // gpt2: encoder.json (with tokenizer_merges_file) ...
+  std::string tokenizer_merges_file;   // ... and vocab.bpe
+  std::string tokenizer_ranks_file;    // gpt2: or a tiktoken rank file instead
+  // End of text: a special id (>= 256) for byte and bpe; "<|endoftext|>" for gpt2; for none, -1
+  // when the model has no end-of-text id.
   int64_t eos_token_id = 256;
 
   // Floats of per-sequence TSSA state per layer: S1 (C) + S2 (C) + S3 (K).

@@ -4,6 +4,7 @@
 #include "model/bpe_tokenizer.h"
 #include "model/config.h"
 #include "model/file_util.h"
+#include "model/gpt2_tokenizer.h"
 
 namespace tost::model {
 namespace {
@@ -58,9 +59,38 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     if (!bpe.ok()) return bpe.status();
     return std::unique_ptr<Tokenizer>(*std::move(bpe));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(model_dir, "/config.json: tokenizer.type must be \"byte\" or \"bpe\", got \"",
-                   config.tokenizer, "\""));
+  if (config.tokenizer == "none") {
+    return std::make_unique<NoTextTokenizer>(config.vocab_size, config.eos_token_id);
+  }
+  if (config.tokenizer == "gpt2") {
+    absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> gpt2;
+    if (!config.tokenizer_ranks_file.empty()) {
+      const std::string path = model_dir + "/" + config.tokenizer_ranks_file;
+      absl::StatusOr<std::string> ranks = ReadFileToString(path);
+      if (!ranks.ok()) return ranks.status();
+      gpt2 = Gpt2Tokenizer::FromRanks(*ranks, path, config.eos_token_id);
+    } else {
+      const std::string encoder_path = model_dir + "/" + config.tokenizer_encoder_file;
+      const std::string merges_path = model_dir + "/" + config.tokenizer_merges_file;
+      absl::StatusOr<std::string> encoder = ReadFileToString(encoder_path);
+      if (!encoder.ok()) return encoder.status();
+      absl::StatusOr<std::string> merges = ReadFileToString(merges_path);
+      if (!merges.ok()) return merges.status();
+      gpt2 = Gpt2Tokenizer::FromEncoderAndMerges(*encoder, encoder_path, *merges, merges_path,
+                                                 config.eos_token_id);
+    }
+    if (!gpt2.ok()) return gpt2.status();
+    if ((*gpt2)->vocab_size() > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_dir, "/config.json: the gpt2 tokenizer defines ", (*gpt2)->vocab_size(),
+          " ids, more than the model's vocab_size ", config.vocab_size));
+    }
+    return std::unique_ptr<Tokenizer>(*std::move(gpt2));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      model_dir,
+      "/config.json: tokenizer.type must be \"byte\", \"bpe\", \"gpt2\" or \"none\", got \"",
+      config.tokenizer, "\""));
 }
 
 std::string Utf8Assembler::Push(std::string_view bytes) {

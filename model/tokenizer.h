@@ -24,8 +24,12 @@ class Tokenizer {
   virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
   // The bytes token `id` stands for: empty for special tokens and for ids outside the vocabulary.
   virtual std::string TokenBytes(int32_t id) const = 0;
-  // "byte" or "bpe", as config.json names it.
+  // "byte", "bpe", "gpt2" or "none", as config.json names it.
   virtual const char* type() const = 0;
+  // False for a model without a text tokenizer: it takes token ids and gives token ids only.
+  virtual bool encodes_text() const { return true; }
+  // The ids this tokenizer defines (0 .. vocab_size-1). A model may have more (GPT-2's vocabulary
+  // is padded from 50257 to 50304): those ids mean nothing, and are never sampled.
   int64_t vocab_size() const { return vocab_size_; }
   int64_t eos_token_id() const { return eos_token_id_; }
 
@@ -47,6 +51,18 @@ class ByteTokenizer final : public Tokenizer {
   std::string TokenBytes(int32_t id) const override;
   const char* type() const override { return "byte"; }
   bool IsSpecial(int32_t id) const { return id >= 256; }
+};
+
+// No text tokenizer (config.json tokenizer.type "none"): for models whose vocabulary is not a
+// text one this server knows. Token-id prompts and token-id output only; every id is valid.
+class NoTextTokenizer final : public Tokenizer {
+ public:
+  NoTextTokenizer(int64_t vocab_size, int64_t eos_token_id) : Tokenizer(vocab_size, eos_token_id) {}
+
+  std::vector<int32_t> Encode(std::string_view) const override { return {}; }
+  std::string TokenBytes(int32_t) const override { return {}; }
+  const char* type() const override { return "none"; }
+  bool encodes_text() const override { return false; }
 };
 
 // The tokenizer config.json's "tokenizer" object describes (LanguageConfig::tokenizer), reading

@@ -18,6 +18,7 @@ apt_packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
+  libpcre2-dev  # GPT-2 pre-tokenisation (Unicode properties and look-ahead, which RE2 lacks)
   prometheus
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )

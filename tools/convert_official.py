@@ -24,6 +24,12 @@ A bare state_dict (no wrapper) is accepted too. What the conversion does, and on
   * write config.json from the checkpoint's own description (vision: the tensors' shapes,
     cross-checked with ``args.model`` when it names a registered model, and ``args.input_size``;
     lm: ``model_args``), and model.safetensors (float32);
+  * lm tokenizer: ``gpt2`` with the files of --tokenizer-files (GPT-2's encoder.json + vocab.bpe,
+    or a .tiktoken rank file; validated, and copied into the model directory); without them, by
+    vocabulary size: below 257 ``none`` (token ids only, no end-of-text), below 50257 ``byte``
+    (end-of-text 256), GPT-2 sized (the official 50304) ``none`` with end-of-text 50256. The
+    tokenizer object is checked against the server's rules before and after writing
+    (check_tokenizer);
   * validate: load the result with tools/tost_reference.load_model and check it reproduces the
     official weights' outputs on a random input.
 
@@ -32,17 +38,24 @@ stores the reference outputs of the converted models (tests/model/converted_pari
 
 Usage:
   python tools/convert_official.py convert CKPT --out models --name tost-s12 [--ema] [--labels FILE]
+  python tools/convert_official.py convert ckpt.pt --out models --name tost-lm \
+      [--tokenizer-files encoder.json vocab.bpe | --tokenizer-files gpt2.tiktoken]
   python tools/convert_official.py fixtures --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import json
 import math
 import os
+import re
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -181,6 +194,288 @@ def lm_config(sd: Dict[str, torch.Tensor], model_args: Optional[Dict[str, Any]])
 
 
 # ---------------------------------------------------------------------------------------------
+# Tokenizer (language models): what config.json's "tokenizer" may say, and GPT-2's files
+# ---------------------------------------------------------------------------------------------
+
+# GPT-2's byte-level BPE, which the official LMs use: 50257 ids, end-of-text last (50256); the
+# official vocabulary is padded to 50304 and the server masks the ids past the tokenizer's.
+GPT2_IDS = 50257
+GPT2_EOT = "<|endoftext|>"
+# The byte tokenizer: ids 0-255 are the bytes, end-of-text 256.
+BYTE_IDS = 257
+# config.json key -> the name the file gets in the model directory.
+GPT2_FILE_NAMES = {"encoder_file": "encoder.json", "merges_file": "vocab.bpe", "ranks_file": "gpt2.tiktoken"}
+GPT2_FORMS = ({"encoder_file", "merges_file"}, {"ranks_file"})
+TIKTOKEN_LINE = re.compile(r"([A-Za-z0-9+/]+={0,2}) ([0-9]+)")
+TOKENIZER_FILES_USAGE = "--tokenizer-files takes GPT-2's encoder.json and vocab.bpe, or one *.tiktoken rank file"
+
+
+@dataclass(frozen=True)
+class Gpt2Tokenizer:
+    """GPT-2 tokenizer files that passed validation."""
+    sources: Dict[str, str]  # config key (GPT2_FILE_NAMES) -> path of the file read
+    n_ids: int  # ids the tokenizer produces: encoder entries, or ranks + end-of-text
+    eos_token_id: int
+
+    def config(self) -> Dict[str, Any]:
+        tok: Dict[str, Any] = {"type": "gpt2"}
+        tok.update({key: GPT2_FILE_NAMES[key] for key in GPT2_FILE_NAMES if key in self.sources})
+        tok["eos_token_id"] = self.eos_token_id
+        return tok
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConversionError(f"{path}: cannot read tokenizer file: {e.strerror}") from e
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
+
+
+def _lines(text: str) -> List[Tuple[int, str]]:
+    """(line number, line) of the non-empty lines, "\n" or "\r\n" ended, as the server reads them."""
+    out = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        line = line[:-1] if line.endswith("\r") else line
+        if line:
+            out.append((lineno, line))
+    return out
+
+
+def gpt2_byte_symbols() -> Dict[int, str]:
+    """GPT-2's bytes_to_unicode: the printable character that stands for each byte in encoder.json
+    and vocab.bpe (printable Latin-1 bytes stand for themselves, the others from U+0100 on)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def _check_every_byte(path: str, has_byte) -> None:
+    # Byte-level BPE encodes any text only if each single byte is a token; the server checks it too.
+    missing = [b for b in range(256) if not has_byte(b)]
+    if missing:
+        raise ConversionError(f"{path}: no token for the byte {missing[0]} ({len(missing)} bytes missing): "
+                              "every byte must encode")
+
+
+def read_encoder(path: str) -> Dict[str, int]:
+    """encoder.json: a JSON object token -> id, ids unique and 0..n-1, "<|endoftext|>" among them."""
+    def no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        obj: Dict[str, Any] = {}
+        for k, v in pairs:
+            if k in obj:  # json.loads would keep the last silently; the server might not
+                raise ConversionError(f"{path}: token {k!r} appears twice")
+            obj[k] = v
+        return obj
+
+    try:
+        enc = json.loads(_read_text(path), object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e}); encoder.json is a JSON object token -> id") from e
+    if not isinstance(enc, dict) or not enc:
+        raise ConversionError(f"{path}: encoder.json must be a non-empty JSON object token -> id")
+    by_id: Dict[int, str] = {}
+    for tok, i in enc.items():
+        if type(i) is not int:  # bool is an int subclass; JSON true is no id
+            raise ConversionError(f"{path}: token {tok!r} maps to {i!r}, not an integer id")
+        if i in by_id:
+            raise ConversionError(f"{path}: tokens {by_id[i]!r} and {tok!r} share id {i}")
+        by_id[i] = tok
+    if min(by_id) != 0 or max(by_id) != len(enc) - 1:  # n unique ids in [0, n) are exactly 0..n-1
+        raise ConversionError(f"{path}: ids must be 0..{len(enc) - 1}, one per token; "
+                              f"they run {min(by_id)}..{max(by_id)}")
+    if GPT2_EOT not in enc:
+        raise ConversionError(f"{path}: no {GPT2_EOT!r} token (GPT-2's end-of-text)")
+    symbols = gpt2_byte_symbols()
+    alphabet = set(symbols.values())
+    for tok in enc:
+        if tok != GPT2_EOT and not set(tok) <= alphabet:
+            raise ConversionError(f"{path}: token {tok!r} is not written in GPT-2's bytes-to-unicode alphabet")
+    _check_every_byte(path, lambda b: symbols[b] in enc)
+    return enc
+
+
+def check_merges(path: str, encoder: Dict[str, int]) -> int:
+    """vocab.bpe: "#version" line, then merges "left right" whose parts and result are all in the
+    encoder (a merge producing an unknown token would make encoding fail at serving time)."""
+    text = _read_text(path)
+    first = text.split("\n", 1)[0]
+    if not first.startswith("#version"):
+        raise ConversionError(f"{path}: vocab.bpe must start with a '#version' line, got {first[:40]!r}")
+    lines = _lines(text)[1:]
+    for lineno, line in lines:
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise ConversionError(f"{path}:{lineno}: a merge is two tokens separated by one space, got {line!r}")
+        for tok in (parts[0], parts[1], parts[0] + parts[1]):
+            if tok not in encoder or tok == GPT2_EOT:  # end-of-text is special: never a merge's part
+                raise ConversionError(f"{path}:{lineno}: merge {line!r}: {tok!r} is not in the encoder "
+                                      "(encoder.json and vocab.bpe must come from the same tokenizer)")
+    return len(lines)
+
+
+def read_ranks(path: str) -> int:
+    """A tiktoken rank file: lines "base64 rank", tokens and ranks unique, ranks 0..n-1. Returns n."""
+    ranks: Dict[int, int] = {}
+    tokens: Dict[bytes, int] = {}
+    for lineno, line in _lines(_read_text(path)):
+        m = TIKTOKEN_LINE.fullmatch(line)
+        if not m:
+            raise ConversionError(f"{path}:{lineno}: expected 'base64 rank', got {line[:60]!r}")
+        try:
+            tok = base64.b64decode(m[1], validate=True)
+        except binascii.Error as e:
+            raise ConversionError(f"{path}:{lineno}: {m[1]!r} is not valid base64 ({e})") from e
+        rank = int(m[2])
+        if rank in ranks:
+            raise ConversionError(f"{path}:{lineno}: rank {rank} also on line {ranks[rank]}")
+        if tok in tokens:
+            raise ConversionError(f"{path}:{lineno}: token {tok!r} also on line {tokens[tok]}")
+        ranks[rank], tokens[tok] = lineno, lineno
+    if not ranks:
+        raise ConversionError(f"{path}: no ranks")
+    if max(ranks) != len(ranks) - 1:  # n unique ranks >= 0 with maximum n-1 are exactly 0..n-1
+        raise ConversionError(f"{path}: ranks must be 0..{len(ranks) - 1}, one per line; the largest is {max(ranks)}")
+    _check_every_byte(path, lambda b: bytes([b]) in tokens)
+    return len(ranks)
+
+
+def read_gpt2(sources: Dict[str, str]) -> Gpt2Tokenizer:
+    """Validate one of GPT-2's two file forms; ``sources`` maps config keys to paths."""
+    if set(sources) == {"encoder_file", "merges_file"}:
+        encoder = read_encoder(sources["encoder_file"])
+        check_merges(sources["merges_file"], encoder)
+        return Gpt2Tokenizer(dict(sources), len(encoder), encoder[GPT2_EOT])
+    if set(sources) == {"ranks_file"}:
+        n = read_ranks(sources["ranks_file"])
+        return Gpt2Tokenizer(dict(sources), n + 1, n)  # end-of-text follows the ranks
+    got = ", ".join(f"{path} ({GPT2_FILE_NAMES[key]})" for key, path in sources.items())
+    raise ConversionError(f"{TOKENIZER_FILES_USAGE}; got {got}")
+
+
+def tokenizer_file_kind(path: str) -> str:
+    """Which GPT-2 file ``path`` is (its config key): by its name's extension, else by its first line."""
+    name = os.path.basename(path).lower()
+    for key, ext in (("encoder_file", ".json"), ("merges_file", ".bpe"), ("ranks_file", ".tiktoken")):
+        if name.endswith(ext):
+            return key
+    text = _read_text(path)
+    first = text.split("\n", 1)[0]
+    if text.lstrip().startswith("{"):
+        return "encoder_file"
+    if first.startswith("#version"):
+        return "merges_file"
+    if TIKTOKEN_LINE.fullmatch(first):
+        return "ranks_file"
+    raise ConversionError(f"{path}: not a GPT-2 tokenizer file: expected encoder.json (JSON object token -> id), "
+                          "vocab.bpe ('#version' line, then merges) or a *.tiktoken rank file ('base64 rank' lines)")
+
+
+def read_tokenizer_files(paths: List[str]) -> Gpt2Tokenizer:
+    """--tokenizer-files: recognise each file, then validate the set as one GPT-2 tokenizer."""
+    sources: Dict[str, str] = {}
+    for path in paths:
+        key = tokenizer_file_kind(path)
+        if key in sources:
+            raise ConversionError(f"{TOKENIZER_FILES_USAGE}; got two {GPT2_FILE_NAMES[key]} files: "
+                                  f"{sources[key]} and {path}")
+        sources[key] = path
+    return read_gpt2(sources)
+
+
+def lm_tokenizer(vocab_size: int, gpt2: Optional[Gpt2Tokenizer] = None) -> Dict[str, Any]:
+    """The tokenizer object for an LM of this vocabulary, with GPT-2's files when given."""
+    if gpt2 is not None:
+        if vocab_size < gpt2.n_ids:
+            raise ConversionError(f"the model's vocab_size {vocab_size} is smaller than the tokenizer's "
+                                  f"{gpt2.n_ids} ids: these tokenizer files do not belong to this model")
+        return gpt2.config()
+    if vocab_size < BYTE_IDS:  # no room for 256 bytes and end-of-text: token ids only
+        return {"type": "none", "eos_token_id": -1}
+    if vocab_size < GPT2_IDS:
+        return {"type": "byte", "eos_token_id": 256}
+    # GPT-2 sized but no files to tokenize with: serve token ids, end generation at GPT-2's end-of-text.
+    return {"type": "none", "eos_token_id": GPT2_IDS - 1}
+
+
+def _plain_name(name: Any) -> bool:
+    """A file name inside the model directory: a config must not make the server read elsewhere."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def check_tokenizer(tok: Any, vocab_size: int, gpt2: Optional[Gpt2Tokenizer] = None) -> None:
+    """The server's rules for a tost_lm config.json "tokenizer" (docs/model-repository.md), in one
+    place: the converter checks what it will write, and what it wrote, so that it never leaves a
+    configuration the server refuses. ``gpt2``: the validated files a "gpt2" object names."""
+    def bad(why: str) -> ConversionError:
+        return ConversionError(f"tokenizer {json.dumps(tok)} with vocab_size {vocab_size}: {why}")
+
+    if not isinstance(tok, dict):
+        raise bad("must be a JSON object")
+    kind = tok.get("type", "byte")
+    eos = tok.get("eos_token_id")
+    if type(eos) is not int:
+        raise bad("eos_token_id must be an integer")
+    if kind in ("byte", "bpe"):
+        if vocab_size < BYTE_IDS:
+            raise bad(f"{kind} needs vocab_size >= {BYTE_IDS} (256 bytes and end-of-text)")
+        if not 256 <= eos < vocab_size:
+            raise bad(f"eos_token_id must be a special id in [256, {vocab_size})")
+        if kind == "bpe" and not _plain_name(tok.get("file", "tokenizer.json")):
+            raise bad("file must be a file name inside the model directory")
+    elif kind == "gpt2":
+        keys = {k for k in GPT2_FILE_NAMES if k in tok}
+        if keys not in GPT2_FORMS:
+            raise bad("gpt2 names encoder_file and merges_file, or ranks_file")
+        if not all(_plain_name(tok[k]) for k in keys):
+            raise bad("file names must be plain names inside the model directory")
+        if gpt2 is None or set(gpt2.sources) != keys:
+            raise bad("the tokenizer files were not read")
+        if vocab_size < gpt2.n_ids:
+            raise bad(f"vocab_size must be >= the tokenizer's {gpt2.n_ids} ids")
+        if not 256 <= eos < vocab_size:
+            raise bad(f"eos_token_id must be in [256, {vocab_size}) for gpt2 (the 256 bytes come first)")
+        if eos != gpt2.eos_token_id:
+            raise bad(f"eos_token_id must be the tokenizer's end-of-text id {gpt2.eos_token_id}")
+    elif kind == "none":
+        if eos != -1 and not 0 <= eos < vocab_size:
+            raise bad(f"eos_token_id must be -1 (none) or in [0, {vocab_size})")
+    else:
+        raise bad('type must be "byte", "bpe", "gpt2" or "none"')
+
+
+def check_written_tokenizer(model_dir: str) -> None:
+    """check_tokenizer on a written model directory: its config.json and the files it names."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    tok = config.get("tokenizer")
+    gpt2 = None
+    if isinstance(tok, dict) and tok.get("type") == "gpt2":
+        names = {k: tok[k] for k in GPT2_FILE_NAMES if k in tok}
+        if set(names) in GPT2_FORMS and all(_plain_name(n) for n in names.values()):
+            gpt2 = read_gpt2({k: os.path.join(model_dir, n) for k, n in names.items()})
+    check_tokenizer(tok, config["lm"]["vocab_size"], gpt2)
+
+
+def tokenizer_note(config: Dict[str, Any]) -> Optional[str]:
+    """What a user should know about the tokenizer written (type none: no text prompts)."""
+    tok = config.get("tokenizer")
+    if config["architecture"] != "tost_lm" or tok["type"] != "none":
+        return None
+    if tok["eos_token_id"] == -1:
+        return (f"vocab_size {config['lm']['vocab_size']} is below the byte tokenizer's {BYTE_IDS} ids: written "
+                "with tokenizer type 'none' and no end-of-text id; token-id prompts (prompt_tokens) only, "
+                "and output is token ids")
+    return ("GPT-2 sized vocabulary without tokenizer files: written with tokenizer type 'none' (token-id "
+            f"prompts and output only, end-of-text {tok['eos_token_id']}); for text prompts convert again with "
+            "--tokenizer-files encoder.json vocab.bpe (or gpt2.tiktoken)")
+
+
+# ---------------------------------------------------------------------------------------------
 # Conversion
 # ---------------------------------------------------------------------------------------------
 
@@ -203,11 +498,12 @@ def _check_against_contract(config: Dict[str, Any], sd: Dict[str, torch.Tensor])
 def convert(ckpt: Any, *, name: str, ema: bool = False, image_size: Optional[int] = None,
             labels: Optional[List[str]] = None, mean: Optional[List[float]] = None,
             std: Optional[List[float]] = None, source: str = "", tokenizer: Optional[Dict[str, Any]] = None,
-            ) -> Tuple[nn.Module, Dict[str, Any], Dict[str, torch.Tensor]]:
+            gpt2: Optional[Gpt2Tokenizer] = None) -> Tuple[nn.Module, Dict[str, Any], Dict[str, torch.Tensor]]:
     """Checkpoint object -> (reference model holding the weights, config dict, official state_dict).
 
     The returned model is built from our config and loaded strictly from the official tensors,
-    so a key or shape that does not match the official layout is an error here.
+    so a key or shape that does not match the official layout is an error here. ``gpt2``: validated
+    tokenizer files (read_tokenizer_files) for an LM; write_converted copies them.
     """
     wrapped = isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)
     if ema:
@@ -220,6 +516,8 @@ def convert(ckpt: Any, *, name: str, ema: bool = False, image_size: Optional[int
         raise ConversionError("expected a state_dict of tensors (under 'model' or at the top level)")
     sd = strip_prefixes(raw)
     kind = detect(sd)
+    if gpt2 is not None and kind != "lm":
+        raise ConversionError("--tokenizer-files is for language-model checkpoints; this one is a vision model")
     provenance: Dict[str, Any] = {
         "kind": "converted",
         "script": "tools/convert_official.py",
@@ -254,10 +552,8 @@ def convert(ckpt: Any, *, name: str, ema: bool = False, image_size: Optional[int
                 v = ckpt[key]
                 provenance[key] = v.item() if isinstance(v, torch.Tensor) else v
         if tokenizer is None:
-            # The official models use GPT-2 BPE (tiktoken "gpt2": 50257 ids, end-of-text 50256,
-            # vocab padded to 50304); smaller vocabularies are byte-level ones like ours.
-            tokenizer = ({"type": "gpt2", "eos_token_id": 50256} if cfg.vocab_size >= 50257
-                         else {"type": "byte", "eos_token_id": 256})
+            tokenizer = lm_tokenizer(cfg.vocab_size, gpt2)
+        check_tokenizer(tokenizer, cfg.vocab_size, gpt2)  # before anything is written
         config = R.make_config(name, cfg, version="converted", trained=True, provenance=provenance,
                                tokenizer=tokenizer)
         model = R.TostLM(cfg)
@@ -273,9 +569,27 @@ def convert(ckpt: Any, *, name: str, ema: bool = False, image_size: Optional[int
     return model.eval(), config, sd
 
 
-def write_converted(model: nn.Module, config: Dict[str, Any], sd: Dict[str, torch.Tensor], out_dir: str) -> None:
-    """Write model_dir, then validate it by loading with the reference and comparing outputs."""
+def copy_tokenizer_files(gpt2: Gpt2Tokenizer, out_dir: str) -> None:
+    for key, src in gpt2.sources.items():
+        dst = os.path.join(out_dir, GPT2_FILE_NAMES[key])
+        if not (os.path.exists(dst) and os.path.samefile(src, dst)):
+            shutil.copyfile(src, dst)
+
+
+def write_converted(model: nn.Module, config: Dict[str, Any], sd: Dict[str, torch.Tensor], out_dir: str,
+                    gpt2: Optional[Gpt2Tokenizer] = None) -> None:
+    """Write model_dir (with the tokenizer files of ``gpt2``), check the tokenizer written, then
+    validate the weights by loading with the reference and comparing outputs."""
     R.save_model(model, config, out_dir, keep_num_batches_tracked=any(k.endswith("num_batches_tracked") for k in sd))
+    if config["architecture"] == "tost_lm":
+        if gpt2 is not None:
+            copy_tokenizer_files(gpt2, out_dir)
+        try:
+            check_written_tokenizer(out_dir)
+        except ConversionError:
+            # Without config.json the directory is no model: the server skips it instead of refusing it.
+            os.remove(os.path.join(out_dir, "config.json"))
+            raise
     reloaded, _ = R.load_model(out_dir, torch.float64)
     direct = model.to(torch.float64)
     g = torch.Generator().manual_seed(0)
@@ -497,6 +811,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--labels", default=None, help="vision: file with one class label per line")
     c.add_argument("--mean", type=float, nargs="+", default=None, help="vision: preprocess mean (default ImageNet)")
     c.add_argument("--std", type=float, nargs="+", default=None, help="vision: preprocess std (default ImageNet)")
+    c.add_argument("--tokenizer-files", nargs="+", metavar="FILE", default=None,
+                   help="lm: GPT-2's tokenizer, for text prompts: encoder.json and vocab.bpe, or one *.tiktoken "
+                        "rank file; validated and copied into the model directory")
     c.add_argument("--unsafe-pickle", action="store_true",
                    help="unpickle without weights_only (runs code from the file: trusted files only)")
     f = sub.add_parser("fixtures", help="write random official-layout checkpoints, their conversions and "
@@ -512,20 +829,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.labels:
             with open(args.labels, encoding="utf-8") as fh:
                 labels = [ln.rstrip("\n") for ln in fh if ln.strip()]
+        # Tokenizer files first: a bad one fails in a second, before the checkpoint is read.
+        gpt2 = read_tokenizer_files(args.tokenizer_files) if args.tokenizer_files else None
         ckpt = load_checkpoint(args.checkpoint, args.unsafe_pickle)
         model, config, sd = convert(ckpt, name=args.name, ema=args.ema, image_size=args.image_size,
                                     labels=labels, mean=args.mean, std=args.std,
-                                    source=os.path.basename(args.checkpoint))
+                                    source=os.path.basename(args.checkpoint), gpt2=gpt2)
         d = os.path.join(args.out, args.name)
-        write_converted(model, config, sd, d)
+        write_converted(model, config, sd, d, gpt2)
     except ConversionError as e:
         print(f"convert_official: {e}", file=sys.stderr)
         return 2
     n = sum(v.numel() for k, v in sd.items() if not k.endswith("num_batches_tracked"))
     print(f"wrote {d}: {config['architecture']}, {len(sd)} tensors, {n / 1e6:.3f}M parameters")
-    if config["architecture"] == "tost_lm" and config["tokenizer"]["type"] != "byte":
-        print(f"note: tokenizer {config['tokenizer']['type']!r}: tost-serve's text API tokenizes bytes only; "
-              "this model loads only where its tokenizer is supported", file=sys.stderr)
+    note = tokenizer_note(config)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

@@ -66,6 +66,11 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateReques
                                                    " bytes, more than the limit of ",
                                                    limits.max_prompt_bytes));
   }
+  if (!req.prompt_bytes().empty() && !tokenizer.encodes_text()) {
+    return absl::FailedPreconditionError(
+        "prompt_bytes: this model has no text tokenizer (config.json tokenizer.type \"none\"): "
+        "send the prompt as prompt_tokens");
+  }
   return tokenizer.Encode(req.prompt_bytes());
 }
 

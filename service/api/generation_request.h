@@ -29,7 +29,8 @@ model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p);
 absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st);
 
 // The prompt as token ids (prompt_tokens as given, prompt_bytes through the tokenizer), at most
-// limits.max_prompt_bytes of either.
+// limits.max_prompt_bytes of either. FAILED_PRECONDITION for text sent to a model without a text
+// tokenizer.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
                                                   const model::Tokenizer& tokenizer,
                                                   const ServiceLimits& limits);

@@ -1,6 +1,7 @@
 #include "service/engine/generation_scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "model/status_macros.h"
@@ -97,7 +98,11 @@ struct GenerationScheduler::Job {
       : handle(new GenerationJob(std::move(doorbell))) {}
 
   std::shared_ptr<GenerationJob> handle;
-  GenerationRequest request;        // request.state is the live state
+  GenerationRequest request;  // request.state is the live state
+  // The state as the call found it: what a job that ends before its whole prompt is fed gives
+  // back, so an interrupted call leaves its session or blob exactly as before (never a half-fed
+  // prompt that continuing would silently skip).
+  GenerationState before;
   std::vector<int32_t> to_prefill;  // fed by prefill chunks; the last prompt token stays pending
   size_t prefilled = 0;
   int32_t prompt_tokens = 0;
@@ -208,6 +213,7 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     }
   }
   auto job = std::make_unique<Job>(doorbell_);
+  job->before = st;
   std::vector<int32_t> feed;
   if (st.pending_token >= 0) feed.push_back(st.pending_token);
   feed.insert(feed.end(), request.prompt.begin(), request.prompt.end());
@@ -254,13 +260,22 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
 }
 
 void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status status) {
-  GenerationState& st = job.state();
   GenerationEvent e;
   e.kind = GenerationEvent::Kind::kFinished;
   e.status = std::move(status);
   e.finish_reason = reason;
-  e.prompt_tokens = job.prompt_tokens;
   e.generated_tokens = job.generated;
+  if (!job.decoding()) {
+    // Ended (cancelled, past its deadline, drained, or a model error) before the prompt was fed
+    // whole: nothing of this call happened.
+    e.prompt_tokens = 0;
+    e.snapshot = std::move(job.before);
+    job.handle->Publish(std::move(e));
+    job.finished = true;
+    return;
+  }
+  GenerationState& st = job.state();
+  e.prompt_tokens = job.prompt_tokens;
   if (job.request.persistent) {
     st.utf8_pending = job.text->utf8_pending();
     st.held_text = job.text->held();
@@ -275,6 +290,16 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
 }
 
 bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
+  // Ids the tokenizer does not define (a vocabulary padded for the hardware, as GPT-2's 50257 ids
+  // to 50304) mean nothing: they are never sampled and never offered as alternatives.
+  std::vector<float> masked;
+  const auto defined = static_cast<size_t>(model_.tokenizer().vocab_size());
+  if (defined < logits.size()) {
+    masked.assign(logits.begin(), logits.end());
+    std::fill(masked.begin() + static_cast<std::ptrdiff_t>(defined), masked.end(),
+              -std::numeric_limits<float>::infinity());
+    logits = masked;
+  }
   GenerationState& st = job.state();
   const model::LanguageConfig& c = model_.config().language;
   const int64_t position = st.sequence.position;  // where the new token sits
@@ -321,8 +346,23 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
 bool GenerationScheduler::StepOnce() {
   int64_t prompt_tokens_started = 0;
   bool admitted = false;
+  const absl::Time now = clock_->Now();
+  // Queued jobs cancelled or past their deadline give their queue place back now, not when they
+  // would have become active.
+  std::vector<std::unique_ptr<Job>> dropped;
+  absl::Time queued_deadline = absl::InfiniteFuture();
   {
     absl::MutexLock lock(&mu_);
+    for (auto it = queued_.begin(); it != queued_.end();) {
+      if ((*it)->handle->cancel_requested() || now >= (*it)->request.deadline) {
+        dropped.push_back(std::move(*it));
+        it = queued_.erase(it);
+        --stats_.queued;
+      } else {
+        queued_deadline = std::min(queued_deadline, (*it)->request.deadline);
+        ++it;
+      }
+    }
     while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
       admitted = true;
       prompt_tokens_started += queued_.front()->prompt_tokens;
@@ -333,12 +373,19 @@ bool GenerationScheduler::StepOnce() {
     }
     stats_.active = active_count_;
   }
+  for (auto& job : dropped) {
+    if (job->handle->cancel_requested()) {
+      Finish(*job, FinishReason::kCancelled);
+    } else {
+      Finish(*job, FinishReason::kCancelled,
+             absl::DeadlineExceededError("generation passed its deadline while queued for a slot"));
+    }
+  }
   if (active_.empty()) {
-    next_timed_event_ = absl::InfiniteFuture();
-    return false;
+    next_timed_event_ = queued_deadline;
+    return !dropped.empty();
   }
 
-  const absl::Time now = clock_->Now();
   for (auto& job : active_) {
     if (job->handle->cancel_requested()) {
       Finish(*job, FinishReason::kCancelled);
@@ -423,7 +470,7 @@ bool GenerationScheduler::StepOnce() {
       std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });
   int32_t paused = 0;
-  next_timed_event_ = absl::InfiniteFuture();
+  next_timed_event_ = queued_deadline;
   for (const auto& job : active_) {
     next_timed_event_ = std::min(next_timed_event_, job->request.deadline);
     if (job->paused_since == absl::InfiniteFuture()) continue;
@@ -449,7 +496,7 @@ bool GenerationScheduler::StepOnce() {
   }
   stats_.stalled_jobs += stalled;
   return prompt_tokens_started > 0 || prefill_chunks > 0 || !decoding.empty() || finished > 0 ||
-         admitted;
+         admitted || !dropped.empty();
 }
 
 int64_t GenerationScheduler::UpdatePauses(absl::Time now) {

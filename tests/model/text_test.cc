@@ -149,7 +149,7 @@ TEST(BpeTokenizer, ConfigNamesAFileInsideTheModelDirectory) {
   auto wrong = parse(R"({"type":"sentencepiece"})");
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find(
-                R"(tokenizer.type must be "byte" or "bpe", got "sentencepiece")"),
+                R"(tokenizer.type must be "byte", "bpe", "gpt2" or "none", got "sentencepiece")"),
             std::string::npos);
 }
 

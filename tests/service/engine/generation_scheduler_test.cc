@@ -401,6 +401,128 @@ TEST_F(SchedulerTest, AFailedPrefillEndsThatJobAndSparesTheDecoders) {
   EXPECT_EQ(decoder.tokens.size(), 5u);
 }
 
+// Everything a continuation depends on.
+void ExpectSameState(const GenerationState& a, const GenerationState& b) {
+  EXPECT_EQ(a.sequence.position, b.sequence.position);
+  EXPECT_EQ(a.sequence.stats, b.sequence.stats);
+  EXPECT_EQ(a.pending_token, b.pending_token);
+  EXPECT_EQ(a.recent_tokens, b.recent_tokens);
+  EXPECT_EQ(a.generated_tokens, b.generated_tokens);
+  EXPECT_EQ(a.utf8_pending, b.utf8_pending);
+  EXPECT_EQ(a.held_text, b.held_text);
+}
+
+TEST_F(SchedulerTest, ACallInterruptedBeforeItsPromptIsFedLeavesTheStateAsItWas) {
+  const std::string long_prompt(40, 'q');
+  // A session after one call: the state every interrupted call below starts from.
+  GenerationState session;
+  {
+    auto s = Make();
+    Collected c;
+    GenerationRequest r = Request(*s, "Hello", 3);
+    r.persistent = true;
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    RunAll(*s, {{*job, &c}});
+    session = c.final->snapshot;
+  }
+  // The continuation of `session` by `long_prompt`, uninterrupted.
+  const auto continue_from = [&](const GenerationState& st) {
+    auto s = Make();
+    Collected c;
+    GenerationRequest r = Request(*s, long_prompt, 6);
+    r.state = st;
+    r.persistent = true;
+    auto job = s->Submit(std::move(r));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (job.ok()) RunAll(*s, {{*job, &c}});
+    return c.tokens;
+  };
+  const std::vector<int32_t> expected = continue_from(session);
+  ASSERT_EQ(expected.size(), 6u);
+
+  enum class Cut { kCancel, kDeadline, kPrefillError, kDrainActive, kDrainQueued };
+  for (Cut cut :
+       {Cut::kCancel, Cut::kDeadline, Cut::kPrefillError, Cut::kDrainActive, Cut::kDrainQueued}) {
+    SCOPED_TRACE(static_cast<int>(cut));
+    GenerationSchedulerOptions o;
+    o.prefill_chunk_tokens = 4;  // 40 prompt tokens take ten steps
+    o.max_active_jobs = 1;
+    auto s = Make(o);
+    // With kDrainQueued another job holds the only slot, so the cut one never leaves the queue.
+    std::shared_ptr<GenerationJob> blocker;
+    if (cut == Cut::kDrainQueued) blocker = *s->Submit(Request(*s, "zz", 50));
+    GenerationRequest r = Request(*s, long_prompt, 6);
+    r.state = session;
+    r.persistent = true;
+    r.deadline = clock_.Now() + absl::Seconds(1);
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    s->StepOnce();
+    s->StepOnce();  // part of the prompt is in the live state now (or, queued, none of it)
+    switch (cut) {
+      case Cut::kCancel:
+        (*job)->Cancel();
+        s->StepOnce();
+        break;
+      case Cut::kDeadline:
+        clock_.Advance(absl::Seconds(2));
+        s->StepOnce();
+        break;
+      case Cut::kPrefillError:
+        lm_.FailPrefillWith(absl::ResourceExhaustedError("out of memory"));
+        s->StepOnce();
+        lm_.FailPrefillWith(absl::OkStatus());
+        break;
+      case Cut::kDrainActive:
+      case Cut::kDrainQueued:
+        s->Shutdown();
+        break;
+    }
+    Collected c;
+    Drain(**job, c);
+    ASSERT_TRUE(c.final.has_value());
+    EXPECT_TRUE(c.tokens.empty());
+    EXPECT_EQ(c.final->prompt_tokens, 0) << "the prompt was not consumed";
+    EXPECT_EQ(c.final->generated_tokens, 0);
+    ExpectSameState(c.final->snapshot, session);
+    // Sending the same call again from what came back gives what the uninterrupted call gives.
+    EXPECT_EQ(continue_from(c.final->snapshot), expected);
+  }
+}
+
+TEST_F(SchedulerTest, ACancelledOrExpiredQueuedJobGivesItsPlaceBackAtTheNextStep) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 1;
+  o.max_queued_jobs = 1;
+  auto s = Make(o);
+  auto running = s->Submit(Request(*s, "a", 100));
+  ASSERT_TRUE(running.ok());
+  s->StepOnce();
+  auto queued = s->Submit(Request(*s, "b", 5));
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(s->Submit(Request(*s, "c", 5)).status().code(), absl::StatusCode::kResourceExhausted);
+  (*queued)->Cancel();
+  s->StepOnce();
+  Collected c;
+  Drain(**queued, c);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(s->stats().queued, 0);
+  GenerationRequest late = Request(*s, "d", 5);
+  late.deadline = clock_.Now() + absl::Milliseconds(10);
+  auto expiring = s->Submit(std::move(late));
+  ASSERT_TRUE(expiring.ok()) << "the cancelled job's place is free again";
+  clock_.Advance(absl::Milliseconds(20));
+  s->StepOnce();
+  Collected d;
+  Drain(**expiring, d);
+  ASSERT_TRUE(d.final.has_value());
+  EXPECT_EQ(d.final->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(s->Submit(Request(*s, "e", 5)).ok());
+  (*running)->Cancel();
+}
+
 TEST_F(SchedulerTest, EveryStateIsCheckedOnceByTheSchedulerWhateverItsSource) {
   auto s = Make();
   GenerationState ok = s->NewState({});
