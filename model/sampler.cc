@@ -35,9 +35,13 @@ std::vector<float> Penalised(absl::Span<const float> logits, const SamplingParam
 }  // namespace
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
-  if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be a finite number >= 0, got ", p.temperature));
+  // Logits are divided by the temperature and by the repetition penalty: a tiny divisor turns
+  // them into infinities, and every probability into NaN. The ranges keep both well inside float.
+  if (!(p.temperature == 0.f ||
+        (p.temperature >= kMinTemperature && p.temperature <= kMaxTemperature))) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be 0 (greedy) or in [",
+                                                   kMinTemperature, ", ", kMaxTemperature,
+                                                   "], got ", p.temperature));
   }
   if (p.top_k < 0)
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", p.top_k));
@@ -47,9 +51,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.min_p >= 0.f && p.min_p < 1.f)) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1), got ", p.min_p));
   }
-  if (!(p.repetition_penalty > 0.f) || !std::isfinite(p.repetition_penalty)) {
+  if (!(p.repetition_penalty >= kMinRepetitionPenalty &&
+        p.repetition_penalty <= kMaxRepetitionPenalty)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("repetition_penalty must be a finite number > 0, got ", p.repetition_penalty));
+        absl::StrCat("repetition_penalty must be in [", kMinRepetitionPenalty, ", ",
+                     kMaxRepetitionPenalty, "], got ", p.repetition_penalty));
   }
   if (p.repetition_window < 0 || p.repetition_window > 4096) {
     return absl::InvalidArgumentError(

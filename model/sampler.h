@@ -15,14 +15,21 @@
 
 namespace tost::model {
 
+// The accepted ranges (ValidateSamplingParams).
+inline constexpr float kMinTemperature = 0.01f;
+inline constexpr float kMaxTemperature = 100.f;
+inline constexpr float kMinRepetitionPenalty = 0.01f;
+inline constexpr float kMaxRepetitionPenalty = 100.f;
+
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy (argmax)
+  float temperature = 1.0f;  // 0 = greedy (argmax), else in [kMinTemperature, kMaxTemperature]
   int32_t top_k = 0;         // 0 = disabled
   float top_p = 1.0f;        // nucleus mass in (0, 1]; 1 = disabled
   float min_p = 0.0f;        // drop tokens below min_p × p(most likely); 0 = disabled
-  float repetition_penalty =
-      1.0f;  // > 1 discourages tokens in the recent window (CTRL-style); 1 = off
-  int32_t repetition_window = 64;  // recent tokens the penalty looks at
+  // > 1 discourages tokens in the recent window (CTRL-style); 1 = off; in
+  // [kMinRepetitionPenalty, kMaxRepetitionPenalty].
+  float repetition_penalty = 1.0f;
+  int32_t repetition_window = 64;  // recent tokens the penalty looks at, at most 4096
   uint64_t seed = 0;
 };
 

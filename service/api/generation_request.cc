@@ -36,14 +36,14 @@ model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p) {
 }
 
 absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st) {
-  if (stop.stop_size() > 16)
+  // Counts only, before copying: the limits themselves are GenerationScheduler::CheckState's.
+  if (static_cast<size_t>(stop.stop_size()) > kMaxStopStrings) {
     return absl::InvalidArgumentError(
-        absl::StrCat("stop: at most 16 strings, got ", stop.stop_size()));
-  for (const auto& s : stop.stop()) {
-    if (s.empty() || s.size() > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stop strings must hold 1 to 256 bytes, got ", s.size()));
-    }
+        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stop.stop_size()));
+  }
+  if (static_cast<size_t>(stop.stop_token_ids_size()) > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ", kMaxStopTokenIds,
+                                                   " ids, got ", stop.stop_token_ids_size()));
   }
   st.stop_strings.assign(stop.stop().begin(), stop.stop().end());
   st.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());

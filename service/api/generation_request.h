@@ -24,8 +24,8 @@ tost::v1::FinishReason ToProto(FinishReason r);
 // Not validated here: GenerationScheduler::CheckState validates every state, whatever its source.
 model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p);
 
-// At most 16 stop strings of 1 to 256 bytes (limits of the protocol); the stop token ids are
-// copied as they are and checked against the vocabulary by GenerationScheduler::CheckState.
+// Copies the stop conditions into `st`, refusing more strings or ids than a state may hold before
+// copying them; their contents (lengths, vocabulary) are GenerationScheduler::CheckState's.
 absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st);
 
 // The prompt as token ids (prompt_tokens as given, prompt_bytes through the tokenizer), at most

@@ -12,6 +12,7 @@
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
 #include "service/api/request_input.h"
+#include "service/engine/client_text.h"
 
 #ifndef TOST_SERVE_VERSION
 #error "TOST_SERVE_VERSION must be defined by the build (service/CMakeLists.txt)"
@@ -33,7 +34,8 @@ constexpr char kClassificationParameter[] = "classification";
 absl::Status CheckVersion(const ModelEntry& m, const std::string& version, const char* field) {
   if (version.empty() || version == m.config.version) return absl::OkStatus();
   return absl::NotFoundError(absl::StrCat(field, ": model \"", m.name, "\" serves version \"",
-                                          m.config.version, "\" only, not \"", version, "\""));
+                                          m.config.version, "\" only, not ",
+                                          QuoteClientText(version)));
 }
 
 // The one lookup of a request: NOT_FOUND for a model the repository does not hold (listing those
@@ -119,17 +121,17 @@ absl::StatusOr<int64_t> DeclaredImages(const inference::ModelInferRequest::Infer
                                        const model::ModelConfig& cfg) {
   if (in.name() == kKServeImageInput) {
     if (in.datatype() != "FP32") {
-      return absl::InvalidArgumentError(absl::StrCat(kImageField,
-                                                     ".datatype: expected FP32, got \"",
-                                                     in.datatype(), "\" (model ", cfg.name, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(kImageField, ".datatype: expected FP32, got ",
+                                                     QuoteClientText(in.datatype()), " (model ",
+                                                     cfg.name, ")"));
     }
     return ImagesInTensorShape(in.shape(), /*allow_unbatched=*/false, cfg,
                                absl::StrCat(kImageField, ".shape"));
   }
   if (in.datatype() != "BYTES") {
-    return absl::InvalidArgumentError(absl::StrCat(kImageBytesField,
-                                                   ".datatype: expected BYTES, got \"",
-                                                   in.datatype(), "\" (model ", cfg.name, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kImageBytesField, ".datatype: expected BYTES, got ",
+                     QuoteClientText(in.datatype()), " (model ", cfg.name, ")"));
   }
   const auto& shape = in.shape();
   if (shape.empty() || shape.size() > 2 || (shape.size() == 2 && shape[1] != 1)) {
@@ -202,15 +204,15 @@ absl::StatusOr<OutputRequest> ParseOutputs(const inference::ModelInferRequest& r
   if (req.outputs_size() == 0) return out;
   const auto& o = req.outputs(0);
   if (o.name() != kKServeProbabilitiesOutput) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("outputs[0].name: model ", cfg.name, " has no output \"", o.name(),
-                     "\"; its output is \"", kKServeProbabilitiesOutput, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outputs[0].name: model ", cfg.name, " has no output ", QuoteClientText(o.name()),
+        "; its output is \"", kKServeProbabilitiesOutput, "\""));
   }
   for (const auto& [key, value] : o.parameters()) {
     if (key != kClassificationParameter) {
       return absl::InvalidArgumentError(
-          absl::StrCat("outputs[0].parameters[\"", key,
-                       "\"] is not supported (only \"classification\"; no shared memory)"));
+          absl::StrCat("outputs[0].parameters[", QuoteClientText(key),
+                       "] is not supported (only \"classification\"; no shared memory)"));
     }
     if (value.parameter_choice_case() == inference::InferParameter::kInt64Param) {
       out.class_count = value.int64_param();
@@ -236,7 +238,7 @@ absl::Status CheckRequestParameters(const inference::ModelInferRequest& req,
                           ((key == "sequence_start" || key == "sequence_end") && p.bool_param());
     if (sequence) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameters[\"", key, "\"]: model ", model,
+          absl::StrCat("parameters[", QuoteClientText(key), "]: model ", model,
                        " is stateless; sequence parameters are not accepted"));
     }
   }
@@ -355,14 +357,15 @@ absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl:
   }
   const auto& in = req.inputs(0);
   if (in.name() != kKServeImageInput && in.name() != kKServeImageBytesInput) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "inputs[0].name: model ", cfg.name, " has no input \"", in.name(), "\"; its inputs are \"",
-        kKServeImageInput, "\" (FP32) and \"", kKServeImageBytesInput, "\" (BYTES)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs[0].name: model ", cfg.name, " has no input ",
+                     QuoteClientText(in.name()), "; its inputs are \"", kKServeImageInput,
+                     "\" (FP32) and \"", kKServeImageBytesInput, "\" (BYTES)"));
   }
   if (!in.parameters().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("inputs[0].parameters[\"", in.parameters().begin()->first,
-                     "\"] is not supported (no input parameters; no shared memory)"));
+        absl::StrCat("inputs[0].parameters[", QuoteClientText(in.parameters().begin()->first),
+                     "] is not supported (no input parameters; no shared memory)"));
   }
   if (req.raw_input_contents_size() != 0 && req.raw_input_contents_size() != req.inputs_size()) {
     return absl::InvalidArgumentError(absl::StrCat("raw_input_contents holds ",

@@ -98,14 +98,18 @@ absl::StatusOr<std::vector<float>> FloatTensorToPixels(const FloatTensorView& te
     pixels.assign(tensor.values.begin(), tensor.values.end());
     source = &tensor.values_field;
   }
-  // A NaN or an infinity would not fail the model: it would come back as NaN probabilities,
-  // with nothing to say which input caused them.
-  const auto bad =
-      std::find_if(pixels.begin(), pixels.end(), [](float x) { return !std::isfinite(x); });
+  // A NaN, an infinity or a huge finite value would not fail the model: the squared statistics
+  // of its attention overflow, and it would come back as NaN probabilities with nothing to say
+  // which input caused them. Preprocessed pixels are a few units; kMaxPixelMagnitude leaves
+  // every statistic far inside float range.
+  const auto bad = std::find_if(pixels.begin(), pixels.end(), [](float x) {
+    return !std::isfinite(x) || std::abs(x) > kMaxPixelMagnitude;
+  });
   if (bad != pixels.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        *source, " holds NaN or infinite values (the first at element ", bad - pixels.begin(),
-        "); model ", model.name, " takes finite preprocessed pixels"));
+        *source, " holds ", *bad, " at element ", bad - pixels.begin(), "; model ", model.name,
+        " takes finite preprocessed pixels (no NaN or infinite values) of magnitude at most ",
+        kMaxPixelMagnitude));
   }
   return pixels;
 }
@@ -148,6 +152,14 @@ absl::StatusOr<std::vector<float>> SoftmaxRows(absl::Span<const float> logits, i
     return absl::InternalError(absl::StrCat("model ", model.name, " returned ", logits.size(),
                                             " logits for ", images, " images of ", classes,
                                             " classes; expected ", images * classes));
+  }
+  // Inputs are bounded so that this cannot happen; if the model still overflowed, say so rather
+  // than answer NaN probabilities with OK.
+  const auto bad =
+      std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != logits.end()) {
+    return absl::InternalError(absl::StrCat("model ", model.name, " produced a non-finite logit (",
+                                            *bad, " at element ", bad - logits.begin(), ")"));
   }
   std::vector<float> probabilities;
   probabilities.reserve(logits.size());

@@ -56,6 +56,9 @@ absl::StatusOr<int64_t> ImagesInTensorShape(absl::Span<const int64_t> shape, boo
 absl::Status CheckImageCount(int64_t images, const model::ModelConfig& model,
                              const ServiceLimits& limits, const std::string& field);
 
+// The largest pixel magnitude a float tensor may carry (preprocessed pixels are a few units).
+inline constexpr float kMaxPixelMagnitude = 1e6f;
+
 // A float32 image tensor as a request carries it: views into the request, valid during the call.
 struct FloatTensorView {
   absl::Span<const int64_t> shape;      // as ImagesInTensorShape accepted it
@@ -68,7 +71,7 @@ struct FloatTensorView {
 
 // The tensor's values as preprocessed pixels [images, C, H, W], where `images` is what
 // ImagesInTensorShape returned and CheckImageCount accepted: the element limit, raw bytes xor
-// values, their number against the shape, and finite values only.
+// values, their number against the shape, and finite values of magnitude <= kMaxPixelMagnitude.
 absl::StatusOr<std::vector<float>> FloatTensorToPixels(const FloatTensorView& tensor,
                                                        int64_t images,
                                                        const model::ModelConfig& model,
@@ -89,7 +92,8 @@ absl::StatusOr<std::vector<float>> EncodedImagesToPixels(absl::Span<const std::s
 std::vector<float> Softmax(absl::Span<const float> logits);
 
 // Softmax of every row of logits [images, num_classes] as the model returned them. INTERNAL when
-// their number is not images × num_classes: the model broke its interface, not the client.
+// their number is not images × num_classes or one is not finite: the model failed, not the
+// client, and a NaN probability is never an answer.
 absl::StatusOr<std::vector<float>> SoftmaxRows(absl::Span<const float> logits, int64_t images,
                                                const model::ModelConfig& model);
 

@@ -1,4 +1,5 @@
 #include "service/engine/engine.h"
+#include "service/engine/client_text.h"
 
 #include <utility>
 
@@ -71,8 +72,9 @@ absl::StatusOr<const ModelEntry*> Engine::Find(const std::string& name) const {
   if (it == by_name_.end()) {
     std::vector<std::string> names;
     for (const auto& m : models_) names.push_back(m.name);
-    return absl::NotFoundError(absl::StrCat("model \"", name, "\" is not served; models: [",
-                                            absl::StrJoin(names, ", "), "]"));
+    return absl::NotFoundError(absl::StrCat("model ", QuoteClientText(name),
+                                            " is not served; models: [", absl::StrJoin(names, ", "),
+                                            "]"));
   }
   return &models_[it->second];
 }

@@ -1,6 +1,7 @@
 #include "service/engine/generation_scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -177,6 +178,20 @@ absl::Status GenerationScheduler::CheckState(const GenerationState& st) const {
         " state floats; model \"", name, "\" needs ", model_.NewSequence().stats.size()));
   }
   TOST_RETURN_IF_ERROR(model::ValidateSamplingParams(st.sampling));
+  if (st.stop_strings.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", st.stop_strings.size()));
+  }
+  for (const std::string& stop : st.stop_strings) {
+    if (stop.empty() || stop.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop strings must hold 1 to ", kMaxStopStringBytes, " bytes, got ", stop.size()));
+    }
+  }
+  if (st.stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ", kMaxStopTokenIds,
+                                                   " ids, got ", st.stop_token_ids.size()));
+  }
   for (int32_t id : st.stop_token_ids) {
     if (id < 0 || id >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -303,6 +318,17 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   GenerationState& st = job.state();
   const model::LanguageConfig& c = model_.config().language;
   const int64_t position = st.sequence.position;  // where the new token sits
+  // Masked ids are -inf on purpose; anything else that is not finite means the model overflowed,
+  // and a token sampled from it (or its logprobs) would be garbage reported as OK.
+  for (size_t i = 0; i < std::min(defined, logits.size()); ++i) {
+    if (!std::isfinite(logits[i])) {
+      Finish(job, FinishReason::kCancelled,
+             absl::InternalError(absl::StrCat("model ", model_.config().name,
+                                              " produced a non-finite logit (id ", i,
+                                              ") at position ", position)));
+      return false;
+    }
+  }
   const std::vector<int32_t> recent(st.recent_tokens.begin(), st.recent_tokens.end());
   const int32_t token =
       model::SampleToken(logits, st.sampling, static_cast<uint64_t>(position), recent);

@@ -18,6 +18,13 @@
 
 namespace tost::service {
 
+// Bounds on what a state carries besides its fixed-size statistics (GenerationScheduler::CheckState
+// enforces them, whatever the state's source): stop conditions are scanned after every token on
+// the scheduler's thread and copied into every snapshot.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+inline constexpr size_t kMaxStopTokenIds = 64;
+
 struct GenerationState {
   std::string model;
   model::SequenceState sequence;

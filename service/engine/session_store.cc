@@ -1,4 +1,5 @@
 #include "service/engine/session_store.h"
+#include "service/engine/client_text.h"
 
 #include <openssl/rand.h>
 
@@ -36,8 +37,8 @@ absl::StatusOr<SessionStore::Entry*> SessionStore::Find(const std::string& id,
                                                         const std::string& owner) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.owner != owner) {
-    return absl::NotFoundError(
-        absl::StrCat("session \"", id, "\" not found (closed, evicted, or not yours)"));
+    return absl::NotFoundError(absl::StrCat("session ", QuoteClientText(id),
+                                            " not found (closed, evicted, or not yours)"));
   }
   return &it->second;
 }
@@ -55,10 +56,10 @@ void SessionStore::Erase(const std::string& id) {
   sessions_.erase(it);
 }
 
-bool SessionStore::MakeRoom(int64_t extra_bytes) {
+bool SessionStore::MakeRoom(int64_t extra_bytes, int64_t extra_sessions) {
   // The lambda runs inside this locked member; the analysis cannot see that on its own.
   auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return static_cast<int64_t>(sessions_.size()) + 1 > options_.max_sessions ||
+    return static_cast<int64_t>(sessions_.size()) + extra_sessions > options_.max_sessions ||
            bytes_ + extra_bytes > options_.max_state_bytes;
   };
   for (auto it = lru_.begin(); over() && it != lru_.end();) {
@@ -73,7 +74,7 @@ bool SessionStore::MakeRoom(int64_t extra_bytes) {
 absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, GenerationState state) {
   const int64_t bytes = static_cast<int64_t>(state.ByteSize());
   absl::MutexLock lock(&mu_);
-  if (!MakeRoom(bytes)) {
+  if (!MakeRoom(bytes, /*extra_sessions=*/1)) {
     if (options_.observer != nullptr) options_.observer->OnStoreFull();
     return absl::ResourceExhaustedError(
         absl::StrCat("session store is full: ", sessions_.size(), " sessions (limit ",
@@ -112,6 +113,10 @@ void SessionStore::Checkin(const std::string& id, GenerationState state) {
   if (it == sessions_.end()) return;
   Entry& e = it->second;
   const int64_t bytes = static_cast<int64_t>(state.ByteSize());
+  // A state that grew (held text, a longer repetition window) makes room like a new session:
+  // idle sessions are evicted, least recently used first. This one is still busy, so it is never
+  // chosen; if busy sessions alone exceed the budget, new sessions are refused until it is met.
+  if (bytes > e.bytes) MakeRoom(bytes - e.bytes, /*extra_sessions=*/0);
   bytes_ += bytes - e.bytes;
   e.bytes = bytes;
   e.state = std::move(state);

@@ -89,8 +89,9 @@ class SessionStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Erase(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts idle LRU sessions until `extra_bytes` more fit; false if impossible.
-  bool MakeRoom(int64_t extra_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts idle LRU sessions until `extra_bytes` more bytes and `extra_sessions` more sessions
+  // fit; false if impossible.
+  bool MakeRoom(int64_t extra_bytes, int64_t extra_sessions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionStoreOptions options_;
   Clock* const clock_;

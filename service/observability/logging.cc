@@ -32,20 +32,48 @@ const char* LevelName(LogLevel level, LogFormat format) {
   return "?";
 }
 
-// Text values are quoted only when they would otherwise be ambiguous (spaces, quotes, '=').
+// Text values are quoted only when they would otherwise be ambiguous (spaces, quotes, '=', any
+// control character). Control characters are escaped, so a client's string cannot forge a line
+// (a \r or an ANSI escape sequence), and a value is cut at kMaxTextValueBytes.
+constexpr size_t kMaxTextValueBytes = 4096;
+
 std::string TextValue(const std::string& s) {
-  const bool plain = !s.empty() && s.find_first_of(" \t\n\"=") == std::string::npos;
+  const auto needs_quotes = [](unsigned char c) {
+    return c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f;
+  };
+  const std::string_view shown = std::string_view(s).substr(0, kMaxTextValueBytes);
+  bool plain = !s.empty() && shown.size() == s.size();
+  for (unsigned char c : shown) plain = plain && !needs_quotes(c);
   if (plain) return s;
   std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
+  for (unsigned char c : shown) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < ' ' || c == 0x7f) {
+          absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+        } else {
+          out += static_cast<char>(c);
+        }
     }
-    out += c;
   }
-  return out + "\"";
+  out += "\"";
+  if (shown.size() < s.size()) absl::StrAppend(&out, "...(", s.size(), " bytes)");
+  return out;
 }
 
 }  // namespace

@@ -1,0 +1,95 @@
+"""Hostile input, end to end: every field is bounded, a client's string never comes back whole in
+a status message or a log line, and no request gets a non-finite answer with OK. After each
+request the server must still report SERVING."""
+import numpy as np
+import grpc
+import pytest
+import tritonclient.grpc as triton
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+HUGE = "m" * 300_000  # a 300 KB string where a model name or a session id belongs
+
+
+def expect_refused(call, code, fragment, channel):
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() == code, e.value.details()
+    assert fragment in e.value.details(), e.value.details()
+    # A short prefix of the client's string at most, and no control character.
+    assert len(e.value.details()) < 1024, len(e.value.details())
+    assert not any(ord(c) < 32 for c in e.value.details())
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    return e.value.details()
+
+
+def test_client_strings_are_quoted_short_and_escaped(stub, channel, proto_modules):
+    pb2, _ = proto_modules
+    details = expect_refused(lambda: stub.Classify(pb2.ClassifyRequest(model=HUGE)),
+                             grpc.StatusCode.NOT_FOUND, "(300000 bytes)", channel)
+    assert "is not served" in details
+    expect_refused(lambda: list(stub.Generate(pb2.GenerateRequest(session_id=HUGE, max_new_tokens=1))),
+                   grpc.StatusCode.NOT_FOUND, "(300000 bytes)", channel)
+    details = expect_refused(
+        lambda: stub.Classify(pb2.ClassifyRequest(model="digits\r\n2026-01-01 INFO forged line\x1b[2J")),
+        grpc.StatusCode.NOT_FOUND, "is not served", channel)
+    assert "\\r\\n" in details and "\\x1b" in details
+
+
+def test_kserve_strings_are_quoted_short(server, channel):
+    client = triton.InferenceServerClient(url=server.address)
+    pixels = triton.InferInput("image", [1, 1, 32, 32], "FP32")
+    pixels.set_data_from_numpy(np.zeros((1, 1, 32, 32), dtype=np.float32))
+    with pytest.raises(triton.InferenceServerException) as e:
+        client.infer("tost-digits", [pixels], model_version=HUGE)
+    assert "NOT_FOUND" in e.value.status() and len(e.value.message()) < 1024
+    assert "(300000 bytes)" in e.value.message()
+    bad = triton.InferInput("image", [1, 1, 32, 32], HUGE[:5000])
+    with pytest.raises(triton.InferenceServerException) as e:
+        client.infer("tost-digits", [bad])
+    assert "INVALID_ARGUMENT" in e.value.status() and len(e.value.message()) < 1024
+
+
+def test_repeated_fields_have_limits(stub, channel, proto_modules):
+    pb2, _ = proto_modules
+    expect_refused(lambda: list(stub.Generate(pb2.GenerateRequest(
+        model="tost-austen", prompt_bytes=b"a", max_new_tokens=1,
+        stop=pb2.StopConditions(stop_token_ids=list(range(1_000_000)))))),
+        grpc.StatusCode.INVALID_ARGUMENT, "stop_token_ids: at most 64", channel)
+    expect_refused(lambda: list(stub.Generate(pb2.GenerateRequest(
+        model="tost-austen", prompt_bytes=b"a", max_new_tokens=1,
+        stop=pb2.StopConditions(stop=["x"] * 17)))),
+        grpc.StatusCode.INVALID_ARGUMENT, "stop: at most 16", channel)
+    expect_refused(lambda: stub.CreateSession(pb2.CreateSessionRequest(
+        model="tost-austen", stop=pb2.StopConditions(stop_token_ids=list(range(65))))),
+        grpc.StatusCode.INVALID_ARGUMENT, "stop_token_ids", channel)
+
+
+def test_inputs_that_would_overflow_the_model_are_refused(server, stub, channel, proto_modules):
+    pb2, _ = proto_modules
+    huge = pb2.FloatTensor(shape=[1, 1, 32, 32], data=[3e38] * 1024)
+    expect_refused(lambda: stub.Classify(pb2.ClassifyRequest(model="tost-digits", tensor=huge)),
+                   grpc.StatusCode.INVALID_ARGUMENT, "magnitude at most", channel)
+    client = triton.InferenceServerClient(url=server.address)
+    pixels = triton.InferInput("image", [1, 1, 32, 32], "FP32")
+    pixels.set_data_from_numpy(np.full((1, 1, 32, 32), 3e38, dtype=np.float32))
+    with pytest.raises(triton.InferenceServerException) as e:
+        client.infer("tost-digits", [pixels])
+    assert "INVALID_ARGUMENT" in e.value.status() and "magnitude" in e.value.message()
+    # The largest accepted magnitude still gives finite probabilities.
+    edge = pb2.FloatTensor(shape=[1, 1, 32, 32], data=[1e6, -1e6] * 512)
+    result = stub.Classify(pb2.ClassifyRequest(model="tost-digits", tensor=edge, top_k=10))
+    probs = [label.probability for label in result.results[0].labels]
+    assert all(np.isfinite(probs)) and abs(sum(probs) - 1) < 1e-3
+    for sampling, fragment in [(pb2.SamplingParams(repetition_penalty=1e-40), "repetition_penalty"),
+                               (pb2.SamplingParams(temperature=1e-30), "temperature"),
+                               (pb2.SamplingParams(temperature=1e30), "temperature")]:
+        expect_refused(lambda: list(stub.Generate(pb2.GenerateRequest(
+            model="tost-austen", prompt_bytes=b"a", max_new_tokens=2, sampling=sampling))),
+            grpc.StatusCode.INVALID_ARGUMENT, fragment, channel)
+    # Logprobs of the largest accepted temperature and penalty are finite.
+    for msg in stub.Generate(pb2.GenerateRequest(
+            model="tost-austen", prompt_bytes=b"It was", max_new_tokens=8, top_logprobs=5,
+            sampling=pb2.SamplingParams(temperature=100, repetition_penalty=100, seed=1))):
+        if msg.HasField("token"):
+            assert all(np.isfinite(alt.logprob) for alt in msg.token.top_logprobs)
