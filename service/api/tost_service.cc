@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "model/status_macros.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
@@ -104,7 +105,12 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
     std::vector<float> logits;
     ClassifierModel::Explained explained;
     if (request->return_membership()) {
-      // The batcher carries logits rows only, so diagnostic requests run on their own.
+      // The batcher carries logits rows only, so diagnostic requests run on their own; like a
+      // batched request, one whose deadline has passed (while its images decoded) does not run.
+      if (absl::Now() >= RequestDeadline(*context)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "model ", cfg.name, ": the request's deadline passed before its membership maps ran"));
+      }
       TOST_ASSIGN_OR_RETURN(explained, classifier.model().ClassifyWithMembership(
                                            pixels, images, v.image_height, v.image_width));
       const int64_t expected = images * v.depth * v.num_heads * explained.grid_h * explained.grid_w;
