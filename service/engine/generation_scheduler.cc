@@ -201,8 +201,63 @@ absl::Status GenerationScheduler::CheckState(const GenerationState& st) const {
   return absl::OkStatus();
 }
 
+GenerationScheduler::Slot& GenerationScheduler::Slot::operator=(Slot&& other) noexcept {
+  if (this != &other) {
+    Slot dropped(std::move(*this));
+    scheduler_ = std::exchange(other.scheduler_, nullptr);
+  }
+  return *this;
+}
+
+GenerationScheduler::Slot::~Slot() {
+  if (scheduler_ == nullptr) return;
+  absl::MutexLock lock(&scheduler_->mu_);
+  --scheduler_->reserved_;
+  scheduler_->stats_.reserved = scheduler_->reserved_;
+}
+
+absl::Status GenerationScheduler::Refuse(GenerationRefusal reason) {
+  const std::string& name = model_.config().name;
+  if (options_.observer != nullptr) options_.observer->OnRefused(name, reason);
+  if (reason == GenerationRefusal::kDraining) {
+    return absl::UnavailableError(
+        absl::StrCat("model ", name, " is draining: retry on another replica"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "model ", name, ": all ", options_.max_active_jobs, " generation slots and ",
+      options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
+}
+
+absl::StatusOr<GenerationScheduler::Slot> GenerationScheduler::Reserve() {
+  GenerationRefusal refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!admitting_ || stopping_) {
+      refusal = GenerationRefusal::kDraining;
+    } else if (active_count_ + static_cast<int32_t>(queued_.size()) + reserved_ >=
+               options_.max_active_jobs + options_.max_queued_jobs) {
+      refusal = GenerationRefusal::kQueueFull;
+    } else {
+      ++reserved_;
+      stats_.reserved = reserved_;
+      return Slot(this);
+    }
+  }
+  return Refuse(refusal);
+}
+
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     GenerationRequest request) {
+  absl::StatusOr<Slot> slot = Reserve();
+  if (!slot.ok()) return slot.status();
+  return Submit(*std::move(slot), std::move(request));
+}
+
+absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
+    Slot slot, GenerationRequest request) {
+  if (slot.scheduler_ != this) {
+    return absl::InvalidArgumentError("generation slot reserved on another scheduler");
+  }
   const model::LanguageConfig& c = model_.config().language;
   const std::string& name = model_.config().name;
   GenerationState& st = request.state;
@@ -249,29 +304,20 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   if (options_.observer != nullptr) job->submitted = clock_->Now();
   std::shared_ptr<GenerationJob> handle = job->handle;
 
-  std::optional<GenerationRefusal> refusal;
   {
     absl::MutexLock lock(&mu_);
-    if (!admitting_ || stopping_) {
-      refusal = GenerationRefusal::kDraining;
-    } else if (active_count_ + static_cast<int32_t>(queued_.size()) >=
-               options_.max_active_jobs + options_.max_queued_jobs) {
-      refusal = GenerationRefusal::kQueueFull;
-    } else {
+    // The place is this job's now: the slot no longer gives it back.
+    slot.scheduler_ = nullptr;
+    --reserved_;
+    stats_.reserved = reserved_;
+    if (admitting_ && !stopping_) {
       queued_.push_back(std::move(job));
       ++stats_.queued;
       doorbell_->Ring();
       return handle;
     }
   }
-  if (options_.observer != nullptr) options_.observer->OnRefused(name, *refusal);
-  if (*refusal == GenerationRefusal::kDraining) {
-    return absl::UnavailableError(
-        absl::StrCat("model ", name, " is draining: retry on another replica"));
-  }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "model ", name, ": all ", options_.max_active_jobs, " generation slots and ",
-      options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
+  return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
 void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status status) {

@@ -171,6 +171,7 @@ struct GenerationSchedulerStats {
   int32_t active = 0;
   int32_t queued = 0;
   int32_t paused = 0;        // active jobs waiting for their consumer
+  int32_t reserved = 0;      // places reserved and not yet submitted
   int64_t stalled_jobs = 0;  // jobs cancelled after stream_stall_timeout
 };
 
@@ -187,6 +188,28 @@ class GenerationScheduler {
   // parameters and stop token ids are valid: what every state must pass before it is stored or
   // run (Submit checks it too).
   absl::Status CheckState(const GenerationState& state) const;
+
+  // A place among the admitted jobs, taken before the caller does any work on its request (a
+  // prompt of up to a MiB is tokenised only once it holds one). Move-only; dropping it unused gives
+  // the place back.
+  class Slot {
+   public:
+    Slot(Slot&& other) noexcept : scheduler_(std::exchange(other.scheduler_, nullptr)) {}
+    Slot& operator=(Slot&& other) noexcept;
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    ~Slot();
+
+   private:
+    friend class GenerationScheduler;
+    explicit Slot(GenerationScheduler* scheduler) : scheduler_(scheduler) {}
+    GenerationScheduler* scheduler_ = nullptr;
+  };
+  // RESOURCE_EXHAUSTED (with a retry hint) when every slot and queue place is taken or reserved,
+  // UNAVAILABLE once draining: Submit's refusals, decided before any work.
+  absl::StatusOr<Slot> Reserve();
+  // Submits with a place taken by Reserve(); errors as Submit's.
+  absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(Slot slot, GenerationRequest request);
 
   // Admits a job or refuses it before any model work: INVALID_ARGUMENT for a bad request,
   // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every slot
@@ -220,6 +243,8 @@ class GenerationScheduler {
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
   void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
+  // The refusal of a job that cannot be admitted, after telling the observer.
+  absl::Status Refuse(GenerationRefusal reason);
   // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when
   // the job finished.
   bool EmitToken(Job& job, absl::Span<const float> logits);
@@ -233,6 +258,7 @@ class GenerationScheduler {
   bool admitting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Slots not yet submitted
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;

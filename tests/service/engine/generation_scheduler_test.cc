@@ -523,6 +523,47 @@ TEST_F(SchedulerTest, ACancelledOrExpiredQueuedJobGivesItsPlaceBackAtTheNextStep
   (*running)->Cancel();
 }
 
+TEST_F(SchedulerTest, AReservedPlaceCountsAgainstCapacityUntilSubmittedOrDropped) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 1;
+  o.max_queued_jobs = 1;
+  auto s = Make(o);
+  auto first = s->Reserve();
+  auto second = s->Reserve();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(s->stats().reserved, 2);
+  // Full before any request was looked at: the caller has done no work yet.
+  EXPECT_EQ(s->Reserve().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s->Submit(Request(*s, "x", 1)).status().code(), absl::StatusCode::kResourceExhausted);
+  { auto dropped = *std::move(second); }  // an unused place goes back
+  EXPECT_EQ(s->stats().reserved, 1);
+  auto job = s->Submit(*std::move(first), Request(*s, "hi", 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(s->stats().reserved, 0);
+  EXPECT_EQ(s->stats().queued, 1);
+  // A place whose request turns out invalid goes back too.
+  auto bad = s->Reserve();
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(s->Submit(*std::move(bad), Request(*s, "", 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->stats().reserved, 0);
+  // Draining that begins after a place was reserved still refuses the job.
+  auto late = s->Reserve();
+  ASSERT_TRUE(late.ok());
+  s->StopAdmitting();
+  EXPECT_EQ(s->Submit(*std::move(late), Request(*s, "hi", 2)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s->Reserve().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s->stats().reserved, 0);
+  // A place belongs to the scheduler that gave it.
+  auto other = Make();
+  auto foreign = other->Reserve();
+  ASSERT_TRUE(foreign.ok());
+  auto fresh = Make();
+  EXPECT_EQ(fresh->Submit(*std::move(foreign), Request(*fresh, "hi", 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SchedulerTest, EveryStateIsCheckedOnceByTheSchedulerWhateverItsSource) {
   auto s = Make();
   GenerationState ok = s->NewState({});
