@@ -120,12 +120,18 @@ absl::StatusOr<std::vector<float>> EncodedImagesToPixels(absl::Span<const std::s
                                                          const std::string& field) {
   const int64_t count = static_cast<int64_t>(images.size());
   TOST_RETURN_IF_ERROR(CheckElementLimit(count, model, limits, field));
+  // Every image is resized to the model's input, so a decode far larger than that input only
+  // costs memory: the decoded size is bounded relative to the model as well as by the server.
+  ImageLimits image_limits = limits.image;
+  image_limits.max_decoded_pixels = std::min(
+      image_limits.max_decoded_pixels,
+      kMaxDecodedPixelsPerModelPixel * model.vision.image_height * model.vision.image_width);
   std::vector<float> pixels;
   pixels.reserve(static_cast<size_t>(count * ValuesPerImage(model.vision)));
   for (int64_t i = 0; i < count; ++i) {
     TOST_ASSIGN_OR_RETURN(
         std::vector<float> one,
-        DecodeAndPreprocess(images[static_cast<size_t>(i)], model.vision, limits.image,
+        DecodeAndPreprocess(images[static_cast<size_t>(i)], model.vision, image_limits,
                             absl::StrCat(field, "[", i, "] for model ", model.name)));
     pixels.insert(pixels.end(), one.begin(), one.end());
   }

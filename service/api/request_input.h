@@ -58,6 +58,9 @@ absl::Status CheckImageCount(int64_t images, const model::ModelConfig& model,
 
 // The largest pixel magnitude a float tensor may carry (preprocessed pixels are a few units).
 inline constexpr float kMaxPixelMagnitude = 1e6f;
+// An encoded image may decode to at most this many times the model's input pixels (and at most
+// ImageLimits::max_decoded_pixels): 1 MPixel for a 32×32 model, 51 MPixel for 224×224.
+inline constexpr int64_t kMaxDecodedPixelsPerModelPixel = 1024;
 
 // A float32 image tensor as a request carries it: views into the request, valid during the call.
 struct FloatTensorView {
@@ -79,8 +82,9 @@ absl::StatusOr<std::vector<float>> FloatTensorToPixels(const FloatTensorView& te
 
 // Encoded PNG/JPEG images, as many as CheckImageCount accepted, decoded and preprocessed to the
 // model's resolution (DecodeAndPreprocess) so that they batch together: pixels [images, C, H, W].
-// The element limit is checked before any image is decoded. `field` names the images; image i is
-// called "<field>[i]" (e.g. "images[2]").
+// The element limit is checked before any image is decoded, and each image's declared size against
+// min(limits.image.max_decoded_pixels, kMaxDecodedPixelsPerModelPixel × the model's pixels).
+// `field` names the images; image i is called "<field>[i]" (e.g. "images[2]").
 absl::StatusOr<std::vector<float>> EncodedImagesToPixels(absl::Span<const std::string_view> images,
                                                          const model::ModelConfig& model,
                                                          const ServiceLimits& limits,

@@ -93,3 +93,24 @@ def test_inputs_that_would_overflow_the_model_are_refused(server, stub, channel,
             sampling=pb2.SamplingParams(temperature=100, repetition_penalty=100, seed=1))):
         if msg.HasField("token"):
             assert all(np.isfinite(alt.logprob) for alt in msg.token.top_logprobs)
+
+
+def test_an_image_far_larger_than_the_model_input_is_refused_before_decoding(stub, channel,
+                                                                              proto_modules):
+    import io
+
+    from PIL import Image
+
+    pb2, _ = proto_modules
+
+    def png(side):
+        out = io.BytesIO()
+        Image.new("L", (side, side), 128).save(out, format="PNG")
+        return out.getvalue()
+
+    # tost-digits takes 32x32: 1024 x 1024 = 1024 times its input decodes, 2048 x 2048 does not
+    # (a few KB of PNG would otherwise decode to 4 MPixel).
+    ok = stub.Classify(pb2.ClassifyRequest(model="tost-digits", images=[png(1024)]))
+    assert len(ok.results) == 1
+    expect_refused(lambda: stub.Classify(pb2.ClassifyRequest(model="tost-digits", images=[png(2048)])),
+                   grpc.StatusCode.INVALID_ARGUMENT, "max_decoded_pixels 1048576", channel)
