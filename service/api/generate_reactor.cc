@@ -125,6 +125,9 @@ absl::Status GenerateReactor::Admit() {
     TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity));
   }
   TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(model_name_));
+  // A place first: a full or draining scheduler refuses before the prompt (up to a MiB) is
+  // tokenised.
+  TOST_ASSIGN_OR_RETURN(GenerationScheduler::Slot slot, scheduler->Reserve());
   const bool fresh = request.session_id().empty() && request.state().empty();
   if (fresh) {
     state = scheduler->NewState(SamplingFromProto(request.sampling()));
@@ -151,7 +154,7 @@ absl::Status GenerateReactor::Admit() {
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);
   TOST_ASSIGN_OR_RETURN(identity_, engine_.Identity(model_name_));
-  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(job_request)));
+  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(slot), std::move(job_request)));
   return absl::OkStatus();
 }
 

@@ -129,3 +129,25 @@ def test_client_that_stops_reading_pauses_and_is_cancelled_with_its_session_kept
         control.close()
     finally:
         assert srv.stop() == 0
+
+
+def test_a_full_scheduler_refuses_before_looking_at_the_prompt(proto_modules):
+    pb2, pb2_grpc = proto_modules
+    srv = RunningServer(os.path.join(SOURCE_DIR, "models"),
+                        ["--max_active_generations=1", "--max_queued_generations=0"])
+    try:
+        ch = grpc.insecure_channel(srv.address)
+        stub = pb2_grpc.TostStub(ch)
+        holder = stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=b"It was", max_new_tokens=500))
+        next(holder)  # it holds the only place (and, unread, pauses there)
+        # A megabyte of prompt text, or ids outside the vocabulary: refused for want of a place
+        # first, so a full server spends nothing on them.
+        for request in (pb2.GenerateRequest(model=MODEL, prompt_bytes=b"word " * 200_000),
+                        pb2.GenerateRequest(model=MODEL, prompt_tokens=pb2.TokenIds(ids=[10**6]))):
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(request))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        holder.cancel()
+        ch.close()
+    finally:
+        assert srv.stop() == 0
