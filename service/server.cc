@@ -20,6 +20,14 @@ namespace tost::service {
 absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.port < 0 || o.port > 65535)
     return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", o.port));
+  if (o.max_concurrent_streams < 1 || o.min_client_ping_interval_ms < 0 || o.max_ping_strikes < 0 ||
+      o.max_connection_age_ms < 0 || o.max_connection_age_grace_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_concurrent_streams must be >= 1 and --min_client_ping_interval_ms, "
+        "--max_ping_strikes, --max_connection_age_ms, --max_connection_age_grace_ms >= 0; got ",
+        o.max_concurrent_streams, ", ", o.min_client_ping_interval_ms, ", ", o.max_ping_strikes,
+        ", ", o.max_connection_age_ms, ", ", o.max_connection_age_grace_ms));
+  }
   if (o.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_message_bytes must be >= 1024, got ", o.max_message_bytes));
@@ -153,6 +161,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             options.min_client_ping_interval_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, options.max_ping_strikes);
+  if (options.max_connection_age_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_ms);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               options.max_connection_age_grace_ms);
+  }
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->kserve_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

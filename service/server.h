@@ -28,7 +28,14 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;   // receive and send limit per message
   int keepalive_time_ms = 30'000;     // server pings idle connections this often
   int keepalive_timeout_ms = 10'000;  // and drops them if no ack arrives in time
-  int intra_op_threads = 1;           // LibTorch threads; 0 = one per core
+  // HTTP/2 limits per connection, so one client cannot hold the server (rapid reset, ping floods,
+  // a connection that never moves to another replica):
+  int max_concurrent_streams = 1024;          // streams open at once on one connection
+  int min_client_ping_interval_ms = 10'000;   // client pings more often than this are strikes;
+  int max_ping_strikes = 2;                   // ... past this many the connection is closed
+  int max_connection_age_ms = 1'800'000;      // then GOAWAY, so clients re-resolve (0: never)
+  int max_connection_age_grace_ms = 600'000;  // streams open at GOAWAY get this long to end
+  int intra_op_threads = 1;                   // LibTorch threads; 0 = one per core
   ServiceLimits limits;
   GenerationSchedulerOptions generation;  // per language model
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)

@@ -16,6 +16,14 @@ ABSL_FLAG(int, port, 8500, "gRPC port; 0 picks a free port (printed on stdout)")
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or sent, in bytes");
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
+ABSL_FLAG(int, max_concurrent_streams, 1024, "HTTP/2 streams open at once on one connection");
+ABSL_FLAG(int, min_client_ping_interval_ms, 10000,
+          "Client pings closer together than this (without data) are strikes");
+ABSL_FLAG(int, max_ping_strikes, 2, "Ping strikes after which a connection is closed");
+ABSL_FLAG(int, max_connection_age_ms, 1800000,
+          "Connections older than this get GOAWAY, so clients re-resolve and rebalance; 0 = never");
+ABSL_FLAG(int, max_connection_age_grace_ms, 600000,
+          "Streams open at a connection's GOAWAY get this long to finish");
 ABSL_FLAG(int, intra_op_threads, 1,
           "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler "
           "and the classification batcher are the parallelism: 1 keeps 2 cores from "
@@ -105,6 +113,11 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
   options.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.min_client_ping_interval_ms = absl::GetFlag(FLAGS_min_client_ping_interval_ms);
+  options.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
+  options.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
+  options.max_connection_age_grace_ms = absl::GetFlag(FLAGS_max_connection_age_grace_ms);
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.limits.max_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
