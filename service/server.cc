@@ -61,6 +61,8 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
 
 namespace {
 
+constexpr int kFinalMessagesGraceMs = 1000;
+
 // tost_model_info's backend label: every model runs on LibTorch's CPU backend today.
 constexpr char kModelBackend[] = "libtorch_cpu";
 
@@ -217,7 +219,10 @@ void Server::Drain(int drain_timeout_ms) {
   }
   // Whatever still runs ends now with FINISH_REASON_DRAINED and its state blob.
   engine_->Shutdown();
-  Shutdown(std::max(1000, drain_timeout_ms));
+  // What is left are final messages (the drained streams' state blobs) and unary calls already
+  // running: one second for them, so the whole drain stays within --drain_timeout_s + 1 s, inside
+  // the orchestrator's grace period.
+  Shutdown(kFinalMessagesGraceMs);
 }
 
 void Server::Shutdown(int grace_ms) {

@@ -151,3 +151,25 @@ def test_a_full_scheduler_refuses_before_looking_at_the_prompt(proto_modules):
         ch.close()
     finally:
         assert srv.stop() == 0
+
+
+def test_a_drain_ends_within_its_timeout_and_a_second_even_with_a_stalled_client(proto_modules):
+    import signal
+    import time
+
+    pb2, pb2_grpc = proto_modules
+    drain_s = 2
+    srv = RunningServer(os.path.join(SOURCE_DIR, "models"), [f"--drain_timeout_s={drain_s}"])
+    slow = grpc.insecure_channel(srv.address, options=[("grpc.http2.lookahead_bytes", 1024),
+                                                       ("grpc.http2.bdp_probe", 0)])
+    call = pb2_grpc.TostStub(slow).Generate(pb2.GenerateRequest(
+        model=MODEL, prompt_bytes=b"It was", max_new_tokens=900, top_logprobs=20), timeout=120)
+    next(call)  # streaming, then never read again: its writes wait on the flow-control window
+    time.sleep(0.5)
+    start = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0
+    elapsed = time.monotonic() - start
+    print(f"drain with a stalled client: {elapsed:.2f} s (--drain_timeout_s={drain_s})")
+    assert elapsed < drain_s + 1.9, elapsed
+    slow.close()
