@@ -43,6 +43,10 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         absl::StrCat("--max_image_bytes and --max_decoded_pixels must be >= 1, got ",
                      o.limits.image.max_encoded_bytes, " and ", o.limits.image.max_decoded_pixels));
   }
+  if (o.session_blob_ttl_s < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--session_blob_ttl_s must be >= 0 (0: blobs do not expire), got ", o.session_blob_ttl_s));
+  }
   if (o.session_reap_interval_ms < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
@@ -66,16 +70,26 @@ constexpr int kFinalMessagesGraceMs = 1000;
 // tost_model_info's backend label: every model runs on LibTorch's CPU backend today.
 constexpr char kModelBackend[] = "libtorch_cpu";
 
-absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file) {
+absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file, int64_t blob_ttl_s) {
+  const SessionCodecOptions codec_options{.ttl = absl::Seconds(blob_ttl_s),
+                                          .clock = RealClock::Get()};
   if (key_file.empty()) {
     Log(LogLevel::kWarning,
         "no --session_key_file: exported session blobs verify only on this process");
-    return SessionCodec::WithRandomKey();
+    return SessionCodec::WithRandomKey(codec_options);
   }
-  TOST_ASSIGN_OR_RETURN(std::string key, model::ReadFileToString(key_file));
-  auto codec = SessionCodec::Create(std::move(key));
+  TOST_ASSIGN_OR_RETURN(std::string contents, model::ReadFileToString(key_file));
+  // One key (the whole file, as before key lists) or a "tost-session-keys" list: the first signs,
+  // all verify, so keys rotate without refusing the blobs already handed out.
+  auto keys = ParseSessionKeys(contents);
+  if (!keys.ok())
+    return absl::InvalidArgumentError(absl::StrCat(key_file, ": ", keys.status().message()));
+  const size_t count = keys->size();
+  auto codec = SessionCodec::Create(*std::move(keys), codec_options);
   if (!codec.ok())
     return absl::InvalidArgumentError(absl::StrCat(key_file, ": ", codec.status().message()));
+  Log(LogLevel::kInfo, "session keys loaded",
+      {{"file", key_file}, {"keys", static_cast<int64_t>(count)}, {"blob_ttl_s", blob_ttl_s}});
   return codec;
 }
 
@@ -105,7 +119,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const S
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   TOST_RETURN_IF_ERROR(ValidateServerOptions(options));
   model::SetTorchThreads(options.intra_op_threads);
-  TOST_ASSIGN_OR_RETURN(SessionCodec codec, MakeCodec(options.session_key_file));
+  TOST_ASSIGN_OR_RETURN(SessionCodec codec,
+                        MakeCodec(options.session_key_file, options.session_blob_ttl_s));
   Authenticator auth;
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));

@@ -40,13 +40,14 @@ struct ServerOptions {
   GenerationSchedulerOptions generation;  // per language model
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)
   SessionStoreOptions sessions;
-  std::string session_key_file;  // secret for state blobs; empty = random per process
+  std::string session_key_file;  // key or key list for state blobs; empty = random per process
   std::string api_keys_file;     // "name key" lines; empty = no API keys
   std::string tls_cert_file;     // PEM certificate chain; with tls_key_file turns TLS on
   std::string tls_key_file;      // PEM private key
   std::string
       tls_client_ca_file;  // PEM CA; when set, clients must present a certificate it signed (mTLS)
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
+  int64_t session_blob_ttl_s = 0;             // state blobs expire this long after export; 0: never
   MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
 };
 

@@ -69,8 +69,13 @@ ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20,
 ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
 ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it "
-          "continue each other's "
-          "sessions. Empty: a random key, blobs verify only on this process");
+          "continue each other's sessions. The whole file is the key, or, when its first line is "
+          "\"tost-session-keys\", one key per line (literal or base64:...; # comments): the first "
+          "signs, all verify (rotation). Empty: a random key, blobs verify only on this process");
+ABSL_FLAG(
+    int64_t, session_blob_ttl_s, 0,
+    "Exported session blobs are refused this many seconds after export (FAILED_PRECONDITION); "
+    "0 = they do not expire");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain: with --tls_key_file, serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
@@ -139,6 +144,7 @@ int main(int argc, char** argv) {
   options.sessions.max_state_bytes = absl::GetFlag(FLAGS_session_budget_bytes);
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
+  options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);

@@ -85,6 +85,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::Generate
   const tost::v1::GenerateRequest& request_;
 
   // Set by Admit() before any other reaction can run, then read-only.
+  std::string owner_;  // the caller: the blobs this call returns are bound to it
   std::string model_name_;
   ModelIdentity identity_;
   bool stateless_ = false;
@@ -100,7 +101,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::Generate
 };
 
 absl::Status GenerateReactor::Admit() {
-  TOST_ASSIGN_OR_RETURN(const std::string owner, auth_.Identify(*context_));
+  TOST_ASSIGN_OR_RETURN(owner_, auth_.Identify(*context_));
+  const std::string& owner = owner_;
   const tost::v1::GenerateRequest& request = request_;
   if (!request.session_id().empty() && !request.state().empty()) {
     return absl::InvalidArgumentError("set session_id or state, not both");
@@ -122,7 +124,7 @@ absl::Status GenerateReactor::Admit() {
       TOST_ASSIGN_OR_RETURN(model_name_, engine_.codec().PeekModel(request.state()));
     }
     TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(model_name_));
-    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity));
+    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity, owner));
   }
   TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(model_name_));
   // A place first: a full or draining scheduler refuses before the prompt (up to a MiB) is
@@ -173,7 +175,7 @@ void GenerateReactor::FillEvent(const GenerationEvent& event,
       alt->set_logprob(lp);
     }
   } else {
-    msg.mutable_snapshot()->set_state(engine_.codec().Encode(event.snapshot, identity_));
+    msg.mutable_snapshot()->set_state(engine_.codec().Encode(event.snapshot, identity_, owner_));
     msg.mutable_snapshot()->set_position(event.snapshot.sequence.position);
   }
 }
@@ -199,7 +201,7 @@ absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::Gene
   f->set_session_id(request_.session_id());
   f->set_position(event.snapshot.sequence.position + (event.snapshot.pending_token >= 0 ? 1 : 0));
   if (stateless_ || request_.return_state() || event.finish_reason == FinishReason::kDrained) {
-    f->set_state(engine_.codec().Encode(event.snapshot, identity_));
+    f->set_state(engine_.codec().Encode(event.snapshot, identity_, owner_));
   }
   return absl::OkStatus();
 }

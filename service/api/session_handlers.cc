@@ -47,7 +47,7 @@ grpc::Status TostService::ExportSession(grpc::ServerContext* context,
     TOST_ASSIGN_OR_RETURN(GenerationState state,
                           engine_.sessions().Get(request->session_id(), owner));
     TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(state.model));
-    response->set_state(engine_.codec().Encode(state, identity));
+    response->set_state(engine_.codec().Encode(state, identity, owner));
     FillSessionInfo(request->session_id(), state, response->mutable_session());
     return absl::OkStatus();
   };
@@ -62,7 +62,7 @@ grpc::Status TostService::ImportSession(grpc::ServerContext* context,
     TOST_ASSIGN_OR_RETURN(std::string model_name, engine_.codec().PeekModel(request->state()));
     TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(model_name));
     TOST_ASSIGN_OR_RETURN(GenerationState state,
-                          engine_.codec().Decode(request->state(), identity));
+                          engine_.codec().Decode(request->state(), identity, owner));
     TOST_ASSIGN_OR_RETURN(std::string id, engine_.sessions().Add(owner, state));
     FillSessionInfo(id, state, response);
     return absl::OkStatus();

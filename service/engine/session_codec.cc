@@ -5,10 +5,14 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/strings/str_split.h"
 #include "model/file_util.h"
 #include "model/status_macros.h"
 #include "tost/v1/session_state.pb.h"
@@ -17,7 +21,10 @@ namespace tost::service {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'O', 'S', 'T', 'S', 'E', 'S', 'S'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kUnboundVersion = 1;  // no owner, no expiry: read only where neither applies
+constexpr size_t kMinKeyBytes = 16;
+constexpr char kKeyListHeader[] = "tost-session-keys";
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4;
 constexpr size_t kMacBytes = 32;
 
@@ -46,24 +53,41 @@ absl::Status Mismatch(const std::string& what, const std::string& blob_value,
                    here, "; continue it on a replica serving the same model"));
 }
 
-}  // namespace
-
-absl::StatusOr<SessionCodec> SessionCodec::Create(std::string key) {
-  if (key.size() < 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session key must hold at least 16 bytes of secret, got ", key.size()));
-  }
-  return SessionCodec(std::move(key));
+std::string Rfc3339Ms(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
 
-SessionCodec SessionCodec::WithRandomKey() {
+}  // namespace
+
+absl::StatusOr<SessionCodec> SessionCodec::Create(std::vector<std::string> keys,
+                                                  SessionCodecOptions options) {
+  if (keys.empty()) return absl::InvalidArgumentError("session codec needs at least one key");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].size() < kMinKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("session key ", i + 1, " of ", keys.size(),
+                                                     " must hold at least ", kMinKeyBytes,
+                                                     " bytes of secret, got ", keys[i].size()));
+    }
+  }
+  if (options.ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session blob TTL must be >= 0 (0: no expiry), got ", absl::FormatDuration(options.ttl)));
+  }
+  if (options.clock == nullptr) return absl::InvalidArgumentError("session codec needs a clock");
+  return SessionCodec(std::move(keys), options);
+}
+
+SessionCodec SessionCodec::WithRandomKey(SessionCodecOptions options) {
   std::string key(32, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1)
     std::abort();
-  return SessionCodec(std::move(key));
+  if (options.clock == nullptr) options.clock = RealClock::Get();
+  if (options.ttl < absl::ZeroDuration()) options.ttl = absl::ZeroDuration();
+  return SessionCodec({std::move(key)}, options);
 }
 
-std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& model) const {
+std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& model,
+                                 const std::string& caller) const {
   const model::LanguageConfig& c = model.config->language;
   tost::v1::internal::SessionState p;
   p.set_model(s.model);
@@ -91,18 +115,23 @@ std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& 
   p.set_utf8_pending(s.utf8_pending);
   p.set_held_text(s.held_text);
   p.set_generated_tokens(s.generated_tokens);
-  p.set_exported_unix_ms(absl::ToUnixMillis(absl::Now()));
+  const absl::Time now = options_.clock->Now();
+  p.set_exported_unix_ms(absl::ToUnixMillis(now));
+  if (options_.ttl > absl::ZeroDuration())
+    p.set_expires_unix_ms(absl::ToUnixMillis(now + options_.ttl));
+  if (caller != kAnonymousCaller) p.set_owner(caller);
   const std::string payload = p.SerializeAsString();
 
   std::string out(kMagic, sizeof(kMagic));
   PutU32(out, kVersion);
   PutU32(out, static_cast<uint32_t>(payload.size()));
   out += payload;
-  out += Hmac(key_, out);
+  out += Hmac(keys_.front(), out);
   return out;
 }
 
-absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blob) const {
+absl::StatusOr<SessionCodec::Verified> SessionCodec::VerifiedPayload(
+    const std::string& blob) const {
   if (blob.size() < kHeaderBytes + kMacBytes ||
       std::memcmp(blob.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("state blob is not a tost-serve session (",
@@ -110,9 +139,10 @@ absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blo
                                                    " bytes, expected the TOSTSESS header)"));
   }
   const uint32_t version = GetU32(blob.data() + 8);
-  if (version != kVersion) {
+  if (version != kVersion && version != kUnboundVersion) {
     return absl::InvalidArgumentError(absl::StrCat("state blob has format version ", version,
-                                                   "; this server reads version ", kVersion));
+                                                   "; this server reads versions ", kUnboundVersion,
+                                                   " and ", kVersion));
   }
   const uint32_t len = GetU32(blob.data() + 12);
   if (blob.size() != kHeaderBytes + len + kMacBytes) {
@@ -121,29 +151,71 @@ absl::StatusOr<std::string> SessionCodec::VerifiedPayload(const std::string& blo
                      " bytes, its header announces ", kHeaderBytes + len + kMacBytes));
   }
   const std::string_view body(blob.data(), kHeaderBytes + len);
-  const std::string mac = Hmac(key_, body);
-  if (CRYPTO_memcmp(mac.data(), blob.data() + body.size(), kMacBytes) != 0) {
-    return absl::InvalidArgumentError(
-        "state blob failed authentication: it was modified, or signed by a server with another "
-        "session key");
+  // Every key verifies: blobs signed before a rotation stay valid while their key is listed.
+  for (const std::string& key : keys_) {
+    const std::string mac = Hmac(key, body);
+    if (CRYPTO_memcmp(mac.data(), blob.data() + body.size(), kMacBytes) == 0)
+      return Verified{version, std::string(blob.data() + kHeaderBytes, len)};
   }
-  return std::string(blob.data() + kHeaderBytes, len);
+  return absl::InvalidArgumentError(
+      "state blob failed authentication: it was modified, or signed with a session key that is "
+      "not one of this server's (another server's key, or one since retired from "
+      "--session_key_file)");
 }
 
 absl::StatusOr<std::string> SessionCodec::PeekModel(const std::string& blob) const {
-  TOST_ASSIGN_OR_RETURN(std::string payload, VerifiedPayload(blob));
+  TOST_ASSIGN_OR_RETURN(Verified verified, VerifiedPayload(blob));
   tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(payload))
+  if (!p.ParseFromString(verified.payload))
     return absl::InvalidArgumentError("state blob payload does not parse");
   return p.model();
 }
 
 absl::StatusOr<GenerationState> SessionCodec::Decode(const std::string& blob,
-                                                     const ModelIdentity& model) const {
-  TOST_ASSIGN_OR_RETURN(std::string payload, VerifiedPayload(blob));
+                                                     const ModelIdentity& model,
+                                                     const std::string& caller) const {
+  TOST_ASSIGN_OR_RETURN(Verified verified, VerifiedPayload(blob));
   tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(payload))
+  if (!p.ParseFromString(verified.payload))
     return absl::InvalidArgumentError("state blob payload does not parse");
+  if (verified.version == kUnboundVersion) {
+    // It proves neither whose it is nor how old it is: only where neither matters.
+    const bool bound = caller != kAnonymousCaller;
+    const bool expiring = options_.ttl > absl::ZeroDuration();
+    if (bound || expiring) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state blob has format version ", kUnboundVersion,
+          ", which records neither owner nor expiry, and this server needs ",
+          bound && expiring ? "both (the call is authenticated and --session_blob_ttl_s is set)"
+          : bound           ? "its owner (the call is authenticated)"
+                            : "its expiry (--session_blob_ttl_s is set)",
+          "; export the session again to get a version ", kVersion, " blob"));
+    }
+  } else {
+    // The owner first: another caller learns nothing more about the blob than that.
+    if (!p.owner().empty() && p.owner() != caller) {
+      return absl::PermissionDeniedError(
+          caller == kAnonymousCaller
+              ? "state blob belongs to an authenticated caller and this call carries no identity; "
+                "continue it under the identity that exported it"
+              : "state blob belongs to another caller; only the identity that exported it may "
+                "continue it");
+    }
+    // The blob's own expiry, and this server's TTL counted from its issue time: a replica with a
+    // longer (or no) TTL cannot mint blobs that outlive this one's policy. absl::Time arithmetic
+    // saturates, so no recorded time, however far off, overflows.
+    absl::Time expires = p.expires_unix_ms() == 0 ? absl::InfiniteFuture()
+                                                  : absl::FromUnixMillis(p.expires_unix_ms());
+    if (options_.ttl > absl::ZeroDuration())
+      expires = std::min(expires, absl::FromUnixMillis(p.exported_unix_ms()) + options_.ttl);
+    const absl::Time now = options_.clock->Now();
+    if (now >= expires) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state blob expired at ", Rfc3339Ms(expires), " (exported at ",
+                       Rfc3339Ms(absl::FromUnixMillis(p.exported_unix_ms())), ", now ",
+                       Rfc3339Ms(now), "); export the session again, or continue it sooner"));
+    }
+  }
   const model::ModelConfig& cfg = *model.config;
   const model::LanguageConfig& c = cfg.language;
   if (p.model() != cfg.name)
@@ -187,6 +259,47 @@ absl::StatusOr<GenerationState> SessionCodec::Decode(const std::string& blob,
   s.held_text = p.held_text();
   s.generated_tokens = p.generated_tokens();
   return s;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseSessionKeys(const std::string& contents) {
+  std::vector<absl::string_view> lines = absl::StrSplit(contents, '\n');
+  if (absl::StripAsciiWhitespace(lines.front()) != kKeyListHeader) {
+    // The original format: the whole file is the key, exactly as servers before key lists read it.
+    if (contents.size() < kMinKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the session key (the whole file, as it does not start with a \"", kKeyListHeader,
+          "\" line) must hold at least ", kMinKeyBytes, " bytes, got ", contents.size()));
+    }
+    return std::vector<std::string>{contents};
+  }
+  std::vector<std::string> keys;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const absl::string_view line = absl::StripAsciiWhitespace(lines[i]);
+    if (line.empty() || line.front() == '#') continue;
+    const std::string where = absl::StrCat("line ", i + 1, ": ");
+    std::string key;
+    if (absl::StartsWith(line, "base64:")) {
+      if (!absl::Base64Unescape(line.substr(7), &key)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "expected standard base64 after \"base64:\""));
+      }
+    } else {
+      key = std::string(line);
+    }
+    if (key.size() < kMinKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "a session key must hold at least ",
+                                                     kMinKeyBytes, " bytes, got ", key.size()));
+    }
+    for (const std::string& k : keys) {
+      if (k == key) return absl::InvalidArgumentError(absl::StrCat(where, "key listed twice"));
+    }
+    keys.push_back(std::move(key));
+  }
+  if (keys.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the \"", kKeyListHeader, "\" list holds no key; expected one per line"));
+  }
+  return keys;
 }
 
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {

@@ -3,7 +3,10 @@ the uninterrupted tokens (greedy and seeded, alone and beside 32 concurrent stre
 batch-invariant decode mode); stateless continuation; fork; per-step batching of 64 streams;
 drain with a resumable blob; the gRPC status codes of the failure cases (INVALID_ARGUMENT for a
 tampered or truncated blob, NOT_FOUND for a closed session or another user's, UNAUTHENTICATED
-without a valid key, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED with a retry hint when full)."""
+without a valid key, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED with a retry hint when full); blob
+hardening (PERMISSION_DENIED for another caller's blob, FAILED_PRECONDITION once it expires, key
+rotation through a key list)."""
+import base64
 import os
 import signal
 import sys
@@ -248,6 +251,98 @@ def test_overload_deadline_auth_and_drain(proto_modules, key_file, tmp_path):
         ch.close()
     finally:
         assert other.stop() == 0
+
+
+ALICE = [("x-api-key", "0123456789abcdef0123")]
+BOB = [("authorization", "Bearer fedcba9876543210fedc")]
+
+
+def api_keys(tmp_path):
+    keys = tmp_path / "api_keys"
+    keys.write_text("alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n")
+    return str(keys)
+
+
+def exported_blob(stub, pb2, metadata=None, tokens=3):
+    """A session with a few tokens generated, exported."""
+    s = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=metadata)
+    collect(stub.Generate(pb2.GenerateRequest(session_id=s.session_id, prompt_bytes=PROMPT, max_new_tokens=tokens),
+                          metadata=metadata, timeout=60))
+    return stub.ExportSession(pb2.SessionRef(session_id=s.session_id), metadata=metadata).state
+
+
+def test_a_blob_is_bound_to_the_caller_that_exported_it(proto_modules, key_file, tmp_path):
+    pb2, pb2_grpc = proto_modules
+    srv = start(key_file, f"--api_keys_file={api_keys(tmp_path)}")
+    try:
+        ch, stub = stub_for(srv, pb2_grpc)
+        blob = exported_blob(stub, pb2, ALICE)
+        # Bob holds alice's blob: refused, without naming either of them.
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ImportSession(pb2.ImportSessionRequest(state=blob), metadata=BOB)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "belongs to another caller" in e.value.details()
+        assert "alice" not in e.value.details() and "bob" not in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            collect(stub.Generate(pb2.GenerateRequest(state=blob, max_new_tokens=2), metadata=BOB, timeout=60))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # Alice continues it, and the blob a stateless continuation returns is hers too.
+        imported = stub.ImportSession(pb2.ImportSessionRequest(state=blob), metadata=ALICE)
+        assert imported.position == len(PROMPT_IDS) + 3
+        _, final, _ = collect(stub.Generate(pb2.GenerateRequest(state=blob, max_new_tokens=2), metadata=ALICE,
+                                            timeout=60))
+        assert final.state
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ImportSession(pb2.ImportSessionRequest(state=final.state), metadata=BOB)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        ch.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_blob_is_refused_once_its_ttl_has_passed(proto_modules, key_file):
+    pb2, pb2_grpc = proto_modules
+    srv = start(key_file, "--session_blob_ttl_s=1")
+    try:
+        ch, stub = stub_for(srv, pb2_grpc)
+        blob = exported_blob(stub, pb2)
+        stub.ImportSession(pb2.ImportSessionRequest(state=blob))  # within its second
+        time.sleep(1.5)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ImportSession(pb2.ImportSessionRequest(state=blob))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "expired" in e.value.details() and "export the session again" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            collect(stub.Generate(pb2.GenerateRequest(state=blob, max_new_tokens=1), timeout=60))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ch.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_key_list_verifies_blobs_of_every_listed_key_and_signs_with_the_first(proto_modules, tmp_path):
+    pb2, pb2_grpc = proto_modules
+    old_key = os.urandom(32)
+    old_file = tmp_path / "old.key"
+    old_file.write_bytes(old_key)  # the single-key format: the whole file is the key
+    rotated_file = tmp_path / "rotated.keys"
+    rotated_file.write_text("tost-session-keys\n# the new key signs\nthe-new-session-key-0123456789\n"
+                            f"# the old one still verifies\nbase64:{base64.b64encode(old_key).decode()}\n")
+    old, rotated = start(str(old_file)), start(str(rotated_file))
+    try:
+        cho, so = stub_for(old, pb2_grpc)
+        chr_, sr = stub_for(rotated, pb2_grpc)
+        imported = sr.ImportSession(pb2.ImportSessionRequest(state=exported_blob(so, pb2)))
+        assert imported.position == len(PROMPT_IDS) + 3
+        # What the rotated server signs (with its new key) is not verified by the old key alone.
+        with pytest.raises(grpc.RpcError) as e:
+            so.ImportSession(pb2.ImportSessionRequest(state=exported_blob(sr, pb2)))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not one of this server's" in e.value.details()
+        cho.close()
+        chr_.close()
+    finally:
+        assert old.stop() == 0 and rotated.stop() == 0
 
 
 def test_reflection_lists_our_services(channel):

@@ -88,7 +88,7 @@ class EngineTest : public ::testing::Test {
     broken.load_status = absl::DataLossError("model.safetensors is truncated at byte 12");
     return {vit, lm, broken};
   }
-  static SessionCodec Codec() { return *SessionCodec::Create("0123456789abcdef-secret"); }
+  static SessionCodec Codec() { return *SessionCodec::Create({"0123456789abcdef-secret"}); }
   static EngineOptions Unthreaded() {
     EngineOptions o;
     o.start_threads = false;
@@ -422,14 +422,14 @@ TEST_F(EngineTest, AGenerationContinuesThroughASessionAndAnExportedBlob) {
   EXPECT_EQ(stored->generated_tokens, 6);
   auto identity = engine->Identity("lm");
   ASSERT_TRUE(identity.ok());
-  const std::string blob = engine->codec().Encode(*stored, *identity);
+  const std::string blob = engine->codec().Encode(*stored, *identity, "alice");
   EXPECT_EQ(*engine->codec().PeekModel(blob), "lm");
 
   // Another replica with the same model and key.
   FakeClock other_clock;
   auto other = Engine::Create(Models(), Unthreaded(), Codec(), &other_clock);
   ASSERT_TRUE(other.ok()) << other.status();
-  auto decoded = (*other)->codec().Decode(blob, *(*other)->Identity("lm"));
+  auto decoded = (*other)->codec().Decode(blob, *(*other)->Identity("lm"), "alice");
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->sequence.stats, stored->sequence.stats);
   EXPECT_EQ(decoded->pending_token, stored->pending_token);

@@ -1,6 +1,8 @@
 // Session state plumbing: text release rules, the session store, and the authenticated blob codec.
 #include <gtest/gtest.h>
 
+#include "absl/strings/escaping.h"
+
 #include "service/engine/clock.h"
 #include "service/engine/session_codec.h"
 #include "service/engine/session_store.h"
@@ -124,20 +126,42 @@ TEST(SessionStore, IdleSessionsExpireOnTheInjectedClock) {
 
 class SessionCodecTest : public ::testing::Test {
  protected:
+  static constexpr char kKey[] = "0123456789abcdef-secret";
   const testing::FakeLanguageModel lm;
   const model::ModelConfig& config = lm.config();
   ModelIdentity identity{&config, std::string(32, 'h')};
+  FakeClock clock;
   int64_t floats() const { return static_cast<int64_t>(lm.NewSequence().stats.size()); }
+  SessionCodec Codec(std::vector<std::string> keys, absl::Duration ttl = absl::ZeroDuration()) {
+    auto codec = SessionCodec::Create(std::move(keys), {.ttl = ttl, .clock = &clock});
+    EXPECT_TRUE(codec.ok()) << codec.status();
+    return *std::move(codec);
+  }
+  std::string Blob(const SessionCodec& codec, const std::string& caller = kAnonymousCaller) {
+    return codec.Encode(SmallState(config.name, floats()), identity, caller);
+  }
 };
 
+// A version 1 blob as the codec wrote it before owners and expiry existed: SmallState of the fake
+// model, signed with kKey. Kept as bytes so that what old servers exported stays readable.
+std::string VersionOneBlob() {
+  return absl::HexStringToBytes(
+      "544f53545345535301000000ba0000000a0766616b652d6c6d122068686868686868686868686868686868686868"
+      "6868686868686868686868686818022004280230840238800440114a500000003f0000003f0000003f0000003f00"
+      "00003f0000003f0000003f0000003f0000003f0000003f0000003f0000003f0000003f0000003f0000003f000000"
+      "3f0000003f0000003f0000003f0000003f50415a130d3333333f1d0000803f2d0000803f3040386362020a0a7203"
+      "0102037a01e28201010a9001b2bec2bfa034c56b7c5c264c41a5b23d704bc4dc53e75629fde457851a4807eef316"
+      "5683fb61");
+}
+
 TEST_F(SessionCodecTest, RoundTripsEveryField) {
-  auto codec = SessionCodec::Create("0123456789abcdef-secret");
+  auto codec = SessionCodec::Create({kKey});
   ASSERT_TRUE(codec.ok());
   GenerationState s = SmallState(config.name, floats());
   s.sequence.stats[3] = -1.25f;
   s.stop_token_ids = {10};
-  const std::string blob = codec->Encode(s, identity);
-  auto back = codec->Decode(blob, identity);
+  const std::string blob = codec->Encode(s, identity, kAnonymousCaller);
+  auto back = codec->Decode(blob, identity, kAnonymousCaller);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->sequence.stats, s.sequence.stats);
   EXPECT_EQ(back->sequence.position, 17);
@@ -153,44 +177,190 @@ TEST_F(SessionCodecTest, RoundTripsEveryField) {
 }
 
 TEST_F(SessionCodecTest, RefusesTamperedTruncatedForeignAndMismatchedBlobs) {
-  auto codec = SessionCodec::Create("0123456789abcdef-secret");
-  ASSERT_TRUE(codec.ok());
-  const std::string blob = codec->Encode(SmallState(config.name, floats()), identity);
+  // Bound and expiring, so that flipping a bit of the owner or the expiry is caught too.
+  const SessionCodec codec = Codec({kKey}, absl::Hours(1));
+  const std::string blob = Blob(codec, "alice");
   for (size_t i = 0; i < blob.size(); i += 7) {  // flip one bit at a time across the blob
     std::string bad = blob;
     bad[i] ^= 0x10;
-    EXPECT_EQ(codec->Decode(bad, identity).status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(codec.Decode(bad, identity, "alice").status().code(),
+              absl::StatusCode::kInvalidArgument)
         << "byte " << i;
   }
   for (size_t len : {size_t{0}, size_t{10}, blob.size() / 2, blob.size() - 1}) {
-    auto r = codec->Decode(blob.substr(0, len), identity);
+    auto r = codec.Decode(blob.substr(0, len), identity, "alice");
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << len;
   }
-  auto other_key = SessionCodec::Create("another-secret-key-0000");
-  auto foreign = other_key->Decode(blob, identity);
+  auto other_key = SessionCodec::Create({"another-secret-key-0000"});
+  auto foreign = other_key->Decode(blob, identity, "alice");
   EXPECT_EQ(foreign.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(foreign.status().message().find("another session key"), std::string::npos);
+  EXPECT_NE(foreign.status().message().find("not one of this server's"), std::string::npos)
+      << foreign.status();
   ModelIdentity other_weights{identity.config, std::string(32, 'x')};
-  auto mismatch = codec->Decode(blob, other_weights);
+  auto mismatch = codec.Decode(blob, other_weights, "alice");
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(mismatch.status().message().find("weights"), std::string::npos);
-  EXPECT_FALSE(SessionCodec::Create("short").ok());
+  EXPECT_FALSE(SessionCodec::Create({"short"}).ok());
+  EXPECT_FALSE(SessionCodec::Create({kKey, "short"}).ok());
+  EXPECT_FALSE(SessionCodec::Create({}).ok());
+  EXPECT_FALSE(SessionCodec::Create({kKey}, {.ttl = absl::Seconds(-1)}).ok());
+  EXPECT_FALSE(SessionCodec::Create({kKey}, {.clock = nullptr}).ok());
 }
 
 TEST_F(SessionCodecTest, RefusesBlobsOfAnotherModelOrOtherDimensions) {
-  auto codec = SessionCodec::Create("0123456789abcdef-secret");
+  auto codec = SessionCodec::Create({kKey});
   ASSERT_TRUE(codec.ok());
-  const std::string blob = codec->Encode(SmallState(config.name, floats()), identity);
+  const std::string blob = Blob(*codec);
 
   const testing::FakeLanguageModel other({.name = "other-lm"});
-  auto foreign = codec->Decode(blob, {&other.config(), identity.weights_sha256});
+  auto foreign = codec->Decode(blob, {&other.config(), identity.weights_sha256}, kAnonymousCaller);
   EXPECT_EQ(foreign.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(foreign.status().message().find("\"other-lm\""), std::string::npos) << foreign.status();
 
   const testing::FakeLanguageModel wider({.n_embd = 8});
-  auto mismatch = codec->Decode(blob, {&wider.config(), identity.weights_sha256});
+  auto mismatch = codec->Decode(blob, {&wider.config(), identity.weights_sha256}, kAnonymousCaller);
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(mismatch.status().message().find("dimensions"), std::string::npos) << mismatch.status();
+}
+
+TEST_F(SessionCodecTest, RotatedKeysTheFirstSignsEveryOneVerifiesRetiredOnesAreRefused) {
+  const SessionCodec before = Codec({"the-old-key-0000000"});
+  const SessionCodec rotating = Codec({"the-new-key-1111111", "the-old-key-0000000"});
+  const SessionCodec after = Codec({"the-new-key-1111111"});
+  const std::string old_blob = Blob(before);
+  const std::string new_blob = Blob(rotating);
+
+  // Blobs exported before the rotation still verify while the old key is listed.
+  EXPECT_TRUE(rotating.Decode(old_blob, identity, kAnonymousCaller).ok());
+  // The first key signs: what the rotating server exports verifies where only the new key is...
+  EXPECT_TRUE(after.Decode(new_blob, identity, kAnonymousCaller).ok());
+  // ...and not where only the old one is.
+  auto stale = before.Decode(new_blob, identity, kAnonymousCaller);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kInvalidArgument);
+  // Once the old key is retired its blobs are refused, as any foreign key's.
+  auto retired = after.Decode(old_blob, identity, kAnonymousCaller);
+  EXPECT_EQ(retired.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(retired.status().message().find("not one of this server's"), std::string::npos)
+      << retired.status();
+  EXPECT_EQ(after.PeekModel(old_blob).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SessionCodecTest, BlobsExpireAfterTheTtlOnTheInjectedClock) {
+  const SessionCodec codec = Codec({kKey}, absl::Seconds(60));
+  const std::string blob = Blob(codec);
+  clock.Advance(absl::Seconds(59));
+  EXPECT_TRUE(codec.Decode(blob, identity, kAnonymousCaller).ok());
+  clock.Advance(absl::Seconds(1));
+  auto expired = codec.Decode(blob, identity, kAnonymousCaller);
+  EXPECT_EQ(expired.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(expired.status().message().find("expired at 2023-11-14T22:14:20.000Z"),
+            std::string::npos)
+      << expired.status();
+  EXPECT_NE(expired.status().message().find("export the session again"), std::string::npos);
+
+  // TTL 0: never expires.
+  const SessionCodec forever = Codec({kKey});
+  const std::string eternal = Blob(forever);
+  clock.Advance(absl::Hours(24 * 365 * 10));
+  EXPECT_TRUE(forever.Decode(eternal, identity, kAnonymousCaller).ok());
+
+  // A replica with a TTL refuses blobs older than it, even from a replica that set none (and the
+  // expiry a blob was exported with holds on a replica without a TTL).
+  const SessionCodec strict = Codec({kKey}, absl::Seconds(60));
+  const std::string unlimited = Blob(forever);
+  const std::string limited = Blob(strict);
+  clock.Advance(absl::Seconds(61));
+  EXPECT_EQ(strict.Decode(unlimited, identity, kAnonymousCaller).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(forever.Decode(limited, identity, kAnonymousCaller).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionCodecTest, BlobsOfAnAuthenticatedCallerContinueOnlyUnderItsIdentity) {
+  const SessionCodec codec = Codec({kKey});
+  const std::string alices = Blob(codec, "alice");
+  EXPECT_TRUE(codec.Decode(alices, identity, "alice").ok());
+  auto bob = codec.Decode(alices, identity, "bob");
+  EXPECT_EQ(bob.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(bob.status().message().find("belongs to another caller"), std::string::npos)
+      << bob.status();
+  // The message names neither identity.
+  EXPECT_EQ(bob.status().message().find("alice"), std::string::npos);
+  EXPECT_EQ(bob.status().message().find("bob"), std::string::npos);
+  // Nor does a server without authentication let anyone continue it.
+  auto anonymous = codec.Decode(alices, identity, kAnonymousCaller);
+  EXPECT_EQ(anonymous.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(anonymous.status().message().find("alice"), std::string::npos);
+  EXPECT_EQ(codec.Decode(alices, identity, "tls:alice").status().code(),
+            absl::StatusCode::kPermissionDenied);
+
+  // Authentication off: the blob is bound to no one.
+  const std::string unbound = Blob(codec);
+  EXPECT_TRUE(codec.Decode(unbound, identity, kAnonymousCaller).ok());
+  EXPECT_TRUE(codec.Decode(unbound, identity, "bob").ok());
+}
+
+TEST_F(SessionCodecTest, VersionOneBlobsAreReadOnlyWithoutOwnersAndExpiry) {
+  const std::string v1 = VersionOneBlob();
+  ASSERT_EQ(v1.substr(8, 4), std::string("\x01\0\0\0", 4));
+  auto read = Codec({kKey}).Decode(v1, identity, kAnonymousCaller);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->sequence.position, 17);
+  EXPECT_EQ(read->sequence.stats, SmallState(config.name, floats()).sequence.stats);
+  // The old key may be any of a rotated list.
+  EXPECT_TRUE(Codec({"the-new-key-1111111", kKey}).Decode(v1, identity, kAnonymousCaller).ok());
+
+  auto bound = Codec({kKey}).Decode(v1, identity, "alice");
+  EXPECT_EQ(bound.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(bound.status().message().find("format version 1"), std::string::npos) << bound.status();
+  EXPECT_NE(bound.status().message().find("export the session again"), std::string::npos);
+  auto expiring = Codec({kKey}, absl::Hours(1)).Decode(v1, identity, kAnonymousCaller);
+  EXPECT_EQ(expiring.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(expiring.status().message().find("--session_blob_ttl_s"), std::string::npos)
+      << expiring.status();
+
+  // New blobs are version 2; unknown versions are not blobs of this server.
+  const std::string v2 = Blob(Codec({kKey}));
+  EXPECT_EQ(v2.substr(8, 4), std::string("\x02\0\0\0", 4));
+  std::string v3 = v2;
+  v3[8] = 3;
+  auto unknown = Codec({kKey}).Decode(v3, identity, kAnonymousCaller);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("version 3"), std::string::npos) << unknown.status();
+}
+
+TEST(SessionKeys, AFileWithoutTheHeaderIsOneKeyByteForByte) {
+  // Exactly as servers before key lists read it: trailing newline and all.
+  const std::string text = "a-text-secret-of-some-length\n";
+  EXPECT_EQ(*ParseSessionKeys(text), std::vector<std::string>{text});
+  std::string binary = std::string("\n#\0 ", 4) + std::string(28, '\xff');
+  EXPECT_EQ(*ParseSessionKeys(binary), std::vector<std::string>{binary});
+  EXPECT_EQ(ParseSessionKeys("short\n").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SessionKeys, AListHasOneKeyPerLineFirstSigns) {
+  auto keys = ParseSessionKeys(
+      "tost-session-keys\r\n"
+      "# signs\n"
+      "  the-new-key-1111111  \r\n"
+      "\n"
+      "base64:CiMAIP////////////////////////////////////8=\n");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  ASSERT_EQ(keys->size(), 2u);
+  EXPECT_EQ((*keys)[0], "the-new-key-1111111");
+  EXPECT_EQ((*keys)[1], std::string("\n#\0 ", 4) + std::string(28, '\xff'));
+
+  auto empty = ParseSessionKeys("tost-session-keys\n# nothing\n");
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  auto short_key = ParseSessionKeys("tost-session-keys\nthe-new-key-1111111\nshort\n");
+  EXPECT_EQ(short_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_key.status().message().find("line 3"), std::string::npos) << short_key.status();
+  auto bad_base64 = ParseSessionKeys("tost-session-keys\nbase64:not*base64*at*all*\n");
+  EXPECT_EQ(bad_base64.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_base64.status().message().find("line 2"), std::string::npos);
+  auto twice = ParseSessionKeys("tost-session-keys\nthe-new-key-1111111\nthe-new-key-1111111\n");
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find("twice"), std::string::npos);
 }
 
 }  // namespace
