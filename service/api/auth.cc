@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "model/file_util.h"
 #include "model/status_macros.h"
+#include "service/engine/session_codec.h"
 
 namespace tost::service {
 namespace {
@@ -33,6 +34,13 @@ absl::StatusOr<Authenticator> Authenticator::FromText(const std::string& text,
     if (parts.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ":", line_no, ": expected \"name key\", got ", parts.size(), " fields"));
+    }
+    // "anonymous" is the identity of callers without a key: a key of that name would share it
+    // (their sessions, and state blobs bound to no one).
+    if (parts[0] == kAnonymousCaller) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": the name \"",
+                                                     kAnonymousCaller,
+                                                     "\" is reserved for callers without a key"));
     }
     if (parts[1].size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": key of \"", parts[0],
@@ -72,7 +80,7 @@ absl::StatusOr<std::string> Authenticator::Identify(const grpc::ServerContextBas
     for (const auto& id : auth_context->GetPeerIdentity())
       return "tls:" + std::string(id.data(), id.size());
   }
-  return std::string("anonymous");
+  return std::string(kAnonymousCaller);
 }
 
 }  // namespace tost::service
