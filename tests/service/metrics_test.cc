@@ -3,8 +3,19 @@
 #include "service/observability/metrics.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -161,38 +172,308 @@ TEST(MetricsTest, OptionsRejectPortsOutOfRange) {
   EXPECT_TRUE(ValidateMetricsOptions(o).ok());
 }
 
-std::string HttpGet(int port, const std::string& request) {
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A connection to 127.0.0.1:port. Reads give up after 10 s, so a server that never answers fails
+// a test rather than hanging the suite.
+int Connect(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  const timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  return fd;
+}
+
+void SendAll(int fd, const std::string& data) {
+  for (size_t sent = 0; sent < data.size();) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    ASSERT_GT(n, 0) << strerror(errno);
+    sent += static_cast<size_t>(n);
+  }
+}
+
+// Everything the server sends until it closes (or resets) the connection.
+std::string ReadAll(int fd) {
   std::string response;
-  char buf[4096];
+  char buf[65536];
   for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
     response.append(buf, static_cast<size_t>(n));
+  return response;
+}
+
+std::string HttpGet(int port, const std::string& request) {
+  const int fd = Connect(port);
+  SendAll(fd, request);
+  std::string response = ReadAll(fd);
   close(fd);
   return response;
 }
+
+// True while the server has neither closed nor reset `fd` (on which it never sends anything).
+bool IsOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;
+}
+
+// How long until the server closes `fd`, sending one more byte of `trickle` every `interval`
+// meanwhile (none if `trickle` is empty); `limit` if it is still open then.
+SteadyClock::duration TimeUntilClosed(int fd, const std::string& trickle, milliseconds interval,
+                                      SteadyClock::duration limit) {
+  const auto start = SteadyClock::now();
+  for (size_t i = 0; SteadyClock::now() - start < limit; ++i) {
+    if (!trickle.empty()) send(fd, &trickle[i % trickle.size()], 1, MSG_NOSIGNAL);
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(interval.count())) == 1) {
+      char buf[4096];
+      if (read(fd, buf, sizeof(buf)) <= 0) return SteadyClock::now() - start;
+    }
+  }
+  return limit;
+}
+
+// `count` connections that each send one byte of a request header that never ends, every
+// `interval`, the first at once.
+class Tricklers {
+ public:
+  Tricklers(int port, int count, milliseconds interval) {
+    for (int i = 0; i < count; ++i) fds_.push_back(Connect(port));
+    thread_ = std::thread([this, interval] {
+      const std::string header = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+      std::unique_lock<std::mutex> lock(mu_);
+      for (size_t i = 0; !stop_; ++i) {
+        const char byte = i < header.size() ? header[i] : 'a';
+        for (int fd : fds_) send(fd, &byte, 1, MSG_NOSIGNAL);
+        cv_.wait_for(lock, interval, [this] { return stop_; });
+      }
+    });
+  }
+  ~Tricklers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    for (int fd : fds_) close(fd);
+  }
+  const std::vector<int>& fds() const { return fds_; }
+
+ private:
+  std::vector<int> fds_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+constexpr char kScrape[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
 
 TEST(MetricsHttpServerTest, ServesMetricsOnAFreePortAndNothingElse) {
   auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
-  const std::string ok = HttpGet((*server)->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string ok = HttpGet((*server)->port(), kScrape);
   EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
   EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
   EXPECT_NE(ok.find("Content-Length: 9\r\n"), std::string::npos);
   EXPECT_EQ(ok.substr(ok.size() - 9), "tost_x 1\n");
+  const std::string head = HttpGet((*server)->port(), "HEAD /metrics?x=1 HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << "HEAD has no body";
   EXPECT_EQ(HttpGet((*server)->port(), "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
   EXPECT_EQ(HttpGet((*server)->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0),
             0u);
+  EXPECT_EQ(HttpGet((*server)->port(), "nonsense\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
   // The same port cannot be bound twice.
   auto second =
       MetricsHttpServer::Start("127.0.0.1", (*server)->port(), [] { return std::string(); });
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  MetricsHttpServerOptions bad;
+  bad.max_connections = 0;
+  EXPECT_EQ(MetricsHttpServer::Start(
+                "127.0.0.1", 0, [] { return std::string(); }, bad)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetricsHttpServerTest, AnswersARequestThatArrivesInPieces) {
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  // The last cut falls inside the blank line that ends the header.
+  for (const std::string piece : {"GET /met", "rics HTTP/1.1\r\nHost: x\r\n\r", "\n"}) {
+    SendAll(fd, piece);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  const std::string response = ReadAll(fd);
+  close(fd);
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+  EXPECT_EQ(response.substr(response.size() - 9), "tost_x 1\n");
+}
+
+// The acceptance scenario, with real 2 s trickles: 16 clients each sending a byte every 2 s hold
+// connections open (a server that reads one connection at a time would wait on the first for as
+// long as it trickles), and a scrape, at any point of their trickling, answers within 1 s.
+TEST(MetricsHttpServerTest, ScrapeAnswersWithinOneSecondWhileSixteenClientsTrickle) {
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  Tricklers tricklers((*server)->port(), 16, milliseconds(2000));
+  // Once between the first bytes and the second, once just after the second (at 2 s).
+  for (const auto wait : {milliseconds(300), milliseconds(1800)}) {
+    std::this_thread::sleep_for(wait);
+    const auto start = SteadyClock::now();
+    const std::string response = HttpGet((*server)->port(), kScrape);
+    const auto took = SteadyClock::now() - start;
+    EXPECT_LT(took, milliseconds(1000));
+    EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+    EXPECT_EQ(response.substr(response.size() - 9), "tost_x 1\n");
+  }
+  // Still within their 5 s request deadline: the server held all 16 while answering the scrapes.
+  for (int fd : tricklers.fds()) EXPECT_TRUE(IsOpen(fd));
+}
+
+TEST(MetricsHttpServerTest, ClosesARequestNotCompleteByItsDeadlineHoweverSteadilyItTrickles) {
+  MetricsHttpServerOptions options;
+  options.request_timeout = absl::Milliseconds(500);
+  auto server = MetricsHttpServer::Start(
+      "127.0.0.1", 0, [] { return std::string("tost_x 1\n"); }, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // One sends part of a request line and stops; the other sends a byte every 50 ms, so no single
+  // read ever waits long.
+  const int silent = Connect((*server)->port());
+  SendAll(silent, "GET /met");
+  const auto silent_lasted = TimeUntilClosed(silent, "", milliseconds(50), std::chrono::seconds(5));
+  close(silent);
+  const int trickling = Connect((*server)->port());
+  SendAll(trickling, "GET /metrics HTTP/1.1\r\nX-Slow: ");
+  const auto trickling_lasted =
+      TimeUntilClosed(trickling, "a", milliseconds(50), std::chrono::seconds(5));
+  close(trickling);
+  // The deadline runs from accept, which follows connect: never closed early. The upper bound is
+  // generous for a loaded machine but far below the 5 s the helper waits.
+  for (const auto lasted : {silent_lasted, trickling_lasted}) {
+    EXPECT_GE(lasted, milliseconds(450));
+    EXPECT_LT(lasted, milliseconds(3000));
+  }
+  EXPECT_EQ(HttpGet((*server)->port(), kScrape).rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+}
+
+TEST(MetricsHttpServerTest, RefusesAnOversizedHeaderWith431) {
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string big =
+      absl::StrCat("GET /metrics HTTP/1.1\r\nX-Big: ", std::string(16384, 'a'), "\r\n\r\n");
+  const std::string refused = HttpGet((*server)->port(), big);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 431 Request Header Fields Too Large\r\n", 0), 0u) << refused;
+  // A large header within the default 8 KiB is served.
+  const std::string fits =
+      absl::StrCat("GET /metrics HTTP/1.1\r\nX-Big: ", std::string(7000, 'a'), "\r\n\r\n");
+  EXPECT_EQ(HttpGet((*server)->port(), fits).rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+}
+
+TEST(MetricsHttpServerTest, ServesManyConcurrentScrapes) {
+  std::atomic<int> renders = 0;
+  // Larger than a socket buffer's first send, so responses go out in several writes.
+  const std::string body = absl::StrCat(std::string(256 * 1024, '#'), "\ntost_x 1\n");
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [&] {
+    ++renders;
+    return body;
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kClients = 32;
+  constexpr int kScrapesEach = 4;
+  std::atomic<int> served = 0;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&] {
+      for (int j = 0; j < kScrapesEach; ++j) {
+        const std::string response = HttpGet((*server)->port(), kScrape);
+        if (response.rfind("HTTP/1.1 200 OK\r\n", 0) == 0 && response.size() > body.size() &&
+            response.compare(response.size() - body.size(), body.size(), body) == 0) {
+          ++served;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(served.load(), kClients * kScrapesEach);
+  EXPECT_EQ(renders.load(), kClients * kScrapesEach);
+}
+
+TEST(MetricsHttpServerTest, DropsTheOldestSlowConnectionToAcceptOneMoreAtTheCap) {
+  MetricsHttpServerOptions options;
+  options.max_connections = 4;
+  auto server = MetricsHttpServer::Start(
+      "127.0.0.1", 0, [] { return std::string("tost_x 1\n"); }, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    slow.push_back(Connect((*server)->port()));
+    SendAll(slow.back(), "G");
+    std::this_thread::sleep_for(milliseconds(20));  // so that the first is the oldest
+  }
+  const auto start = SteadyClock::now();
+  EXPECT_EQ(HttpGet((*server)->port(), kScrape).rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+  EXPECT_LT(SteadyClock::now() - start, milliseconds(1000));
+  // The scrape took the oldest one's place, long before the 5 s request deadline.
+  EXPECT_LT(TimeUntilClosed(slow[0], "", milliseconds(50), std::chrono::seconds(5)),
+            std::chrono::seconds(2));
+  for (size_t i = 1; i < slow.size(); ++i) EXPECT_TRUE(IsOpen(slow[i])) << i;
+  for (int fd : slow) close(fd);
+}
+
+TEST(MetricsHttpServerTest, CutsOffAClientThatReadsTooSlowlyWithoutDelayingOthers) {
+  MetricsHttpServerOptions options;
+  options.response_timeout = absl::Milliseconds(500);
+  // Far more than the kernel buffers between the server and a client that does not read.
+  const std::string body(32 << 20, '#');
+  auto server = MetricsHttpServer::Start(
+      "127.0.0.1", 0, [&] { return body; }, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int stalled = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(stalled, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  const timeval timeout{10, 0};
+  setsockopt(stalled, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  SendAll(stalled, kScrape);
+  std::this_thread::sleep_for(milliseconds(100));  // its response is now being written
+  // Another client is served in full meanwhile (a generous bound: it moves 32 MiB).
+  const auto start = SteadyClock::now();
+  const std::string response = HttpGet((*server)->port(), kScrape);
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+  EXPECT_GT(response.size(), body.size());
+  // Past its response deadline, the stalled client finds its connection ended short.
+  std::this_thread::sleep_for(milliseconds(1500));
+  const std::string partial = ReadAll(stalled);
+  close(stalled);
+  EXPECT_LT(partial.size(), body.size());
+}
+
+TEST(MetricsHttpServerTest, StopReturnsPromptlyWithTricklingConnectionsOpen) {
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  Tricklers tricklers((*server)->port(), 16, milliseconds(2000));
+  std::this_thread::sleep_for(milliseconds(300));  // accepted, and mid-request
+  const auto start = SteadyClock::now();
+  (*server)->Stop();
+  // Far below the 5 s request deadline that a server waiting on its connections would take.
+  EXPECT_LT(SteadyClock::now() - start, milliseconds(1000));
+  for (int fd : tricklers.fds())
+    EXPECT_LT(TimeUntilClosed(fd, "", milliseconds(50), std::chrono::seconds(5)),
+              milliseconds(1000));
+  (*server)->Stop();  // idempotent; the destructor calls it again
 }
 
 TEST(LoggingTest, JsonLinesAreOneObjectWithTypedFields) {
