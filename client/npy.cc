@@ -69,6 +69,12 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& c, const std::string& sourc
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &d) || d < 0)
       return bad(absl::StrCat("bad shape ", shape));
     out.shape.push_back(d);
+    // The data must be in the file, so no element count beyond its size is real; checked before
+    // multiplying so that a hostile shape cannot overflow the count.
+    if (d != 0 && n > static_cast<int64_t>(c.size() / item) / d) {
+      return bad(absl::StrCat("shape ", shape, " holds more elements than the file's ", c.size(),
+                              " bytes"));
+    }
     n *= d;
   }
   const size_t data_start = header_start + header_len;

@@ -94,10 +94,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
     return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
   }
   if (!doc.is_object()) return Invalid(source, "expected a JSON object");
-  const std::string format = doc.value("format", std::string());
-  if (format != kFormat) {
-    return Invalid(
-        source, absl::StrCat("field \"format\" must be \"", kFormat, "\", got \"", format, "\""));
+  if (!doc.contains("format") || doc["format"] != kFormat) {
+    return Invalid(source, absl::StrCat("field \"format\" must be \"", kFormat, "\", got ",
+                                        doc.value("format", json()).dump()));
   }
   if (!doc.contains("max_piece_bytes") || !doc["max_piece_bytes"].is_number_integer() ||
       doc["max_piece_bytes"].get<int64_t>() < 1 ||
@@ -152,6 +151,15 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
     if (!inserted) {
       return Invalid(source, absl::StrCat("merge ", r, " [", left, ", ", right, "] repeats merge ",
                                           it->second));
+    }
+    // No piece is longer than max_piece_bytes, so no longer token can ever be produced; refusing
+    // it also keeps a small file from doubling a token's bytes merge after merge.
+    const size_t joined = tok->vocab_[static_cast<size_t>(left)].size() +
+                          tok->vocab_[static_cast<size_t>(right)].size();
+    if (joined > static_cast<size_t>(tok->max_piece_bytes_)) {
+      return Invalid(
+          source, absl::StrCat("merge ", r, " [", left, ", ", right, "] makes a token of ", joined,
+                               " bytes, longer than max_piece_bytes ", tok->max_piece_bytes_));
     }
     tok->vocab_.push_back(tok->vocab_[static_cast<size_t>(left)] +
                           tok->vocab_[static_cast<size_t>(right)]);

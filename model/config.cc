@@ -15,6 +15,9 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
 }
 
+// The largest size any dimension of a model may have (2^20).
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
+
 // Reads a positive integer field `key` of object `obj` (path `where` for messages).
 absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key, const std::string& where,
                                     std::optional<int64_t> fallback = std::nullopt) {
@@ -26,8 +29,14 @@ absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key, const std:
   if (!v.is_number_integer()) {
     return Invalid(where, absl::StrCat("field \"", key, "\" must be an integer, got ", v.dump()));
   }
-  const int64_t x = v.get<int64_t>();
-  if (x <= 0) return Invalid(where, absl::StrCat("field \"", key, "\" must be > 0, got ", x));
+  // Bounded so that no product of sizes the loader and the kernels form can overflow.
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{kMaxDimension}
+                        ? kMaxDimension + 1
+                        : v.get<int64_t>();
+  if (x <= 0 || x > kMaxDimension) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be in [1, ", kMaxDimension,
+                                       "], got ", v.dump()));
+  }
   return x;
 }
 
@@ -240,14 +249,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
     return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
   }
   if (!root.is_object()) return Invalid(source, "top level must be a JSON object");
   try {
     ModelConfig cfg;
-    const int64_t format = root.value("format_version", int64_t{1});
-    if (format != 1) return Invalid(source, absl::StrCat("format_version must be 1, got ", format));
+    const json format = root.value("format_version", json(1));
+    if (!format.is_number_integer() || format.get<int64_t>() != 1) {
+      return Invalid(source, absl::StrCat("format_version must be 1, got ", format.dump()));
+    }
     if (!root.contains("name") || !root["name"].is_string() ||
         root["name"].get<std::string>().empty()) {
       return Invalid(source, "missing non-empty string field \"name\"");

@@ -76,7 +76,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
   try {
     header = json::parse(contents.begin() + 8,
                          contents.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
     return Corrupt(source, absl::StrCat("header is not valid JSON: ", e.what()));
   }
   if (!header.is_object()) return Corrupt(source, "header must be a JSON object");
@@ -120,7 +120,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
         return Corrupt(source, absl::StrCat(where, " has a bad dimension ", s.dump()));
       }
       const uint64_t dim = s.get<uint64_t>();
-      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim) {
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim)) {
         return Corrupt(source, absl::StrCat(where, " has a shape too large to address"));
       }
       numel *= dim;
