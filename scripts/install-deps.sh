@@ -15,6 +15,7 @@ deps_dir="${TOST_DEPS_DIR:-/opt/tost-deps}"
 apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git
   clang clang-format  # the thread-safety analysis pass and the format check (ctest)
+  libclang-rt-dev  # libFuzzer + ASan/UBSan runtimes for scripts/run-fuzzers.sh (clang only recommends it)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
