@@ -50,6 +50,14 @@ struct GenerationJob::Doorbell {
   }
 };
 
+// The link from job handles back to their scheduler. A handle can outlive its scheduler (a
+// stream still delivering its drained final event), so the link is shared and the scheduler's
+// destructor clears it; holding `mu` keeps the scheduler alive while a Cancel uses it.
+struct GenerationJob::Owner {
+  absl::Mutex mu;
+  GenerationScheduler* scheduler ABSL_GUARDED_BY(mu) = nullptr;
+};
+
 std::optional<GenerationEvent> GenerationJob::Next(absl::Duration timeout) {
   bool took_token = false;
   std::optional<GenerationEvent> e;
@@ -74,11 +82,6 @@ void GenerationJob::SetListener(absl::AnyInvocable<void()> listener) {
   listener_ = std::move(listener);
 }
 
-void GenerationJob::Cancel() {
-  cancelled_.store(true, std::memory_order_relaxed);
-  doorbell_->Ring();
-}
-
 int32_t GenerationJob::buffered_tokens() const {
   absl::MutexLock lock(&mu_);
   return buffered_tokens_;
@@ -95,8 +98,9 @@ void GenerationJob::Publish(GenerationEvent e) {
 }
 
 struct GenerationScheduler::Job {
-  explicit Job(std::shared_ptr<GenerationJob::Doorbell> doorbell)
-      : handle(new GenerationJob(std::move(doorbell))) {}
+  Job(std::shared_ptr<GenerationJob::Doorbell> doorbell,
+      std::shared_ptr<GenerationJob::Owner> owner)
+      : handle(new GenerationJob(std::move(doorbell), std::move(owner))) {}
 
   std::shared_ptr<GenerationJob> handle;
   GenerationRequest request;  // request.state is the live state
@@ -118,6 +122,21 @@ struct GenerationScheduler::Job {
   GenerationState& state() { return request.state; }
   bool decoding() const { return prefilled == to_prefill.size(); }
 };
+
+void GenerationJob::Cancel() {
+  if (cancelled_.exchange(true, std::memory_order_relaxed)) return;
+  doorbell_->Ring();
+  // A queued job leaves the queue now rather than at the next step: the scheduler's thread may be
+  // inside a long prefill or decode step, and until it looks again the place would stay taken and
+  // new requests be refused for streams that no longer exist.
+  std::unique_ptr<GenerationScheduler::Job> job;
+  {
+    absl::MutexLock lock(&owner_->mu);
+    if (owner_->scheduler != nullptr) job = owner_->scheduler->TakeQueued(this);
+  }
+  // Outside every lock: publishing calls the listener, which may take the consumer's own locks.
+  if (job != nullptr) GenerationScheduler::Finish(*job, FinishReason::kCancelled);
+}
 
 absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o) {
   if (o.max_active_jobs < 1) {
@@ -155,11 +174,20 @@ GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
     : model_(model),
       options_(options),
       clock_(clock),
-      doorbell_(std::make_shared<GenerationJob::Doorbell>()) {
+      doorbell_(std::make_shared<GenerationJob::Doorbell>()),
+      owner_(std::make_shared<GenerationJob::Owner>()) {
   stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
+  absl::MutexLock lock(&owner_->mu);
+  owner_->scheduler = this;
 }
 
-GenerationScheduler::~GenerationScheduler() { Shutdown(); }
+GenerationScheduler::~GenerationScheduler() {
+  Shutdown();
+  // Waits for a Cancel that is using this scheduler; later ones find no scheduler (and, after
+  // Shutdown, there is no queued job left to take).
+  absl::MutexLock lock(&owner_->mu);
+  owner_->scheduler = nullptr;
+}
 
 GenerationState GenerationScheduler::NewState(const model::SamplingParams& sampling) const {
   GenerationState s;
@@ -282,7 +310,7 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
                        " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
-  auto job = std::make_unique<Job>(doorbell_);
+  auto job = std::make_unique<Job>(doorbell_, owner_);
   job->before = st;
   std::vector<int32_t> feed;
   if (st.pending_token >= 0) feed.push_back(st.pending_token);
@@ -318,6 +346,18 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     }
   }
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
+}
+
+std::unique_ptr<GenerationScheduler::Job> GenerationScheduler::TakeQueued(
+    const GenerationJob* handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(queued_.begin(), queued_.end(),
+                         [handle](const auto& job) { return job->handle.get() == handle; });
+  if (it == queued_.end()) return nullptr;
+  std::unique_ptr<Job> job = std::move(*it);
+  queued_.erase(it);
+  --stats_.queued;
+  return job;
 }
 
 void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status status) {
@@ -419,8 +459,8 @@ bool GenerationScheduler::StepOnce() {
   int64_t prompt_tokens_started = 0;
   bool admitted = false;
   const absl::Time now = clock_->Now();
-  // Queued jobs cancelled or past their deadline give their queue place back now, not when they
-  // would have become active.
+  // Queued jobs past their deadline (or cancelled and not yet taken out by Cancel) give their
+  // queue place back now, not when they would have become active.
   std::vector<std::unique_ptr<Job>> dropped;
   absl::Time queued_deadline = absl::InfiniteFuture();
   {

@@ -87,7 +87,11 @@ class GenerationJob {
   // another listener (or null) returns only once no call of the previous one is in progress, so a
   // consumer can clear it and then be destroyed.
   void SetListener(absl::AnyInvocable<void()> listener);
-  // Asks the scheduler to stop this job; it is dropped at the start of the next step.
+  // Asks the scheduler to stop this job. A job still queued for a slot gives its place back at
+  // once: it is taken out of the queue and its final event is published on the calling thread
+  // (listener included) before Cancel returns, so a burst of reset streams never holds places
+  // while the scheduler is busy with a step. An active job is dropped at the start of the next
+  // step (the step in progress may be using its state).
   void Cancel();
   bool cancel_requested() const { return cancelled_.load(std::memory_order_relaxed); }
   // Tokens published and not yet taken by the consumer.
@@ -100,11 +104,15 @@ class GenerationJob {
  private:
   friend class GenerationScheduler;
   struct Doorbell;
-  explicit GenerationJob(std::shared_ptr<Doorbell> doorbell) : doorbell_(std::move(doorbell)) {}
+  struct Owner;
+  GenerationJob(std::shared_ptr<Doorbell> doorbell, std::shared_ptr<Owner> owner)
+      : doorbell_(std::move(doorbell)), owner_(std::move(owner)) {}
   void Publish(GenerationEvent e);
 
   // Rung when the consumer takes a token or cancels, so a scheduler waiting on paused jobs wakes.
   const std::shared_ptr<Doorbell> doorbell_;
+  // The scheduler that queued this job, while it exists: Cancel() takes the job out of its queue.
+  const std::shared_ptr<Owner> owner_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> stalled_{false};
   mutable absl::Mutex mu_;
@@ -235,14 +243,20 @@ class GenerationScheduler {
   const GenerationSchedulerOptions& options() const { return options_; }
 
  private:
+  friend class GenerationJob;
   struct Job;
   GenerationScheduler(const GenerativeModel& model, GenerationSchedulerOptions options,
                       Clock* clock);
   void Loop();
+  // Takes `handle`'s job out of the queue (null when it is not queued: already active, finished,
+  // or dropped by a step), giving its place back.
+  std::unique_ptr<Job> TakeQueued(const GenerationJob* handle);
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
-  void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
+  // Publishes `job`'s final event. Touches nothing but the job, so any thread that owns the job
+  // may call it (GenerationJob::Cancel does, for a job it took out of the queue).
+  static void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
   // The refusal of a job that cannot be admitted, after telling the observer.
   absl::Status Refuse(GenerationRefusal reason);
   // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when
@@ -262,6 +276,8 @@ class GenerationScheduler {
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;
+  // Shared with every job handle, which may outlive the scheduler; cleared by the destructor.
+  const std::shared_ptr<GenerationJob::Owner> owner_;
 
   // Owned by the step loop (one thread at a time).
   std::vector<std::unique_ptr<Job>> active_;

@@ -491,7 +491,7 @@ TEST_F(SchedulerTest, ACallInterruptedBeforeItsPromptIsFedLeavesTheStateAsItWas)
   }
 }
 
-TEST_F(SchedulerTest, ACancelledOrExpiredQueuedJobGivesItsPlaceBackAtTheNextStep) {
+TEST_F(SchedulerTest, ACancelledOrExpiredQueuedJobGivesItsPlaceBack) {
   GenerationSchedulerOptions o;
   o.max_active_jobs = 1;
   o.max_queued_jobs = 1;
@@ -521,6 +521,76 @@ TEST_F(SchedulerTest, ACancelledOrExpiredQueuedJobGivesItsPlaceBackAtTheNextStep
   EXPECT_EQ(d.final->status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(s->Submit(Request(*s, "e", 5)).ok());
   (*running)->Cancel();
+}
+
+// A reset stream whose job is still queued gives its place back inside Cancel, with no scheduler
+// step: the scheduler's thread may be busy with a long step, and until it looks again new
+// requests would be refused for a stream that no longer exists.
+TEST_F(SchedulerTest, CancellingAQueuedJobFreesItsPlaceWithoutAStep) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 1;
+  o.max_queued_jobs = 1;
+  auto s = Make(o);
+  auto running = s->Submit(Request(*s, "a", 100));
+  ASSERT_TRUE(running.ok());
+  s->StepOnce();
+  ASSERT_EQ(s->stats().active, 1);
+  // The front end's order: a place first, then the request.
+  auto place = s->Reserve();
+  ASSERT_TRUE(place.ok()) << place.status();
+  EXPECT_EQ(s->Reserve().status().code(), absl::StatusCode::kResourceExhausted);
+  auto queued = s->Submit(*std::move(place), Request(*s, "bcd", 5));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ(s->stats().queued, 1);
+  EXPECT_EQ(s->Reserve().status().code(), absl::StatusCode::kResourceExhausted);
+  std::atomic<int> listener_calls{0};
+  (*queued)->SetListener([&listener_calls] { ++listener_calls; });
+
+  const int64_t steps = s->stats().steps;
+  const int64_t model_calls = lm_.step_calls();
+  (*queued)->Cancel();
+  EXPECT_EQ(s->stats().steps, steps);
+  EXPECT_EQ(lm_.step_calls(), model_calls);
+  EXPECT_EQ(s->stats().queued, 0);
+  EXPECT_EQ(s->in_flight(), 1);
+  // Its end is published by Cancel itself, state as the call found it (nothing was fed).
+  EXPECT_EQ(listener_calls.load(), 1);
+  Collected c;
+  Drain(**queued, c);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(c.final->status.ok()) << c.final->status;
+  EXPECT_EQ(c.final->prompt_tokens, 0);
+  EXPECT_TRUE(c.tokens.empty());
+  EXPECT_EQ(c.final->snapshot.sequence.position, 0);
+  EXPECT_EQ(c.final->snapshot.pending_token, -1);
+  // The freed place admits a new request at once.
+  auto next = s->Reserve();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(s->Reserve().status().code(), absl::StatusCode::kResourceExhausted);
+
+  // Cancelling again, or a later step, never ends the job twice.
+  (*queued)->Cancel();
+  s->StepOnce();
+  EXPECT_FALSE((*queued)->TryNext().has_value());
+  EXPECT_EQ(listener_calls.load(), 1);
+  (*queued)->SetListener(nullptr);
+
+  // An active job still ends at the next step (the step in progress may be using its state).
+  (*running)->Cancel();
+  EXPECT_EQ(s->stats().active, 1);
+  s->StepOnce();
+  EXPECT_EQ(s->stats().active, 0);
+
+  // A handle may outlive its scheduler (a drained stream still delivering): Cancel is harmless.
+  auto late = s->Submit(*std::move(next), Request(*s, "e", 5));
+  ASSERT_TRUE(late.ok()) << late.status();
+  s.reset();
+  (*late)->Cancel();
+  Collected d;
+  Drain(**late, d);
+  ASSERT_TRUE(d.final.has_value());
+  EXPECT_EQ(d.final->finish_reason, FinishReason::kDrained);
 }
 
 TEST_F(SchedulerTest, AReservedPlaceCountsAgainstCapacityUntilSubmittedOrDropped) {
