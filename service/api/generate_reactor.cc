@@ -54,6 +54,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::Generate
     Pump();
   }
 
+  // A reset stream, a client cancel or a passed deadline. A job still queued leaves the queue
+  // inside Cancel and its final event is pumped from here (the session gets its state back, the
+  // call finishes), so its place is free before this returns.
   void OnCancel() override {
     if (job_ != nullptr) job_->Cancel();
   }
