@@ -348,6 +348,15 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
+void GenerationScheduler::FinishActive(Job& job, FinishReason reason, absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    --active_count_;
+    stats_.active = active_count_;
+  }
+  Finish(job, reason, std::move(status));
+}
+
 std::unique_ptr<GenerationScheduler::Job> GenerationScheduler::TakeQueued(
     const GenerationJob* handle) {
   absl::MutexLock lock(&mu_);
@@ -408,10 +417,10 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   // and a token sampled from it (or its logprobs) would be garbage reported as OK.
   for (size_t i = 0; i < std::min(defined, logits.size()); ++i) {
     if (!std::isfinite(logits[i])) {
-      Finish(job, FinishReason::kCancelled,
-             absl::InternalError(absl::StrCat("model ", model_.config().name,
-                                              " produced a non-finite logit (id ", i,
-                                              ") at position ", position)));
+      FinishActive(job, FinishReason::kCancelled,
+                   absl::InternalError(absl::StrCat("model ", model_.config().name,
+                                                    " produced a non-finite logit (id ", i,
+                                                    ") at position ", position)));
       return false;
     }
   }
@@ -437,13 +446,13 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
                        st.stop_token_ids.end();
   if (out.stop_matched || stop_id) {
-    Finish(job, FinishReason::kStop);
+    FinishActive(job, FinishReason::kStop);
   } else if (token == c.eos_token_id) {
-    Finish(job, FinishReason::kEos);
+    FinishActive(job, FinishReason::kEos);
   } else if (job.generated >= job.request.max_new_tokens) {
-    Finish(job, FinishReason::kLength);
+    FinishActive(job, FinishReason::kLength);
   } else if (position >= c.context_length) {
-    Finish(job, FinishReason::kContext);  // the new token cannot be fed: no position left
+    FinishActive(job, FinishReason::kContext);  // the new token cannot be fed: no position left
   } else if (job.request.snapshot_every > 0 && job.generated % job.request.snapshot_every == 0) {
     GenerationEvent snap;
     snap.kind = GenerationEvent::Kind::kSnapshot;
@@ -500,11 +509,11 @@ bool GenerationScheduler::StepOnce() {
 
   for (auto& job : active_) {
     if (job->handle->cancel_requested()) {
-      Finish(*job, FinishReason::kCancelled);
+      FinishActive(*job, FinishReason::kCancelled);
     } else if (now >= job->request.deadline) {
-      Finish(*job, FinishReason::kCancelled,
-             absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ",
-                                                      job->generated, " token(s)")));
+      FinishActive(*job, FinishReason::kCancelled,
+                   absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ",
+                                                            job->generated, " token(s)")));
     }
   }
   const int64_t stalled = UpdatePauses(now);
@@ -521,7 +530,7 @@ bool GenerationScheduler::StepOnce() {
     auto logits = model_.Prefill(absl::MakeConstSpan(job->to_prefill.data() + job->prefilled, n),
                                  job->state().sequence, static_cast<int64_t>(n));
     if (!logits.ok()) {
-      Finish(*job, FinishReason::kCancelled, logits.status());
+      FinishActive(*job, FinishReason::kCancelled, logits.status());
       continue;
     }
     job->prefilled += n;
@@ -535,7 +544,7 @@ bool GenerationScheduler::StepOnce() {
   for (auto& job : active_) {
     if (job->finished || !job->decoding() || job->paused_since != absl::InfiniteFuture()) continue;
     if (job->request.max_new_tokens == 0) {
-      Finish(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
+      FinishActive(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
       continue;
     }
     decoding.push_back(job.get());
@@ -549,7 +558,7 @@ bool GenerationScheduler::StepOnce() {
     }
     auto logits = model_.Step(tokens, states, options_.batch_invariant);
     if (!logits.ok()) {
-      for (Job* job : decoding) Finish(*job, FinishReason::kCancelled, logits.status());
+      for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, logits.status());
     } else {
       const size_t vocab = logits->size() / decoding.size();
       const absl::Time emitted_at =
@@ -593,10 +602,8 @@ bool GenerationScheduler::StepOnce() {
     }
   }
   absl::MutexLock lock(&mu_);
-  active_count_ -= static_cast<int32_t>(finished);
   stats_.paused = paused;
   ++stats_.steps;
-  stats_.active = active_count_;
   stats_.prefill_chunks += prefill_chunks;
   stats_.prefill_tokens += prefill_tokens;
   if (!decoding.empty()) {
@@ -624,13 +631,13 @@ int64_t GenerationScheduler::UpdatePauses(absl::Time now) {
         now - job->paused_since >= options_.stream_stall_timeout) {
       ++stalled;
       job->handle->stalled_.store(true, std::memory_order_release);
-      Finish(*job, FinishReason::kCancelled,
-             absl::CancelledError(
-                 absl::StrCat("model ", model_.config().name, ": the client took none of the last ",
-                              options_.max_buffered_tokens, " tokens for ",
-                              absl::FormatDuration(options_.stream_stall_timeout),
-                              " (--stream_stall_timeout_ms); generation stopped after ",
-                              job->generated, " token(s), its state kept")));
+      FinishActive(*job, FinishReason::kCancelled,
+                   absl::CancelledError(absl::StrCat(
+                       "model ", model_.config().name, ": the client took none of the last ",
+                       options_.max_buffered_tokens, " tokens for ",
+                       absl::FormatDuration(options_.stream_stall_timeout),
+                       " (--stream_stall_timeout_ms); generation stopped after ", job->generated,
+                       " token(s), its state kept")));
     }
   }
   return stalled;

@@ -254,6 +254,9 @@ class GenerationScheduler {
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
+  // Ends an active job: its place goes back before its final event is published, so a client
+  // that hears the end and at once sends its next request is not refused for its own old place.
+  void FinishActive(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
   // Publishes `job`'s final event. Touches nothing but the job, so any thread that owns the job
   // may call it (GenerationJob::Cancel does, for a job it took out of the queue).
   static void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());

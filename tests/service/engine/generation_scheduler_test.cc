@@ -593,6 +593,52 @@ TEST_F(SchedulerTest, CancellingAQueuedJobFreesItsPlaceWithoutAStep) {
   EXPECT_EQ(d.final->finish_reason, FinishReason::kDrained);
 }
 
+// A client that gets its final message and at once sends its next request must find its place
+// free: the place goes back before the final event is published, not at the end of the step.
+TEST_F(SchedulerTest, AFinishedJobsPlaceIsFreeWhenItsFinalEventIsPublished) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 1;
+  o.max_queued_jobs = 0;
+  auto s = Make(o);
+  for (int32_t max_new : {0, 3}) {  // ended by the prompt alone, and by max_new_tokens
+    auto job = s->Submit(Request(*s, "ab", max_new));
+    ASSERT_TRUE(job.ok()) << job.status();
+    GenerationJob* raw = job->get();
+    std::optional<absl::Status> reserved_at_final;
+    Collected c;
+    raw->SetListener([&] {
+      Drain(*raw, c);
+      if (c.final.has_value() && !reserved_at_final.has_value())
+        reserved_at_final = s->Reserve().status();
+    });
+    for (int step = 0; step < 10 && !c.final.has_value(); ++step) s->StepOnce();
+    raw->SetListener(nullptr);
+    ASSERT_TRUE(c.final.has_value());
+    EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+    ASSERT_TRUE(reserved_at_final.has_value());
+    EXPECT_TRUE(reserved_at_final->ok())
+        << "max_new_tokens " << max_new << ": " << *reserved_at_final;
+    EXPECT_EQ(s->in_flight(), 0);
+  }
+  // So is a cancelled active job's, and a model error's.
+  auto job = s->Submit(Request(*s, "ab", 100));
+  ASSERT_TRUE(job.ok());
+  s->StepOnce();
+  std::optional<absl::Status> reserved_at_final;
+  GenerationJob* raw = job->get();
+  Collected c;
+  raw->SetListener([&] {
+    Drain(*raw, c);
+    if (c.final.has_value() && !reserved_at_final.has_value())
+      reserved_at_final = s->Reserve().status();
+  });
+  raw->Cancel();
+  s->StepOnce();
+  raw->SetListener(nullptr);
+  ASSERT_TRUE(reserved_at_final.has_value());
+  EXPECT_TRUE(reserved_at_final->ok()) << *reserved_at_final;
+}
+
 TEST_F(SchedulerTest, AReservedPlaceCountsAgainstCapacityUntilSubmittedOrDropped) {
   GenerationSchedulerOptions o;
   o.max_active_jobs = 1;
