@@ -1,21 +1,17 @@
 // Schemas of the `tost::` operators and their CPU implementations (the fused kernels of
 // kernels/cpu/; the ATen reference in reference.cc is the test oracle and is not registered).
 //
-// One schema per op, defined once here; every backend registers under the same name (CUDA in
-// cuda/cuda_ops.cc), so the dispatcher picks the kernel by the device of the inputs.
+// One schema per op (op_schemas.h), defined here; every backend registers under the same name (CUDA
+// in cuda/cuda_ops.cc), so the dispatcher picks the kernel by the device of the inputs.
 #include <torch/library.h>
 
 #include "kernels/cpu/tssa_cpu.h"
+#include "kernels/op_schemas.h"
 
 TORCH_LIBRARY(tost, m) {
-  m.def("tssa(Tensor w, Tensor temp) -> Tensor");
-  m.def(
-      "tssa_causal(Tensor w, Tensor temp, Tensor denom_bias, Tensor? state=None, Tensor? "
-      "positions=None)"
-      " -> (Tensor, Tensor)");
-  m.def(
-      "tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state) -> "
-      "Tensor");
+  m.def(tost::kernels::schemas::kTssa);
+  m.def(tost::kernels::schemas::kTssaCausal);
+  m.def(tost::kernels::schemas::kTssaStep);
 }
 
 TORCH_LIBRARY_IMPL(tost, CPU, m) {

@@ -20,6 +20,7 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
   libpcre2-dev  # GPT-2 pre-tokenisation (Unicode properties and look-ahead, which RE2 lacks)
+  libboost-context-dev  # fibers of the CUDA kernel emulator (tests/kernels/emulator)
   prometheus
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )

@@ -17,7 +17,18 @@
 #include <cstddef>
 #include <cstdint>
 
+// The emulated build (tests/kernels/emulator) compiles these kernels as host C++ into a test
+// binary; an inline namespace of its own keeps its symbols apart from libtost_kernels.so's while
+// the sources keep writing `gpu::`.
+#ifdef TOST_CUDA_EMULATION
+#define TOST_GPU_BACKEND_NAMESPACE_BEGIN inline namespace emulated {
+#else
+#define TOST_GPU_BACKEND_NAMESPACE_BEGIN inline namespace device {
+#endif
+#define TOST_GPU_BACKEND_NAMESPACE_END }
+
 namespace tost::kernels::gpu {
+TOST_GPU_BACKEND_NAMESPACE_BEGIN
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
@@ -65,4 +76,5 @@ cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const floa
                            const float* denom_bias, int64_t tmax, const int64_t* positions,
                            float* state, void* y, cudaStream_t stream);
 
+TOST_GPU_BACKEND_NAMESPACE_END
 }  // namespace tost::kernels::gpu

@@ -19,16 +19,18 @@
 //   causal  : ChunkSumSq → ChunkScan(S1) → CausalStats (local S1 scan, Π, chunk sums)
 //             → ChunkScan(S2, S3) → CausalApply (local S2/S3 scan, y)
 //   step    : one block per sequence; all heads of the token in one block (softmax couples them).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/device_launch.h"
 #include "kernels/cuda/tssa_cuda.h"
+#ifndef TOST_CUDA_EMULATION
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 namespace tost::kernels::gpu {
+TOST_GPU_BACKEND_NAMESPACE_BEGIN
 namespace {
 
 constexpr float kNormEps = 1e-12f;  // reference::kNormEps
@@ -47,7 +49,7 @@ constexpr int64_t kMaxChunkTokens = 64;
 constexpr int64_t kMinChunkTokens = 8;
 constexpr int kMaxTileTokens = 16;          // CausalStats: tokens per shared-memory q tile
 constexpr size_t kCausalTileFloats = 8192;  // 32 KiB budget for the q tile
-constexpr size_t kSmemLimit = 48 * 1024;    // no opt-in to larger dynamic shared memory
+constexpr size_t kSmemLimit = kMaxDefaultDynamicSharedBytes;  // no opt-in to more
 
 #define TOST_RETURN_IF_CUDA_ERROR(expr)             \
   do {                                              \
@@ -116,12 +118,17 @@ __host__ __device__ constexpr int RowUnroll() {
 // Minimum resident blocks per SM requested from ptxas for the kernels whose threads keep CPT
 // channels in registers. Without an explicit value ptxas trades a few spills for occupancy;
 // these bounds (register caps 64, 85 or 255 at 256 threads) are the tightest that compile
-// spill-free for sm_80 and sm_90 (checked with -Xptxas=-v, see TOST_CUDA_PTXAS_VERBOSE).
-__host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) {
+// spill-free for sm_80 and sm_90 (checked with -Xptxas=-v, see TOST_CUDA_PTXAS_VERBOSE). Only
+// __launch_bounds__ reads them, which a host compiler (the emulated build) ignores.
+[[maybe_unused]] __host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) {
   return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1);
 }
-__host__ __device__ constexpr int CausalApplyMinBlocks(int cpt) { return cpt <= 8 ? 4 : 1; }
-__host__ __device__ constexpr int StepMinBlocks(int cpt) { return cpt <= 16 ? 4 : 1; }
+[[maybe_unused]] __host__ __device__ constexpr int CausalApplyMinBlocks(int cpt) {
+  return cpt <= 8 ? 4 : 1;
+}
+[[maybe_unused]] __host__ __device__ constexpr int StepMinBlocks(int cpt) {
+  return cpt <= 16 ? 4 : 1;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Warp-level building blocks.
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kColumnThreads)
                     const float* __restrict__ nu, float* __restrict__ pi, float* __restrict__ part,
                     int64_t tokens, int D, int K, int p, int group, int64_t chunk_tokens,
                     int chunks) {
-  extern __shared__ float pi_s[];  // [rows][K]
+  TOST_DYNAMIC_SHARED(float, pi_s);  // [rows][K]
   const int g = blockIdx.x;
   const int b = blockIdx.y;
   const int lane = threadIdx.x & (kWarpSize - 1);
@@ -380,7 +387,7 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
                       const int64_t* __restrict__ positions, const float* __restrict__ prefix1,
                       float* __restrict__ pi, float* __restrict__ part23, int64_t tokens, int D,
                       int K, int p, int group, int64_t chunk_tokens, int chunks, int tile) {
-  extern __shared__ float smem[];
+  TOST_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;              // [tile][D]
   float* pi_s = q_s + tile * D;   // [tile][K]
   float* s3_s = pi_s + tile * K;  // [K], entry k owned by thread k % blockDim
@@ -460,7 +467,9 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
       for (int j = 0; j < n; ++j) s += pi_s[j * K + k];
       s3_s[k] = s;
     }
-    __syncthreads();  // q_s / pi_s are rewritten by the next tile
+    // No barrier needed before the next tile: its step (i) writes only q_s, which nothing reads
+    // after the barrier ending (ii), and pi_s is rewritten only after the barrier ending (i). (The
+    // emulator's race checker confirms it: tests/kernels/emulator.)
   }
 
   float* out = part23 + (static_cast<int64_t>(b) * chunks + g) * (D + K);
@@ -524,7 +533,7 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
                const float* __restrict__ denom_bias, int64_t tmax,
                const int64_t* __restrict__ positions, float* __restrict__ state, T* __restrict__ y,
                int D, int K, int p, int group) {
-  extern __shared__ float smem[];
+  TOST_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;       // [D]
   float* pi_s = q_s + D;   // [K]
   float* s3_s = pi_s + K;  // [K]
@@ -587,6 +596,10 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Bytes a workspace buffer of `bytes` occupies: 256-byte aligned, then a guard (see
+// kWorkspaceGuardBytes) before the next buffer.
+size_t Footprint(size_t bytes) { return AlignUp(bytes) + kWorkspaceGuardBytes; }
+
 // Lanes per head group for HeadSums: the smallest power of two ≥ p, capped at a warp.
 int HeadGroup(int64_t p) {
   int g = 1;
@@ -644,24 +657,28 @@ struct TssaWorkspace {
   float* pi;    // [B][N][K]
 };
 
-// Byte offsets of the workspace buffers; the last entry is the total size.
+// Byte offsets and sizes of the workspace buffers; `total` is the workspace size.
 struct TssaLayout {
   size_t part = 0, vec = 0, pi = 0, total = 0;
+  size_t part_bytes = 0, vec_bytes = 0, pi_bytes = 0;
 };
 
 TssaLayout LayoutTssa(const Dims& d, int64_t chunks) {
   TssaLayout l;
-  l.vec = l.part + AlignUp(sizeof(float) * d.batch * chunks * (d.channels + d.heads));
-  l.pi = l.vec + AlignUp(sizeof(float) * d.batch * d.channels);
-  l.total = l.pi + AlignUp(sizeof(float) * d.batch * d.tokens * d.heads);
+  l.part_bytes = sizeof(float) * d.batch * chunks * (d.channels + d.heads);
+  l.vec_bytes = sizeof(float) * d.batch * d.channels;
+  l.pi_bytes = sizeof(float) * d.batch * d.tokens * d.heads;
+  l.vec = l.part + Footprint(l.part_bytes);
+  l.pi = l.vec + Footprint(l.vec_bytes);
+  l.total = l.pi + Footprint(l.pi_bytes);
   return l;
 }
 
 TssaWorkspace CarveTssa(const Dims& d, int64_t chunks, void* base) {
-  char* p = static_cast<char*>(base);
   const TssaLayout l = LayoutTssa(d, chunks);
-  return {reinterpret_cast<float*>(p + l.part), reinterpret_cast<float*>(p + l.vec),
-          reinterpret_cast<float*>(p + l.pi)};
+  return {static_cast<float*>(WorkspaceBuffer(base, l.part, l.part_bytes, "part")),
+          static_cast<float*>(WorkspaceBuffer(base, l.vec, l.vec_bytes, "vec")),
+          static_cast<float*>(WorkspaceBuffer(base, l.pi, l.pi_bytes, "pi"))};
 }
 
 template <typename T, int V>
@@ -676,21 +693,21 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
   const int col_threads = ColumnThreads(D, V);
   const unsigned elem_blocks = static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads));
 
-  ChunkSumSqKernel<T, V>
-      <<<grid, col_threads, 0, stream>>>(w, ws.part, d.tokens, D, plan.chunk_tokens, chunks);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  NormKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkSumSqKernel<T, V>, kColumnThreads>(
+      {grid, dim3(col_threads), 0, stream}, w, ws.part, d.tokens, D, plan.chunk_tokens, chunks)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<NormKernel, kElementwiseThreads>(
+      {dim3(elem_blocks), dim3(kElementwiseThreads), 0, stream}, ws.part, ws.vec, d.batch, chunks,
+      D)));
   const size_t stats_smem = sizeof(float) * plan.chunk_tokens * K;
-  TssaStatsKernel<T, V><<<grid, kColumnThreads, stats_smem, stream>>>(
-      w, temp, ws.vec, ws.pi, ws.part, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  GateKernel<<<elem_blocks, kElementwiseThreads, 0, stream>>>(ws.part, ws.vec, d.batch, chunks, D,
-                                                              K, p);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  TssaApplyKernel<T, V>
-      <<<grid, col_threads, 0, stream>>>(w, ws.pi, ws.vec, y, d.tokens, D, K, p, plan.chunk_tokens);
-  return cudaGetLastError();
+  TOST_RETURN_IF_CUDA_ERROR((Launch<TssaStatsKernel<T, V>, kColumnThreads>(
+      {grid, dim3(kColumnThreads), stats_smem, stream}, w, temp, ws.vec, ws.pi, ws.part, d.tokens,
+      D, K, p, HeadGroup(p), plan.chunk_tokens, chunks)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<GateKernel, kElementwiseThreads>(
+      {dim3(elem_blocks), dim3(kElementwiseThreads), 0, stream}, ws.part, ws.vec, d.batch, chunks,
+      D, K, p)));
+  return Launch<TssaApplyKernel<T, V>, kColumnThreads>({grid, dim3(col_threads), 0, stream}, w,
+                                                       ws.pi, ws.vec, y, d.tokens, D, K, p,
+                                                       plan.chunk_tokens);
 }
 
 template <typename T>
@@ -715,21 +732,25 @@ struct CausalWorkspace {
 
 struct CausalLayout {
   size_t part1 = 0, part23 = 0, pi = 0, total = 0;
+  size_t part1_bytes = 0, part23_bytes = 0, pi_bytes = 0;
 };
 
 CausalLayout LayoutCausal(const Dims& d, int64_t chunks) {
   CausalLayout l;
-  l.part23 = l.part1 + AlignUp(sizeof(float) * d.batch * chunks * d.channels);
-  l.pi = l.part23 + AlignUp(sizeof(float) * d.batch * chunks * (d.channels + d.heads));
-  l.total = l.pi + AlignUp(sizeof(float) * d.batch * d.tokens * d.heads);
+  l.part1_bytes = sizeof(float) * d.batch * chunks * d.channels;
+  l.part23_bytes = sizeof(float) * d.batch * chunks * (d.channels + d.heads);
+  l.pi_bytes = sizeof(float) * d.batch * d.tokens * d.heads;
+  l.part23 = l.part1 + Footprint(l.part1_bytes);
+  l.pi = l.part23 + Footprint(l.part23_bytes);
+  l.total = l.pi + Footprint(l.pi_bytes);
   return l;
 }
 
 CausalWorkspace CarveCausal(const Dims& d, int64_t chunks, void* base) {
-  char* p = static_cast<char*>(base);
   const CausalLayout l = LayoutCausal(d, chunks);
-  return {reinterpret_cast<float*>(p + l.part1), reinterpret_cast<float*>(p + l.part23),
-          reinterpret_cast<float*>(p + l.pi)};
+  return {static_cast<float*>(WorkspaceBuffer(base, l.part1, l.part1_bytes, "part1")),
+          static_cast<float*>(WorkspaceBuffer(base, l.part23, l.part23_bytes, "part23")),
+          static_cast<float*>(WorkspaceBuffer(base, l.pi, l.pi_bytes, "pi"))};
 }
 
 template <typename T, int CPT>
@@ -746,22 +767,21 @@ cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const fl
   const int threads = ThreadsFor(D, CPT);
   const int tile = CausalTile(d, plan.chunk_tokens);
 
-  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads)),
-                    kElementwiseThreads, 0, stream>>>(ws.part1, d.batch, chunks, D, state_in,
-                                                      state_width, 0, state_out);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kElementwiseThreads>(
+      {dim3(static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads))),
+       dim3(kElementwiseThreads), 0, stream},
+      ws.part1, d.batch, chunks, D, state_in, state_width, 0, state_out)));
   const size_t stats_smem = sizeof(float) * (static_cast<size_t>(tile) * (D + K) + K);
-  CausalStatsKernel<T, CPT><<<grid, threads, stats_smem, stream>>>(
-      w, temp, denom_bias, tmax, positions, ws.part1, ws.pi, ws.part23, d.tokens, D, K, p,
-      HeadGroup(p), plan.chunk_tokens, chunks, tile);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  ChunkScanKernel<<<static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads)),
-                    kElementwiseThreads, 0, stream>>>(ws.part23, d.batch, chunks, D + K, state_in,
-                                                      state_width, D, state_out);
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
-  CausalApplyKernel<T, CPT><<<grid, threads, 0, stream>>>(w, ws.pi, ws.part23, y, d.tokens, D, K, p,
-                                                          plan.chunk_tokens, chunks);
-  return cudaGetLastError();
+  TOST_RETURN_IF_CUDA_ERROR((Launch<CausalStatsKernel<T, CPT>, kRowThreads>(
+      {grid, dim3(threads), stats_smem, stream}, w, temp, denom_bias, tmax, positions, ws.part1,
+      ws.pi, ws.part23, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks, tile)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kElementwiseThreads>(
+      {dim3(static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads))),
+       dim3(kElementwiseThreads), 0, stream},
+      ws.part23, d.batch, chunks, D + K, state_in, state_width, D, state_out)));
+  return Launch<CausalApplyKernel<T, CPT>, kRowThreads>({grid, dim3(threads), 0, stream}, w, ws.pi,
+                                                        ws.part23, y, d.tokens, D, K, p,
+                                                        plan.chunk_tokens, chunks);
 }
 
 template <typename T>
@@ -778,13 +798,14 @@ cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, co
 
   constexpr int kVec = 16 / sizeof(T);
   if (d.channels % kVec == 0 && Aligned16(w)) {
-    ChunkSumSqKernel<T, kVec><<<grid, ColumnThreads(D, kVec), 0, stream>>>(
-        w, ws.part1, d.tokens, D, plan.chunk_tokens, chunks);
+    TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkSumSqKernel<T, kVec>, kColumnThreads>(
+        {grid, dim3(ColumnThreads(D, kVec)), 0, stream}, w, ws.part1, d.tokens, D,
+        plan.chunk_tokens, chunks)));
   } else {
-    ChunkSumSqKernel<T, 1><<<grid, ColumnThreads(D, 1), 0, stream>>>(w, ws.part1, d.tokens, D,
-                                                                     plan.chunk_tokens, chunks);
+    TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkSumSqKernel<T, 1>, kColumnThreads>(
+        {grid, dim3(ColumnThreads(D, 1)), 0, stream}, w, ws.part1, d.tokens, D, plan.chunk_tokens,
+        chunks)));
   }
-  TOST_RETURN_IF_CUDA_ERROR(cudaGetLastError());
 
   switch (ChannelsPerThread(D)) {
     case 1:
@@ -818,9 +839,9 @@ cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* d
   const int K = static_cast<int>(d.heads);
   const int p = D / K;
   const size_t smem = sizeof(float) * (static_cast<size_t>(D) + 2 * K);
-  StepKernel<T, CPT><<<static_cast<unsigned>(d.batch), ThreadsFor(D, CPT), smem, stream>>>(
-      w, temp, denom_bias, tmax, positions, state, y, D, K, p, HeadGroup(p));
-  return cudaGetLastError();
+  return Launch<StepKernel<T, CPT>, kRowThreads>(
+      {dim3(static_cast<unsigned>(d.batch)), dim3(ThreadsFor(D, CPT)), smem, stream}, w, temp,
+      denom_bias, tmax, positions, state, y, D, K, p, HeadGroup(p));
 }
 
 template <typename T>
@@ -932,4 +953,5 @@ cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const floa
   return cudaErrorInvalidValue;
 }
 
+TOST_GPU_BACKEND_NAMESPACE_END
 }  // namespace tost::kernels::gpu

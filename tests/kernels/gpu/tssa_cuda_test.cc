@@ -1,7 +1,9 @@
-// The CUDA TSSA operators (kernels/cuda/) against the ATen reference on the CPU
+// The CUDA TSSA kernels (kernels/cuda/) against the ATen reference on the CPU
 // (kernels/reference.cc), which is the ground truth. Each test feeds the same inputs to both: the
-// CUDA op is reached through the dispatcher (tost::kernels::tssa*, CUDA tensors), the reference
-// is called directly on CPU copies. Without a CUDA device every test is skipped.
+// kernels are reached through kernel_device.h (the `tost::` operators on a GPU, or the emulator's
+// test operators running the same kernel sources on the CPU), the reference is called directly on
+// CPU copies. Without a CUDA device the GPU binary skips every test; the emulated binary runs them
+// at smaller sizes (the emulator checks every access, see tests/kernels/emulator/emulator.h).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -15,14 +17,29 @@
 
 #include "kernels/reference.h"
 #include "kernels/tssa_ops.h"
+#include "tests/kernels/gpu/kernel_device.h"
 
 namespace tost::kernels {
 namespace {
 
-#define TOST_REQUIRE_CUDA()                               \
-  do {                                                    \
-    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device"; \
+using testing::DeviceAvailable;
+using testing::OnDevice;
+using testing::Tssa;
+using testing::TssaCausal;
+using testing::TssaStep;
+
+#define TOST_REQUIRE_DEVICE()                                                            \
+  do {                                                                                   \
+    if (!DeviceAvailable()) GTEST_SKIP() << "no " << testing::DeviceName() << " device"; \
   } while (0)
+
+#ifdef TOST_KERNEL_TESTS_EMULATED
+// Every access of the emulated kernels is checked: sizes that keep the label at a few minutes on
+// two cores while still taking every code path.
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
@@ -62,7 +79,7 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, Tol tol, const s
                       << "; max |diff| = " << at::nan_to_num(diff).max().item<double>();
 }
 
-at::Tensor Cuda(const at::Tensor& t) { return t.to(at::kCUDA); }
+at::Tensor Cuda(const at::Tensor& t) { return testing::ToDevice(t); }
 
 // The same strided view of a CPU tensor and of its device copy. (Copying a strided CPU view to the
 // device would give a contiguous, aligned tensor: views have to be taken on the device.)
@@ -138,12 +155,27 @@ const auto kDTypes = ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf);
 
 // Odd head widths (p = 5), the registered model sizes (p = 48, 64), one token, long sequences,
 // and widths that take every per-thread channel count of the kernels (D up to 8192).
-const auto kVisionShapes = ::testing::Values(
-    Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4}, Shape{3, 1000, 384, 8}, Shape{2, 197, 768, 12},
-    Shape{1, 33, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{4, 50, 12, 12});
-const auto kCausalShapes = ::testing::Values(
-    Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4}, Shape{1, 1000, 384, 8}, Shape{2, 130, 768, 12},
-    Shape{1, 70, 2304, 36}, Shape{2, 9, 8192, 128}, Shape{3, 40, 12, 12});
+// Emulated: the same paths at fewer tokens, plus odd D and K (p = 5, scalar loads) and a width for
+// every per-thread channel count of the row kernels (1, 2, 4, 8, 16, 32).
+const auto kVisionShapes =
+    kEmulated ? ::testing::ValuesIn(std::vector<Shape>{Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4},
+                                                       Shape{3, 70, 40, 8}, Shape{2, 20, 15, 3},
+                                                       Shape{1, 5, 768, 12}, Shape{1, 2, 2304, 36},
+                                                       Shape{1, 2, 8192, 128}, Shape{4, 9, 12, 12}})
+              : ::testing::ValuesIn(std::vector<Shape>{
+                    Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4}, Shape{3, 1000, 384, 8},
+                    Shape{2, 197, 768, 12}, Shape{1, 33, 2304, 36}, Shape{2, 9, 8192, 128},
+                    Shape{4, 50, 12, 12}});
+const auto kCausalShapes =
+    kEmulated
+        ? ::testing::ValuesIn(std::vector<Shape>{
+              Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4}, Shape{1, 70, 40, 8}, Shape{2, 13, 15, 3},
+              Shape{1, 5, 384, 8}, Shape{1, 9, 768, 12}, Shape{1, 3, 1536, 12},
+              Shape{1, 3, 2304, 36}, Shape{1, 2, 8192, 128}, Shape{3, 10, 12, 12}})
+        : ::testing::ValuesIn(std::vector<Shape>{Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4},
+                                                 Shape{1, 1000, 384, 8}, Shape{2, 130, 768, 12},
+                                                 Shape{1, 70, 2304, 36}, Shape{2, 9, 8192, 128},
+                                                 Shape{3, 40, 12, 12}});
 
 // ---------------------------------------------------------------------------------------------
 // tssa (vision).
@@ -151,12 +183,12 @@ const auto kCausalShapes = ::testing::Values(
 class TssaCudaTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(TssaCudaTest, MatchesReference) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const auto [s, dtype] = GetParam();
   const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, 1, dtype, 1);
   const at::Tensor want = reference::tssa(in.w, in.temp);
-  const at::Tensor got = tssa(Cuda(in.w), Cuda(in.temp));
-  EXPECT_TRUE(got.is_cuda());
+  const at::Tensor got = Tssa(Cuda(in.w), Cuda(in.temp));
+  EXPECT_TRUE(OnDevice(got));
   ExpectClose(got, want, YTol(dtype), "tssa y");
 }
 
@@ -167,9 +199,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, TssaCudaTest, ::testing::Combine(kVisionShapes,
 class TssaCudaLayoutTest : public ::testing::TestWithParam<at::ScalarType> {};
 
 TEST_P(TssaCudaLayoutTest, NonContiguousInputs) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const at::ScalarType dtype = GetParam();
-  const int64_t B = 2, N = 77, D = 384, K = 8;
+  const int64_t B = 2, N = kEmulated ? 17 : 77, D = kEmulated ? 40 : 384, K = 8;
   at::manual_seed(7);
   const Pair temp =
       Strided(at::rand({K, 2}) + 0.5, [](const at::Tensor& t) { return t.select(1, 1); });
@@ -187,7 +219,7 @@ TEST_P(TssaCudaLayoutTest, NonContiguousInputs) {
   for (const auto& [name, w] : variants) {
     ASSERT_TRUE(!w.cuda.is_contiguous() || w.cuda.storage_offset() == 1) << name;
     const at::Tensor want = reference::tssa(w.cpu, temp.cpu);
-    const at::Tensor got = tssa(w.cuda, temp.cuda);
+    const at::Tensor got = Tssa(w.cuda, temp.cuda);
     ExpectClose(got, want, YTol(dtype), "tssa y, " + name + " w");
   }
 }
@@ -196,19 +228,20 @@ INSTANTIATE_TEST_SUITE_P(DTypes, TssaCudaLayoutTest, kDTypes,
                          [](const auto& info) { return DTypeName(info.param); });
 
 TEST(TssaCudaMisc, Deterministic) {
-  TOST_REQUIRE_CUDA();
-  const Inputs in = MakeInputs({4, 500, 384, 8}, 8, 1, at::kFloat, 3);
+  TOST_REQUIRE_DEVICE();
+  const Inputs in = kEmulated ? MakeInputs({2, 60, 40}, 8, 1, at::kFloat, 3)
+                              : MakeInputs({4, 500, 384}, 8, 1, at::kFloat, 3);
   const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp);
-  EXPECT_TRUE(at::equal(tssa(w, temp), tssa(w, temp)));
+  EXPECT_TRUE(at::equal(Tssa(w, temp), Tssa(w, temp)));
 }
 
 TEST(TssaCudaMisc, Float64RunsTheReferenceOnTheDevice) {
-  TOST_REQUIRE_CUDA();
-  const Inputs in = MakeInputs({2, 31, 20, 4}, 4, 40, at::kDouble, 4);
-  ExpectClose(tssa(Cuda(in.w), Cuda(in.temp)), reference::tssa(in.w, in.temp), YTol(at::kDouble),
+  TOST_REQUIRE_DEVICE();
+  const Inputs in = MakeInputs({2, 31, 20}, 4, 40, at::kDouble, 4);
+  ExpectClose(Tssa(Cuda(in.w), Cuda(in.temp)), reference::tssa(in.w, in.temp), YTol(at::kDouble),
               "tssa f64");
   const auto [y, st] =
-      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
+      TssaCausal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
   const auto [y_ref, st_ref] =
       reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
   ExpectClose(y, y_ref, YTol(at::kDouble), "tssa_causal f64 y");
@@ -216,10 +249,10 @@ TEST(TssaCudaMisc, Float64RunsTheReferenceOnTheDevice) {
 }
 
 TEST(TssaCudaMisc, EmptyInputs) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const at::Tensor temp = Cuda(at::ones({4}));
-  EXPECT_EQ(tssa(Cuda(at::zeros({2, 0, 20})), temp).sizes(), at::IntArrayRef({2, 0, 20}));
-  EXPECT_EQ(tssa(Cuda(at::zeros({0, 5, 20})), temp).sizes(), at::IntArrayRef({0, 5, 20}));
+  EXPECT_EQ(Tssa(Cuda(at::zeros({2, 0, 20})), temp).sizes(), at::IntArrayRef({2, 0, 20}));
+  EXPECT_EQ(Tssa(Cuda(at::zeros({0, 5, 20})), temp).sizes(), at::IntArrayRef({0, 5, 20}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,19 +261,19 @@ TEST(TssaCudaMisc, EmptyInputs) {
 class TssaCausalCudaTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(TssaCausalCudaTest, FromEmptyStateMatchesReference) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const auto [s, dtype] = GetParam();
   const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, s.tokens + 3, dtype, 11);
   const auto [y_ref, st_ref] =
       reference::tssa_causal(in.w, in.temp, in.denom_bias, std::nullopt, std::nullopt);
   const auto [y, st] =
-      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
+      TssaCausal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), std::nullopt, std::nullopt);
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state");
 }
 
 TEST_P(TssaCausalCudaTest, ContinuesFromStateAtPositions) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const auto [s, dtype] = GetParam();
   const int64_t tmax = s.tokens + 40;
   const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, tmax, dtype, 12);
@@ -249,7 +282,7 @@ TEST_P(TssaCausalCudaTest, ContinuesFromStateAtPositions) {
   const auto [y_ref, st_ref] =
       reference::tssa_causal(in.w, in.temp, in.denom_bias, state, positions);
   const auto [y, st] =
-      tssa_causal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state), Cuda(positions));
+      TssaCausal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state), Cuda(positions));
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state");
 }
@@ -262,17 +295,18 @@ class TssaCausalCudaDTypeTest : public ::testing::TestWithParam<at::ScalarType> 
 // Prefill in two calls, the state and positions carried from the first to the second, equals one
 // call over the whole sequence (and the reference).
 TEST_P(TssaCausalCudaDTypeTest, ChunkedEqualsWhole) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const at::ScalarType dtype = GetParam();
-  const int64_t B = 2, T = 1000, D = 384, K = 8, split = 377;
+  const int64_t B = 2, T = kEmulated ? 100 : 1000, D = kEmulated ? 40 : 384, K = 8,
+                split = kEmulated ? 37 : 377;
   const Inputs in = MakeInputs({B, T, D}, K, T + 8, dtype, 21);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{0, 5});
   const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias),
                    pos = Cuda(positions);
 
-  const auto [y_whole, st_whole] = tssa_causal(w, temp, db, std::nullopt, pos);
-  const auto [y1, st1] = tssa_causal(w.slice(1, 0, split), temp, db, std::nullopt, pos);
-  const auto [y2, st2] = tssa_causal(w.slice(1, split), temp, db, st1, pos + split);
+  const auto [y_whole, st_whole] = TssaCausal(w, temp, db, std::nullopt, pos);
+  const auto [y1, st1] = TssaCausal(w.slice(1, 0, split), temp, db, std::nullopt, pos);
+  const auto [y2, st2] = TssaCausal(w.slice(1, split), temp, db, st1, pos + split);
   ExpectClose(at::cat({y1, y2}, 1), y_whole, YTol(dtype), "chunked y vs whole y");
   ExpectClose(st2, st_whole, kStateTol, "chunked state vs whole state");
 
@@ -284,9 +318,9 @@ TEST_P(TssaCausalCudaDTypeTest, ChunkedEqualsWhole) {
 
 // Strided w, temp, denom_bias and state; positions on the host.
 TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const at::ScalarType dtype = GetParam();
-  const int64_t B = 3, T = 45, D = 768, K = 12, tmax = 64;
+  const int64_t B = 3, T = kEmulated ? 12 : 45, D = kEmulated ? 48 : 768, K = 12, tmax = 64;
   at::manual_seed(31);
   const Pair w = Strided(at::randn({B, D, T}).to(dtype),
                          [](const at::Tensor& t) { return t.transpose(1, 2); });
@@ -303,7 +337,7 @@ TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
 
   const auto [y_ref, st_ref] =
       reference::tssa_causal(w.cpu, temp.cpu, denom_bias.cpu, state.cpu, positions);
-  const auto [y, st] = tssa_causal(w.cuda, temp.cuda, denom_bias.cuda, state.cuda, positions);
+  const auto [y, st] = TssaCausal(w.cuda, temp.cuda, denom_bias.cuda, state.cuda, positions);
   ExpectClose(y, y_ref, YTol(dtype), "tssa_causal y, strided inputs");
   ExpectClose(st, st_ref, kStateTol, "tssa_causal state, strided inputs");
 
@@ -314,7 +348,7 @@ TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
   const auto [y2_ref, st2_ref] =
       reference::tssa_causal(w_mis.cpu, temp.cpu, denom_bias.cpu, std::nullopt, std::nullopt);
   const auto [y2, st2] =
-      tssa_causal(w_mis.cuda, temp.cuda, denom_bias.cuda, std::nullopt, std::nullopt);
+      TssaCausal(w_mis.cuda, temp.cuda, denom_bias.cuda, std::nullopt, std::nullopt);
   ExpectClose(y2, y2_ref, YTol(dtype), "tssa_causal y, misaligned w");
   ExpectClose(st2, st2_ref, kStateTol, "tssa_causal state, misaligned w");
 }
@@ -325,10 +359,13 @@ TEST_P(TssaCausalCudaDTypeTest, NonContiguousInputs) {
 // T single steps from a given state equal one tssa_causal call over the T tokens (CUDA and
 // reference), for y and for the final state.
 TEST_P(TssaCausalCudaDTypeTest, RepeatedStepEqualsCausal) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const at::ScalarType dtype = GetParam();
-  for (const Shape s :
-       {Shape{3, 7, 20, 4}, Shape{2, 20, 384, 8}, Shape{2, 6, 2304, 36}, Shape{1, 3, 8192, 128}}) {
+  const std::vector<Shape> shapes =
+      kEmulated ? std::vector<Shape>{Shape{3, 7, 20, 4}, Shape{2, 6, 40, 8}, Shape{1, 3, 2304, 36}}
+                : std::vector<Shape>{Shape{3, 7, 20, 4}, Shape{2, 20, 384, 8},
+                                     Shape{2, 6, 2304, 36}, Shape{1, 3, 8192, 128}};
+  for (const Shape& s : shapes) {
     const int64_t tmax = s.tokens + 16;
     const Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, tmax, dtype, 41);
     const at::Tensor state0 = MakeState(s.batch, s.channels, s.heads, 42);
@@ -339,10 +376,10 @@ TEST_P(TssaCausalCudaDTypeTest, RepeatedStepEqualsCausal) {
     at::Tensor state = Cuda(state0).clone();
     std::vector<at::Tensor> ys;
     for (int64_t t = 0; t < s.tokens; ++t)
-      ys.push_back(tssa_step(w.select(1, t), temp, db, pos + t, state));
+      ys.push_back(TssaStep(w.select(1, t), temp, db, pos + t, state));
     const at::Tensor y_steps = at::stack(ys, 1);
 
-    const auto [y_causal, st_causal] = tssa_causal(w, temp, db, Cuda(state0), pos);
+    const auto [y_causal, st_causal] = TssaCausal(w, temp, db, Cuda(state0), pos);
     const auto [y_ref, st_ref] =
         reference::tssa_causal(in.w, in.temp, in.denom_bias, state0, positions);
     const std::string name = ShapeName(s);
@@ -357,23 +394,23 @@ INSTANTIATE_TEST_SUITE_P(DTypes, TssaCausalCudaDTypeTest, kDTypes,
                          [](const auto& info) { return DTypeName(info.param); });
 
 TEST(TssaStepCuda, FromZeroStateMatchesReferenceStep) {
-  TOST_REQUIRE_CUDA();
-  const int64_t B = 4, D = 768, K = 12, tmax = 32;
+  TOST_REQUIRE_DEVICE();
+  const int64_t B = 4, D = kEmulated ? 96 : 768, K = 12, tmax = 32;
   const Inputs in = MakeInputs({B, D}, K, tmax, at::kFloat, 51);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{0, 1, 30, 31});
   at::Tensor st_ref = at::zeros({B, StateWidth(D, K)});
   at::Tensor st = Cuda(st_ref);
   const at::Tensor y_ref = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, st_ref);
   const at::Tensor y =
-      tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
+      TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
   ExpectClose(y, y_ref, YTol(at::kFloat), "tssa_step y");
   ExpectClose(st, st_ref, kStateTol, "tssa_step state");
 }
 
 // A strided state (a view into a wider cache) is updated in place.
 TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
-  TOST_REQUIRE_CUDA();
-  const int64_t B = 3, D = 384, K = 8, tmax = 16;
+  TOST_REQUIRE_DEVICE();
+  const int64_t B = 3, D = kEmulated ? 40 : 384, K = 8, tmax = 16;
   const int64_t width = StateWidth(D, K);
   const Inputs in = MakeInputs({B, D}, K, tmax, at::kBFloat16, 61);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{2, 9, 15});
@@ -384,7 +421,7 @@ TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
   ASSERT_FALSE(st.is_contiguous());
   const at::Tensor y_ref = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, st_ref);
   const at::Tensor y =
-      tssa_step(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
+      TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
   ExpectClose(y, y_ref, YTol(at::kBFloat16), "tssa_step y");
   ExpectClose(cache, cache_ref, kStateTol, "state cache after tssa_step");
 }
@@ -393,35 +430,35 @@ TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
 // Edge cases and argument errors.
 
 TEST(TssaCausalCudaMisc, NoTokensReturnsACopyOfTheState) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const int64_t B = 2, D = 20, K = 4;
   const at::Tensor state = Cuda(MakeState(B, D, K, 71));
-  const auto [y, st] = tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
-                                   Cuda(at::zeros({K, 8})), state, Cuda(at::zeros({B}, at::kLong)));
+  const auto [y, st] = TssaCausal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
+                                  Cuda(at::zeros({K, 8})), state, Cuda(at::zeros({B}, at::kLong)));
   EXPECT_EQ(y.sizes(), at::IntArrayRef({B, 0, D}));
   EXPECT_TRUE(at::equal(st, state));
   EXPECT_FALSE(st.is_same(state));
-  const auto [y0, st0] = tssa_causal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
-                                     Cuda(at::zeros({K, 8})), std::nullopt, std::nullopt);
+  const auto [y0, st0] = TssaCausal(Cuda(at::zeros({B, 0, D})), Cuda(at::ones({K})),
+                                    Cuda(at::zeros({K, 8})), std::nullopt, std::nullopt);
   EXPECT_TRUE(at::equal(st0, at::zeros({B, StateWidth(D, K)}, st0.options())));
 }
 
 TEST(TssaCausalCudaMisc, RejectsBadArgumentsLikeTheReference) {
-  TOST_REQUIRE_CUDA();
+  TOST_REQUIRE_DEVICE();
   const int64_t B = 2, T = 5, D = 20, K = 4;
   const at::Tensor w = Cuda(at::randn({B, T, D}));
   const at::Tensor temp = Cuda(at::ones({K}));
   const at::Tensor db = Cuda(at::zeros({K, 8}));
   const at::Tensor bad_state = Cuda(at::zeros({B, 2 * D}));
-  EXPECT_THROW(tssa_causal(w, temp, db, bad_state, std::nullopt), c10::Error);
-  EXPECT_THROW(tssa_causal(w, temp, db, std::nullopt, Cuda(at::full({B}, 4, at::kLong))),
+  EXPECT_THROW(TssaCausal(w, temp, db, bad_state, std::nullopt), c10::Error);
+  EXPECT_THROW(TssaCausal(w, temp, db, std::nullopt, Cuda(at::full({B}, 4, at::kLong))),
                c10::Error);
-  EXPECT_THROW(tssa(w, Cuda(at::ones({3}))), c10::Error);
+  EXPECT_THROW(Tssa(w, Cuda(at::ones({3}))), c10::Error);
   at::Tensor st = Cuda(at::zeros({B, StateWidth(D, K)}));
-  EXPECT_THROW(tssa_step(w.select(1, 0), temp, db, Cuda(at::full({B}, 8, at::kLong)), st),
+  EXPECT_THROW(TssaStep(w.select(1, 0), temp, db, Cuda(at::full({B}, 8, at::kLong)), st),
                c10::Error);
   try {
-    tssa_causal(w, temp, db, bad_state, std::nullopt);
+    TssaCausal(w, temp, db, bad_state, std::nullopt);
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("state must be [B=2, 2D+K=44]"), std::string::npos)
         << e.what();
