@@ -7,6 +7,10 @@
 // scheduler pauses a job that has max_buffered_tokens of them, so a client that stops reading
 // stops its own generation instead of growing a buffer here; after the stall timeout the scheduler
 // ends it, and its state goes back to its session like any other ending.
+//
+// The method is raw (RawService): the reactor parses the request's bytes itself, so a request
+// protobuf refuses ends with INVALID_ARGUMENT naming the field, and serialises each message it
+// writes.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -18,21 +22,23 @@
 #include "model/status_macros.h"
 #include "service/api/generation_request.h"
 #include "service/api/grpc_status.h"
+#include "service/api/raw_request.h"
 #include "service/api/request_deadline.h"
 #include "service/api/tost_service.h"
 
 namespace tost::service {
 namespace {
 
-class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Engine& engine, const Authenticator& auth, const ServiceLimits& limits,
-                  grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request)
-      : engine_(engine), auth_(auth), limits_(limits), context_(context), request_(*request) {}
+                  grpc::CallbackServerContext* context)
+      : engine_(engine), auth_(auth), limits_(limits), context_(context) {}
 
-  // Admits the job, or finishes the call with the reason it was refused.
-  void Start() {
-    absl::Status admitted = Admit();
+  // Parses the request and admits the job, or finishes the call with the reason it was refused.
+  void Start(const grpc::ByteBuffer& raw) {
+    absl::Status admitted = ParseRequest(raw, request_);
+    if (admitted.ok()) admitted = Admit();
     if (!admitted.ok()) {
       ReleaseSession();
       Finish(ToGrpcStatus(admitted));
@@ -85,7 +91,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::Generate
   const Authenticator& auth_;
   const ServiceLimits& limits_;
   grpc::CallbackServerContext* const context_;
-  const tost::v1::GenerateRequest& request_;
+  tost::v1::GenerateRequest request_;  // parsed by Start(), then read-only
 
   // Set by Admit() before any other reaction can run, then read-only.
   std::string owner_;  // the caller: the blobs this call returns are bound to it
@@ -100,7 +106,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tost::v1::Generate
   bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // TryCancel() called on a stalled stream
-  tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the one in flight
+  tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the next one, before serialising
+  grpc::ByteBuffer written_ ABSL_GUARDED_BY(mu_);            // the one in flight
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);                 // a message could not be serialised
 };
 
 absl::Status GenerateReactor::Admit() {
@@ -225,29 +233,44 @@ void GenerateReactor::Pump() {
     if (event->kind != GenerationEvent::Kind::kFinished) {
       if (client_gone_) continue;  // nobody to tell; wait for the final state
       FillEvent(*event, message_);
+      if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
+        // Only a message past protobuf's 2 GiB could fail, never a token or a state blob: end
+        // the stream as a broken one, still taking events until the final one (the session's
+        // state).
+        broken_ = absl::InternalError(
+            absl::StrCat("Generate on model ", model_name_,
+                         ": could not serialise a response message: ", serialized.error_message()));
+        client_gone_ = true;
+        context_->TryCancel();
+        continue;
+      }
       write_in_flight_ = true;
-      StartWrite(&message_);
+      StartWrite(&written_);
       return;
     }
     finished_ = true;
     const absl::Status status = FinishEvent(*event, message_);
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
+    } else if (!broken_.ok()) {
+      Finish(ToGrpcStatus(broken_));
     } else if (client_gone_) {
       Finish(ToGrpcStatus(absl::CancelledError(
           absl::StrCat("Generate on model ", model_name_, ": the client went away"))));
+    } else if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
+      Finish(serialized);
     } else {
-      StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
+      StartWriteAndFinish(&written_, grpc::WriteOptions(), grpc::Status::OK);
     }
   }
 }
 
 }  // namespace
 
-grpc::ServerWriteReactor<tost::v1::GenerateResponse>* TostService::Generate(
-    grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request) {
-  auto* reactor = new GenerateReactor(engine_, auth_, limits_, context, request);
-  reactor->Start();
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TostService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer& request) {
+  auto* reactor = new GenerateReactor(engine_, auth_, limits_, context);
+  reactor->Start(request);
   return reactor;
 }
 

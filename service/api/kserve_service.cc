@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kserve/v2/grpc_service.grpc.pb.h"
 #include "model/status_macros.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
@@ -255,6 +256,19 @@ void AppendLengthPrefixed(std::string& out, const std::string& element) {
 }
 
 }  // namespace
+
+KServeService::KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits)
+    : RawService(inference::GRPCInferenceService::service_full_name()),
+      engine_(engine),
+      auth_(auth),
+      limits_(limits) {
+  AddUnary("ServerLive", &KServeService::ServerLive);
+  AddUnary("ServerReady", &KServeService::ServerReady);
+  AddUnary("ModelReady", &KServeService::ModelReady);
+  AddUnary("ServerMetadata", &KServeService::ServerMetadata);
+  AddUnary("ModelMetadata", &KServeService::ModelMetadata);
+  AddUnary("ModelInfer", &KServeService::ModelInfer);
+}
 
 absl::Status KServeService::Authenticate(const grpc::ServerContext& context) const {
   if (auth_ == nullptr) return absl::OkStatus();

@@ -21,7 +21,8 @@
 // Codes: unknown model or version NOT_FOUND; a model that failed to load FAILED_PRECONDITION with
 // its load error (ModelReady answers ready=false and sends the error as trailing metadata
 // "tost-load-error"); a language model UNIMPLEMENTED, pointing to tost.v1.Tost/Generate; any
-// malformed field INVALID_ARGUMENT naming it.
+// malformed field INVALID_ARGUMENT naming it, a request protobuf refuses (invalid UTF-8 in a string
+// field, a malformed encoding) included: every method receives its request as bytes (RawService).
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kserve/v2/grpc_service.grpc.pb.h"
+#include "kserve/v2/grpc_service.pb.h"
 #include "service/api/auth.h"
+#include "service/api/raw_service.h"
 #include "service/api/request_input.h"
 #include "service/engine/engine.h"
 
@@ -40,29 +42,28 @@ inline constexpr char kKServeImageInput[] = "image";
 inline constexpr char kKServeImageBytesInput[] = "image_bytes";
 inline constexpr char kKServeProbabilitiesOutput[] = "probabilities";
 
-class KServeService final : public inference::GRPCInferenceService::Service {
+class KServeService final : public RawService {
  public:
   // While the engine drains, ServerReady and ModelReady answer false; classification runs through
   // the engine's per-model dynamic batcher. `auth` checks the caller of model RPCs; null when no
   // API keys are configured. `engine` and `auth` are not owned and must outlive the service.
-  KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits)
-      : engine_(engine), auth_(auth), limits_(limits) {}
+  KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits);
 
   grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
-                          inference::ServerLiveResponse* response) override;
+                          inference::ServerLiveResponse* response);
   grpc::Status ServerReady(grpc::ServerContext* context,
                            const inference::ServerReadyRequest* request,
-                           inference::ServerReadyResponse* response) override;
+                           inference::ServerReadyResponse* response);
   grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
-                          inference::ModelReadyResponse* response) override;
+                          inference::ModelReadyResponse* response);
   grpc::Status ServerMetadata(grpc::ServerContext* context,
                               const inference::ServerMetadataRequest* request,
-                              inference::ServerMetadataResponse* response) override;
+                              inference::ServerMetadataResponse* response);
   grpc::Status ModelMetadata(grpc::ServerContext* context,
                              const inference::ModelMetadataRequest* request,
-                             inference::ModelMetadataResponse* response) override;
+                             inference::ModelMetadataResponse* response);
   grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
-                          inference::ModelInferResponse* response) override;
+                          inference::ModelInferResponse* response);
 
  private:
   absl::Status Authenticate(const grpc::ServerContext& context) const;

@@ -14,8 +14,28 @@
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
 #include "service/api/request_input.h"
+#include "tost/v1/tost.grpc.pb.h"
 
 namespace tost::service {
+
+TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits)
+    : RawService(tost::v1::Tost::service_full_name()),
+      engine_(engine),
+      auth_(auth),
+      limits_(limits) {
+  AddUnary("Classify", &TostService::Classify);
+  AddServerStreaming<tost::v1::GenerateRequest, tost::v1::GenerateResponse>("Generate",
+                                                                            &TostService::Generate);
+  AddUnary("ListModels", &TostService::ListModels);
+  AddUnary("ModelInfo", &TostService::ModelInfo);
+  AddUnary("ServerStatus", &TostService::ServerStatus);
+  AddUnary("CreateSession", &TostService::CreateSession);
+  AddUnary("ForkSession", &TostService::ForkSession);
+  AddUnary("ExportSession", &TostService::ExportSession);
+  AddUnary("ImportSession", &TostService::ImportSession);
+  AddUnary("CloseSession", &TostService::CloseSession);
+}
+
 namespace {
 
 // ClassifyRequest.tensor: [C,H,W] (one image) or [B,C,H,W], as `data` or as `raw` bytes. proto3

@@ -3,47 +3,50 @@
 // generate_reactor.cc on gRPC's callback API: no thread is held per stream, cancellation arrives
 // through OnCancel, and at most one write is in flight per stream, so a client that stops reading
 // pauses its own generation (the scheduler's flow control) instead of growing a server buffer.
+//
+// Every method receives its request as bytes (RawService): a request protobuf refuses is answered
+// INVALID_ARGUMENT naming the field, before the typed handlers below run.
 #pragma once
 
 #include <cstdint>
 
 #include "service/api/auth.h"
+#include "service/api/raw_service.h"
 #include "service/api/request_input.h"
 #include "service/engine/engine.h"
-#include "tost/v1/tost.grpc.pb.h"
+#include "tost/v1/tost.pb.h"
 
 namespace tost::service {
 
-class TostService final
-    : public tost::v1::Tost::WithCallbackMethod_Generate<tost::v1::Tost::Service> {
+class TostService final : public RawService {
  public:
   // `engine` and `auth` are not owned and must outlive the service.
-  TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits)
-      : engine_(engine), auth_(auth), limits_(limits) {}
+  TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits);
 
   grpc::Status Classify(grpc::ServerContext* context, const tost::v1::ClassifyRequest* request,
-                        tost::v1::ClassifyResponse* response) override;
-  grpc::ServerWriteReactor<tost::v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const tost::v1::GenerateRequest* request) override;
+                        tost::v1::ClassifyResponse* response);
+  // Parses the request itself (generate_reactor.cc).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer& request);
   grpc::Status ListModels(grpc::ServerContext* context, const tost::v1::ListModelsRequest* request,
-                          tost::v1::ListModelsResponse* response) override;
+                          tost::v1::ListModelsResponse* response);
   grpc::Status ModelInfo(grpc::ServerContext* context, const tost::v1::ModelInfoRequest* request,
-                         tost::v1::ModelStatus* response) override;
+                         tost::v1::ModelStatus* response);
   grpc::Status ServerStatus(grpc::ServerContext* context,
                             const tost::v1::ServerStatusRequest* request,
-                            tost::v1::ServerStatusResponse* response) override;
+                            tost::v1::ServerStatusResponse* response);
   grpc::Status CreateSession(grpc::ServerContext* context,
                              const tost::v1::CreateSessionRequest* request,
-                             tost::v1::SessionInfo* response) override;
+                             tost::v1::SessionInfo* response);
   grpc::Status ForkSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
-                           tost::v1::SessionInfo* response) override;
+                           tost::v1::SessionInfo* response);
   grpc::Status ExportSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
-                             tost::v1::ExportSessionResponse* response) override;
+                             tost::v1::ExportSessionResponse* response);
   grpc::Status ImportSession(grpc::ServerContext* context,
                              const tost::v1::ImportSessionRequest* request,
-                             tost::v1::SessionInfo* response) override;
+                             tost::v1::SessionInfo* response);
   grpc::Status CloseSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
-                            tost::v1::CloseSessionResponse* response) override;
+                            tost::v1::CloseSessionResponse* response);
 
  private:
   Engine& engine_;

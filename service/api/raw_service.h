@@ -1,0 +1,104 @@
+// A gRPC service whose methods receive their requests as bytes and parse them with ParseRequest
+// (service/api/raw_request.h), so that a request protobuf refuses (invalid UTF-8 in a string
+// field, a malformed encoding) is answered INVALID_ARGUMENT naming the field instead of gRPC's
+// INTERNAL with an empty message. Responses are serialised as gRPC's generated handlers do; auth,
+// deadlines and interceptors (metrics, logs) see the call as before.
+//
+// Why not the generated service with its WithRaw... templates: the generated constructor installs
+// typed handlers for every method (and typed SerializationTraits cannot be specialised past the
+// generic MessageLite ones it instantiates), and the templates only offer raw methods on the async
+// completion-queue API or the callback API. The callback API runs handlers on gRPC's few callback
+// threads (two on a two-core machine), where a Classify waiting for its batch would hold one and
+// throttle every stream. So unary methods here are synchronous handlers of bytes
+// (grpc::internal::RpcMethodHandler over grpc::ByteBuffer, as generated code registers its typed
+// ones): they run on the synchronous server's thread pool, which receives the request before it
+// hands the call to a thread, exactly as the typed handlers did. Server-streaming methods are raw
+// callback methods, as the generated WithRawCallbackMethod_ templates register them.
+//
+// Method names come from the protobuf service descriptor, and each registration checks the
+// request and response types against it, so a handler cannot serve the wrong method.
+#pragma once
+
+#include <grpcpp/impl/codegen/server_callback_handlers.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/impl/service_type.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <deque>
+#include <string>
+
+#include "google/protobuf/descriptor.h"
+#include "service/api/grpc_status.h"
+#include "service/api/raw_request.h"
+
+namespace tost::service {
+
+class RawService : public grpc::Service {
+ protected:
+  // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in).
+  explicit RawService(const std::string& service_full_name);
+
+  // Serves unary `method` with `handler`, a member of the derived service `Self`, on the
+  // synchronous thread pool: the request is parsed (INVALID_ARGUMENT naming the field when it
+  // cannot be) and the response serialised here.
+  template <class Self, class Request, class Response>
+  void AddUnary(const std::string& method,
+                grpc::Status (Self::*handler)(grpc::ServerContext*, const Request*, Response*)) {
+    const char* path =
+        Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/false);
+    Self* self = static_cast<Self*>(this);
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        path, grpc::internal::RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<RawService, grpc::ByteBuffer, grpc::ByteBuffer>(
+            [self, handler](RawService*, grpc::ServerContext* context, const grpc::ByteBuffer* raw,
+                            grpc::ByteBuffer* out) -> grpc::Status {
+              Request request;
+              if (absl::Status parsed = ParseRequest(*raw, request); !parsed.ok()) {
+                return ToGrpcStatus(parsed);
+              }
+              Response response;
+              grpc::Status status = (self->*handler)(context, &request, &response);
+              if (!status.ok()) return status;
+              return SerializeResponse(response, out);
+            },
+            this)));
+    ++methods_added_;
+  }
+
+  // Serves server-streaming `method` (which takes `Request` and streams `Response`) with a
+  // callback reactor of bytes that `start`, a member of `Self`, creates for the raw request. The
+  // reactor parses it with ParseRequest, finishing with the refusal when it cannot, and
+  // serialises each response it writes with SerializeResponse.
+  template <class Request, class Response, class Self>
+  void AddServerStreaming(const std::string& method,
+                          grpc::ServerWriteReactor<grpc::ByteBuffer>* (Self::*start)(
+                              grpc::CallbackServerContext*, const grpc::ByteBuffer&)) {
+    const char* path =
+        Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/true);
+    Self* self = static_cast<Self*>(this);
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        path, grpc::internal::RpcMethod::SERVER_STREAMING, /*handler=*/nullptr));
+    MarkMethodRawCallback(
+        methods_added_,
+        new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+            [self, start](grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+              return (self->*start)(context, *raw);
+            }));
+    ++methods_added_;
+  }
+
+ private:
+  // "/<service>/<method>" for gRPC, after checking that the proto method takes `request`, returns
+  // `response` and streams (or not) as its handler does; aborts if not, a programming error.
+  const char* Register(const std::string& method, const google::protobuf::Descriptor& request,
+                       const google::protobuf::Descriptor& response, bool streaming);
+
+  const google::protobuf::ServiceDescriptor* service_;
+  std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
+  int methods_added_ = 0;          // the index of the next method
+};
+
+}  // namespace tost::service
