@@ -25,6 +25,7 @@
 #include "service/api/raw_request.h"
 #include "service/api/request_deadline.h"
 #include "service/api/tost_service.h"
+#include "service/engine/client_text.h"
 
 namespace tost::service {
 namespace {
@@ -126,8 +127,9 @@ absl::Status GenerateReactor::Admit() {
     checked_out_ = request.session_id();
     if (!model_name_.empty() && model_name_ != state.model) {
       return absl::InvalidArgumentError(
-          absl::StrCat("session \"", checked_out_, "\" belongs to model \"", state.model,
-                       "\", the request names \"", model_name_, "\""));
+          absl::StrCat("model: session \"", checked_out_, "\" belongs to model \"", state.model,
+                       "\", the request names ", QuoteClientText(model_name_),
+                       " (leave model empty to continue the session's)"));
     }
     model_name_ = state.model;
   } else if (!request.state().empty()) {
