@@ -7,6 +7,7 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -591,6 +592,41 @@ TEST_F(SchedulerTest, CancellingAQueuedJobFreesItsPlaceWithoutAStep) {
   Drain(**late, d);
   ASSERT_TRUE(d.final.has_value());
   EXPECT_EQ(d.final->finish_reason, FinishReason::kDrained);
+}
+
+// Cancels from another thread race the scheduler's own thread moving jobs from the queue to the
+// slots: every job still ends exactly once, and every place comes back.
+TEST_F(SchedulerTest, CancelsRacingTheSchedulerThreadEndEveryJobOnce) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 2;
+  o.max_queued_jobs = 62;
+  auto s = Make(o);
+  std::vector<std::shared_ptr<GenerationJob>> jobs;
+  for (int i = 0; i < 64; ++i) {
+    auto job = s->Submit(Request(*s, "ab", 20, i));
+    ASSERT_TRUE(job.ok()) << job.status();
+    jobs.push_back(*std::move(job));
+  }
+  s->Start();
+  std::thread canceller([&jobs] {
+    for (auto& job : jobs) job->Cancel();
+  });
+  for (auto& job : jobs) {
+    Collected c;
+    while (!c.final.has_value()) {
+      auto e = job->Next(absl::Seconds(60));
+      ASSERT_TRUE(e.has_value()) << "no final event";
+      Record(*std::move(e), c);
+    }
+    EXPECT_FALSE(job->TryNext().has_value()) << "an event after the final one";
+  }
+  canceller.join();
+  EXPECT_EQ(s->in_flight(), 0);
+  const GenerationSchedulerStats st = s->stats();
+  EXPECT_EQ(st.queued, 0);
+  EXPECT_EQ(st.active, 0);
+  EXPECT_TRUE(s->Reserve().ok());
+  s->Shutdown();
 }
 
 // A client that gets its final message and at once sends its next request must find its place
