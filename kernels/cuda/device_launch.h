@@ -47,8 +47,10 @@ cudaError_t Launch(const LaunchShape& shape, Args&&... args) {
   if (static_cast<long long>(shape.block.x) * shape.block.y * shape.block.z > kMaxThreads) {
     return cudaErrorInvalidConfiguration;
   }
-  kKernel<<<shape.grid, shape.block, shape.shared_bytes, shape.stream> > >(
-      std::forward<Args>(args)...);
+  // A .h is formatted as C++, which would split the launch's chevrons.
+  // clang-format off
+  kKernel<<<shape.grid, shape.block, shape.shared_bytes, shape.stream>>>(std::forward<Args>(args)...);
+  // clang-format on
   return cudaGetLastError();
 }
 
