@@ -8,12 +8,17 @@
 #                     $TOST_DEPS_DIR/py-<hash of requirements.txt> (default TOST_DEPS_DIR=/opt/tost-deps),
 #                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel.
 #                     `build/deps.env` is written with the venv's path for the Makefile and CMake.
+#   Debian sources  : Abseil's, the version libabsl-dev has, unpacked with Debian's patches into
+#                     $TOST_DEPS_DIR/src/abseil_<version> (apt-get source; a deb-src entry for the
+#                     release is added to apt when apt has none): scripts/run-sanitizers.sh
+#                     compiles it with -fsanitize=thread, since Debian's libabsl is not instrumented.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps_dir="${TOST_DEPS_DIR:-/opt/tost-deps}"
 
 apt_packages=(
   build-essential cmake ninja-build ccache pkg-config git
+  dpkg-dev  # apt-get source (Abseil's source for the ThreadSanitizer build)
   clang clang-format  # the thread-safety analysis pass and the format check (ctest)
   libclang-rt-dev  # libFuzzer + ASan/UBSan runtimes for scripts/run-fuzzers.sh (clang only recommends it)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -25,17 +30,51 @@ apt_packages=(
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 
+sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "install-deps: apt packages missing: ${missing[*]}"
-  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $sudo_cmd apt-get update -q
   # prometheus' postinst starts a daemon where systemd runs; we only need the binary for tests.
   $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+absl_version="$(dpkg-query -W -f='${Version}' libabsl-dev)"
+absl_src="$deps_dir/src/abseil_$absl_version"
+if [ ! -f "$absl_src/.complete" ]; then
+  echo "install-deps: fetching Debian's source of abseil $absl_version into $absl_src"
+  if ! apt-cache showsrc abseil 2>/dev/null | grep -qx "Version: $absl_version"; then
+    codename="$(. /etc/os-release && echo "$VERSION_CODENAME")"
+    $sudo_cmd tee /etc/apt/sources.list.d/tost-deb-src.sources >/dev/null <<SOURCES
+# Source packages, for tost-serve's scripts/install-deps.sh (Abseil's source: sanitizer builds).
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: $codename $codename-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: $codename-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+    $sudo_cmd apt-get update -q
+  fi
+  mkdir -p "$deps_dir/src"
+  tmp="$(mktemp -d "$deps_dir/src/.abseil.XXXXXX")"
+  # Verified against the archive's signed Sources index; dpkg-source applies Debian's patches
+  # (its absl/base/options.h: Abseil's own types, inline namespace debian3).
+  (cd "$tmp" && apt-get source -q "abseil=$absl_version" 2>&1 |
+    { grep -v '^W: Download is performed unsandboxed' || true; })
+  rm -rf "$absl_src"
+  mv "$tmp"/abseil-*/ "$absl_src"
+  rm -rf "$tmp"
+  touch "$absl_src/.complete"
 fi
 
 python_bin="${TOST_PYTHON:-$(command -v python3.11 || command -v python3)}"
