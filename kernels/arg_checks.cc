@@ -43,19 +43,24 @@ void CheckState(const at::Tensor& state, const char* op, const at::Tensor& w, co
               w.device());
 }
 
-void CheckPositions(const at::Tensor& positions, const char* op, const TssaDims& d, int64_t tmax) {
+void CheckPositions(const at::Tensor& positions, const char* op, const at::Tensor& w,
+                    const TssaDims& d, int64_t tmax) {
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == d.batch, op,
               ": positions must be [B=", d.batch, "], got shape ", positions.sizes());
   TORCH_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ",
               positions.scalar_type());
+  // The positions index the denom_bias gather, so their range is checked, on the host. Positions
+  // already on w's (non-CPU) device are not: reading them back would synchronise the host with the
+  // device on every call, and the device kernels guard the range themselves (NaN for a sequence
+  // outside it, never an out-of-range read).
   if (d.batch == 0) return;
-  // One host read of two scalars: the bound protects the denom_bias gather from reading out of
-  // range.
+  if (!positions.device().is_cpu() && positions.device() == w.device()) return;
   const auto range = at::aminmax(positions.to(at::kCPU));
   const int64_t lo = std::get<0>(range).item<int64_t>();
   const int64_t hi = std::get<1>(range).item<int64_t>();
   TORCH_CHECK(lo >= 0, op, ": positions must be >= 0, got ", lo);
-  TORCH_CHECK(hi + d.tokens <= tmax, op, ": position ", hi, " + ", d.tokens,
+  // hi ≤ Tmax − T rather than hi + T ≤ Tmax: no overflow for huge positions.
+  TORCH_CHECK(d.tokens <= tmax && hi <= tmax - d.tokens, op, ": position ", hi, " + ", d.tokens,
               " token(s) exceeds the context length Tmax=", tmax, " of denom_bias");
 }
 
@@ -81,7 +86,7 @@ TssaDims CheckCausalArgs(const at::Tensor& w, const at::Tensor& temp, const at::
   CheckDenomBias(denom_bias, "tssa_causal", w, d.heads);
   if (state.has_value()) CheckState(*state, "tssa_causal", w, d);
   if (positions.has_value()) {
-    CheckPositions(*positions, "tssa_causal", d, denom_bias.size(1));
+    CheckPositions(*positions, "tssa_causal", w, d, denom_bias.size(1));
   } else {
     TORCH_CHECK(d.tokens <= denom_bias.size(1), "tssa_causal: ", d.tokens,
                 " tokens exceed the context length Tmax=", denom_bias.size(1), " of denom_bias");
@@ -98,7 +103,7 @@ TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Te
   d.head_dim = d.channels / d.heads;
   CheckDenomBias(denom_bias, "tssa_step", w, d.heads);
   CheckState(state, "tssa_step", w, d);
-  CheckPositions(positions, "tssa_step", d, denom_bias.size(1));
+  CheckPositions(positions, "tssa_step", w, d, denom_bias.size(1));
   return d;
 }
 

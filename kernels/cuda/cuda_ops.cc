@@ -19,10 +19,14 @@ struct CudaBackend {
   static c10::cuda::CUDAGuard Guard(const at::Device& device) {
     return c10::cuda::CUDAGuard(device);
   }
-  static int SmCount() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
   static cudaStream_t Stream() { return at::cuda::getCurrentCUDAStream(); }
   static at::Tensor Workspace(const at::Tensor& like, size_t bytes) {
     return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  }
+  // Pinned staging, then an asynchronous copy on the current stream (the caching host allocator
+  // keeps the pinned block until the copy is done).
+  static at::Tensor Upload(const at::Tensor& host, const at::Device& device) {
+    return host.pin_memory().to(device, /*non_blocking=*/true);
   }
   static void CheckLaunch(cudaError_t err, const char* op) {
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorName(err),

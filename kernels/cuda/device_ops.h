@@ -8,9 +8,9 @@
 // A Backend provides:
 //   static constexpr const char* kTssa, kTssaCausal, kTssaStep   operator names for messages
 //   static <guard> Guard(const at::Device&)      selects the device for the scope
-//   static int SmCount()                         multiprocessor count of the current device
 //   static cudaStream_t Stream()                 stream the launches are enqueued on
 //   static at::Tensor Workspace(const at::Tensor& like, size_t bytes)
+//   static at::Tensor Upload(const at::Tensor& host, const at::Device&)   without synchronising
 //   static void CheckLaunch(cudaError_t, const char* op)   throws with the device's explanation
 //
 // float64 w (and the degenerate D = 0) are not worth a kernel: they run the ATen reference on the
@@ -44,7 +44,7 @@ class DeviceOps {
     at::Tensor y = at::empty(w.sizes(), w.options());
     if (y.numel() == 0) return y;
     const at::Tensor temp = Float32(temp_in);
-    const gpu::Plan plan = gpu::PlanTssa(dims, Backend::SmCount());
+    const gpu::Plan plan = gpu::PlanTssa(dims);
     const at::Tensor ws = Backend::Workspace(w, plan.workspace_bytes);
     Backend::CheckLaunch(
         gpu::LaunchTssa(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
@@ -77,12 +77,11 @@ class DeviceOps {
     const at::Tensor temp = Float32(temp_in);
     const at::Tensor denom_bias = Float32(denom_bias_in);
     const at::Tensor state = state_in.has_value() ? state_in->contiguous() : at::Tensor();
-    const at::Tensor positions = positions_in.has_value()
-                                     ? positions_in->to(w.device(), at::kLong).contiguous()
-                                     : at::Tensor();
+    const at::Tensor positions =
+        positions_in.has_value() ? Positions(*positions_in, w.device()) : at::Tensor();
     at::Tensor state_out = at::empty({d.batch, width}, w.options().dtype(at::kFloat));
 
-    const gpu::Plan plan = gpu::PlanTssaCausal(dims, Backend::SmCount());
+    const gpu::Plan plan = gpu::PlanTssaCausal(dims);
     const at::Tensor ws = Backend::Workspace(w, plan.workspace_bytes);
     Backend::CheckLaunch(
         gpu::LaunchTssaCausal(dims, plan, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
@@ -111,7 +110,7 @@ class DeviceOps {
     if (d.batch == 0) return y;
     const at::Tensor temp = Float32(temp_in);
     const at::Tensor denom_bias = Float32(denom_bias_in);
-    const at::Tensor positions = positions_in.to(w.device(), at::kLong).contiguous();
+    const at::Tensor positions = Positions(positions_in, w.device());
     // The kernel updates a contiguous state in place; a strided one is updated through a copy.
     at::Tensor st = state.is_contiguous() ? state : state.contiguous();
     Backend::CheckLaunch(
@@ -144,6 +143,14 @@ class DeviceOps {
     TORCH_CHECK(why == nullptr, op, ": ", why, " (got B=", d.batch, ", tokens=", d.tokens,
                 ", D=", d.channels, ", K=", d.heads, ")");
     return g;
+  }
+
+  // Positions on the device: host positions (range-checked on the host by the argument checks) are
+  // uploaded once, from pinned memory without blocking; device positions are used as they are
+  // (the kernels guard their range).
+  static at::Tensor Positions(const at::Tensor& positions, const at::Device& device) {
+    if (positions.device() == device) return positions.contiguous();
+    return Backend::Upload(positions.contiguous(), device);
   }
 
   // temp [K] and denom_bias [K, Tmax] as contiguous float32 (no copy when they already are).

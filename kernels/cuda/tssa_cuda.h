@@ -6,7 +6,10 @@
 //   temp          [K] float32
 //   denom_bias    [K, tmax] float32
 //   state         [B, 2D+K] float32 = [S1 | S2 | S3], channel c of head k at k·p + c
-//   positions     [B] int64 (absolute position of each sequence's first token in this call)
+//   positions     [B] int64 (absolute position of each sequence's first token in this call), on
+//                 the device and not checked by the host (that would synchronise): a sequence
+//                 whose tokens fall outside denom_bias gets NaN outputs and state, never an
+//                 out-of-range read
 // Statistics, Π and every accumulation are float32 whatever the input precision; y is written in
 // w's dtype. All work is enqueued on `stream`; a launcher returns the first launch error
 // (cudaGetLastError after each kernel) and never synchronises.
@@ -42,23 +45,23 @@ struct Dims {
 // Limits of the kernels (shared-memory tiles and per-thread register arrays are sized from them).
 inline constexpr int64_t kMaxChannels = 8192;
 inline constexpr int64_t kMaxHeads = 1024;
-inline constexpr int64_t kMaxBatch = 65535;  // gridDim.y of the token-chunked kernels
 
 // nullptr when the kernels accept `d`, otherwise why not. B, N, D may be 0 only where the caller
 // returns early; the launchers require B ≥ 1, tokens ≥ 1 and D ≥ 1.
 const char* UnsupportedReason(const Dims& d);
 
 // How the token axis is cut into chunks (one thread block per (chunk, sequence)) and the device
-// workspace the launch needs. Computed from the shape and the device's SM count; pass the same
-// plan to the launcher.
+// workspace the launch needs. The chunking depends on the sequence length alone (never on the
+// batch or the device), so a sequence's result is the same in any batch; pass the same plan to the
+// launcher.
 struct Plan {
   int64_t chunk_tokens = 0;
   int64_t chunks = 0;
   size_t workspace_bytes = 0;
 };
 
-Plan PlanTssa(const Dims& d, int sm_count);
-Plan PlanTssaCausal(const Dims& d, int sm_count);
+Plan PlanTssa(const Dims& d);
+Plan PlanTssaCausal(const Dims& d);
 
 // Vision TSSA (global statistics over the N tokens): y = −w·Π/(1 + dots).
 cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w,

@@ -44,9 +44,11 @@ constexpr int kRowThreads =
 constexpr int kMaxChannelsPerThread = 32;
 static_assert(kMaxChannelsPerThread * kRowThreads >= kMaxChannels,
               "row kernels must cover kMaxChannels");
-constexpr int kElementwiseThreads = 256;
+constexpr int kReduceWarps = 8;  // ChunkScan, Norm, Gate: warps splitting the chunks
+constexpr int kReduceThreads = kReduceWarps * kWarpSize;
 constexpr int64_t kMaxChunkTokens = 64;
 constexpr int64_t kMinChunkTokens = 8;
+constexpr int64_t kTargetChunks = 64;
 constexpr int kMaxTileTokens = 16;          // CausalStats: tokens per shared-memory q tile
 constexpr size_t kCausalTileFloats = 8192;  // 32 KiB budget for the q tile
 constexpr size_t kSmemLimit = kMaxDefaultDynamicSharedBytes;  // no opt-in to more
@@ -124,7 +126,7 @@ __host__ __device__ constexpr int RowUnroll() {
   return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1);
 }
 [[maybe_unused]] __host__ __device__ constexpr int CausalApplyMinBlocks(int cpt) {
-  return cpt <= 8 ? 4 : 1;
+  return cpt <= 4 ? 4 : (cpt <= 8 ? 3 : 1);
 }
 [[maybe_unused]] __host__ __device__ constexpr int StepMinBlocks(int cpt) {
   return cpt <= 16 ? 4 : 1;
@@ -188,13 +190,14 @@ __device__ __forceinline__ void WarpSoftmaxInPlace(float* x, int heads) {
 // ---------------------------------------------------------------------------------------------
 // Kernels shared by the vision and causal paths.
 
-// part[b][g][c] = Σ_{t ∈ chunk g} w[b,t,c]²   (layout [B][chunks][D]). grid (chunks, B).
+// part[b][g][c] = Σ_{t ∈ chunk g} w[b,t,c]²   (layout [B][chunks][D]). grid B·chunks (block
+// b·chunks + g).
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
     ChunkSumSqKernel(const T* __restrict__ w, float* __restrict__ part, int64_t tokens, int D,
                      int64_t chunk_tokens, int chunks) {
-  const int g = blockIdx.x;
-  const int b = blockIdx.y;
+  const int g = static_cast<int>(blockIdx.x % chunks);
+  const int b = static_cast<int>(blockIdx.x / chunks);
   const int64_t t0 = g * chunk_tokens;
   const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
   const T* wb = w + (static_cast<int64_t>(b) * tokens + t0) * D;
@@ -215,46 +218,82 @@ __global__ void __launch_bounds__(kColumnThreads)
   }
 }
 
+// The cross-chunk reductions (scan, norm, gate) run one block per (sequence, 32 columns): lane l of
+// every warp owns column 32·group + l (coalesced rows), and the kReduceWarps warps split the chunks
+// into contiguous ranges, reduced in parallel and combined in warp order. The order of every sum
+// depends on the number of chunks only, so results do not change with the batch.
+__device__ __forceinline__ void WarpChunkRange(int chunks, int warp, int* begin, int* end) {
+  const int per = chunks / kReduceWarps;
+  const int rem = chunks % kReduceWarps;
+  *begin = warp * per + min(warp, rem);
+  *end = *begin + per + (warp < rem ? 1 : 0);
+}
+
 // In-place exclusive scan over chunks of part[b][g][i] (layout [B][chunks][width]), seeded with
-// state_in[b][offset + i] (or 0); the total goes to state_out[b][offset + i].
-__global__ void __launch_bounds__(kElementwiseThreads)
-    ChunkScanKernel(float* __restrict__ part, int64_t batch, int chunks, int width,
+// state_in[b][offset + i] (or 0); the total goes to state_out[b][offset + i]. grid
+// B·ceil(width/32), dynamic shared memory kReduceWarps·32 floats.
+__global__ void __launch_bounds__(kReduceThreads)
+    ChunkScanKernel(float* __restrict__ part, int chunks, int width,
                     const float* __restrict__ state_in, int64_t state_width, int offset,
                     float* __restrict__ state_out) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= batch * width) return;
-  const int64_t b = idx / width;
-  const int i = static_cast<int>(idx - b * width);
-  float run = state_in != nullptr ? state_in[b * state_width + offset + i] : 0.f;
+  TOST_DYNAMIC_SHARED(float, totals);  // [kReduceWarps][32]
+  const int groups = (width + kWarpSize - 1) / kWarpSize;
+  const int64_t b = blockIdx.x / groups;
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  const int warp = threadIdx.x / kWarpSize;
+  const int i = static_cast<int>(blockIdx.x % groups) * kWarpSize + lane;
+  const bool valid = i < width;
   float* col = part + b * chunks * width + i;
-  for (int g = 0; g < chunks; ++g) {
+  int g0, g1;
+  WarpChunkRange(chunks, warp, &g0, &g1);
+  float sum = 0.f;
+  if (valid) {
+    for (int g = g0; g < g1; ++g) sum += col[static_cast<int64_t>(g) * width];
+  }
+  totals[warp * kWarpSize + lane] = sum;
+  __syncthreads();
+  float run = (valid && state_in != nullptr) ? state_in[b * state_width + offset + i] : 0.f;
+  for (int w = 0; w < warp; ++w) run += totals[w * kWarpSize + lane];
+  if (!valid) return;
+  if (warp == kReduceWarps - 1) state_out[b * state_width + offset + i] = run + sum;
+  for (int g = g0; g < g1; ++g) {
     const float v = col[static_cast<int64_t>(g) * width];
     col[static_cast<int64_t>(g) * width] = run;
     run += v;
   }
-  state_out[b * state_width + offset + i] = run;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Vision TSSA.
 
-// nu[b][c] = max(sqrt(Σ_g part[b][g][c]), 1e-12).
-__global__ void __launch_bounds__(kElementwiseThreads)
-    NormKernel(const float* __restrict__ part, float* __restrict__ nu, int64_t batch, int chunks,
-               int D) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= batch * D) return;
-  const int64_t b = idx / D;
-  const int c = static_cast<int>(idx - b * D);
-  const float* col = part + b * chunks * D + c;
+// nu[b][c] = max(sqrt(Σ_g part[b][g][c]), 1e-12). grid B·ceil(D/32), dynamic shared memory
+// kReduceWarps·32 floats (see ChunkScanKernel).
+__global__ void __launch_bounds__(kReduceThreads)
+    NormKernel(const float* __restrict__ part, float* __restrict__ nu, int chunks, int D) {
+  TOST_DYNAMIC_SHARED(float, totals);  // [kReduceWarps][32]
+  const int groups = (D + kWarpSize - 1) / kWarpSize;
+  const int64_t b = blockIdx.x / groups;
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  const int warp = threadIdx.x / kWarpSize;
+  const int c = static_cast<int>(blockIdx.x % groups) * kWarpSize + lane;
+  int g0, g1;
+  WarpChunkRange(chunks, warp, &g0, &g1);
   float s = 0.f;
-  for (int g = 0; g < chunks; ++g) s += col[static_cast<int64_t>(g) * D];
-  nu[idx] = fmaxf(sqrtf(s), kNormEps);
+  if (c < D) {
+    const float* col = part + b * chunks * D + c;
+    for (int g = g0; g < g1; ++g) s += col[static_cast<int64_t>(g) * D];
+  }
+  totals[warp * kWarpSize + lane] = s;
+  __syncthreads();
+  if (warp != 0 || c >= D) return;
+  float total = 0.f;
+  for (int w = 0; w < kReduceWarps; ++w) total += totals[w * kWarpSize + lane];
+  nu[b * D + c] = fmaxf(sqrtf(total), kNormEps);
 }
 
 // Per chunk: Π for every token (softmax over heads of temp[k]·Σ_c (w/ν)²), written to pi[b][t][k],
 // and the chunk partials part[b][g][c] = Σ_t Π[t,k(c)]·w², part[b][g][D+k] = Σ_t Π[t,k]
-// (layout [B][chunks][D+K]). grid (chunks, B), dynamic shared memory chunk_tokens·K floats.
+// (layout [B][chunks][D+K]). grid B·chunks, dynamic shared memory chunk_tokens·K floats.
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
     TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
@@ -262,8 +301,8 @@ __global__ void __launch_bounds__(kColumnThreads)
                     int64_t tokens, int D, int K, int p, int group, int64_t chunk_tokens,
                     int chunks) {
   TOST_DYNAMIC_SHARED(float, pi_s);  // [rows][K]
-  const int g = blockIdx.x;
-  const int b = blockIdx.y;
+  const int g = static_cast<int>(blockIdx.x % chunks);
+  const int b = static_cast<int>(blockIdx.x / chunks);
   const int lane = threadIdx.x & (kWarpSize - 1);
   const int warp = threadIdx.x / kWarpSize;
   const int nwarps = blockDim.x / kWarpSize;
@@ -317,34 +356,51 @@ __global__ void __launch_bounds__(kColumnThreads)
   }
 }
 
-// denom[b][c] = 1 + Σ_g part[b][g][c] / (Σ_g part[b][g][D+k(c)] + 1e-8).
-__global__ void __launch_bounds__(kElementwiseThreads)
-    GateKernel(const float* __restrict__ part, float* __restrict__ denom, int64_t batch, int chunks,
-               int D, int K, int p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= batch * D) return;
-  const int64_t b = idx / D;
-  const int c = static_cast<int>(idx - b * D);
+// denom[b][c] = 1 + Σ_g part[b][g][c] / (Σ_g part[b][g][D+k(c)] + 1e-8). grid B·ceil(D/32),
+// dynamic shared memory 2·kReduceWarps·32 floats (see ChunkScanKernel).
+__global__ void __launch_bounds__(kReduceThreads)
+    GateKernel(const float* __restrict__ part, float* __restrict__ denom, int chunks, int D, int K,
+               int p) {
+  TOST_DYNAMIC_SHARED(float, totals);  // [2][kReduceWarps][32]: Σ Π·w², Σ Π
+  const int groups = (D + kWarpSize - 1) / kWarpSize;
+  const int64_t b = blockIdx.x / groups;
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  const int warp = threadIdx.x / kWarpSize;
+  const int c = static_cast<int>(blockIdx.x % groups) * kWarpSize + lane;
   const int width = D + K;
-  const float* base = part + b * chunks * width;
-  const int hc = D + c / p;
+  int g0, g1;
+  WarpChunkRange(chunks, warp, &g0, &g1);
   float s2 = 0.f;
   float n = 0.f;
-  for (int g = 0; g < chunks; ++g) {
-    s2 += base[static_cast<int64_t>(g) * width + c];
-    n += base[static_cast<int64_t>(g) * width + hc];
+  if (c < D) {
+    const float* base = part + b * chunks * width;
+    const int hc = D + c / p;
+    for (int g = g0; g < g1; ++g) {
+      s2 += base[static_cast<int64_t>(g) * width + c];
+      n += base[static_cast<int64_t>(g) * width + hc];
+    }
   }
-  denom[idx] = 1.f + s2 / (n + kCountEps);
+  totals[warp * kWarpSize + lane] = s2;
+  totals[(kReduceWarps + warp) * kWarpSize + lane] = n;
+  __syncthreads();
+  if (warp != 0 || c >= D) return;
+  float s2_total = 0.f;
+  float n_total = 0.f;
+  for (int w = 0; w < kReduceWarps; ++w) {
+    s2_total += totals[w * kWarpSize + lane];
+    n_total += totals[(kReduceWarps + w) * kWarpSize + lane];
+  }
+  denom[b * D + c] = 1.f + s2_total / (n_total + kCountEps);
 }
 
-// y[b,t,c] = (−w·Π[b,t,k(c)]) / denom[b][c]. grid (chunks, B).
+// y[b,t,c] = (−w·Π[b,t,k(c)]) / denom[b][c]. grid B·chunks (block b·chunks + g).
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
     TssaApplyKernel(const T* __restrict__ w, const float* __restrict__ pi,
                     const float* __restrict__ denom, T* __restrict__ y, int64_t tokens, int D,
-                    int K, int p, int64_t chunk_tokens) {
-  const int g = blockIdx.x;
-  const int b = blockIdx.y;
+                    int K, int p, int64_t chunk_tokens, int chunks) {
+  const int g = static_cast<int>(blockIdx.x % chunks);
+  const int b = static_cast<int>(blockIdx.x / chunks);
   const int64_t t0 = g * chunk_tokens;
   const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
   const int64_t row0 = static_cast<int64_t>(b) * tokens + t0;
@@ -379,7 +435,7 @@ __global__ void __launch_bounds__(kColumnThreads)
 // q = w²/max(S1, 1e-12) in a shared tile of `tile` tokens, one warp per token for the logits
 // temp[k]·(Σ_c q + p·δ[k,pos]) and the head softmax, Π to pi[b][t][k], and the chunk sums
 // part23[b][g][c] = Σ_t Π·w², part23[b][g][D+k] = Σ_t Π. Thread i owns channels i + j·blockDim.
-// grid (chunks, B), dynamic shared memory (tile·(D+K) + K) floats.
+// grid B·chunks (block b·chunks + g), dynamic shared memory (tile·(D+K) + K) floats.
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
     CausalStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
@@ -391,8 +447,8 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
   float* q_s = smem;              // [tile][D]
   float* pi_s = q_s + tile * D;   // [tile][K]
   float* s3_s = pi_s + tile * K;  // [K], entry k owned by thread k % blockDim
-  const int g = blockIdx.x;
-  const int b = blockIdx.y;
+  const int g = static_cast<int>(blockIdx.x % chunks);
+  const int b = static_cast<int>(blockIdx.x / chunks);
   const int tid = threadIdx.x;
   const int nt = blockDim.x;
   const int lane = tid & (kWarpSize - 1);
@@ -401,6 +457,9 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
   const int64_t t0 = g * chunk_tokens;
   const int64_t t1 = min(tokens, t0 + chunk_tokens);
   const int64_t pos0 = (positions != nullptr ? positions[b] : 0);
+  // Positions come from the device unchecked (a host check would synchronise): a sequence whose
+  // tokens fall outside denom_bias gets NaN instead of an out-of-range read.
+  const bool pos_ok = pos0 >= 0 && pos0 <= tmax - tokens;
   const T* wb = w + static_cast<int64_t>(b) * tokens * D;
   const float* pre = prefix1 + (static_cast<int64_t>(b) * chunks + g) * D;
   const float pf = static_cast<float>(p);
@@ -439,10 +498,12 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
     for (int j = warp; j < n; j += nwarps) {
       const float* qrow = q_s + j * D;
       float* prow = pi_s + j * K;
-      const float* db = denom_bias + (pos0 + ts + j);
+      const float* db = denom_bias + (pos_ok ? pos0 + ts + j : 0);
       HeadSums(
           K, p, group, 0, 1, [&](int c) { return qrow[c]; },
-          [&](int k, float s) { prow[k] = (s + pf * db[k * tmax]) * temp[k]; });
+          [&](int k, float s) {
+            prow[k] = (s + pf * (pos_ok ? db[k * tmax] : __int_as_float(0x7fc00000))) * temp[k];
+          });
       __syncwarp();
       WarpSoftmaxInPlace(prow, K);
       float* pg = pi + (static_cast<int64_t>(b) * tokens + ts + j) * K;
@@ -482,14 +543,15 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
 }
 
 // Per chunk, given the exclusive prefixes prefix23[b][g][c] (S2) and prefix23[b][g][D+k] (S3):
-// the local inclusive scans of Π·w² and Π, and y = (−w·Π) / (1 + S2/(S3 + 1e-8)). grid (chunks, B).
+// the local inclusive scans of Π·w² and Π, and y = (−w·Π) / (1 + S2/(S3 + 1e-8)). grid B·chunks
+// (block b·chunks + g).
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
     CausalApplyKernel(const T* __restrict__ w, const float* __restrict__ pi,
                       const float* __restrict__ prefix23, T* __restrict__ y, int64_t tokens, int D,
                       int K, int p, int64_t chunk_tokens, int chunks) {
-  const int g = blockIdx.x;
-  const int b = blockIdx.y;
+  const int g = static_cast<int>(blockIdx.x % chunks);
+  const int b = static_cast<int>(blockIdx.x / chunks);
   const int tid = threadIdx.x;
   const int nt = blockDim.x;
   const int64_t t0 = g * chunk_tokens;
@@ -544,7 +606,10 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
   const int nwarps = nt / kWarpSize;
   float* st = state + static_cast<int64_t>(b) * (2 * D + K);
   const T* wrow = w + static_cast<int64_t>(b) * D;
-  const float* db = denom_bias + positions[b];
+  // Unchecked device positions (see CausalStatsKernel): NaN instead of an out-of-range read.
+  const int64_t pos = positions[b];
+  const bool pos_ok = pos >= 0 && pos < tmax;
+  const float* db = denom_bias + (pos_ok ? pos : 0);
   const float pf = static_cast<float>(p);
 
   float v[CPT];
@@ -565,7 +630,9 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
   __syncthreads();
   HeadSums(
       K, p, group, warp, nwarps, [&](int c) { return q_s[c]; },
-      [&](int k, float s) { pi_s[k] = (s + pf * db[k * tmax]) * temp[k]; });
+      [&](int k, float s) {
+        pi_s[k] = (s + pf * (pos_ok ? db[k * tmax] : __int_as_float(0x7fc00000))) * temp[k];
+      });
   __syncthreads();
   if (warp == 0) WarpSoftmaxInPlace(pi_s, K);
   __syncthreads();
@@ -627,13 +694,14 @@ int ThreadsFor(int64_t D, int cpt) {
       std::max<int64_t>(kWarpSize, CeilDiv(CeilDiv(D, cpt), kWarpSize) * kWarpSize));
 }
 
-// Tokens per chunk: up to kMaxChunkTokens, halved (down to kMinChunkTokens) while there are fewer
-// than two blocks per SM.
-int64_t ChunkTokens(const Dims& d, int sm_count) {
-  int64_t chunk = kMaxChunkTokens;
-  const int64_t want = 2 * static_cast<int64_t>(std::max(sm_count, 1));
-  while (chunk > kMinChunkTokens && d.batch * CeilDiv(d.tokens, chunk) < want) chunk /= 2;
-  return std::max<int64_t>(1, std::min(chunk, d.tokens));
+// Tokens per chunk, from the sequence length alone: a sequence's result (every sum's order) then
+// never depends on what it is batched with or on the GPU model, as on the CPU. kMinChunkTokens,
+// doubled up to kMaxChunkTokens while a sequence would have more than kTargetChunks chunks (short
+// sequences get many small chunks, so even batch 1 fills the GPU).
+int64_t ChunkTokens(int64_t tokens) {
+  int64_t chunk = kMinChunkTokens;
+  while (chunk < kMaxChunkTokens && CeilDiv(tokens, chunk) > kTargetChunks) chunk *= 2;
+  return std::max<int64_t>(1, std::min(chunk, tokens));
 }
 
 int CausalTile(const Dims& d, int64_t chunk_tokens) {
@@ -644,9 +712,13 @@ int CausalTile(const Dims& d, int64_t chunk_tokens) {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The token-chunked kernels run one block per (sequence, chunk) on a flat grid.x.
+constexpr int64_t kMaxGridBlocks = INT32_MAX;
+
 bool ValidPlan(const Dims& d, const Plan& plan) {
   return UnsupportedReason(d) == nullptr && d.batch >= 1 && d.tokens >= 1 && d.channels >= 1 &&
-         plan.chunk_tokens >= 1 && plan.chunks == CeilDiv(d.tokens, plan.chunk_tokens);
+         plan.chunk_tokens >= 1 && plan.chunks == CeilDiv(d.tokens, plan.chunk_tokens) &&
+         plan.chunks <= kMaxGridBlocks / d.batch;
 }
 
 // -- vision ---------------------------------------------------------------------------------------
@@ -689,25 +761,26 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
   const int K = static_cast<int>(d.heads);
   const int p = D / K;
   const int chunks = static_cast<int>(plan.chunks);
-  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const dim3 grid(static_cast<unsigned>(plan.chunks * d.batch));
   const int col_threads = ColumnThreads(D, V);
-  const unsigned elem_blocks = static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads));
+  const dim3 reduce_grid(static_cast<unsigned>(d.batch * CeilDiv(D, kWarpSize)));
+  const dim3 reduce_block(kReduceThreads);
 
   TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkSumSqKernel<T, V>, kColumnThreads>(
       {grid, dim3(col_threads), 0, stream}, w, ws.part, d.tokens, D, plan.chunk_tokens, chunks)));
-  TOST_RETURN_IF_CUDA_ERROR((Launch<NormKernel, kElementwiseThreads>(
-      {dim3(elem_blocks), dim3(kElementwiseThreads), 0, stream}, ws.part, ws.vec, d.batch, chunks,
+  TOST_RETURN_IF_CUDA_ERROR((Launch<NormKernel, kReduceThreads>(
+      {reduce_grid, reduce_block, sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec, chunks,
       D)));
   const size_t stats_smem = sizeof(float) * plan.chunk_tokens * K;
   TOST_RETURN_IF_CUDA_ERROR((Launch<TssaStatsKernel<T, V>, kColumnThreads>(
       {grid, dim3(kColumnThreads), stats_smem, stream}, w, temp, ws.vec, ws.pi, ws.part, d.tokens,
       D, K, p, HeadGroup(p), plan.chunk_tokens, chunks)));
-  TOST_RETURN_IF_CUDA_ERROR((Launch<GateKernel, kElementwiseThreads>(
-      {dim3(elem_blocks), dim3(kElementwiseThreads), 0, stream}, ws.part, ws.vec, d.batch, chunks,
-      D, K, p)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<GateKernel, kReduceThreads>(
+      {reduce_grid, reduce_block, 2 * sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec,
+      chunks, D, K, p)));
   return Launch<TssaApplyKernel<T, V>, kColumnThreads>({grid, dim3(col_threads), 0, stream}, w,
                                                        ws.pi, ws.vec, y, d.tokens, D, K, p,
-                                                       plan.chunk_tokens);
+                                                       plan.chunk_tokens, chunks);
 }
 
 template <typename T>
@@ -763,22 +836,22 @@ cudaError_t RunCausalScans(const Dims& d, const Plan& plan, const T* w, const fl
   const int p = D / K;
   const int chunks = static_cast<int>(plan.chunks);
   const int64_t state_width = 2 * d.channels + d.heads;
-  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const dim3 grid(static_cast<unsigned>(plan.chunks * d.batch));
   const int threads = ThreadsFor(D, CPT);
   const int tile = CausalTile(d, plan.chunk_tokens);
 
-  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kElementwiseThreads>(
-      {dim3(static_cast<unsigned>(CeilDiv(d.batch * D, kElementwiseThreads))),
-       dim3(kElementwiseThreads), 0, stream},
-      ws.part1, d.batch, chunks, D, state_in, state_width, 0, state_out)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kReduceThreads>(
+      {dim3(static_cast<unsigned>(d.batch * CeilDiv(D, kWarpSize))), dim3(kReduceThreads),
+       sizeof(float) * kReduceThreads, stream},
+      ws.part1, chunks, D, state_in, state_width, 0, state_out)));
   const size_t stats_smem = sizeof(float) * (static_cast<size_t>(tile) * (D + K) + K);
   TOST_RETURN_IF_CUDA_ERROR((Launch<CausalStatsKernel<T, CPT>, kRowThreads>(
       {grid, dim3(threads), stats_smem, stream}, w, temp, denom_bias, tmax, positions, ws.part1,
       ws.pi, ws.part23, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks, tile)));
-  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kElementwiseThreads>(
-      {dim3(static_cast<unsigned>(CeilDiv(d.batch * (D + K), kElementwiseThreads))),
-       dim3(kElementwiseThreads), 0, stream},
-      ws.part23, d.batch, chunks, D + K, state_in, state_width, D, state_out)));
+  TOST_RETURN_IF_CUDA_ERROR((Launch<ChunkScanKernel, kReduceThreads>(
+      {dim3(static_cast<unsigned>(d.batch * CeilDiv(D + K, kWarpSize))), dim3(kReduceThreads),
+       sizeof(float) * kReduceThreads, stream},
+      ws.part23, chunks, D + K, state_in, state_width, D, state_out)));
   return Launch<CausalApplyKernel<T, CPT>, kRowThreads>({grid, dim3(threads), 0, stream}, w, ws.pi,
                                                         ws.part23, y, d.tokens, D, K, p,
                                                         plan.chunk_tokens, chunks);
@@ -793,7 +866,7 @@ cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, co
   const T* w = static_cast<const T*>(w_raw);
   T* y = static_cast<T*>(y_raw);
   const int D = static_cast<int>(d.channels);
-  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(d.batch));
+  const dim3 grid(static_cast<unsigned>(plan.chunks * d.batch));
   const int chunks = static_cast<int>(plan.chunks);
 
   constexpr int kVec = 16 / sizeof(T);
@@ -877,15 +950,21 @@ const char* UnsupportedReason(const Dims& d) {
   if (d.channels % d.heads != 0) return "channels D must be divisible by the number of heads K";
   if (d.channels > kMaxChannels) return "the CUDA kernels support at most 8192 channels (D)";
   if (d.heads > kMaxHeads) return "the CUDA kernels support at most 1024 heads (K)";
-  if (d.batch > kMaxBatch) return "the CUDA kernels support at most 65535 sequences per call (B)";
   if (d.tokens > (int64_t{1} << 40)) return "too many tokens";
+  if (d.batch > 0 && CeilDiv(2 * d.channels + d.heads, kWarpSize) > kMaxGridBlocks / d.batch) {
+    return "B sequences of this width exceed the 2^31-1 thread blocks of a launch";
+  }
+  if (d.batch > 0 && d.tokens > 0 &&
+      CeilDiv(d.tokens, ChunkTokens(d.tokens)) > kMaxGridBlocks / d.batch) {
+    return "B sequences of this length exceed the 2^31-1 thread blocks of a launch";
+  }
   return nullptr;
 }
 
-Plan PlanTssa(const Dims& d, int sm_count) {
+Plan PlanTssa(const Dims& d) {
   Plan plan;
   if (d.tokens < 1) return plan;
-  int64_t chunk = ChunkTokens(d, sm_count);
+  int64_t chunk = ChunkTokens(d.tokens);
   while (chunk > 1 && sizeof(float) * chunk * d.heads > kSmemLimit) chunk /= 2;
   plan.chunk_tokens = chunk;
   plan.chunks = CeilDiv(d.tokens, chunk);
@@ -893,10 +972,10 @@ Plan PlanTssa(const Dims& d, int sm_count) {
   return plan;
 }
 
-Plan PlanTssaCausal(const Dims& d, int sm_count) {
+Plan PlanTssaCausal(const Dims& d) {
   Plan plan;
   if (d.tokens < 1) return plan;
-  plan.chunk_tokens = ChunkTokens(d, sm_count);
+  plan.chunk_tokens = ChunkTokens(d.tokens);
   plan.chunks = CeilDiv(d.tokens, plan.chunk_tokens);
   plan.workspace_bytes = LayoutCausal(d, plan.chunks).total;
   return plan;
@@ -904,7 +983,7 @@ Plan PlanTssaCausal(const Dims& d, int sm_count) {
 
 cudaError_t LaunchTssa(const Dims& d, const Plan& plan, DType dtype, const void* w,
                        const float* temp, void* y, void* workspace, cudaStream_t stream) {
-  if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
+  if (!ValidPlan(d, plan)) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kFloat32:
       return LaunchTssaT<float>(d, plan, w, temp, y, workspace, stream);
@@ -920,7 +999,7 @@ cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const
                              const float* temp, const float* denom_bias, int64_t tmax,
                              const float* state_in, const int64_t* positions, void* y,
                              float* state_out, void* workspace, cudaStream_t stream) {
-  if (!ValidPlan(d, plan) || plan.chunks > INT32_MAX) return cudaErrorInvalidValue;
+  if (!ValidPlan(d, plan)) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kFloat32:
       return LaunchCausalT<float>(d, plan, w, temp, denom_bias, tmax, state_in, positions, y,

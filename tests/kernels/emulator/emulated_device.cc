@@ -27,12 +27,14 @@ struct EmulatedBackend {
     TORCH_CHECK(device.is_cpu(), "the emulated CUDA operators take CPU tensors, got ", device);
     return {};
   }
-  static int SmCount() { return emu::GetOptions().sm_count; }
   static cudaStream_t Stream() { return nullptr; }
   static at::Tensor Workspace(const at::Tensor& like, size_t bytes) {
     at::Tensor ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
     emu::RegisterWorkspace(ws.mutable_data_ptr(), bytes);
     return ws;
+  }
+  static at::Tensor Upload(const at::Tensor& host, const at::Device& device) {
+    return host.to(device);
   }
   static void CheckLaunch(cudaError_t err, const char* op) {
     TORCH_CHECK(err == cudaSuccess, op, ": emulated kernel launch failed: ", emu::ErrorName(err),

@@ -46,7 +46,6 @@ namespace tost::emu {
 
 struct Options {
   uint64_t seed = 1;       // block and fiber order
-  int sm_count = 132;      // what the emulated device reports (H100 SXM)
   size_t max_reports = 8;  // kept per launch; the rest are counted
 };
 void SetOptions(const Options& options);

@@ -117,7 +117,7 @@ const Case& StepCase() {
 }
 
 TEST_F(EmulatorTest, TheRealKernelsRunCleanAndEveryAccessIsTracked) {
-  emu::SetOptions({.seed = 3, .sm_count = 1});
+  emu::SetOptions({.seed = 3});
   const uint64_t before = emu::GetCounters().tracked_accesses;
   EXPECT_TRUE(RunAndCollect(Op::kTssa, VisionCase()).empty());
   EXPECT_TRUE(RunAndCollect(Op::kCausal, CausalCase()).empty());
@@ -139,7 +139,7 @@ TEST_F(EmulatorTest, SkippingAnyBarrierIsReportedAsARace) {
       {"CausalStatsKernel", 2, Op::kCausal}, {"StepKernel", 1, Op::kStep},
       {"StepKernel", 2, Op::kStep},          {"StepKernel", 3, Op::kStep},
       {"StepKernel", 4, Op::kStep}};
-  emu::SetOptions({.seed = 3, .sm_count = 1});
+  emu::SetOptions({.seed = 3});
   for (const Barrier& b : barriers) {
     emu::SetFaults({.skip_barrier_kernel = b.kernel, .skip_barrier_ordinal = b.ordinal});
     const Case& c = b.op == Op::kTssa     ? VisionCase()
@@ -162,7 +162,7 @@ TEST_F(EmulatorTest, SkippingAnyBarrierIsReportedAsARace) {
 }
 
 TEST_F(EmulatorTest, AWorkspaceBufferOneElementShortIsReportedOutOfBounds) {
-  emu::SetOptions({.seed = 3, .sm_count = 1});
+  emu::SetOptions({.seed = 3});
   const std::vector<std::pair<std::string, Op>> buffers = {
       {"part", Op::kTssa},    {"vec", Op::kTssa},      {"pi", Op::kTssa},
       {"part1", Op::kCausal}, {"part23", Op::kCausal}, {"pi", Op::kCausal}};
@@ -177,7 +177,7 @@ TEST_F(EmulatorTest, AWorkspaceBufferOneElementShortIsReportedOutOfBounds) {
 }
 
 TEST_F(EmulatorTest, ALaneDroppedFromTheShuffleMasksIsReported) {
-  emu::SetOptions({.seed = 3, .sm_count = 1});
+  emu::SetOptions({.seed = 3});
   const std::vector<std::pair<std::string, Op>> kernels = {{"TssaStatsKernel", Op::kTssa},
                                                            {"CausalStatsKernel", Op::kCausal},
                                                            {"StepKernel", Op::kStep}};
@@ -202,17 +202,16 @@ TEST_F(EmulatorTest, ALaunchAboveTheBlockLimitIsRefused) {
       << Joined(reports);
 }
 
-// Every chunk size the planner can pick (64, 32, 16, 8, and fewer tokens than the minimum) runs
-// and matches the reference.
+// Every chunk size the planner can pick (8 to 64 tokens by sequence length, and fewer tokens than
+// the minimum) runs and matches the reference; the chunking never depends on the batch.
 TEST_F(EmulatorTest, EveryChunkSizeThePlannerPicks) {
   std::set<int64_t> seen;
-  for (const auto& [tokens, sm_count] :
-       std::vector<std::pair<int64_t, int>>{{130, 1}, {130, 2}, {130, 4}, {130, 132}, {5, 132}}) {
+  for (const int64_t tokens : {5, 100, 600, 1500, 3000}) {
     const gpu::Dims dims{1, tokens, 40, 8};
-    const int64_t chunk = gpu::PlanTssaCausal(dims, sm_count).chunk_tokens;
-    EXPECT_EQ(chunk, gpu::PlanTssa(dims, sm_count).chunk_tokens);
+    const int64_t chunk = gpu::PlanTssaCausal(dims).chunk_tokens;
+    EXPECT_EQ(chunk, gpu::PlanTssa(dims).chunk_tokens);
+    EXPECT_EQ(chunk, gpu::PlanTssaCausal(gpu::Dims{64, tokens, 40, 8}).chunk_tokens);
     seen.insert(chunk);
-    emu::SetOptions({.seed = 4, .sm_count = sm_count});
     const Case c = MakeCase(1, tokens, 40, 8);
     const at::Tensor y = Tssa(c.w, c.temp);
     EXPECT_TRUE(at::allclose(y, reference::tssa(c.w, c.temp), 1e-4, 1e-6)) << "chunk " << chunk;
@@ -222,6 +221,47 @@ TEST_F(EmulatorTest, EveryChunkSizeThePlannerPicks) {
     EXPECT_TRUE(at::allclose(st, sr, 1e-4, 1e-5)) << "chunk " << chunk;
   }
   EXPECT_EQ(seen, (std::set<int64_t>{5, 8, 16, 32, 64}));
+}
+
+// Positions on the device are not checked by the host (that would synchronise): the kernels guard
+// them, a sequence out of range gets NaN and nothing is read out of bounds (ASan would report it).
+TEST_F(EmulatorTest, DevicePositionsOutOfRangeGiveNaNNotAnOutOfBoundsRead) {
+  const int64_t B = 3, D = 40, K = 8, T = 6, tmax = 16;
+  const Case c = MakeCase(B, T, D, K);
+  const at::Tensor db = 0.1 * at::randn({K, tmax});
+  const std::vector<int64_t> positions = {2, tmax, -1};  // in range, past the end, negative
+  const gpu::Dims step{B, 1, D, K};
+  at::Tensor state = c.state.clone();
+  const at::Tensor w_step = c.w.select(1, 0).contiguous();
+  at::Tensor y = at::empty_like(w_step);
+  ASSERT_EQ(gpu::LaunchTssaStep(step, gpu::DType::kFloat32, w_step.const_data_ptr(),
+                                c.temp.const_data_ptr<float>(), db.const_data_ptr<float>(), tmax,
+                                positions.data(), state.mutable_data_ptr<float>(),
+                                y.mutable_data_ptr(), nullptr),
+            cudaSuccess)
+      << emu::LastLaunchReport();
+  EXPECT_TRUE(y[0].isfinite().all().item<bool>());
+  EXPECT_TRUE(y[1].isnan().all().item<bool>());
+  EXPECT_TRUE(y[2].isnan().all().item<bool>());
+
+  const gpu::Dims causal{B, T, D, K};
+  const gpu::Plan plan = gpu::PlanTssaCausal(causal);
+  at::Tensor ws = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, at::kByte);
+  emu::RegisterWorkspace(ws.mutable_data_ptr(), plan.workspace_bytes);
+  at::Tensor yc = at::empty_like(c.w);
+  at::Tensor state_out = at::empty_like(c.state);
+  const std::vector<int64_t> starts = {0, tmax - T + 1, -3};
+  ASSERT_EQ(
+      gpu::LaunchTssaCausal(causal, plan, gpu::DType::kFloat32, c.w.const_data_ptr(),
+                            c.temp.const_data_ptr<float>(), db.const_data_ptr<float>(), tmax,
+                            c.state.const_data_ptr<float>(), starts.data(), yc.mutable_data_ptr(),
+                            state_out.mutable_data_ptr<float>(), ws.mutable_data_ptr(), nullptr),
+      cudaSuccess)
+      << emu::LastLaunchReport();
+  EXPECT_TRUE(yc[0].isfinite().all().item<bool>());
+  EXPECT_TRUE(yc[1].isnan().all().item<bool>());
+  EXPECT_TRUE(yc[2].isnan().all().item<bool>());
+  EXPECT_TRUE(emu::TakeReports().empty());
 }
 
 // -- The checkers' rules, on kernels of their own ----------------------------------------------

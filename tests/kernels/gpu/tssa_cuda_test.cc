@@ -157,25 +157,30 @@ const auto kDTypes = ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf);
 // and widths that take every per-thread channel count of the kernels (D up to 8192).
 // Emulated: the same paths at fewer tokens, plus odd D and K (p = 5, scalar loads) and a width for
 // every per-thread channel count of the row kernels (1, 2, 4, 8, 16, 32).
-const auto kVisionShapes =
-    kEmulated ? ::testing::ValuesIn(std::vector<Shape>{Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4},
-                                                       Shape{3, 70, 40, 8}, Shape{2, 20, 15, 3},
-                                                       Shape{1, 5, 768, 12}, Shape{1, 2, 2304, 36},
-                                                       Shape{1, 2, 8192, 128}, Shape{4, 9, 12, 12}})
-              : ::testing::ValuesIn(std::vector<Shape>{
-                    Shape{2, 7, 20, 4}, Shape{1, 1, 20, 4}, Shape{3, 1000, 384, 8},
-                    Shape{2, 197, 768, 12}, Shape{1, 33, 2304, 36}, Shape{2, 9, 8192, 128},
-                    Shape{4, 50, 12, 12}});
-const auto kCausalShapes =
-    kEmulated
-        ? ::testing::ValuesIn(std::vector<Shape>{
-              Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4}, Shape{1, 70, 40, 8}, Shape{2, 13, 15, 3},
-              Shape{1, 5, 384, 8}, Shape{1, 9, 768, 12}, Shape{1, 3, 1536, 12},
-              Shape{1, 3, 2304, 36}, Shape{1, 2, 8192, 128}, Shape{3, 10, 12, 12}})
-        : ::testing::ValuesIn(std::vector<Shape>{Shape{2, 7, 20, 4}, Shape{3, 1, 20, 4},
-                                                 Shape{1, 1000, 384, 8}, Shape{2, 130, 768, 12},
-                                                 Shape{1, 70, 2304, 36}, Shape{2, 9, 8192, 128},
-                                                 Shape{3, 40, 12, 12}});
+// Also K = 1, K = 1024 (p = 1) and D = 1280 with K = 20.
+std::vector<Shape> VisionShapes() {
+  if (kEmulated) {
+    return {{2, 7, 20, 4},   {1, 1, 20, 4},      {3, 70, 40, 8},    {2, 20, 15, 3},
+            {1, 5, 768, 12}, {1, 2, 2304, 36},   {1, 2, 8192, 128}, {4, 9, 12, 12},
+            {2, 9, 16, 1},   {1, 3, 1024, 1024}, {1, 5, 1280, 20}};
+  }
+  return {{2, 7, 20, 4},       {1, 1, 20, 4},     {3, 1000, 384, 8}, {2, 197, 768, 12},
+          {1, 33, 2304, 36},   {2, 9, 8192, 128}, {4, 50, 12, 12},   {2, 300, 16, 1},
+          {1, 40, 1024, 1024}, {2, 150, 1280, 20}};
+}
+std::vector<Shape> CausalShapes() {
+  if (kEmulated) {
+    return {{2, 7, 20, 4},     {3, 1, 20, 4},   {1, 70, 40, 8},   {2, 13, 15, 3},
+            {1, 5, 384, 8},    {1, 9, 768, 12}, {1, 3, 1536, 12}, {1, 3, 2304, 36},
+            {1, 2, 8192, 128}, {3, 10, 12, 12}, {2, 9, 16, 1},    {1, 3, 1024, 1024},
+            {1, 5, 1280, 20}};
+  }
+  return {{2, 7, 20, 4},       {3, 1, 20, 4},     {1, 1000, 384, 8}, {2, 130, 768, 12},
+          {1, 70, 2304, 36},   {2, 9, 8192, 128}, {3, 40, 12, 12},   {2, 300, 16, 1},
+          {1, 40, 1024, 1024}, {2, 150, 1280, 20}};
+}
+const auto kVisionShapes = ::testing::ValuesIn(VisionShapes());
+const auto kCausalShapes = ::testing::ValuesIn(CausalShapes());
 
 // ---------------------------------------------------------------------------------------------
 // tssa (vision).
@@ -463,6 +468,143 @@ TEST(TssaCausalCudaMisc, RejectsBadArgumentsLikeTheReference) {
     EXPECT_NE(std::string(e.what()).find("state must be [B=2, 2D+K=44]"), std::string::npos)
         << e.what();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against a float64 reference, at ordinary and at high temperatures.
+
+// One unit in the last place of `dtype` at each element of `rounded` (values of that dtype).
+at::Tensor Ulp(const at::Tensor& rounded, at::ScalarType dtype) {
+  const int mantissa_bits = dtype == at::kBFloat16 ? 7 : 10;
+  const double min_normal = dtype == at::kBFloat16 ? 1.1754943508222875e-38 : 6.103515625e-05;
+  const at::Tensor magnitude = rounded.abs().clamp_min(min_normal);
+  return at::pow(2.0, at::floor(at::log2(magnitude)) - mantissa_bits);
+}
+
+// float32 within `rtol` of the float64 result; bfloat16/float16 within one unit in the last place
+// of the float64 result rounded to the dtype.
+void ExpectNearFloat64(const at::Tensor& got, const at::Tensor& want64, at::ScalarType dtype,
+                       double rtol, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want64.sizes()) << what;
+  const at::Tensor g = got.detach().to(at::kCPU).to(at::kDouble);
+  at::Tensor target = want64;
+  at::Tensor bound;
+  if (dtype == at::kFloat) {
+    bound = rtol * want64.abs() + 1e-12;
+  } else {
+    target = want64.to(dtype).to(at::kDouble);
+    bound = Ulp(target, dtype);
+  }
+  const at::Tensor excess = (g - target).abs() - bound;
+  const int64_t n_bad = (excess > 0).sum().item<int64_t>() + g.isnan().sum().item<int64_t>();
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                      << " elements outside the bound; worst excess "
+                      << at::nan_to_num(excess).max().item<double>();
+}
+
+using Float64Param = std::tuple<at::ScalarType, bool>;  // dtype, temperatures of 20–50
+
+class TssaFloat64ReferenceTest : public ::testing::TestWithParam<Float64Param> {};
+
+TEST_P(TssaFloat64ReferenceTest, VisionAndCausalWithinTolerance) {
+  TOST_REQUIRE_DEVICE();
+  const auto [dtype, hot] = GetParam();
+  const Shape s = kEmulated ? Shape{2, 50, 40, 8} : Shape{4, 300, 384, 8};
+  Inputs in = MakeInputs({s.batch, s.tokens, s.channels}, s.heads, s.tokens + 8, dtype, 81);
+  if (hot) in.temp = at::rand({s.heads}) * 30 + 20;  // Π far from uniform
+  // Statistics are float32 at every precision: 1e-5 relative, 5e-5 at high temperatures.
+  const double rtol = hot ? 5e-5 : 1e-5;
+  const at::Tensor w64 = in.w.to(at::kDouble);
+  const at::Tensor temp64 = in.temp.to(at::kDouble);
+  const at::Tensor db64 = in.denom_bias.to(at::kDouble);
+
+  ExpectNearFloat64(Tssa(Cuda(in.w), Cuda(in.temp)), reference::tssa(w64, temp64), dtype, rtol,
+                    "tssa y");
+  const at::Tensor state0 = MakeState(s.batch, s.channels, s.heads, 82);
+  const at::Tensor positions = at::arange(s.batch, at::kLong) * 3;
+  const auto [y, st] =
+      TssaCausal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state0), Cuda(positions));
+  const auto [y64, st64] =
+      reference::tssa_causal(w64, temp64, db64, state0, positions);
+  ExpectNearFloat64(y, y64, dtype, rtol, "tssa_causal y");
+  ExpectNearFloat64(st, st64, at::kFloat, rtol, "tssa_causal state");
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, TssaFloat64ReferenceTest,
+                         ::testing::Combine(kDTypes, ::testing::Bool()), [](const auto& info) {
+                           return DTypeName(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_hot" : "_normal");
+                         });
+
+TEST(TssaStepCuda, Float64RunsTheReference) {
+  TOST_REQUIRE_DEVICE();
+  const int64_t B = 3, D = 40, K = 8, tmax = 16;
+  const Inputs in = MakeInputs({B, D}, K, tmax, at::kDouble, 91);
+  const at::Tensor positions = at::tensor(std::vector<int64_t>{0, 7, 15});
+  at::Tensor st_ref = MakeState(B, D, K, 92);
+  at::Tensor st = Cuda(st_ref);
+  const at::Tensor y_ref = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, st_ref);
+  const at::Tensor y =
+      TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), st);
+  ExpectClose(y, y_ref, YTol(at::kDouble), "tssa_step f64 y");
+  ExpectClose(st, st_ref, kStateTol, "tssa_step f64 state");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch invariance: a sequence's result does not depend on what it is batched with (the chunking
+// and the order of every sum depend on its length only), bit for bit.
+
+class TssaBatchInvarianceTest : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(TssaBatchInvarianceTest, VisionAtBatch64EqualsEachImageAlone) {
+  TOST_REQUIRE_DEVICE();
+  const at::ScalarType dtype = GetParam();
+  const Inputs in = MakeInputs({64, 196, kEmulated ? 40 : 384}, 8, 1, dtype, 101);
+  const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp);
+  const at::Tensor y = Tssa(w, temp);
+  std::vector<int64_t> images = {0, 17, 63};
+  if (!kEmulated) {
+    images.resize(64);
+    for (int64_t b = 0; b < 64; ++b) images[static_cast<size_t>(b)] = b;
+  }
+  for (const int64_t b : images) {
+    EXPECT_TRUE(at::equal(y.slice(0, b, b + 1), Tssa(w.slice(0, b, b + 1), temp))) << "image " << b;
+  }
+}
+
+TEST_P(TssaBatchInvarianceTest, CausalAtBatch32EqualsEachSequenceAlone) {
+  TOST_REQUIRE_DEVICE();
+  const at::ScalarType dtype = GetParam();
+  const int64_t T = kEmulated ? 40 : 300, D = kEmulated ? 40 : 384, K = 8;
+  const Inputs in = MakeInputs({32, T, D}, K, T + 40, dtype, 111);
+  const at::Tensor state0 = Cuda(MakeState(32, D, K, 112));
+  const at::Tensor positions = Cuda(at::arange(32, at::kLong));
+  const at::Tensor w = Cuda(in.w), temp = Cuda(in.temp), db = Cuda(in.denom_bias);
+  const auto [y, st] = TssaCausal(w, temp, db, state0, positions);
+  for (const int64_t b : {int64_t{0}, int64_t{13}, int64_t{31}}) {
+    const auto [y1, st1] = TssaCausal(w.slice(0, b, b + 1), temp, db, state0.slice(0, b, b + 1),
+                                      positions.slice(0, b, b + 1));
+    EXPECT_TRUE(at::equal(y.slice(0, b, b + 1), y1)) << "sequence " << b << " y";
+    EXPECT_TRUE(at::equal(st.slice(0, b, b + 1), st1)) << "sequence " << b << " state";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, TssaBatchInvarianceTest,
+                         ::testing::Values(at::kFloat, at::kBFloat16),
+                         [](const auto& info) { return DTypeName(info.param); });
+
+// Offsets past 2^31 elements: the second sequence of w starts beyond int32 range; its result equals
+// the same sequence computed alone (offsets within int32), bit for bit.
+TEST(TssaCudaMisc, Int64Offsets) {
+  TOST_REQUIRE_DEVICE();
+  if (kEmulated) GTEST_SKIP() << "needs 2^31 elements (4 GiB in bfloat16): GPU only";
+  const int64_t N = int64_t{1} << 23, D = 128, K = 2;
+  at::manual_seed(121);
+  const at::Tensor w = Cuda(at::randn({2, N, D}).to(at::kBFloat16));
+  const at::Tensor temp = Cuda(at::rand({K}) + 0.5);
+  ASSERT_GE(w.numel(), int64_t{1} << 31);
+  const at::Tensor y = Tssa(w, temp);
+  EXPECT_TRUE(at::equal(y.slice(0, 1, 2), Tssa(w.slice(0, 1, 2), temp)));
 }
 
 }  // namespace
