@@ -4,6 +4,9 @@ BUILD      ?= build
 PORT       ?= 8500
 CUDA       ?= ON
 CTEST_ARGS ?=
+# Tests labelled `slow` (the 10-minute soak) stay out of `make test`; `make test CTEST_SLOW=` runs
+# them too, `ctest --test-dir build -L slow` alone.
+CTEST_SLOW ?= -LE slow
 # The venv's interpreter, recorded by install-deps.sh (read when a recipe needs it).
 TOST_PYTHON = $(shell sed -n 's/^TOST_PYTHON=//p' $(BUILD)/deps.env 2>/dev/null)
 
@@ -11,7 +14,7 @@ TOST_PYTHON = $(shell sed -n 's/^TOST_PYTHON=//p' $(BUILD)/deps.env 2>/dev/null)
 
 help:
 	@echo "make run    install deps, build, serve models/ on port $(PORT)"
-	@echo "make test   install deps, build, run every test (ctest: unit, integration, gpu-skips)"
+	@echo "make test   install deps, build, run every test but the slow soak (ctest -LE slow)"
 	@echo "make build  configure + compile only (CUDA=$(CUDA))"
 
 deps:
@@ -27,7 +30,7 @@ run: build
 	$(BUILD)/service/tost_server --model_repository=models --port=$(PORT)
 
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
+	ctest --test-dir $(BUILD) --output-on-failure $(CTEST_SLOW) $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD)
