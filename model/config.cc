@@ -290,6 +290,36 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                           dtype, "\""));
     }
     cfg.trained = root.value("trained", false);
+    if (root.contains("serving")) {
+      const json& serving = root["serving"];
+      if (!serving.is_object()) {
+        return Invalid(source, absl::StrCat("\"serving\" must be an object with optional "
+                                            "\"device\" and \"dtype\", got ",
+                                            serving.dump().substr(0, 64)));
+      }
+      for (const auto& [key, value] : serving.items()) {
+        if (key != "device" && key != "dtype") {
+          return Invalid(source, absl::StrCat("\"serving\" has an unknown key \"",
+                                              key.substr(0, 64), "\" (expected device, dtype)"));
+        }
+        if (!value.is_string()) {
+          return Invalid(source, absl::StrCat("serving.", key, " must be a string, got ",
+                                              value.dump().substr(0, 64)));
+        }
+      }
+      if (serving.contains("device")) {
+        absl::StatusOr<DeviceSpec> device =
+            ParseDeviceSpec(serving["device"].get<std::string>(), "serving.device");
+        if (!device.ok()) return Invalid(source, std::string(device.status().message()));
+        cfg.serving_device = *device;
+      }
+      if (serving.contains("dtype")) {
+        absl::StatusOr<ComputeDtype> dtype =
+            ParseComputeDtype(serving["dtype"].get<std::string>(), "serving.dtype");
+        if (!dtype.ok()) return Invalid(source, std::string(dtype.status().message()));
+        cfg.serving_dtype = *dtype;
+      }
+    }
     cfg.provenance_json = root.contains("provenance") ? root["provenance"].dump() : "{}";
     if (cfg.architecture == Architecture::kVision) {
       TOST_ASSIGN_OR_RETURN(cfg.vision, ParseVision(root, source));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/device.h"
 
 namespace tost::model {
 
@@ -66,8 +67,12 @@ struct ModelConfig {
   WeightDtype dtype = WeightDtype::kFloat32;
   bool trained = false;
   std::string provenance_json;  // the "provenance" object, re-serialised, for ModelInfo
-  VisionConfig vision;          // when architecture == kVision
-  LanguageConfig language;      // when architecture == kLanguage
+  // "serving": {"device": ..., "dtype": ...}: overrides of the server's --device and --dtype for
+  // this model (model/device.h). "dtype" above is the weight file's dtype, not this.
+  std::optional<DeviceSpec> serving_device;
+  std::optional<ComputeDtype> serving_dtype;
+  VisionConfig vision;      // when architecture == kVision
+  LanguageConfig language;  // when architecture == kLanguage
 };
 
 // Parses and validates config.json text. `source` names the file in every error message.

@@ -1,5 +1,7 @@
 #include "model/device_memory.h"
 
+#include <ATen/Context.h>
+
 #ifdef TOST_WITH_CUDA
 #include <exception>
 
@@ -29,6 +31,19 @@ std::vector<DeviceMemoryStats> CudaDeviceMemory() {
   }
 #endif
   return out;
+}
+
+int CudaDeviceCount() {
+#ifdef TOST_WITH_CUDA
+  return static_cast<int>(c10::cuda::device_count());  // noexcept
+#else
+  return 0;
+#endif
+}
+
+void DisableTf32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
 }
 
 }  // namespace tost::model

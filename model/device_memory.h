@@ -19,4 +19,11 @@ struct DeviceMemoryStats {
 // device is visible, or before the first CUDA allocation: it never initialises CUDA itself.
 std::vector<DeviceMemoryStats> CudaDeviceMemory();
 
+// CUDA devices this process sees: 0 without a CUDA build, a driver or a device. Never throws.
+int CudaDeviceCount();
+
+// fp32 means fp32: TF32 off for cuBLAS and cuDNN (LibTorch enables it for cuDNN convolutions by
+// default, which would round the vision stem's inputs to 10 mantissa bits). Call before serving.
+void DisableTf32();
+
 }  // namespace tost::model

@@ -11,6 +11,7 @@
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
 #include "model/torch_boundary.h"
+#include "model/torch_device.h"
 #include "model/weights.h"
 
 namespace tost::model {
@@ -42,6 +43,8 @@ struct Block {
 
 struct LanguageModel::Impl {
   ModelConfig config;
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;  // weights and activations; statistics are float32
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
   std::vector<Block> blocks;
@@ -88,6 +91,34 @@ struct LanguageModel::Impl {
 
   at::Tensor Logits(const at::Tensor& hidden) const { return at::matmul(hidden, wte.t()); }
 
+  // Host tensor → the model's device (ids, positions, states: small, once per call).
+  at::Tensor ToDevice(const at::Tensor& host) const { return host.to(device); }
+  // Device result → float32 host values.
+  static std::vector<float> ToHost(const at::Tensor& t) {
+    const at::Tensor h = t.to(at::kCPU).to(at::kFloat).contiguous();
+    return std::vector<float>(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
+  }
+
+  // Every parameter to the device; weights in `dtype`, the TSSA parameters float32.
+  void Place(const Placement& placement) {
+    device = TorchDevice(placement);
+    dtype = ComputeScalarType(placement.dtype);
+    const auto move = [&](at::Tensor& t) {
+      if (t.defined()) t = t.to(device, dtype).contiguous();
+    };
+    move(wte), move(wpe), move(ln_f.weight), move(ln_f.bias);
+    for (Block& b : blocks) {
+      for (at::Tensor* t :
+           {&b.gamma1, &b.gamma2, &b.ln1.weight, &b.ln1.bias, &b.ln2.weight, &b.ln2.bias,
+            &b.c_attn.weight, &b.c_attn.bias, &b.c_proj.weight, &b.c_proj.bias, &b.c_fc.weight,
+            &b.c_fc.bias, &b.mlp_proj.weight, &b.mlp_proj.bias}) {
+        move(*t);
+      }
+      b.temp = b.temp.to(device, at::kFloat).contiguous();
+      b.denom_bias = b.denom_bias.to(device, at::kFloat).contiguous();
+    }
+  }
+
   absl::Status CheckTokens(absl::Span<const int32_t> tokens) const {
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] < 0 || tokens[i] >= config.language.vocab_size) {
@@ -125,13 +156,14 @@ struct LanguageModel::Impl {
       std::memcpy(packed[b].data_ptr<float>(), seqs[b]->stats.data(),
                   layers * width * sizeof(float));
     }
+    packed = ToDevice(packed);
     std::vector<at::Tensor> out;
     for (int64_t l = 0; l < layers; ++l) out.push_back(packed.select(1, l).contiguous());
     return out;
   }
 
   void Scatter(const std::vector<at::Tensor>& states, absl::Span<SequenceState* const> seqs) const {
-    const at::Tensor packed = at::stack(states, 1).contiguous();  // [B, L, W]
+    const at::Tensor packed = at::stack(states, 1).to(at::kCPU).contiguous();  // [B, L, W]
     const int64_t per_seq = packed.size(1) * packed.size(2);
     for (size_t b = 0; b < seqs.size(); ++b) {
       std::memcpy(seqs[b]->stats.data(), packed.data_ptr<float>() + b * per_seq,
@@ -153,7 +185,8 @@ SequenceState LanguageModel::NewSequence() const {
 }
 
 absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::string& model_dir,
-                                                                   const ModelConfig& config) {
+                                                                   const ModelConfig& config,
+                                                                   const Placement& placement) {
   if (config.architecture != Architecture::kLanguage) {
     return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": architecture is ",
                                                    ArchitectureName(config.architecture),
@@ -192,6 +225,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
                               w.at(p + "attn.denom_bias").view({c.n_head, c.context_length})});
     }
     impl->ln_f = layer_norm("transformer.ln_f");
+    impl->Place(placement);
     return std::unique_ptr<LanguageModel>(new LanguageModel(std::move(impl)));
   });
 }
@@ -216,18 +250,20 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
     at::Tensor last_hidden;
     for (int64_t start = 0; start < total; start += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, total - start);
-      const at::Tensor ids =
+      const at::Tensor ids = m.ToDevice(
           at::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.begin() + start + n))
+              .view({1, n}));
+      const at::Tensor pos =
+          at::arange(position, position + n, at::TensorOptions(at::kLong).device(m.device))
               .view({1, n});
-      const at::Tensor pos = at::arange(position, position + n, at::kLong).view({1, n});
       const at::Tensor hidden = m.Sequence(m.Embed(ids, pos), pos.select(1, 0), &states);
       last_hidden = hidden.select(1, n - 1);
       position += n;
     }
-    const at::Tensor logits = m.Logits(last_hidden).reshape({-1}).contiguous();
+    std::vector<float> logits = Impl::ToHost(m.Logits(last_hidden).reshape({-1}));
     m.Scatter(states, seqs);  // commit only after every chunk succeeded
     state.position = position;
-    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+    return logits;
   });
 }
 
@@ -249,8 +285,9 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
     std::vector<int64_t> pos_host;
     for (SequenceState* s : states) pos_host.push_back(s->position);
     const at::Tensor ids =
-        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1});
-    const at::Tensor pos = at::tensor(pos_host).view({batch, 1});
+        m.ToDevice(at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1}));
+    // Positions were range-checked on the host (CheckState): uploaded once, used by every layer.
+    const at::Tensor pos = m.ToDevice(at::tensor(pos_host).view({batch, 1}));
     const at::Tensor x = m.Embed(ids, pos).squeeze(1);
     at::Tensor logits;
     if (batch_invariant && batch > 1) {
@@ -262,13 +299,14 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
         rows.push_back(m.Logits(
             m.StepHidden(x.slice(0, b, b + 1), pos.view({batch}).slice(0, b, b + 1), row_states)));
       }
-      logits = at::cat(rows, 0).contiguous();
+      logits = at::cat(rows, 0);
     } else {
-      logits = m.Logits(m.StepHidden(x, pos.view({batch}), layer_states)).contiguous();
+      logits = m.Logits(m.StepHidden(x, pos.view({batch}), layer_states));
     }
+    std::vector<float> out = Impl::ToHost(logits);
     m.Scatter(layer_states, states);
     for (SequenceState* s : states) ++s->position;
-    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+    return out;
   });
 }
 
@@ -287,13 +325,12 @@ absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const in
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   return GuardTorch(m.config.name, "forward", [&]() {
     c10::InferenceMode inference;
-    const at::Tensor ids =
-        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, length});
-    const at::Tensor pos = at::arange(length, at::kLong).view({1, length}).expand({batch, length});
-    const at::Tensor logits =
-        m.Logits(m.Sequence(m.Embed(ids, pos), at::zeros({batch}, at::kLong), nullptr))
-            .contiguous();
-    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+    const auto on_device = at::TensorOptions(at::kLong).device(m.device);
+    const at::Tensor ids = m.ToDevice(
+        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, length}));
+    const at::Tensor pos = at::arange(length, on_device).view({1, length}).expand({batch, length});
+    return Impl::ToHost(
+        m.Logits(m.Sequence(m.Embed(ids, pos), at::zeros({batch}, on_device), nullptr)));
   });
 }
 

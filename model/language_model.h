@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/config.h"
+#include "model/device.h"
 #include "model/sequence_state.h"
 #include "model/tokenizer.h"
 
@@ -21,8 +22,11 @@ namespace tost::model {
 
 class LanguageModel {
  public:
+  // Weights go to `placement`'s device in its dtype (TSSA parameters and statistics stay
+  // float32); inputs are staged to the device and results copied back once per call.
   static absl::StatusOr<std::unique_ptr<LanguageModel>> Load(const std::string& model_dir,
-                                                             const ModelConfig& config);
+                                                             const ModelConfig& config,
+                                                             const Placement& placement = {});
   ~LanguageModel();
 
   const ModelConfig& config() const;

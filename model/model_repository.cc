@@ -9,7 +9,7 @@ namespace tost::model {
 
 namespace fs = std::filesystem;
 
-LoadedModel LoadModelDirectory(const std::string& dir) {
+LoadedModel LoadModelDirectory(const std::string& dir, const ServingOptions& serving) {
   LoadedModel m;
   m.dir = dir;
   m.name = fs::path(dir).filename().string();
@@ -25,15 +25,23 @@ LoadedModel LoadModelDirectory(const std::string& dir) {
                                                        m.name, "\"; they must match"));
     return m;
   }
+  absl::StatusOr<Placement> placement =
+      ResolvePlacement(serving.device, serving.dtype, m.config.serving_device,
+                       m.config.serving_dtype, serving.cuda_device_count, m.name);
+  if (!placement.ok()) {
+    m.status = placement.status();
+    return m;
+  }
+  m.placement = *placement;
   if (m.config.architecture == Architecture::kVision) {
-    auto loaded = VisionModel::Load(dir, m.config);
+    auto loaded = VisionModel::Load(dir, m.config, m.placement);
     if (loaded.ok()) {
       m.vision = *std::move(loaded);
     } else {
       m.status = loaded.status();
     }
   } else {
-    auto loaded = LanguageModel::Load(dir, m.config);
+    auto loaded = LanguageModel::Load(dir, m.config, m.placement);
     if (loaded.ok()) {
       m.language = *std::move(loaded);
     } else {
@@ -43,7 +51,8 @@ LoadedModel LoadModelDirectory(const std::string& dir) {
   return m;
 }
 
-absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir) {
+absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir,
+                                                        const ServingOptions& serving) {
   std::error_code ec;
   if (!fs::is_directory(repo_dir, ec)) {
     return absl::NotFoundError(absl::StrCat("model repository ", repo_dir, " is not a directory"));
@@ -58,7 +67,7 @@ absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_
         absl::StrCat("cannot list model repository ", repo_dir, ": ", ec.message()));
   std::sort(dirs.begin(), dirs.end());
   std::vector<LoadedModel> models;
-  for (const auto& d : dirs) models.push_back(LoadModelDirectory(d));
+  for (const auto& d : dirs) models.push_back(LoadModelDirectory(d, serving));
   return models;
 }
 

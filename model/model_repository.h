@@ -15,20 +15,31 @@
 
 namespace tost::model {
 
+// Where the repository's models run: the server's --device/--dtype, each model's config.json
+// "serving" object overriding them (model/device.h).
+struct ServingOptions {
+  DeviceSpec device;  // auto
+  ComputeDtype dtype = ComputeDtype::kFloat32;
+  int cuda_device_count = 0;  // what the process sees (CudaDeviceCount())
+};
+
 struct LoadedModel {
   std::string name;  // the directory name
   std::string dir;
   absl::Status status;  // OK when loaded
   ModelConfig config;   // valid when the config parsed
+  Placement placement;  // valid when loaded
   std::unique_ptr<VisionModel> vision;
   std::unique_ptr<LanguageModel> language;
 };
 
-// Loads one model directory.
-LoadedModel LoadModelDirectory(const std::string& dir);
+// Loads one model directory. A model whose placement cannot be had (CUDA asked for and absent)
+// fails alone, with that reason.
+LoadedModel LoadModelDirectory(const std::string& dir, const ServingOptions& serving = {});
 
 // Every sub-directory of `repo_dir` holding a config.json, sorted by name. NOT_FOUND if the
 // repository itself is missing; per-model failures are in each entry's status.
-absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir);
+absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir,
+                                                        const ServingOptions& serving = {});
 
 }  // namespace tost::model

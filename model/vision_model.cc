@@ -10,6 +10,7 @@
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
 #include "model/torch_boundary.h"
+#include "model/torch_device.h"
 #include "model/weights.h"
 
 namespace tost::model {
@@ -59,6 +60,8 @@ struct StemStage {
 
 struct VisionModel::Impl {
   ModelConfig config;
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;  // weights and activations; TSSA statistics are float32
   std::vector<StemStage> stem;
   at::Tensor pos_encoding;  // [1, N, D] for the served resolution, projection applied
   at::Tensor cls_token;
@@ -85,7 +88,7 @@ struct VisionModel::Impl {
   // Π of docs/model-semantics.md §1.1 steps 2-4 (what the fused op computes internally): [B, K, N].
   at::Tensor Membership(const TssaBlock& b, const at::Tensor& w_in) const {
     const int64_t batch = w_in.size(0), n = w_in.size(1), k = config.vision.num_heads;
-    const at::Tensor w = w_in.reshape({batch, n, k, -1});
+    const at::Tensor w = w_in.to(at::kFloat).reshape({batch, n, k, -1});
     const at::Tensor nu = w.pow(2).sum(1, /*keepdim=*/true).sqrt().clamp_min(1e-12);
     const at::Tensor s = (w / nu).pow(2).sum(-1) * b.temp.view({1, 1, k});
     return at::softmax(s, 2).permute({0, 2, 1}).contiguous();
@@ -102,6 +105,45 @@ struct VisionModel::Impl {
         at::softmax((qc * key).sum(-1) * (1.0 / std::sqrt(static_cast<double>(p))), -1);
     const at::Tensor cls = at::matmul(attn.unsqueeze(2), v).transpose(1, 2).reshape({batch, 1, d});
     return at::cat({b.proj(cls), a.slice(1, 1)}, 1);
+  }
+
+  // Every parameter to the device in `dtype`; the TSSA temperatures float32.
+  void Place(const Placement& placement) {
+    device = TorchDevice(placement);
+    dtype = ComputeScalarType(placement.dtype);
+    const auto move = [&](at::Tensor& t) {
+      if (t.defined()) t = t.to(device, dtype).contiguous();
+    };
+    const auto move_linear = [&](Linear& l) { move(l.weight), move(l.bias); };
+    const auto move_norm = [&](LayerNorm& n) { move(n.weight), move(n.bias); };
+    for (StemStage& s : stem) move(s.weight), move(s.bias);
+    move(pos_encoding), move(cls_token);
+    for (TssaBlock& b : blocks) {
+      move(b.gamma1), move(b.gamma2);
+      b.temp = b.temp.to(device, at::kFloat).contiguous();
+      move_norm(b.norm1), move_norm(b.norm2), move_linear(b.qkv), move_linear(b.to_out);
+      move_linear(b.mlp.fc1), move_linear(b.mlp.fc2);
+    }
+    for (ClassAttentionBlock& b : cls_blocks) {
+      move(b.gamma1), move(b.gamma2);
+      move_norm(b.norm1), move_norm(b.norm2), move_linear(b.qkv), move_linear(b.proj);
+      move_linear(b.mlp.fc1), move_linear(b.mlp.fc2);
+    }
+    move_norm(norm), move_linear(head);
+  }
+
+  // Host float32 pixels → the device, in the model's dtype.
+  at::Tensor Images(absl::Span<const float> pixels, int64_t batch, int64_t height,
+                    int64_t width) const {
+    return at::from_blob(const_cast<float*>(pixels.data()),
+                         {batch, config.vision.in_chans, height, width},
+                         at::TensorOptions().dtype(at::kFloat))
+        .to(device, dtype);
+  }
+
+  static std::vector<float> ToHost(const at::Tensor& t) {
+    const at::Tensor h = t.to(at::kCPU).to(at::kFloat).contiguous();
+    return std::vector<float>(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
   }
 
   // `membership`, when given, receives Π [B, K, N] of every TSSA layer.
@@ -155,7 +197,8 @@ VisionModel::~VisionModel() = default;
 const ModelConfig& VisionModel::config() const { return impl_->config; }
 
 absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string& model_dir,
-                                                               const ModelConfig& config) {
+                                                               const ModelConfig& config,
+                                                               const Placement& placement) {
   if (config.architecture != Architecture::kVision) {
     return absl::InvalidArgumentError(absl::StrCat("model ", config.name, ": architecture is ",
                                                    ArchitectureName(config.architecture),
@@ -207,6 +250,7 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
     }
     impl->norm = layer_norm("norm");
     impl->head = linear("head");
+    impl->Place(placement);
     return std::unique_ptr<VisionModel>(new VisionModel(std::move(impl)));
   });
 }
@@ -217,12 +261,7 @@ absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> 
   TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
-    const VisionConfig& c = impl_->config.vision;
-    const at::Tensor images =
-        at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
-                      at::TensorOptions().dtype(at::kFloat));
-    const at::Tensor logits = impl_->Forward(images).contiguous();
-    return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
+    return Impl::ToHost(impl_->Forward(impl_->Images(pixels, batch, height, width)));
   });
 }
 
@@ -232,15 +271,11 @@ absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
     const VisionConfig& c = impl_->config.vision;
-    const at::Tensor images =
-        at::from_blob(const_cast<float*>(pixels.data()), {batch, c.in_chans, height, width},
-                      at::TensorOptions().dtype(at::kFloat));
     std::vector<at::Tensor> layers;
-    const at::Tensor logits = impl_->Forward(images, &layers).contiguous();
-    const at::Tensor pi = at::stack(layers, 1).contiguous();  // [B, depth, K, N]
+    const at::Tensor logits = impl_->Forward(impl_->Images(pixels, batch, height, width), &layers);
     Explained out;
-    out.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
-    out.membership.assign(pi.data_ptr<float>(), pi.data_ptr<float>() + pi.numel());
+    out.logits = Impl::ToHost(logits);
+    out.membership = Impl::ToHost(at::stack(layers, 1));  // [B, depth, K, N]
     out.grid_h = height, out.grid_w = width;
     for (int64_t i = 0; i < c.stem_stages(); ++i)
       out.grid_h = (out.grid_h + 1) / 2, out.grid_w = (out.grid_w + 1) / 2;

@@ -11,14 +11,18 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/config.h"
+#include "model/device.h"
 
 namespace tost::model {
 
 class VisionModel {
  public:
-  // Loads <model_dir>/model.safetensors, validated against `config` (architecture tost_vision).
+  // Loads <model_dir>/model.safetensors, validated against `config` (architecture tost_vision),
+  // onto `placement`'s device in its dtype (TSSA temperatures stay float32). Images are staged to
+  // the device and logits copied back once per batch.
   static absl::StatusOr<std::unique_ptr<VisionModel>> Load(const std::string& model_dir,
-                                                           const ModelConfig& config);
+                                                           const ModelConfig& config,
+                                                           const Placement& placement = {});
   ~VisionModel();
 
   const ModelConfig& config() const;

@@ -9,6 +9,8 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "model/device.h"
+#include "model/device_memory.h"
 #include "model/file_util.h"
 #include "model/status_macros.h"
 #include "model/torch_threads.h"
@@ -38,6 +40,8 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (o.model_repository.empty())
     return absl::InvalidArgumentError("--model_repository must name a directory");
+  TOST_RETURN_IF_ERROR(model::ParseDeviceSpec(o.device, "--device").status());
+  TOST_RETURN_IF_ERROR(model::ParseComputeDtype(o.dtype, "--dtype").status());
   if (o.limits.image.max_encoded_bytes < 1 || o.limits.image.max_decoded_pixels < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_image_bytes and --max_decoded_pixels must be >= 1, got ",
@@ -119,6 +123,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const S
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   TOST_RETURN_IF_ERROR(ValidateServerOptions(options));
   model::SetTorchThreads(options.intra_op_threads);
+  model::DisableTf32();
+  // The server's own --device must be available (a per-model override that is not fails that
+  // model only): asking for CUDA where there is none stops the server with the reason.
+  model::ServingOptions serving;
+  TOST_ASSIGN_OR_RETURN(serving.device, model::ParseDeviceSpec(options.device, "--device"));
+  TOST_ASSIGN_OR_RETURN(serving.dtype, model::ParseComputeDtype(options.dtype, "--dtype"));
+  serving.cuda_device_count = model::CudaDeviceCount();
+  TOST_ASSIGN_OR_RETURN(const model::Placement server_placement,
+                        model::ResolvePlacement(serving.device, serving.dtype, std::nullopt,
+                                                std::nullopt, serving.cuda_device_count, ""));
   TOST_ASSIGN_OR_RETURN(SessionCodec codec,
                         MakeCodec(options.session_key_file, options.session_blob_ttl_s));
   Authenticator auth;
@@ -132,10 +146,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
                         LoadingResponder::Start(options.host, options.port, credentials));
   Log(LogLevel::kInfo, "loading models",
-      {{"repository", options.model_repository}, {"port", loading->port()}});
+      {{"repository", options.model_repository},
+       {"port", loading->port()},
+       {"device", server_placement.DeviceString()},
+       {"dtype", model::ComputeDtypeName(server_placement.dtype)},
+       {"cuda_devices", serving.cuda_device_count}});
   std::unique_ptr<Server> server(new Server());
   // Loaded and warmed up before readiness: SERVING only once every model has run once.
-  TOST_ASSIGN_OR_RETURN(server->repository_, LoadedRepository::Load(options.model_repository));
+  TOST_ASSIGN_OR_RETURN(server->repository_,
+                        LoadedRepository::Load(options.model_repository, serving));
   server->metrics_ = std::make_unique<Metrics>();
   for (const auto& m : server->repository_->models()) {
     if (m.status.ok()) {
@@ -143,7 +162,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
           {{"model", m.name},
            {"architecture", model::ArchitectureName(m.config.architecture)},
            {"version", m.config.version},
-           {"trained", m.config.trained}});
+           {"trained", m.config.trained},
+           {"device", m.placement.DeviceString()},
+           {"dtype", model::ComputeDtypeName(m.placement.dtype)}});
       server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
                                       m.language != nullptr);
     } else {

@@ -36,6 +36,11 @@ struct ServerOptions {
   int max_connection_age_ms = 1'800'000;      // then GOAWAY, so clients re-resolve (0: never)
   int max_connection_age_grace_ms = 600'000;  // streams open at GOAWAY get this long to end
   int intra_op_threads = 1;                   // LibTorch threads; 0 = one per core
+  // Where models run (model/device.h): auto (the first CUDA device, else the CPU), cpu, cuda,
+  // cuda:N; config.json "serving" overrides per model. dtype: fp32, bf16 or fp16 on CUDA (the CPU
+  // runs fp32).
+  std::string device = "auto";
+  std::string dtype = "fp32";
   ServiceLimits limits;
   GenerationSchedulerOptions generation;  // per language model
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)

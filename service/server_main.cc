@@ -24,6 +24,13 @@ ABSL_FLAG(int, max_connection_age_ms, 1800000,
           "Connections older than this get GOAWAY, so clients re-resolve and rebalance; 0 = never");
 ABSL_FLAG(int, max_connection_age_grace_ms, 600000,
           "Streams open at a connection's GOAWAY get this long to finish");
+ABSL_FLAG(std::string, device, "auto",
+          "Where models run: auto (the first CUDA device, else the CPU), cpu, cuda or cuda:N; a "
+          "model's config.json \"serving\": {\"device\": ...} overrides it. Asking for CUDA where "
+          "there is none stops the server");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "Weights and activations on CUDA: fp32, bf16 or fp16 (TSSA statistics stay fp32; the CPU "
+          "runs fp32); config.json \"serving\": {\"dtype\": ...} overrides it per model");
 ABSL_FLAG(int, intra_op_threads, 1,
           "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler "
           "and the classification batcher are the parallelism: 1 keeps 2 cores from "
@@ -124,6 +131,8 @@ int main(int argc, char** argv) {
   options.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
   options.max_connection_age_grace_ms = absl::GetFlag(FLAGS_max_connection_age_grace_ms);
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.dtype = absl::GetFlag(FLAGS_dtype);
   options.limits.max_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   options.limits.image.max_encoded_bytes = absl::GetFlag(FLAGS_max_image_bytes);

@@ -56,9 +56,9 @@ class LoadedRepository::Generator final : public GenerativeModel {
 LoadedRepository::~LoadedRepository() = default;
 
 absl::StatusOr<std::unique_ptr<LoadedRepository>> LoadedRepository::Load(
-    const std::string& repo_dir) {
+    const std::string& repo_dir, const model::ServingOptions& serving) {
   std::unique_ptr<LoadedRepository> repo(new LoadedRepository());
-  TOST_ASSIGN_OR_RETURN(repo->models_, model::LoadRepository(repo_dir));
+  TOST_ASSIGN_OR_RETURN(repo->models_, model::LoadRepository(repo_dir, serving));
   WarmUpModels(repo->models_);  // before readiness: SERVING only once every model has run once
   const size_t n = repo->models_.size();
   repo->classifiers_.resize(n);

@@ -17,7 +17,8 @@ class LoadedRepository {
  public:
   // Loads and warms up every model of `repo_dir`. An unreadable repository is an error; a model
   // that fails to load or warm up is kept with its error.
-  static absl::StatusOr<std::unique_ptr<LoadedRepository>> Load(const std::string& repo_dir);
+  static absl::StatusOr<std::unique_ptr<LoadedRepository>> Load(
+      const std::string& repo_dir, const model::ServingOptions& serving = {});
   ~LoadedRepository();
 
   // One entry per model, in repository order; the interfaces point into this object, which must

@@ -1,0 +1,78 @@
+"""Device selection end to end (--device, --dtype, config.json "serving"): on a machine without a
+CUDA device, asking the server for CUDA stops it with the reason, and a model whose config asks for
+CUDA fails alone while the others serve. (With a device, tests/integration/test_gpu_serving.py
+runs the models there.)"""
+import json
+import os
+import shutil
+import subprocess
+
+import grpc
+import pytest
+
+from conftest import SOURCE_DIR, RunningServer, _binary
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no torch or no driver: no device
+        return 0
+
+
+def _run_server(*args, timeout=60):
+    return subprocess.run(
+        [_binary("TOST_SERVER_BIN"), f"--model_repository={os.path.join(SOURCE_DIR, 'models')}",
+         "--host=127.0.0.1", "--port=0", "--metrics_port=-1", *args],
+        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--device=gpu"], '--device: expected auto, cpu, cuda or cuda:N (N a device index), got \\"gpu\\"'),
+    (["--dtype=int8"], '--dtype: expected fp32, bf16 or fp16, got \\"int8\\"'),
+    (["--device=cuda:7"], "--device asks for cuda:7 but this process sees"),
+])
+def test_bad_or_unavailable_device_stops_the_server_with_the_reason(args, expected):
+    if "cuda:7" in args[0] and _cuda_devices() > 7:
+        pytest.skip("this machine has a cuda:7")
+    result = _run_server(*args)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+
+
+def test_cuda_where_there_is_none_stops_the_server():
+    if _cuda_devices() > 0:
+        pytest.skip("this machine has a CUDA device")
+    result = _run_server("--device=cuda")
+    assert result.returncode != 0
+    assert "--device asks for cuda:0 but this process sees 0 CUDA device(s)" in result.stderr, result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_a_model_asking_for_absent_cuda_fails_alone(tmp_path, proto_modules):
+    pb2, pb2_grpc = proto_modules
+    devices = _cuda_devices()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    os.symlink(os.path.join(SOURCE_DIR, "models", "tost-digits"), repo / "tost-digits")
+    shutil.copytree(os.path.join(SOURCE_DIR, "models", "tost-austen"), repo / "tost-austen")
+    config_path = repo / "tost-austen" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["serving"] = {"device": f"cuda:{devices}", "dtype": "bf16"}  # one past the last device
+    config_path.write_text(json.dumps(config))
+    s = RunningServer(str(repo), extra_args=("--device=cpu",))
+    try:
+        with grpc.insecure_channel(s.address) as ch:
+            stub = pb2_grpc.TostStub(ch)
+            models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest(), timeout=30).models}
+            assert models["tost-digits"].ready
+            assert not models["tost-austen"].ready
+            assert (f'model "tost-austen" (config.json serving.device) asks for cuda:{devices} '
+                    f"but this process sees {devices} CUDA device(s)") in models["tost-austen"].error
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"x"), timeout=30))
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        assert s.stop() == 0

@@ -1,0 +1,133 @@
+// --device/--dtype and config.json "serving": parsing and resolution against the CUDA devices the
+// process sees (model/device.h). Torch-free.
+#include "model/device.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "model/config.h"
+
+namespace tost::model {
+namespace {
+
+using Kind = DeviceSpec::Kind;
+
+TEST(DeviceSpec, ParsesEveryForm) {
+  EXPECT_EQ(ParseDeviceSpec("auto", "--device")->kind, Kind::kAuto);
+  EXPECT_EQ(ParseDeviceSpec("cpu", "--device")->kind, Kind::kCpu);
+  const DeviceSpec cuda = *ParseDeviceSpec("cuda", "--device");
+  EXPECT_EQ(cuda.kind, Kind::kCuda);
+  EXPECT_EQ(cuda.index, 0);
+  const DeviceSpec cuda3 = *ParseDeviceSpec("cuda:3", "--device");
+  EXPECT_EQ(cuda3.kind, Kind::kCuda);
+  EXPECT_EQ(cuda3.index, 3);
+  EXPECT_EQ(cuda3.ToString(), "cuda:3");
+}
+
+TEST(DeviceSpec, RefusesWhatIsNotADeviceNamingTheField) {
+  for (const std::string bad :
+       {"", "gpu", "CUDA", "cuda:", "cuda:-1", "cuda:1x", "cuda:0:1", "cuda:99999999999", " cpu"}) {
+    const auto spec = ParseDeviceSpec(bad, "serving.device");
+    ASSERT_FALSE(spec.ok()) << "\"" << bad << "\"";
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find("serving.device: expected auto, cpu, cuda or cuda:N"),
+              std::string::npos)
+        << spec.status();
+  }
+  const auto long_text = ParseDeviceSpec(std::string(5000, 'x'), "--device");
+  EXPECT_LT(long_text.status().message().size(), 200u) << "a long value is quoted short";
+}
+
+TEST(ComputeDtype, ParsesShortAndLongNames) {
+  EXPECT_EQ(*ParseComputeDtype("fp32", "--dtype"), ComputeDtype::kFloat32);
+  EXPECT_EQ(*ParseComputeDtype("bfloat16", "--dtype"), ComputeDtype::kBFloat16);
+  EXPECT_EQ(*ParseComputeDtype("fp16", "--dtype"), ComputeDtype::kFloat16);
+  const auto bad = ParseComputeDtype("int8", "--dtype");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--dtype: expected fp32, bf16 or fp16, got \"int8\""),
+            std::string::npos);
+}
+
+TEST(Placement, AutoTakesTheFirstCudaDeviceWhenThereIsOne) {
+  const Placement gpu =
+      *ResolvePlacement({}, ComputeDtype::kBFloat16, std::nullopt, std::nullopt, 2, "m");
+  EXPECT_TRUE(gpu.cuda);
+  EXPECT_EQ(gpu.index, 0);
+  EXPECT_EQ(gpu.dtype, ComputeDtype::kBFloat16);
+  EXPECT_EQ(gpu.DeviceString(), "cuda:0");
+  const Placement cpu =
+      *ResolvePlacement({}, ComputeDtype::kBFloat16, std::nullopt, std::nullopt, 0, "m");
+  EXPECT_FALSE(cpu.cuda);
+  EXPECT_EQ(cpu.dtype, ComputeDtype::kFloat32) << "the CPU runs fp32";
+  EXPECT_EQ(cpu.DeviceString(), "cpu");
+}
+
+TEST(Placement, CudaWhereThereIsNoneIsRefusedSayingWhatWasAskedAndWhatThereIs) {
+  const DeviceSpec cuda{Kind::kCuda, 0};
+  const auto server =
+      ResolvePlacement(cuda, ComputeDtype::kFloat32, std::nullopt, std::nullopt, 0, "");
+  ASSERT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(server.status().message().find("--device asks for cuda:0 but this process sees 0"),
+            std::string::npos)
+      << server.status();
+  const auto model = ResolvePlacement({}, ComputeDtype::kFloat32, DeviceSpec{Kind::kCuda, 2},
+                                      std::nullopt, 2, "lm");
+  ASSERT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      model.status().message().find(
+          "model \"lm\" (config.json serving.device) asks for cuda:2 but this process sees 2"),
+      std::string::npos)
+      << model.status();
+  EXPECT_NE(model.status().message().find("cuda:0 to cuda:1"), std::string::npos);
+}
+
+TEST(Placement, AModelOverridesTheServersDeviceAndDtype) {
+  const Placement p = *ResolvePlacement({Kind::kCpu, 0}, ComputeDtype::kFloat32,
+                                        DeviceSpec{Kind::kCuda, 1}, ComputeDtype::kFloat16, 2, "m");
+  EXPECT_TRUE(p.cuda);
+  EXPECT_EQ(p.index, 1);
+  EXPECT_EQ(p.dtype, ComputeDtype::kFloat16);
+  const Placement q = *ResolvePlacement({Kind::kCuda, 0}, ComputeDtype::kBFloat16,
+                                        DeviceSpec{Kind::kCpu, 0}, std::nullopt, 1, "m");
+  EXPECT_FALSE(q.cuda);
+  EXPECT_EQ(q.dtype, ComputeDtype::kFloat32);
+}
+
+std::string LanguageConfigJson(const std::string& serving) {
+  return R"({"name": "lm", "architecture": "tost_lm",
+             "lm": {"n_layer": 1, "n_head": 2, "n_embd": 8, "context_length": 16,
+                    "vocab_size": 257},
+             "tokenizer": {"type": "byte", "eos_token_id": 256})" +
+         serving + "}";
+}
+
+TEST(ModelConfigServing, ParsesDeviceAndDtype) {
+  const auto cfg = ParseModelConfig(
+      LanguageConfigJson(R"(, "serving": {"device": "cuda:1", "dtype": "bf16"})"), "c.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_TRUE(cfg->serving_device.has_value());
+  EXPECT_EQ(cfg->serving_device->index, 1);
+  EXPECT_EQ(cfg->serving_dtype, ComputeDtype::kBFloat16);
+  const auto plain = ParseModelConfig(LanguageConfigJson(""), "c.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->serving_device.has_value());
+  EXPECT_FALSE(plain->serving_dtype.has_value());
+}
+
+TEST(ModelConfigServing, RefusesMalformedServingNamingFileAndKey) {
+  for (const auto& [serving, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "serving": "cuda")", "\"serving\" must be an object"},
+           {R"(, "serving": {"device": "tpu"})", "serving.device: expected auto, cpu"},
+           {R"(, "serving": {"dtype": "fp8"})", "serving.dtype: expected fp32, bf16 or fp16"},
+           {R"(, "serving": {"device": 0})", "serving.device must be a string"},
+           {R"(, "serving": {"devices": "cpu"})", "unknown key \"devices\""}}) {
+    const auto cfg = ParseModelConfig(LanguageConfigJson(serving), "m/config.json");
+    ASSERT_FALSE(cfg.ok()) << serving;
+    EXPECT_NE(cfg.status().message().find("m/config.json: "), std::string::npos) << cfg.status();
+    EXPECT_NE(cfg.status().message().find(expected), std::string::npos) << cfg.status();
+  }
+}
+
+}  // namespace
+}  // namespace tost::model
