@@ -70,6 +70,17 @@ class RunningServer:
         return self.proc.returncode
 
 
+def proc_status(pid):
+    """VmRSS, VmHWM (kB) and Threads of a process, from /proc/<pid>/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            if key in ("VmRSS", "VmHWM", "Threads"):
+                out[key] = int(value.split()[0])
+    return out
+
+
 @pytest.fixture(scope="session")
 def server():
     s = RunningServer(os.path.join(SOURCE_DIR, "models"))

@@ -15,7 +15,7 @@ import urllib.request
 
 import grpc
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, proc_status
 
 VISION, LM = "tost-digits", "tost-austen"
 CLASSIFY_PLACES = 8             # --max_queue_size
@@ -30,17 +30,6 @@ MEASURE_S, BURST_S = 3.0, 1.0
 # buffers: measured +6 MiB for the Classify burst and +0 for the Generate burst on the 2-core
 # development machine (server at about 435 MiB, LibTorch included).
 RSS_GROWTH_BOUND_MIB = 32
-
-
-def proc_status(pid):
-    """VmRSS, VmHWM (kB) and Threads of a process, from /proc/<pid>/status."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            if key in ("VmRSS", "VmHWM", "Threads"):
-                out[key] = int(value.split()[0])
-    return out
 
 
 def reset_peak(pid):

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, proc_status
 
 SOAK_S = float(os.environ.get("TOST_SOAK_SECONDS", "600"))
 pytestmark = pytest.mark.skipif(not os.environ.get("TOST_SOAK") and "TOST_SOAK_SECONDS" not in os.environ,
@@ -39,16 +39,6 @@ EXPECTED = {"OK", "CANCELLED", "RESOURCE_EXHAUSTED"}
 # Python's channels share one connection per address unless told otherwise: a client that
 # disconnects must own its connection, so that closing its channel closes the TCP connection.
 OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
-
-
-def proc_status(pid):
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            if key in ("VmRSS", "VmHWM", "Threads"):
-                out[key] = int(value.split()[0])
-    return out
 
 
 def scrape(port):
