@@ -24,8 +24,10 @@ struct StatusOrValue<absl::StatusOr<T>> {
 };
 
 // Runs `fn` (returning T or StatusOr<T>); a c10::Error from argument checks in our ops becomes
-// INVALID_ARGUMENT (OUT_OF_RANGE for index errors), anything else INTERNAL; all name the model and
-// the operation.
+// INVALID_ARGUMENT (OUT_OF_RANGE for index errors), running out of memory (a device's or the
+// host's) RESOURCE_EXHAUSTED (that request fails, the server goes on: LibTorch's caching allocator
+// has already freed its cache and retried before it throws), anything else INTERNAL; all name the
+// model and the operation.
 template <typename Fn>
 auto GuardTorch(const std::string& model, const char* operation, Fn&& fn)
     -> absl::StatusOr<typename StatusOrValue<std::decay_t<decltype(fn())>>::type> {
@@ -34,6 +36,11 @@ auto GuardTorch(const std::string& model, const char* operation, Fn&& fn)
   } catch (const c10::ValueError& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model ", model, ": ", operation,
+                     ": out of memory; retry later or with fewer images or tokens per request (",
+                     e.what_without_backtrace(), ")"));
   } catch (const c10::IndexError& e) {
     return absl::OutOfRangeError(
         absl::StrCat("model ", model, ": ", operation, ": ", e.what_without_backtrace()));
