@@ -524,8 +524,7 @@ TEST_P(TssaFloat64ReferenceTest, VisionAndCausalWithinTolerance) {
   const at::Tensor positions = at::arange(s.batch, at::kLong) * 3;
   const auto [y, st] =
       TssaCausal(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(state0), Cuda(positions));
-  const auto [y64, st64] =
-      reference::tssa_causal(w64, temp64, db64, state0, positions);
+  const auto [y64, st64] = reference::tssa_causal(w64, temp64, db64, state0, positions);
   ExpectNearFloat64(y, y64, dtype, rtol, "tssa_causal y");
   ExpectNearFloat64(st, st64, at::kFloat, rtol, "tssa_causal state");
 }
