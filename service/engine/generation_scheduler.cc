@@ -549,6 +549,7 @@ bool GenerationScheduler::StepOnce() {
     }
     decoding.push_back(job.get());
   }
+  absl::StatusOr<std::vector<float>> logits;
   if (!decoding.empty()) {
     std::vector<int32_t> tokens;
     std::vector<model::SequenceState*> states;
@@ -556,36 +557,48 @@ bool GenerationScheduler::StepOnce() {
       tokens.push_back(job->state().pending_token);
       states.push_back(&job->state().sequence);
     }
-    auto logits = model_.Step(tokens, states, options_.batch_invariant);
+    logits = model_.Step(tokens, states, options_.batch_invariant);
     if (!logits.ok()) {
       for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, logits.status());
-    } else {
-      const size_t vocab = logits->size() / decoding.size();
-      const absl::Time emitted_at =
-          options_.observer != nullptr ? clock_->Now() : absl::InfinitePast();
-      for (size_t i = 0; i < decoding.size(); ++i) {
-        Job& job = *decoding[i];
-        if (options_.observer != nullptr) {
-          (job.generated == 0 ? first_token : inter_token)
-              .push_back(emitted_at - (job.generated == 0 ? job.submitted : job.last_token));
-          job.last_token = emitted_at;
-        }
-        EmitToken(job, absl::MakeConstSpan(logits->data() + i * vocab, vocab));
+      decoding.clear();
+    } else if (options_.observer != nullptr) {
+      const absl::Time emitted_at = clock_->Now();
+      for (Job* job : decoding) {
+        (job->generated == 0 ? first_token : inter_token)
+            .push_back(emitted_at - (job->generated == 0 ? job->submitted : job->last_token));
+        job->last_token = emitted_at;
       }
-      emitted = static_cast<int64_t>(decoding.size());
     }
+    emitted = static_cast<int64_t>(decoding.size());
   }
 
+  // The step's decode counters and the observer's record are in place before any token of the step
+  // is published: a stream can end with its token (and its client read the status or the metrics
+  // at once), so counting after the emission would show that client the step before.
+  if (!decoding.empty()) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.decode_steps;
+    stats_.decoded_tokens += static_cast<int64_t>(decoding.size());
+    stats_.max_decode_batch =
+        std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
+    ++stats_.decode_batch_histogram[decoding.size()];
+  }
   if (options_.observer != nullptr) {
     GenerationStepRecord record;
     record.model = model_.config().name;
-    record.decode_batch = emitted > 0 ? static_cast<int32_t>(emitted) : 0;
+    record.decode_batch = static_cast<int32_t>(emitted);
     record.prefill_tokens = prefill_tokens;
     record.prompt_tokens_started = prompt_tokens_started;
     record.tokens_emitted = emitted;
     record.time_to_first_token = first_token;
     record.inter_token_latency = inter_token;
     options_.observer->OnStep(record);
+  }
+  if (!decoding.empty()) {
+    const size_t vocab = logits->size() / decoding.size();
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      EmitToken(*decoding[i], absl::MakeConstSpan(logits->data() + i * vocab, vocab));
+    }
   }
   const auto finished =
       std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
@@ -606,13 +619,6 @@ bool GenerationScheduler::StepOnce() {
   ++stats_.steps;
   stats_.prefill_chunks += prefill_chunks;
   stats_.prefill_tokens += prefill_tokens;
-  if (!decoding.empty()) {
-    ++stats_.decode_steps;
-    stats_.decoded_tokens += static_cast<int64_t>(decoding.size());
-    stats_.max_decode_batch =
-        std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
-    ++stats_.decode_batch_histogram[decoding.size()];
-  }
   stats_.stalled_jobs += stalled;
   return prompt_tokens_started > 0 || prefill_chunks > 0 || !decoding.empty() || finished > 0 ||
          admitted || !dropped.empty();
