@@ -10,7 +10,7 @@ inline constexpr const char* kTssaCausal =
     "tssa_causal(Tensor w, Tensor temp, Tensor denom_bias, Tensor? state=None, Tensor? "
     "positions=None) -> (Tensor, Tensor)";
 inline constexpr const char* kTssaStep =
-    "tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state) -> "
-    "Tensor";
+    "tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state, "
+    "Tensor? slots=None) -> Tensor";
 
 }  // namespace tost::kernels::schemas

@@ -98,8 +98,16 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w_in, const at:
 }
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
-                     const at::Tensor& positions, at::Tensor& state) {
-  CheckStepArgs(w, temp, denom_bias, positions, state);
+                     const at::Tensor& positions, at::Tensor& state,
+                     const std::optional<at::Tensor>& slots) {
+  CheckStepArgs(w, temp, denom_bias, positions, state, slots);
+  if (slots.has_value()) {
+    const at::Tensor rows = slots->to(state.device());
+    auto [y, state_out] =
+        tssa_causal(w.unsqueeze(1), temp, denom_bias, state.index_select(0, rows), positions);
+    state.index_copy_(0, rows, state_out);
+    return y.squeeze(1);
+  }
   auto [y, state_out] = tssa_causal(w.unsqueeze(1), temp, denom_bias, state, positions);
   state.copy_(state_out);
   return y.squeeze(1);

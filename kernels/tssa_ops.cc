@@ -28,7 +28,7 @@ const auto& StepHandle() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("tost::tssa_step", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, at::Tensor&)>();
+                            const at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&)>();
   return handle;
 }
 
@@ -44,8 +44,9 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 }
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
-                     const at::Tensor& positions, at::Tensor& state) {
-  return StepHandle().call(w, temp, denom_bias, positions, state);
+                     const at::Tensor& positions, at::Tensor& state,
+                     const std::optional<at::Tensor>& slots) {
+  return StepHandle().call(w, temp, denom_bias, positions, state, slots);
 }
 
 }  // namespace tost::kernels

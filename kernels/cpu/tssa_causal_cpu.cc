@@ -285,8 +285,17 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 }
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
-                     const at::Tensor& positions, at::Tensor& state) {
-  return tssa_step_with({}, w, temp, denom_bias, positions, state);
+                     const at::Tensor& positions, at::Tensor& state,
+                     const std::optional<at::Tensor>& slots) {
+  if (!slots.has_value()) return tssa_step_with({}, w, temp, denom_bias, positions, state);
+  CheckStepArgs(w, temp, denom_bias, positions, state, slots);
+  // A pool in host memory: the named rows are gathered, stepped and written back (the copies are
+  // a few KB per sequence; the device kernels index the pool in place instead).
+  const at::Tensor rows = slots->to(state.device());
+  at::Tensor work = state.index_select(0, rows);
+  at::Tensor y = tssa_step_with({}, w, temp, denom_bias, positions, work);
+  state.index_copy_(0, rows, work);
+  return y;
 }
 
 }  // namespace tost::kernels::cpu

@@ -96,11 +96,11 @@ class DeviceOps {
 
   static at::Tensor TssaStep(const at::Tensor& w_in, const at::Tensor& temp_in,
                              const at::Tensor& denom_bias_in, const at::Tensor& positions_in,
-                             at::Tensor& state) {
+                             at::Tensor& state, const std::optional<at::Tensor>& slots_in) {
     constexpr const char* kOp = Backend::kTssaStep;
-    const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state);
+    const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state, slots_in);
     if (UseReference(w_in, d))
-      return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state);
+      return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state, slots_in);
     const gpu::DType dtype = KernelDType(w_in, kOp);
     const gpu::Dims dims = KernelDims(d, kOp);
     [[maybe_unused]] const auto guard = Backend::Guard(w_in.device());
@@ -111,12 +111,15 @@ class DeviceOps {
     const at::Tensor temp = Float32(temp_in);
     const at::Tensor denom_bias = Float32(denom_bias_in);
     const at::Tensor positions = Positions(positions_in, w.device());
+    // Slots index the pool in place (uploaded like positions when they are on the host).
+    const at::Tensor slots = slots_in.has_value() ? Positions(*slots_in, w.device()) : at::Tensor();
     // The kernel updates a contiguous state in place; a strided one is updated through a copy.
     at::Tensor st = state.is_contiguous() ? state : state.contiguous();
     Backend::CheckLaunch(
         gpu::LaunchTssaStep(dims, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
                             denom_bias.const_data_ptr<float>(), denom_bias.size(1),
                             positions.const_data_ptr<int64_t>(), st.mutable_data_ptr<float>(),
+                            slots.defined() ? slots.const_data_ptr<int64_t>() : nullptr, st.size(0),
                             y.mutable_data_ptr(), Backend::Stream()),
         kOp);
     if (!st.is_same(state)) state.copy_(st);
@@ -145,9 +148,9 @@ class DeviceOps {
     return g;
   }
 
-  // Positions on the device: host positions (range-checked on the host by the argument checks) are
-  // uploaded once, from pinned memory without blocking; device positions are used as they are
-  // (the kernels guard their range).
+  // Positions (or slots) on the device: host ones (range-checked on the host by the argument
+  // checks) are uploaded once, from pinned memory without blocking; device ones are used as they
+  // are (the kernels guard their range).
   static at::Tensor Positions(const at::Tensor& positions, const at::Device& device) {
     if (positions.device() == device) return positions.contiguous();
     return Backend::Upload(positions.contiguous(), device);

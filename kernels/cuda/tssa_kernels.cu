@@ -587,14 +587,22 @@ __global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
 }
 
 // ---------------------------------------------------------------------------------------------
-// Causal TSSA decode step: one block per sequence, state [B][2D+K] updated in place.
+// Causal TSSA decode step: one block per sequence, its state row updated in place.
+
+// The rows the step reads and updates: row b of `rows` for sequence b, or row slots[b] of a pool.
+struct StepRows {
+  float* rows;           // [pool_rows][2D+K]
+  const int64_t* slots;  // [B] or null
+  int64_t pool_rows;
+};
+
 // Dynamic shared memory (D + 2K) floats.
 template <typename T, int CPT>
 __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
     StepKernel(const T* __restrict__ w, const float* __restrict__ temp,
                const float* __restrict__ denom_bias, int64_t tmax,
-               const int64_t* __restrict__ positions, float* __restrict__ state, T* __restrict__ y,
-               int D, int K, int p, int group) {
+               const int64_t* __restrict__ positions, StepRows state, T* __restrict__ y, int D,
+               int K, int p, int group) {
   TOST_DYNAMIC_SHARED(float, smem);
   float* q_s = smem;       // [D]
   float* pi_s = q_s + D;   // [K]
@@ -604,7 +612,15 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
   const int nt = blockDim.x;
   const int warp = tid / kWarpSize;
   const int nwarps = nt / kWarpSize;
-  float* st = state + static_cast<int64_t>(b) * (2 * D + K);
+  T* yrow = y + static_cast<int64_t>(b) * D;
+  // Device slots are unchecked like positions: a slot outside the pool gets NaN and touches
+  // nothing (the test is uniform over the block, so every thread returns before any barrier).
+  const int64_t row = state.slots != nullptr ? state.slots[b] : b;
+  if (row < 0 || row >= state.pool_rows) {
+    for (int c = tid; c < D; c += nt) yrow[c] = FromFloat<T>(__int_as_float(0x7fc00000));
+    return;
+  }
+  float* st = state.rows + row * (2 * D + K);
   const T* wrow = w + static_cast<int64_t>(b) * D;
   // Unchecked device positions (see CausalStatsKernel): NaN instead of an out-of-range read.
   const int64_t pos = positions[b];
@@ -642,7 +658,6 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
     s3_s[k] = s3;
   }
   __syncthreads();
-  T* yrow = y + static_cast<int64_t>(b) * D;
 #pragma unroll
   for (int i = 0; i < CPT; ++i) {
     const int c = tid + i * nt;
@@ -906,7 +921,7 @@ cudaError_t LaunchCausalT(const Dims& d, const Plan& plan, const void* w_raw, co
 
 template <typename T, int CPT>
 cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* denom_bias,
-                    int64_t tmax, const int64_t* positions, float* state, T* y,
+                    int64_t tmax, const int64_t* positions, StepRows state, T* y,
                     cudaStream_t stream) {
   const int D = static_cast<int>(d.channels);
   const int K = static_cast<int>(d.heads);
@@ -919,7 +934,7 @@ cudaError_t RunStep(const Dims& d, const T* w, const float* temp, const float* d
 
 template <typename T>
 cudaError_t LaunchStepT(const Dims& d, const void* w, const float* temp, const float* denom_bias,
-                        int64_t tmax, const int64_t* positions, float* state, void* y,
+                        int64_t tmax, const int64_t* positions, StepRows state, void* y,
                         cudaStream_t stream) {
   const T* wt = static_cast<const T*>(w);
   T* yt = static_cast<T*>(y);
@@ -1016,11 +1031,13 @@ cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const
 
 cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp,
                            const float* denom_bias, int64_t tmax, const int64_t* positions,
-                           float* state, void* y, cudaStream_t stream) {
+                           float* state_rows, const int64_t* slots, int64_t pool_rows, void* y,
+                           cudaStream_t stream) {
   if (UnsupportedReason(d) != nullptr || d.tokens != 1 || d.batch < 1 || d.channels < 1 ||
-      positions == nullptr) {
+      positions == nullptr || (slots == nullptr && pool_rows != d.batch) || pool_rows < 1) {
     return cudaErrorInvalidValue;
   }
+  const StepRows state{state_rows, slots, pool_rows};
   switch (dtype) {
     case DType::kFloat32:
       return LaunchStepT<float>(d, w, temp, denom_bias, tmax, positions, state, y, stream);

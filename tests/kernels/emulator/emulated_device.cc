@@ -99,13 +99,14 @@ std::tuple<at::Tensor, at::Tensor> TssaCausal(const at::Tensor& w, const at::Ten
 }
 
 at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
-                    const at::Tensor& positions, at::Tensor& state) {
+                    const at::Tensor& positions, at::Tensor& state,
+                    const std::optional<at::Tensor>& slots) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("tost_emulated::tssa_step", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, at::Tensor&)>();
-  return op.call(w, temp, denom_bias, positions, state);
+                            const at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(w, temp, denom_bias, positions, state, slots);
 }
 
 }  // namespace tost::kernels::testing

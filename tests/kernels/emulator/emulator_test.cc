@@ -236,7 +236,7 @@ TEST_F(EmulatorTest, DevicePositionsOutOfRangeGiveNaNNotAnOutOfBoundsRead) {
   at::Tensor y = at::empty_like(w_step);
   ASSERT_EQ(gpu::LaunchTssaStep(step, gpu::DType::kFloat32, w_step.const_data_ptr(),
                                 c.temp.const_data_ptr<float>(), db.const_data_ptr<float>(), tmax,
-                                positions.data(), state.mutable_data_ptr<float>(),
+                                positions.data(), state.mutable_data_ptr<float>(), nullptr, B,
                                 y.mutable_data_ptr(), nullptr),
             cudaSuccess)
       << emu::LastLaunchReport();
@@ -261,6 +261,33 @@ TEST_F(EmulatorTest, DevicePositionsOutOfRangeGiveNaNNotAnOutOfBoundsRead) {
   EXPECT_TRUE(yc[0].isfinite().all().item<bool>());
   EXPECT_TRUE(yc[1].isnan().all().item<bool>());
   EXPECT_TRUE(yc[2].isnan().all().item<bool>());
+  EXPECT_TRUE(emu::TakeReports().empty());
+}
+
+// Slots on the device are not checked by the host either: a slot outside the pool gets NaN and
+// the pool is untouched (ASan would report a write past it).
+TEST_F(EmulatorTest, DeviceSlotsOutOfThePoolGiveNaNAndTouchNothing) {
+  const int64_t B = 3, P = 4, D = 40, K = 8;
+  const Case c = MakeCase(B, 0, D, K);
+  at::Tensor pool = MakeCase(P, 0, D, K).state.clone();
+  const at::Tensor before = pool.clone();
+  const std::vector<int64_t> positions = {1, 2, 3};
+  const std::vector<int64_t> slots = {1, P, 0};  // the second is one past the pool
+  at::Tensor y = at::empty_like(c.w);
+  ASSERT_EQ(
+      gpu::LaunchTssaStep(gpu::Dims{B, 1, D, K}, gpu::DType::kFloat32, c.w.const_data_ptr(),
+                          c.temp.const_data_ptr<float>(), c.denom_bias.const_data_ptr<float>(),
+                          c.denom_bias.size(1), positions.data(), pool.mutable_data_ptr<float>(),
+                          slots.data(), P, y.mutable_data_ptr(), nullptr),
+      cudaSuccess)
+      << emu::LastLaunchReport();
+  EXPECT_TRUE(y[0].isfinite().all().item<bool>());
+  EXPECT_TRUE(y[1].isnan().all().item<bool>());
+  EXPECT_TRUE(y[2].isfinite().all().item<bool>());
+  EXPECT_FALSE(at::equal(pool[1], before[1]));
+  EXPECT_FALSE(at::equal(pool[0], before[0]));
+  EXPECT_TRUE(at::equal(pool[2], before[2]));
+  EXPECT_TRUE(at::equal(pool[3], before[3]));
   EXPECT_TRUE(emu::TakeReports().empty());
 }
 

@@ -20,8 +20,9 @@ std::tuple<at::Tensor, at::Tensor> TssaCausal(const at::Tensor& w, const at::Ten
   return tssa_causal(w, temp, denom_bias, state, positions);
 }
 at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
-                    const at::Tensor& positions, at::Tensor& state) {
-  return tssa_step(w, temp, denom_bias, positions, state);
+                    const at::Tensor& positions, at::Tensor& state,
+                    const std::optional<at::Tensor>& slots) {
+  return tssa_step(w, temp, denom_bias, positions, state, slots);
 }
 
 }  // namespace tost::kernels::testing

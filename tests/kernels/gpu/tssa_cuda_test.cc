@@ -431,6 +431,40 @@ TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
   ExpectClose(cache, cache_ref, kStateTol, "state cache after tssa_step");
 }
 
+// With slots, the state is a pool: row slots[b] is sequence b's, read and updated in place, and
+// every other row is left exactly as it was (what a device-resident slot pool relies on).
+TEST(TssaStepCuda, SlotsIndexAPoolInPlace) {
+  TOST_REQUIRE_DEVICE();
+  const int64_t B = 3, P = 7, D = kEmulated ? 40 : 384, K = 8, tmax = 32;
+  const Inputs in = MakeInputs({B, D}, K, tmax, at::kFloat, 141);
+  const at::Tensor positions = at::tensor(std::vector<int64_t>{4, 0, 17});
+  const at::Tensor slots = at::tensor(std::vector<int64_t>{5, 0, 3});
+  at::Tensor pool_ref = MakeState(P, D, K, 142);
+  at::Tensor pool = Cuda(pool_ref);
+  const at::Tensor before = pool_ref.clone();
+  const at::Tensor y_ref =
+      reference::tssa_step(in.w, in.temp, in.denom_bias, positions, pool_ref, slots);
+  const at::Tensor y =
+      TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), pool, Cuda(slots));
+  ExpectClose(y, y_ref, YTol(at::kFloat), "tssa_step y with slots");
+  ExpectClose(pool, pool_ref, kStateTol, "state pool with slots");
+  // The reference with slots equals stepping the gathered rows without them.
+  at::Tensor rows = before.index_select(0, slots);
+  const at::Tensor y_rows = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, rows);
+  EXPECT_TRUE(at::equal(y_rows, y_ref));
+  EXPECT_TRUE(at::equal(rows, pool_ref.index_select(0, slots)));
+  for (const int64_t untouched : {1, 2, 4, 6}) {
+    EXPECT_TRUE(at::equal(pool.to(at::kCPU)[untouched], before[untouched])) << "row " << untouched;
+  }
+  // Host slots are checked: a repeated or out-of-range slot is refused before any work.
+  EXPECT_THROW(TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), pool,
+                        at::tensor(std::vector<int64_t>{5, 0, 5})),
+               c10::Error);
+  EXPECT_THROW(TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), pool,
+                        at::tensor(std::vector<int64_t>{5, 0, 7})),
+               c10::Error);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Edge cases and argument errors.
 
