@@ -229,6 +229,31 @@ def test_membership_maps_and_cli_heatmaps(stub, proto_modules, server, tmp_path)
     assert (tmp_path / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_membership_requests_take_a_queue_place(proto_modules, tmp_path):
+    """Membership requests run outside the batcher but hold a place of --max_queue_size while they
+    run: a burst of them on a one-place queue is refused with RESOURCE_EXHAUSTED, not run at once."""
+    pb2, pb2_grpc = proto_modules
+    s = RunningServer(os.path.join(SOURCE_DIR, "models"), ("--max_queue_size=1",))
+    try:
+        with grpc.insecure_channel(s.address) as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)
+            stub = pb2_grpc.TostStub(ch)
+            req, _ = _image_request(pb2, batch=8)
+            req.return_membership = True
+            futures = [stub.Classify.future(req, timeout=60) for _ in range(32)]
+            codes = []
+            for f in futures:
+                try:
+                    f.result()
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    codes.append(e.code())
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+            assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    finally:
+        assert s.stop() == 0
+
+
 def test_payload_and_element_limits_are_enforced_before_work(proto_modules):
     pb2, pb2_grpc = proto_modules
     s = RunningServer(os.path.join(SOURCE_DIR, "models"),
