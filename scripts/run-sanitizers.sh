@@ -102,18 +102,18 @@ stage() {
   return "$rc"
 }
 
-# configure DIR LOG CMAKE_ARGS...: a LibTorch-free build in DIR, quiet unless it fails.
+# configure DIR CMAKE_ARGS...: a LibTorch-free build in DIR, quiet unless it fails.
 configure() {
-  local dir=$1 log=$2
-  shift 2
+  local dir=$1
+  shift
   mkdir -p "$dir/logs"
   # Another compiler than the cached one: start afresh (CMake would drop the other options).
   if [ -f "$dir/CMakeCache.txt" ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$cxx" "$dir/CMakeCache.txt"; then
     rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
   fi
   cmake -S "$repo" -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" \
-    -DTOST_TORCH_FREE_ONLY=ON "$@" >"$dir/logs/$log" 2>&1 || {
-    tail -n 40 "$dir/logs/$log"
+    -DTOST_TORCH_FREE_ONLY=ON "$@" >"$dir/logs/configure.log" 2>&1 || {
+    tail -n 40 "$dir/logs/configure.log"
     return 1
   }
 }
@@ -133,12 +133,13 @@ build() {
 # run_one DIR NAME COMMAND...: one test binary under its sanitizer; a line per binary, and the end
 # of its log when it fails (a sanitizer report, a failed test).
 run_one() {
-  local dir=$1 name=$2 t0 rc=0 summary
+  local dir=$1 name=$2 t0 ms rc=0 summary
   shift 2
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   (cd "$repo" && "$@") >"$dir/logs/$name.log" 2>&1 || rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
   summary="$(grep -E '^\[==========\] .* ran\.|^replayed ' "$dir/logs/$name.log" | tail -n 1 || true)"
-  printf '  %-24s %6.1f s  %s  %s\n' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)" \
+  printf '  %-24s %4d.%d s  %s  %s\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) \
     "$( ((rc)) && echo "FAILED (exit $rc)" || echo ok)" "${summary#\[==========\] }"
   if ((rc)); then
     echo "---- $name: end of $dir/logs/$name.log"
@@ -231,14 +232,14 @@ t_all=$(date +%s)
 echo "run-sanitizers: $cxx, $jobs jobs; ASAN_OPTIONS=$ASAN_OPTIONS UBSAN_OPTIONS=$UBSAN_OPTIONS" \
   "TSAN_OPTIONS=$TSAN_OPTIONS"
 if [ "$only" != tsan ]; then
-  if stage "asan: configure" configure "$asan_dir" configure.log -DTOST_SANITIZE=address,undefined &&
+  if stage "asan: configure" configure "$asan_dir" -DTOST_SANITIZE=address,undefined &&
      stage "asan: build" build "$asan_dir" && ((!build_only)); then
     stage "asan: tests" asan_tests || true
   fi
 fi
 if [ "$only" != asan ]; then
   if stage "tsan: abseil" tsan_abseil &&
-     stage "tsan: configure" configure "$tsan_dir" configure.log -DTOST_SANITIZE=thread \
+     stage "tsan: configure" configure "$tsan_dir" -DTOST_SANITIZE=thread \
        -Dabsl_DIR="$absl_prefix/lib/cmake/absl" &&
      stage "tsan: build" build "$tsan_dir" tost_engine_tests && ((!build_only)); then
     stage "tsan: tests" tsan_tests || true
