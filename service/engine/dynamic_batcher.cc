@@ -380,6 +380,9 @@ void DynamicBatcher::Execute(Work work) {
             : average_compute_ * (1.0 - kComputeAverageWeight) + compute * kComputeAverageWeight;
   }
 
+  // The batch's record is observed before any of its requests completes: a client that reads the
+  // metrics right after its answer must find its batch counted.
+  if (options_.observer != nullptr) options_.observer->OnBatch(record);
   if (!rows.ok()) {
     for (BatchRequest& request : work.batch) std::move(request.done)(rows.status());
   } else {
@@ -392,7 +395,6 @@ void DynamicBatcher::Execute(Work work) {
       next = end_of_request;
     }
   }
-  if (options_.observer != nullptr) options_.observer->OnBatch(record);
 }
 
 int DynamicBatcher::DrainReadyOnCallingThread() {
