@@ -177,6 +177,10 @@ void FillModelStatus(const ModelEntry& m, tost::v1::ModelStatus* s) {
   s->set_provenance_json(m.config.provenance_json);
   if (!m.load_status.ok() && m.config.name.empty()) return;  // config itself unreadable
   s->set_architecture(model::ArchitectureName(m.config.architecture));
+  if (m.load_status.ok()) {
+    s->set_device(m.placement.DeviceString());
+    s->set_dtype(model::ComputeDtypeName(m.placement.dtype));
+  }
   if (m.config.architecture == model::Architecture::kVision) {
     s->add_input_shape(m.config.vision.in_chans);
     s->add_input_shape(m.config.vision.image_height);

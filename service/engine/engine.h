@@ -35,6 +35,7 @@ struct ModelEntry {
   const ClassifierModel* classifier = nullptr;  // tost_vision; not owned, outlives the engine
   const GenerativeModel* generator = nullptr;   // tost_lm; not owned, outlives the engine
   std::string weights_sha256;                   // generators: 32 raw bytes, for session blobs
+  model::Placement placement;                   // where it runs (valid when it loaded)
 };
 
 struct EngineOptions {

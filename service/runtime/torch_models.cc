@@ -93,6 +93,7 @@ std::vector<ModelEntry> LoadedRepository::Entries() const {
     e.classifier = classifiers_[i].get();
     e.generator = generators_[i].get();
     e.weights_sha256 = weights_sha256_[i];
+    e.placement = m.placement;
     out.push_back(std::move(e));
   }
   return out;

@@ -41,6 +41,8 @@ def test_list_models(stub, proto_modules):
     models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest()).models}
     assert models["tost-digits"].ready and models["tost-digits"].architecture == "tost_vision"
     assert models["tost-austen"].ready and models["tost-austen"].architecture == "tost_lm"
+    for m in models.values():  # --device=auto: the CPU here (fp32), cuda:0 where there is a GPU
+        assert m.device in ("cpu", "cuda:0") and (m.device != "cpu" or m.dtype == "fp32"), m
     assert list(models["tost-digits"].input_shape) == [1, 32, 32]
     tok = _lm_tokenizer()
     assert models[LM].tokenizer == "bpe"
