@@ -46,7 +46,6 @@ struct Fiber {
   fctx::fcontext_t context = nullptr;
   char* stack = nullptr;
   Wait wait = Wait::kRunnable;
-  int wait_line = 0;
   uint32_t clock[kWarpSize];  // vector clock over the lanes of the warp
   uint32_t shuffle_result = 0;
 };
@@ -337,7 +336,6 @@ uint32_t WarpRendezvous(bool shuffle, unsigned mask, uint32_t value, int lane_ma
   c.lane_mask[lane] = lane_mask;
   c.width[lane] = width;
   f.wait = Wait::kWarp;
-  f.wait_line = line;
   if ((c.arrived & c.mask) == c.mask) CompleteWarp(b, warp);
   YieldToScheduler(false);
   return f.shuffle_result;
@@ -746,7 +744,6 @@ void SyncThreads(int line) {
                            At(), line, b.at_barrier, b.barrier_line));
   }
   l.current->wait = Wait::kBarrier;
-  l.current->wait_line = line;
   if (++b.at_barrier == b.live) {
     if (b.live < b.threads) {
       Report(Kind::kBarrier,

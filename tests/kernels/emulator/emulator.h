@@ -46,7 +46,7 @@ namespace tost::emu {
 
 struct Options {
   uint64_t seed = 1;       // block and fiber order
-  size_t max_reports = 8;  // kept per launch; the rest are counted
+  size_t max_reports = 8;  // kept per launch and kind of report; the rest are counted
 };
 void SetOptions(const Options& options);
 Options GetOptions();
@@ -90,9 +90,9 @@ const char* ErrorName(cudaError_t error);
 // -- Device memory --------------------------------------------------------------------------------
 
 // A workspace allocation of `bytes`: poisoned for AddressSanitizer until WorkspaceBuffer carves
-// buffers from it. Call before the operator's launches; the memory stays owned by the caller.
+// buffers from it (the buffers of the previous workspace are forgotten). Call before the
+// operator's launches; the memory stays owned by the caller.
 void RegisterWorkspace(void* base, size_t bytes);
-void ForgetWorkspace(void* base);
 void* WorkspaceBuffer(void* p, size_t bytes, const char* name);
 
 // -- Called by the emulated kernel code (cuda_emulation.h) ----------------------------------------
