@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "model/status_macros.h"
+#include "service/api/classify_tensor_view.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
 #include "service/api/request_input.h"
@@ -37,19 +38,6 @@ TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimit
 }
 
 namespace {
-
-// ClassifyRequest.tensor: [C,H,W] (one image) or [B,C,H,W], as `data` or as `raw` bytes. proto3
-// bytes carry no presence, so an empty `raw` counts as not sent.
-FloatTensorView TensorView(const tost::v1::FloatTensor& t) {
-  FloatTensorView view;
-  view.shape = absl::MakeConstSpan(t.shape().data(), static_cast<size_t>(t.shape_size()));
-  if (!t.raw().empty()) view.raw = t.raw();
-  view.values = absl::MakeConstSpan(t.data().data(), static_cast<size_t>(t.data_size()));
-  view.shape_field = "tensor.shape";
-  view.raw_field = "tensor.raw";
-  view.values_field = "tensor.data";
-  return view;
-}
 
 // The membership maps of image `b`, one per TSSA layer: [heads, grid_h, grid_w] each.
 void AddMembership(const ClassifierModel::Explained& explained, const model::VisionConfig& v,
@@ -119,7 +107,7 @@ grpc::Status TostService::Classify(grpc::ServerContext* context,
       TOST_ASSIGN_OR_RETURN(pixels, EncodedImagesToPixels(bytes, cfg, limits_, "images"));
     } else {
       TOST_ASSIGN_OR_RETURN(
-          pixels, FloatTensorToPixels(TensorView(request->tensor()), images, cfg, limits_));
+          pixels, FloatTensorToPixels(ClassifyTensorView(request->tensor()), images, cfg, limits_));
     }
 
     std::vector<float> logits;

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "kserve/v2/grpc_service.pb.h"
 #include "model/config.h"
+#include "service/api/classify_tensor_view.h"
 #include "service/api/request_input.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tost/v1/tost.pb.h"
@@ -127,15 +128,9 @@ void Classify(const tost::v1::ClassifyRequest& request, const ModelConfig& m,
     CheckPixels(tost::service::EncodedImagesToPixels(bytes, m, limits, "images"), images, m, k);
     return;
   }
-  const auto& t = request.tensor();
-  FloatTensorView view;
-  view.shape = absl::MakeConstSpan(t.shape().data(), static_cast<size_t>(t.shape_size()));
-  if (!t.raw().empty()) view.raw = t.raw();
-  view.values = absl::MakeConstSpan(t.data().data(), static_cast<size_t>(t.data_size()));
-  view.shape_field = "tensor.shape";
-  view.raw_field = "tensor.raw";
-  view.values_field = "tensor.data";
-  CheckPixels(tost::service::FloatTensorToPixels(view, images, m, limits), images, m, k);
+  CheckPixels(tost::service::FloatTensorToPixels(
+                  tost::service::ClassifyTensorView(request.tensor()), images, m, limits),
+              images, m, k);
 }
 
 // kserve_service.cc's ModelInfer, up to the batcher.
