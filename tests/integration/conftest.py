@@ -70,6 +70,38 @@ class RunningServer:
         return self.proc.returncode
 
 
+def generator_status(status_response, model):
+    """The GeneratorStatus of `model` in a ServerStatusResponse."""
+    (g,) = [g for g in status_response.generators if g.model == model]
+    return g
+
+
+def concurrent_generates(stub, pb2, model, streams=64, tokens=16):
+    """`streams` Generate calls released together (seeded sampling, one seed each); returns each
+    stream's token ids and fails the test if any call failed."""
+    import threading
+
+    barrier = threading.Barrier(streams)
+    results, errors = [None] * streams, []
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = [msg.token.id for msg in stub.Generate(pb2.GenerateRequest(
+                model=model, prompt_bytes=b"x", max_new_tokens=tokens,
+                sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300) if msg.HasField("token")]
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    return results
+
+
 def proc_status(pid):
     """VmRSS, VmHWM (kB) and Threads of a process, from /proc/<pid>/status."""
     out = {}

@@ -12,14 +12,13 @@ gpu_serving, label gpu; every test is skipped where the process sees no CUDA dev
 import os
 import re
 import sys
-import threading
 import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, concurrent_generates
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
@@ -156,22 +155,7 @@ def test_sixty_four_streams_share_steps_and_memory_is_reported(servers, proto_mo
     pb2, _ = proto_modules
     server, stub = servers["cuda"]
     before = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
-    barrier, errors = threading.Barrier(64), []
-
-    def run(i):
-        try:
-            barrier.wait()
-            list(stub.Generate(pb2.GenerateRequest(model=LM, prompt_bytes=b"x", max_new_tokens=16,
-                                                   sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300))
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    concurrent_generates(stub, pb2, LM)
     after = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
     assert after.max_decode_batch > 1
     assert (after.decoded_tokens - before.decoded_tokens) / (after.decode_steps - before.decode_steps) > 4

@@ -15,7 +15,7 @@ import urllib.request
 
 import grpc
 
-from conftest import SOURCE_DIR, RunningServer, proc_status
+from conftest import SOURCE_DIR, RunningServer, generator_status, proc_status
 
 VISION, LM = "tost-digits", "tost-austen"
 CLASSIFY_PLACES = 8             # --max_queue_size
@@ -69,8 +69,7 @@ def sample(samples, name, **labels):
 
 
 def generator(status):
-    (g,) = [g for g in status.generators if g.model == LM]
-    return g
+    return generator_status(status, LM)
 
 
 def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_modules):

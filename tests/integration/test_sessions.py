@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, concurrent_generates
 
 MODEL = "tost-austen"
 PROMPT = b"It was a bright cold day in April, and "
@@ -164,24 +164,7 @@ def test_fork_continues_identically_and_blobs_are_checked(stub, proto_modules):
 def test_sixty_four_streams_share_decode_steps(stub, proto_modules):
     pb2, _ = proto_modules
     before = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
-    barrier = threading.Barrier(64)
-    results, errors = [None] * 64, []
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = collect(stub.Generate(pb2.GenerateRequest(
-                model=MODEL, prompt_bytes=b"x", max_new_tokens=16,
-                sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300))[0]
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    results = concurrent_generates(stub, pb2, MODEL)
     after = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
     steps = after.decode_steps - before.decode_steps
     tokens = after.decoded_tokens - before.decoded_tokens

@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, generator_status
 
 MODEL = "tost-austen"
 
@@ -18,8 +18,7 @@ def server_threads(pid: int) -> int:
 
 
 def generator(status_response):
-    (g,) = [g for g in status_response.generators if g.model == MODEL]
-    return g
+    return generator_status(status_response, MODEL)
 
 
 def test_256_streams_all_admitted_run_on_fewer_than_64_threads(proto_modules):
