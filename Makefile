@@ -9,6 +9,8 @@ CTEST_ARGS ?=
 CTEST_SLOW ?= -LE slow
 # The venv's interpreter, recorded by install-deps.sh (read when a recipe needs it).
 TOST_PYTHON = $(shell sed -n 's/^TOST_PYTHON=//p' $(BUILD)/deps.env 2>/dev/null)
+# The small venv of the deploy validators (requirements-deploy.txt), for tests/deploy.
+TOST_DEPLOY_VENV = $(shell sed -n 's/^TOST_DEPLOY_VENV=//p' $(BUILD)/deps.env 2>/dev/null)
 
 .PHONY: deps configure build run test test-unit clean help
 
@@ -21,7 +23,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DTOST_PYTHON=$(TOST_PYTHON) -DTOST_ENABLE_CUDA=$(CUDA) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DTOST_PYTHON=$(TOST_PYTHON) -DTOST_DEPLOY_VENV=$(TOST_DEPLOY_VENV) -DTOST_ENABLE_CUDA=$(CUDA) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $$(nproc)

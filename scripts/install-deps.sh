@@ -6,8 +6,11 @@
 #                     prometheus-cpp, GoogleTest/Benchmark, image codecs, Prometheus (tests).
 #   Python packages : requirements.txt into a virtual environment under
 #                     $TOST_DEPS_DIR/py-<hash of requirements.txt> (default TOST_DEPS_DIR=/opt/tost-deps),
-#                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel.
-#                     `build/deps.env` is written with the venv's path for the Makefile and CMake.
+#                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel;
+#                     requirements-deploy.txt (the offline Kubernetes/compose/YAML validators of
+#                     tests/deploy) into its own small venv $TOST_DEPS_DIR/deploy-<hash>, so changing
+#                     a validator's pin never rebuilds the torch venv.
+#                     `build/deps.env` is written with both venvs' paths for the Makefile and CMake.
 #   Debian sources  : Abseil's, the version libabsl-dev has, unpacked with Debian's patches into
 #                     $TOST_DEPS_DIR/src/abseil_<version> (apt-get source; a deb-src entry for the
 #                     release is added to apt when apt has none): scripts/run-sanitizers.sh
@@ -27,6 +30,7 @@ apt_packages=(
   libpcre2-dev  # GPT-2 pre-tokenisation (Unicode properties and look-ahead, which RE2 lacks)
   libboost-context-dev  # fibers of the CUDA kernel emulator (tests/kernels/emulator)
   prometheus
+  nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 
@@ -39,8 +43,20 @@ if ((${#missing[@]})); then
   echo "install-deps: apt packages missing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $sudo_cmd apt-get update -q
-  # prometheus' postinst starts a daemon where systemd runs; we only need the binary for tests.
-  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # prometheus' and nginx's postinst scripts start daemons (nginx on port 80); the tests only need
+  # the binaries and start their own instances, so services are kept from starting while installing
+  # (policy-rc.d exit 101: "action forbidden"), unless the machine already has a policy of its own.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee "$policy" >/dev/null
+    $sudo_cmd chmod +x "$policy"
+    own_policy=1
+  fi
+  status=0
+  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+  [ "$own_policy" = 1 ] && $sudo_cmd rm -f "$policy"
+  [ "$status" = 0 ] || exit "$status"
 fi
 
 absl_version="$(dpkg-query -W -f='${Version}' libabsl-dev)"
@@ -90,11 +106,23 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 
+deploy_hash="$(sha256sum "$here/requirements-deploy.txt" | cut -c1-16)"
+deploy_venv="$deps_dir/deploy-$deploy_hash"
+if [ ! -f "$deploy_venv/.complete" ]; then
+  echo "install-deps: creating $deploy_venv from requirements-deploy.txt"
+  mkdir -p "$deps_dir"
+  rm -rf "$deploy_venv"
+  "$python_bin" -m venv "$deploy_venv"
+  "$deploy_venv/bin/python" -m pip install -q --no-cache-dir -r "$here/requirements-deploy.txt"
+  touch "$deploy_venv/.complete"
+fi
+
 mkdir -p "$here/build"
 torch_cmake="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share", "cmake"))')"
 cat > "$here/build/deps.env" <<ENV
 TOST_VENV=$venv
 TOST_PYTHON=$venv/bin/python
 TOST_TORCH_CMAKE_PREFIX=$torch_cmake
+TOST_DEPLOY_VENV=$deploy_venv
 ENV
 echo "install-deps: ok (venv $venv)"
