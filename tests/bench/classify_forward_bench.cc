@@ -1,0 +1,110 @@
+// In-process classification: the server's own VisionModel (same loader, same LibTorch forward, one
+// intra-op thread as tost_server runs by default) called directly in a loop at fixed batch sizes,
+// with no gRPC, no batcher and no tensor conversion. Throughput and latency through tost_server at
+// the same batch size divided by these is the server's overhead.
+//
+// Prints one JSON object: per batch size, forwards timed, latency percentiles (ms) and images/s.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "model/config.h"
+#include "model/torch_threads.h"
+#include "model/vision_model.h"
+
+ABSL_FLAG(std::string, model_dir, "models/tost-digits", "Vision model directory");
+ABSL_FLAG(std::string, batch_sizes, "1,8", "Comma-separated images per forward");
+ABSL_FLAG(double, seconds, 3, "Timed seconds per batch size (after a warm-up of 0.5 s)");
+ABSL_FLAG(int, intra_op_threads, 1, "LibTorch intra-op threads (tost_server's default is 1)");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::max(1.0, std::ceil(p / 100.0 * v.size() - 1e-9)));
+  return v[std::min(rank, v.size()) - 1];
+}
+
+int Main() {
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  tost::model::SetTorchThreads(absl::GetFlag(FLAGS_intra_op_threads));
+  auto config = tost::model::LoadModelConfig(dir);
+  if (!config.ok()) {
+    std::fprintf(stderr, "classify_forward_bench: %s\n",
+                 std::string(config.status().message()).c_str());
+    return 2;
+  }
+  auto model = tost::model::VisionModel::Load(dir, *config);
+  if (!model.ok()) {
+    std::fprintf(stderr, "classify_forward_bench: %s\n",
+                 std::string(model.status().message()).c_str());
+    return 2;
+  }
+  const auto& v = config->vision;
+  nlohmann::json out;
+  out["model_dir"] = dir;
+  out["intra_op_threads"] = absl::GetFlag(FLAGS_intra_op_threads);
+  out["input_shape"] = {v.in_chans, v.image_height, v.image_width};
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_batch_sizes), ',')) {
+    int64_t batch = 0;
+    if (!absl::SimpleAtoi(item, &batch) || batch < 1) {
+      std::fprintf(stderr,
+                   "classify_forward_bench: --batch_sizes expects positive integers, got '%s'\n",
+                   std::string(item).c_str());
+      return 2;
+    }
+    std::vector<float> pixels(batch * v.in_chans * v.image_height * v.image_width);
+    for (float& x : pixels) x = normal(rng);
+    const auto run = [&] {
+      auto logits = (*model)->Forward(pixels, batch, v.image_height, v.image_width);
+      if (!logits.ok()) {
+        std::fprintf(stderr, "classify_forward_bench: %s\n",
+                     std::string(logits.status().message()).c_str());
+        std::exit(1);
+      }
+    };
+    for (Clock::time_point end = Clock::now() + std::chrono::milliseconds(500); Clock::now() < end;)
+      run();
+    std::vector<double> ms;
+    const Clock::time_point start = Clock::now();
+    const auto budget = std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds));
+    while (Clock::now() - start < budget) {
+      const Clock::time_point t0 = Clock::now();
+      run();
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+    out["batches"][std::string(item)] = {
+        {"batch_size", batch},
+        {"forwards", ms.size()},
+        {"latency_ms", {{"p50", Percentile(ms, 50)}, {"p99", Percentile(ms, 99)}}},
+        {"images_per_s", static_cast<double>(ms.size() * batch) / total_s}};
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times the server's VisionModel forward in-process at fixed batch sizes (no gRPC, no "
+      "batcher); prints JSON.");
+  absl::ParseCommandLine(argc, argv);
+  return Main();
+}
