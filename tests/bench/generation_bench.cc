@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +43,18 @@ struct Args {
   int sessions = 64;
   int tokens = 64;  // per stream in P6
   int steps = 64;   // decode steps timed per position in P4
+  // P4 positions; the ratio is the last over the first. More than two draw the latency curve.
+  std::vector<int64_t> positions = {100, 4000};
+  std::string json;  // also write the figures here as JSON
+};
+
+// The figures of one run, for --json.
+struct Figures {
+  std::vector<int64_t> positions;
+  std::vector<double> tost_ms, kv_ms;
+  double state_bytes = 0, kv_bytes = 0;
+  double one_stream_tokens_per_s = 0, many_tokens_per_s = 0;
+  int max_decode_batch = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -136,7 +149,8 @@ class KvCacheGpt {
   std::vector<Layer> layers_;
 };
 
-void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args) {
+void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args,
+             Figures& figures) {
   tost::model::ModelConfig cfg;
   cfg.name = "bench-lm";
   cfg.architecture = tost::model::Architecture::kLanguage;
@@ -148,7 +162,7 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   }
   KvCacheGpt kv(c);
   c10::InferenceMode inference;
-  const std::vector<int64_t> positions = {100, 4000};
+  const std::vector<int64_t>& positions = args.positions;
   // ToST states at each position, by real prefill.
   std::vector<tost::model::SequenceState> states;
   for (int64_t pos : positions) {
@@ -159,7 +173,7 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
     states.push_back(std::move(s));
   }
   const int rounds = args.quick ? 3 : 7;
-  std::vector<std::vector<double>> tost_ms(2), kv_ms(2);
+  std::vector<std::vector<double>> tost_ms(positions.size()), kv_ms(positions.size());
   for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < positions.size(); ++i) {  // interleaved: 100, 4000, 100, 4000, ...
       tost::model::SequenceState s = states[i];
@@ -175,8 +189,20 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
                          args.steps);
     }
   }
-  const double t100 = Median(tost_ms[0]), t4000 = Median(tost_ms[1]);
-  const double k100 = Median(kv_ms[0]), k4000 = Median(kv_ms[1]);
+  figures.positions = positions;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    figures.tost_ms.push_back(Median(tost_ms[i]));
+    figures.kv_ms.push_back(Median(kv_ms[i]));
+  }
+  const double t100 = figures.tost_ms.front(), t4000 = figures.tost_ms.back();
+  const double k100 = figures.kv_ms.front(), k4000 = figures.kv_ms.back();
+  if (positions.size() > 2) {
+    std::printf("\nP4 curve (ms/token): position, ToST, KV-cache GPT\n");
+    for (size_t i = 0; i < positions.size(); ++i) {
+      std::printf("  %6lld %10.3f %10.3f\n", static_cast<long long>(positions[i]),
+                  figures.tost_ms[i], figures.kv_ms[i]);
+    }
+  }
   std::printf(
       "\nP4 decode latency, one sequence (ms/token, median of %d interleaved rounds of %d steps)\n",
       rounds, args.steps);
@@ -186,6 +212,8 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   std::printf("  %-28s %10.3f %10.3f %8.3f\n", "KV-cache GPT (SDPA)", k100, k4000, k4000 / k100);
   const double state_bytes = static_cast<double>(states[0].ByteSize());
   const double kv_bytes = static_cast<double>(kv.CacheBytesPerSequence(4096));
+  figures.state_bytes = state_bytes;
+  figures.kv_bytes = kv_bytes;
   std::printf(
       "\nP5 memory per sequence: ToST state %.1f KB at any length; KV cache at 4096 tokens %.1f "
       "MB: %.0fx "
@@ -209,7 +237,7 @@ int Stream(tost::v1::Tost::Stub& stub, int tokens, int seed) {
   return reader->Finish().ok() ? n : -1;
 }
 
-void RunP6(const fs::path& repo, const Args& args) {
+void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
   int fds[2];
   if (pipe(fds) != 0) std::exit(1);
   const pid_t child = fork();
@@ -258,6 +286,9 @@ void RunP6(const fs::path& repo, const Args& args) {
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);
   const double a = Median(one), b = Median(many);
+  figures.one_stream_tokens_per_s = a;
+  figures.many_tokens_per_s = b;
+  figures.max_decode_batch = status.generators_size() ? status.generators(0).max_decode_batch() : 0;
   std::printf(
       "\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d "
       "rounds)\n",
@@ -267,6 +298,37 @@ void RunP6(const fs::path& repo, const Args& args) {
       "largest decode batch %d\n",
       a, args.sessions, b, b / a,
       status.generators_size() ? status.generators(0).max_decode_batch() : 0);
+}
+
+// Plain numbers and lists only: written by hand rather than linking a JSON library for it.
+void WriteJson(const std::string& path, const Args& args, const tost::model::LanguageConfig& c,
+               const Figures& f) {
+  const auto list = [](const auto& v) {
+    std::ostringstream o;
+    o << "[";
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+    o << "]";
+    return o.str();
+  };
+  std::ofstream out(path);
+  out << "{\n  \"quick\": " << (args.quick ? "true" : "false")
+      << ",\n  \"lm\": {\"n_layer\": " << c.n_layer << ", \"n_embd\": " << c.n_embd
+      << ", \"n_head\": " << c.n_head << ", \"context_length\": " << c.context_length
+      << "},\n  \"p4\": {\"positions\": " << list(f.positions)
+      << ", \"tost_ms\": " << list(f.tost_ms) << ", \"kv_ms\": " << list(f.kv_ms)
+      << ", \"tost_ratio\": " << f.tost_ms.back() / f.tost_ms.front()
+      << ", \"kv_ratio\": " << f.kv_ms.back() / f.kv_ms.front()
+      << "},\n  \"p5\": {\"state_bytes\": " << f.state_bytes
+      << ", \"kv_bytes_4096\": " << f.kv_bytes << ", \"ratio\": " << f.kv_bytes / f.state_bytes
+      << "},\n  \"p6\": {\"streams\": " << args.sessions
+      << ", \"one_stream_tokens_per_s\": " << f.one_stream_tokens_per_s
+      << ", \"many_tokens_per_s\": " << f.many_tokens_per_s
+      << ", \"ratio\": " << f.many_tokens_per_s / f.one_stream_tokens_per_s
+      << ", \"max_decode_batch\": " << f.max_decode_batch << "}\n}\n";
+  if (!out) {
+    std::fprintf(stderr, "tost_generation_bench: cannot write --json %s\n", path.c_str());
+    std::exit(1);
+  }
 }
 
 }  // namespace
@@ -280,7 +342,7 @@ int main(int argc, char** argv) {
     if (a == "--help") {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
-          "[--steps=64]\n"
+          "[--steps=64] [--positions=100,4000] [--json=FILE]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -291,6 +353,22 @@ int main(int argc, char** argv) {
     if (a.rfind("--sessions=", 0) == 0) args.sessions = std::stoi(a.substr(11));
     if (a.rfind("--tokens=", 0) == 0) args.tokens = std::stoi(a.substr(9));
     if (a.rfind("--steps=", 0) == 0) args.steps = std::stoi(a.substr(8));
+    if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
+    if (a.rfind("--positions=", 0) == 0) {
+      args.positions.clear();
+      std::stringstream list(a.substr(12));
+      for (std::string item; std::getline(list, item, ',');) {
+        args.positions.push_back(std::stoll(item));
+      }
+      if (args.positions.size() < 2 || args.positions.front() < 1 ||
+          args.positions.back() + 64 > 4096) {
+        std::fprintf(stderr,
+                     "tost_generation_bench: --positions expects at least two positions in "
+                     "[1, 4032], got '%s'\n",
+                     a.substr(12).c_str());
+        return 2;
+      }
+    }
   }
   if (args.quick) {
     args.sessions = 8;
@@ -305,8 +383,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
               static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
               std::thread::hardware_concurrency());
-  RunP4P5(repo, config, args);
-  RunP6(repo, args);
+  Figures figures;
+  RunP4P5(repo, config, args, figures);
+  RunP6(repo, args, figures);
+  if (!args.json.empty()) WriteJson(args.json, args, config, figures);
   fs::remove_all(repo);
   return 0;
 }
