@@ -1,0 +1,275 @@
+"""Generation that survives the loss of a replica: periodic state snapshots, and a continuation from
+the last one on whichever replica answers when the stream breaks.
+
+How positions line up (service/engine/generation_scheduler.cc, service/api/generate_reactor.cc):
+
+- GeneratedToken.position is the token's absolute place in the sequence: with a prompt of P tokens
+  the first generated token sits at P, the next at P + 1, and so on (a continued blob goes on from
+  where it stopped).
+- StateSnapshot.position is the position of the last token the blob includes. A snapshot is sent
+  right after that token, so every token up to it has been received when it arrives, and a
+  continuation of the blob produces next the token at position + 1.
+- GenerateFinal.position is the sequence's length after the call: the last token's position + 1.
+  A stream cut by a drain ends with FINISH_REASON_DRAINED and a blob of everything it generated;
+  if the drain came before this call produced a token, that blob is the call's own input (or, for
+  a fresh prompt, an empty state), so the same request is sent again.
+
+Tokens received after the last snapshot are dropped when the stream breaks and generated again by
+the continuation: a greedy decode, or a seeded one (draws are keyed by seed and position), on
+servers run with --batch_invariant_decode gives the same tokens whatever else shares the decode
+steps. Before the first snapshot the continuation is the original request again.
+"""
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional
+
+import grpc
+
+from . import _stubs
+
+tost_pb2, tost_pb2_grpc = _stubs.load()
+
+# Breaks a continuation repairs. UNAVAILABLE: a draining or unreachable replica (a proxy with no
+# upstream answers 502, which gRPC reports as UNAVAILABLE). INTERNAL and UNKNOWN: a stream reset
+# in flight (RST_STREAM through a proxy whose upstream died, a connection closed without
+# trailers). CANCELLED from the server side: a reset stream, or one ended for a stalled read.
+# RESOURCE_EXHAUSTED: every generation place taken (refused before any work); the backoff waits.
+RETRYABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+})
+
+
+class ResumeError(Exception):
+    """The generation could not be completed: a non-retryable status, the retries or the deadline
+    ran out. `breaks` lists what happened before."""
+
+    def __init__(self, message: str, breaks, code: Optional[grpc.StatusCode] = None):
+        super().__init__(message)
+        self.breaks = list(breaks)
+        self.code = code
+
+
+class DivergedError(ResumeError):
+    """A continuation produced a different token where one was already handed out (eager mode):
+    the replicas do not decode identically (mixed models, or no --batch_invariant_decode)."""
+
+
+class ProtocolError(ResumeError):
+    """The server's positions do not line up as tost.v1 documents them."""
+
+
+@dataclass
+class Break:
+    """One interrupted call."""
+    attempt: int                     # 1-based index of the call that broke
+    reason: str                      # "UNAVAILABLE: ..." or "DRAINED"
+    received: int                    # tokens this call delivered before it broke
+    dropped: int                     # of those, tokens past the last snapshot (generated again)
+    resume_position: Optional[int]   # the snapshot's position resumed from; None: from the prompt
+
+
+@dataclass
+class _Snapshot:
+    state: bytes
+    position: int
+    committed: int  # tokens of this generation the blob includes
+
+
+class ResumableGeneration:
+    """One Generate that continues through broken streams. Iterate it for the tokens
+    (GeneratedToken messages), each once, in order; afterwards `final`, `tokens`, `breaks` and
+    `calls` describe the whole generation.
+
+    stub: a tost.v1 TostStub (any channel: a proxy, `dns:///` with round_robin, one server).
+    request: the GenerateRequest of a fresh prompt, or of a state blob to continue. It must set
+        max_new_tokens (the count left after a break is computed from it) and no session_id
+        (sessions live on one replica; blobs are what any replica with the same
+        --session_key_file continues).
+    state_every_tokens: snapshot interval; at most this many tokens are generated again per break,
+        and (unless eager) tokens are handed out once a snapshot or the final message covers them.
+    max_retries: breaks in a row without a new snapshot before giving up.
+    deadline_s: the whole generation's deadline, over every call and backoff.
+    backoff_s, max_backoff_s: the wait before a continuation, doubling per break in a row, with
+        jitter, never past the deadline.
+    eager: hand tokens out as they arrive; a continuation's tokens at positions already handed out
+        are checked against them (DivergedError if they differ) instead of being withheld.
+    """
+
+    def __init__(self, stub, request, *, state_every_tokens: int = 16, max_retries: int = 5,
+                 deadline_s: float = 600.0, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
+                 metadata=None, eager: bool = False, rng: Optional[random.Random] = None):
+        if request.session_id:
+            raise ValueError("session_id: sessions are held by one replica and cannot move; continue a "
+                             "state blob (GenerateRequest.state) instead")
+        if request.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0 (the count left after a break is computed "
+                             f"from it), got {request.max_new_tokens}")
+        if state_every_tokens <= 0:
+            raise ValueError(f"state_every_tokens must be > 0, got {state_every_tokens}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self._stub = stub
+        self._first = tost_pb2.GenerateRequest()
+        self._first.CopyFrom(request)
+        self._first.return_state = True
+        self._first.state_every_tokens = state_every_tokens
+        self._every = state_every_tokens
+        self._max_retries = max_retries
+        self._deadline = time.monotonic() + deadline_s
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._metadata = metadata
+        self._eager = eager
+        self._rng = rng or random.Random()
+        self._started = False
+        self.tokens: List = []           # every token handed out, in order
+        self.final = None                # the last call's GenerateFinal
+        self.breaks: List[Break] = []
+        self.calls = 0
+
+    # What the generation as a whole produced.
+    @property
+    def token_ids(self) -> List[int]:
+        return [t.id for t in self.tokens]
+
+    @property
+    def text(self) -> str:
+        """The text the tokens released, and what the final message adds. With return_state (which
+        this class always sets) the server keeps text it still withholds (an incomplete UTF-8
+        character, a possible stop-string prefix) in the blob rather than in the final message."""
+        return "".join(t.text for t in self.tokens) + (self.final.text if self.final is not None else "")
+
+    @property
+    def resumed_from_snapshot(self) -> int:
+        return sum(1 for b in self.breaks if b.resume_position is not None)
+
+    def __iter__(self) -> Iterator:
+        if self._started:
+            raise RuntimeError("a ResumableGeneration is iterated once")
+        self._started = True
+        return self._run()
+
+    def _request_for(self, snapshot: Optional[_Snapshot]):
+        if snapshot is None:
+            return self._first
+        return tost_pb2.GenerateRequest(
+            model=self._first.model, state=snapshot.state,
+            max_new_tokens=self._first.max_new_tokens - snapshot.committed, return_state=True,
+            state_every_tokens=self._every, top_logprobs=self._first.top_logprobs)
+
+    def _fail(self, cls, message, code=None):
+        return cls(f"{message} (after {self.calls} call(s), {len(self.breaks)} break(s))", self.breaks, code)
+
+    def _run(self) -> Iterator:
+        committed: List = []     # tokens a snapshot (or the final message) covers
+        snapshot: Optional[_Snapshot] = None
+        first_position: Optional[int] = None  # where the first generated token sits
+        in_a_row = 0
+        while True:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(ResumeError, "deadline passed before the generation finished",
+                                 grpc.StatusCode.DEADLINE_EXCEEDED)
+            request = self._request_for(snapshot)
+            if snapshot is not None:
+                expected = snapshot.position + 1
+            else:
+                expected = first_position  # None until the first call has sent a token
+            pending: List = []   # this call's tokens past the last snapshot
+            received = 0
+            reason = None
+            code = None
+            self.calls += 1
+            call = self._stub.Generate(request, timeout=remaining, metadata=self._metadata)
+            try:
+                for msg in call:
+                    kind = msg.WhichOneof("event")
+                    if kind == "token":
+                        t = msg.token
+                        if expected is not None and t.position != expected:
+                            raise self._fail(ProtocolError, f"token at position {t.position}, expected position "
+                                             f"{expected}")
+                        if first_position is None:
+                            first_position = t.position
+                        expected = t.position + 1
+                        received += 1
+                        pending.append(t)
+                        index = len(committed) + len(pending) - 1  # this token's index in the output
+                        if self._eager:
+                            if index < len(self.tokens):
+                                if self.tokens[index].id != t.id:
+                                    raise self._fail(DivergedError, f"continuation gave token {t.id} at position "
+                                                     f"{t.position}, where token {self.tokens[index].id} was "
+                                                     "already handed out")
+                            else:
+                                self.tokens.append(t)
+                                yield t
+                    elif kind == "snapshot":
+                        last = pending[-1].position if pending else (committed[-1].position if committed else None)
+                        if last is None or msg.snapshot.position != last:
+                            raise self._fail(ProtocolError, f"snapshot at position {msg.snapshot.position}, expected "
+                                             f"the last token's position {last}")
+                        yield from self._commit(committed, pending)
+                        pending = []
+                        snapshot = _Snapshot(msg.snapshot.state, msg.snapshot.position, len(committed))
+                        in_a_row = 0
+                    elif kind == "final":
+                        f = msg.final
+                        if f.finish_reason != tost_pb2.FINISH_REASON_DRAINED:
+                            yield from self._commit(committed, pending)
+                            self.final = f
+                            return
+                        reason = "DRAINED"
+                        if f.generated_tokens > 0:
+                            # The blob holds every token of this call: nothing is generated again.
+                            last = pending[-1].position if pending else (committed[-1].position if committed
+                                                                         else None)
+                            if last is None or f.position != last + 1 or not f.state:
+                                raise self._fail(ProtocolError, f"drained final at position {f.position} with "
+                                                 f"{len(f.state)} state bytes, expected position "
+                                                 f"{None if last is None else last + 1} and a blob")
+                            yield from self._commit(committed, pending)
+                            pending = []
+                            snapshot = _Snapshot(f.state, last, len(committed))
+                            in_a_row = 0
+                        # Drained before this call produced a token: its blob is its input (or an
+                        # empty state for a fresh prompt), so the same request goes out again.
+                        break
+                else:
+                    reason = "the stream ended without a final message"
+                    code = grpc.StatusCode.UNKNOWN
+            except grpc.RpcError as e:
+                code = e.code()
+                if code not in RETRYABLE_CODES:
+                    raise self._fail(ResumeError, f"Generate failed with {code.name}: {e.details()}", code) from e
+                reason = f"{code.name}: {e.details()}"
+            finally:
+                call.cancel()  # no-op once it ended; frees the server's slot if the caller stopped early
+            self.breaks.append(Break(attempt=self.calls, reason=reason, received=received, dropped=len(pending),
+                                     resume_position=None if snapshot is None else snapshot.position))
+            in_a_row += 1
+            if in_a_row > self._max_retries:
+                raise self._fail(ResumeError, f"gave up after {in_a_row} break(s) in a row without a new snapshot; "
+                                 f"the last: {reason}", code)
+            delay = min(self._max_backoff_s, self._backoff_s * 2 ** (in_a_row - 1))
+            delay *= 0.5 + self._rng.random() / 2
+            time.sleep(max(0.0, min(delay, self._deadline - time.monotonic())))
+
+    def _commit(self, committed, pending):
+        committed.extend(pending)
+        if self._eager:
+            return
+        for t in pending:
+            self.tokens.append(t)
+            yield t
+
+
+def generate(stub, request, **options) -> ResumableGeneration:
+    """A ResumableGeneration of `request` (see its options); iterate it for the tokens."""
+    return ResumableGeneration(stub, request, **options)
