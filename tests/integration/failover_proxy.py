@@ -97,11 +97,16 @@ class Replica:
 class Nginx:
     """nginx as an L7 gRPC proxy in front of `upstreams` ([(address, weight)]).
 
-    A dead upstream is skipped for new calls (grpc_next_upstream error: a refused connection goes
-    to the next server before anything was sent) and left out for `fail_timeout_s` after a
-    failure. A call whose upstream dies mid-stream is not retried by nginx (the request was
-    sent, and a Generate is not idempotent): the client sees the stream reset, and resuming it is
-    the client's part."""
+    How it meets a dead upstream (nginx 1.22, as the failover tests see it):
+    - a call in flight when its upstream dies is not retried (the request was sent, and a POST is
+      not idempotent): nginx logs "upstream prematurely closed connection while reading upstream"
+      and resets the client's stream, which gRPC reports as INTERNAL "Received RST_STREAM with
+      error code 2". Resuming it is the client's part;
+    - a new call to it is refused at connect and passed to the next server (grpc_next_upstream
+      error) before anything was sent, invisibly to the client; the server is then left out for
+      `fail_timeout_s`, and once back its share ramps up to its weight again (nginx lowers a failed
+      server's effective weight and raises it one step per pick);
+    - with no upstream left, nginx answers 502, which gRPC reports as UNAVAILABLE."""
 
     def __init__(self, upstreams, fail_timeout_s: float = 2):
         self.dir = tempfile.mkdtemp(prefix="tost_nginx_")
