@@ -1,103 +1,990 @@
 #!/usr/bin/env python3
-"""Offline checks of deploy/: every YAML parses, kustomize resources exist, and the Kubernetes,
-compose and Docker files agree with each other and with the flags tost_server really has (its
---helpfull output), so a renamed flag or port cannot silently break a deployment.
+"""Offline checks of the deployment files: docker-compose.yml, deploy/docker, deploy/k8s (kustomize
+base, overlays and components), deploy/prometheus and the README's Deploying section. Nothing here
+needs a network, a Docker engine or a cluster.
 
-  check_manifests.py SOURCE_DIR TOST_SERVER_BINARY
-Prints one line per check and a closing 'N passed, M failed'; exits 1 on any failure.
-Runs on Debian's /usr/bin/python3 with python3-yaml (installed by scripts/install-deps.sh)."""
+  check_manifests.py SOURCE_DIR TOST_SERVER --venv DEPLOY_VENV [--only SECTION ...]
+  check_manifests.py SOURCE_DIR TOST_SERVER --venv DEPLOY_VENV --self-test
+
+Sections:
+  static   every YAML parses and passes yamllint (.yamllint); no secret is committed, and every file
+           a secret is generated from is ignored by git; no reference to a moved path is left.
+  images   the Dockerfiles: pinned bases, COPY sources that exist, the README's install
+           (scripts/install-deps.sh, with every file it reads copied first, then make build), a
+           non-root USER, a grpc.health.v1 HEALTHCHECK, real flags, the Debian packages of the
+           runtime stage cover the libraries tost_server links.
+  compose  docker-compose.yml against the compose specification's schema (check-jsonschema
+           --builtin-schema vendor.compose-spec), and what the schema cannot know: flags, grace
+           period, hardening, the GPU profile's device reservation, paths that exist.
+  k8s      every kustomization (base, overlays/*, each overlay with each component) renders with
+           `kubectl kustomize` from a temporary copy holding freshly generated secret inputs; every
+           rendered built-in object validates with `kubernetes-validate --strict` against Kubernetes
+           K8S_VERSION, every custom resource against its CRD schema in deploy/schemas; and the
+           objects agree: flags (the ConfigMap's flag files as the container reads them) exist and
+           are accepted by tost_server, ports, probes, drain vs grace period, secret mounts,
+           securityContext, Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric.
+  readme   the Deploying section exists and every deploy path it names exists.
+
+Flags are checked twice: by name against `tost_server --helpfull`, and by value by starting
+tost_server with them (paths replaced by temporary files, and a model repository that does not
+exist, so it stops right after validating them).
+
+--self-test breaks a copy of the tree in several ways (an unknown flag, a bad flag value, a
+too-short grace period, an unknown field in a Deployment, in the ServiceMonitor and in the compose
+file, a COPY of a missing file, a lint error) and fails unless each one is caught.
+
+Prints one line per check and a closing 'N passed, M failed'; exits 1 on any failure, 77 (ctest's
+skip) when the validators' venv is missing. Runs on Debian's /usr/bin/python3 with python3-yaml."""
+import argparse
+import glob
+import json
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
-results = []
+K8S_VERSION = "1.32.0"
+SECTIONS = ("static", "images", "compose", "k8s", "readme")
+# Custom resources and the schema each validates against (relative to SOURCE_DIR).
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "deploy/schemas/servicemonitor-monitoring.coreos.com-v1.json",
+}
+# Flags whose value is a file the server opens: replaced by temporary files when tost_server is
+# started to validate a flag set.
+PATH_FLAGS = ("model_repository", "session_key_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file",
+              "api_keys_file")
+SKIP = 77
 
 
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + detail}")
+class Checks:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def __call__(self, name, ok, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ': ' + detail}", flush=True)
+        return ok
 
 
-def flags_of(args):
-    out = {}
+check = Checks()
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# Flags
+
+def parse_flag(arg):
+    m = re.match(r"--([A-Za-z0-9_]+)(?:=(.*))?$", arg)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def flag_lines(text):
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def expand_flags(args, files, where):
+    """args in order, with every --flagfile=a,b replaced by the flags of those files (absl's order).
+    files: container path -> content. Returns [(name, value, origin)] and a list of problems."""
+    out, problems = [], []
     for a in args:
-        m = re.match(r"--([a-z_]+)(?:=(.*))?$", a)
-        if m:
-            out[m.group(1)] = m.group(2)
+        f = parse_flag(a)
+        if f is None:
+            problems.append(f"{where}: '{a}' is not a --flag")
+            continue
+        if f[0] == "flagfile":
+            for path in (f[1] or "").split(","):
+                if path not in files:
+                    problems.append(f"{where}: --flagfile {path} is not a mounted file")
+                    continue
+                sub, p = expand_flags(flag_lines(files[path]), files, f"{where} {path}")
+                out += sub
+                problems += p
+        else:
+            out.append((f[0], f[1], where))
+    return out, problems
+
+
+def effective(flags):
+    eff = {}
+    for name, value, _ in flags:
+        if name.startswith("no") and name[2:] in eff and value is None:
+            eff[name[2:]] = "false"
+        else:
+            eff[name] = "true" if value is None else value
+    return eff
+
+
+class Server:
+    def __init__(self, binary, work):
+        self.binary = binary
+        self.work = work
+        out = run([binary, "--helpfull"]).stdout
+        self.known = set(re.findall(r"^\s+--([a-z_]+) \(", out, re.M))
+        self.cache = {}
+        self.key = os.path.join(work, "session.key")
+        with open(self.key, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        self.cert, self.tls_key = tls_pair(work)
+        self.api_keys = os.path.join(work, "api_keys")
+        with open(self.api_keys, "w") as f:
+            f.write("check 0123456789abcdef0123456789abcdef\n")
+
+    def unknown(self, flags):
+        return sorted({n for n, _, _ in flags if n not in self.known and not (
+            n.startswith("no") and n[2:] in self.known)})
+
+    def accepts(self, flags):
+        """Starts tost_server with the flags (files replaced, repository absent): (ok, detail)."""
+        key = tuple((n, v) for n, v, _ in flags)
+        if key not in self.cache:
+            self.cache[key] = self._accepts(flags)
+        return self.cache[key]
+
+    def _accepts(self, flags):
+        eff = effective(flags)
+        argv = [self.binary] + [f"--{n}" + ("" if v is None else f"={v}") for n, v, _ in flags]
+        repl = {"model_repository": os.path.join(self.work, "no-such-repository"),
+                "session_key_file": self.key, "tls_cert_file": self.cert, "tls_key_file": self.tls_key,
+                "tls_client_ca_file": self.cert, "api_keys_file": self.api_keys}
+        argv += [f"--{n}={repl[n]}" for n in PATH_FLAGS if n in eff and (eff[n] or n == "model_repository")]
+        argv += ["--port=0", "--metrics_port=-1"]
+
+        def attempt(extra):
+            try:
+                r = run(argv + extra, timeout=60)
+            except subprocess.TimeoutExpired:
+                return None, "tost_server did not stop within 60 s"
+            return r, (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
+
+        r, last = attempt([])
+        if r is None:
+            return False, last
+        text = r.stdout + r.stderr
+        if "model repository" in text and "is not a directory" in text:
+            return True, ""
+        if re.search(r"sees 0 CUDA device", text) and eff.get("device", "").startswith("cuda"):
+            # No GPU here: everything up to the device check was accepted; check the rest on the CPU.
+            r, last = attempt(["--device=cpu"])
+            if r is not None and "model repository" in r.stdout + r.stderr:
+                return True, ""
+        got = last[0] if last else ""
+        return False, f"expected tost_server to reject only the missing model repository, got: {got}"
+
+
+def tls_pair(work):
+    cert, key = os.path.join(work, "tls.crt"), os.path.join(work, "tls.key")
+    r = run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=tost-serve",
+             "-addext", "subjectAltName=DNS:tost-serve.tost-serve.svc,DNS:localhost", "-keyout", key, "-out", cert])
+    if r.returncode != 0:
+        raise SystemExit(f"openssl could not make a test certificate: {r.stderr}")
+    return cert, key
+
+
+# --------------------------------------------------------------------------------------------
+# Dockerfiles
+
+class Dockerfile:
+    def __init__(self, path):
+        self.path = path
+        text = open(path).read()
+        self.text = text
+        lines, cur = [], ""
+        for raw in text.splitlines():
+            if not cur and raw.lstrip().startswith("#"):
+                continue
+            if raw.rstrip().endswith("\\"):
+                cur += raw.rstrip()[:-1] + " "
+                continue
+            cur += raw
+            if cur.strip():
+                lines.append(cur.strip())
+            cur = ""
+        self.instructions = []  # (stage index, INSTRUCTION, rest)
+        self.stages = []        # (image, alias)
+        for ln in lines:
+            instr, _, rest = ln.partition(" ")
+            instr = instr.upper()
+            if instr == "FROM":
+                m = re.match(r"(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", rest, re.I)
+                self.stages.append((m.group(1), m.group(2)))
+            self.instructions.append((len(self.stages) - 1, instr, rest.strip()))
+
+    def final(self, instr):
+        last = len(self.stages) - 1
+        return [r for s, i, r in self.instructions if s == last and i == instr]
+
+    def exec_form(self, instr):
+        found = self.final(instr)
+        if not found:
+            return []
+        try:
+            return json.loads(found[-1])
+        except json.JSONDecodeError:
+            return found[-1].split()
+
+
+def copy_sources(rest):
+    parts = rest.split()
+    opts = [p for p in parts if p.startswith("--")]
+    args = [p for p in parts if not p.startswith("--")]
+    if rest.startswith("["):
+        args = json.loads(rest)
+    return opts, args[:-1], args[-1] if args else None
+
+
+def apt_packages(run_text):
+    m = re.search(r"apt-get install ([^&;|]*)", run_text)
+    if not m:
+        return set()
+    return {p for p in m.group(1).split() if not p.startswith("-")}
+
+
+def package_closure(pkgs):
+    """The packages and everything they depend on, as installed on this (Debian 12) machine."""
+    deps = {}
+    for ln in run(["dpkg-query", "-W", "-f=${Package}\t${Depends},${Pre-Depends}\n"]).stdout.splitlines():
+        name, _, dep = ln.partition("\t")
+        deps[name] = [a.split("|")[0].strip().split(" ")[0].split(":")[0] for a in dep.split(",")]
+    seen, todo = set(), list(pkgs)
+    while todo:
+        p = todo.pop()
+        if p and p not in seen:
+            seen.add(p)
+            todo += deps.get(p, [])
+    return seen
+
+
+def linked_packages(binaries):
+    """Debian packages that provide the libraries the binaries load from /lib or /usr/lib."""
+    r = run(["ldd"] + binaries)
+    paths = sorted({m for m in re.findall(r"=> (/\S+)", r.stdout) if re.match(r"/(usr/)?lib", m)})
+    owners = {}
+    for p in paths:
+        q = run(["dpkg", "-S", os.path.realpath(p)])
+        if q.returncode != 0:
+            q = run(["dpkg", "-S", p])
+        if q.returncode == 0:
+            owners[p] = q.stdout.split(":")[0].strip()
+    return owners
+
+
+def check_images(src, server, compose_images):
+    install = open(os.path.join(src, "scripts", "install-deps.sh")).read()
+    reads = sorted(f for f in set(re.findall(r'"\$here/([A-Za-z0-9_.-]+)"', install))
+                   if os.path.isfile(os.path.join(src, f)))
+    dfs = sorted(glob.glob(os.path.join(src, "deploy", "docker", "Dockerfile*")))
+    check("deploy/docker has a CPU and a CUDA Dockerfile",
+          {os.path.basename(d) for d in dfs} >= {"Dockerfile", "Dockerfile.cuda"}, f"found {dfs}")
+    builder_bins = [server.binary,
+                    os.path.join(os.path.dirname(os.path.dirname(server.binary)), "client", "tost_cli")]
+    needed = linked_packages([b for b in builder_bins if os.path.exists(b)]) if shutil.which("dpkg") else {}
+    required = set(run(["dpkg-query", "-W", "-f=${Package} ${Priority}\\n"]).stdout.split("\n"))
+    required = {ln.split()[0] for ln in required if ln.endswith(" required")}
+    out = {}
+    for path in dfs:
+        rel = os.path.relpath(path, src)
+        df = Dockerfile(path)
+        out[rel] = df
+        for image, _ in df.stages:
+            aliases = {a for _, a in df.stages if a}
+            pinned = image in aliases or "@sha256:" in image or re.search(r":[^:]*\d+\.\d+", image)
+            check(f"{rel}: base {image} is pinned to a release", bool(pinned),
+                  f"expected name:VERSION (a point release) or a digest, got '{image}'")
+        for _, instr, rest in df.instructions:
+            if instr not in ("COPY", "ADD"):
+                continue
+            opts, srcs, _ = copy_sources(rest)
+            if any(o.startswith("--from") for o in opts):
+                continue
+            for s in srcs:
+                check(f"{rel}: COPY source {s} exists", bool(glob.glob(os.path.join(src, s))),
+                      f"{os.path.join(src, s)} does not exist in the build context")
+        runs = [(i, r) for i, (_, instr, r) in enumerate(df.instructions) if instr == "RUN"]
+        inst = [i for i, r in runs if "scripts/install-deps.sh" in r]
+        check(f"{rel}: installs with scripts/install-deps.sh (as the README does)", bool(inst),
+              "expected a RUN of scripts/install-deps.sh")
+        check(f"{rel}: builds with make build", any(re.search(r"\bmake build\b", r) for _, r in runs),
+              "expected a RUN of `make build`")
+        if inst:
+            copied = set()
+            for _, instr, rest in df.instructions[:inst[0]]:
+                if instr == "COPY":
+                    copied |= {os.path.normpath(s) for s in copy_sources(rest)[1]}
+            for f in reads + ["scripts/install-deps.sh"]:
+                check(f"{rel}: {f} is copied before install-deps.sh runs", f in copied or "." in copied,
+                      f"install-deps.sh reads {f}; COPYs before it: {sorted(copied)}")
+        cuda = rel.endswith(".cuda")
+        build = " ".join(r for _, r in runs)
+        check(f"{rel}: make build CUDA={'ON' if cuda else 'OFF'}", f"CUDA={'ON' if cuda else 'OFF'}" in build,
+              f"expected `make build CUDA={'ON' if cuda else 'OFF'}`")
+        if cuda:
+            archs = re.search(r'CUDAARCHS="?([0-9;]+)', df.text)
+            check(f"{rel}: kernels for sm_80 and sm_90", archs and set(archs.group(1).split(";")) >= {"80", "90"},
+                  f"expected ENV CUDAARCHS=\"80;90\", got {archs.group(1) if archs else 'none'}")
+        user = (df.final("USER") or ["root"])[-1].split(":")[0]
+        check(f"{rel}: runs as a non-root numeric USER", user.isdigit() and user != "0", f"USER is '{user}'")
+        entry, cmd = df.exec_form("ENTRYPOINT"), df.exec_form("CMD")
+        flags, problems = expand_flags(entry[1:] + cmd, {}, f"{rel} ENTRYPOINT+CMD")
+        check(f"{rel}: ENTRYPOINT runs tost_server", entry[:1] == ["tost_server"], f"ENTRYPOINT is {entry}")
+        check(f"{rel}: ENTRYPOINT/CMD flags exist in tost_server --helpfull",
+              not problems and not server.unknown(flags), f"unknown: {server.unknown(flags)} {problems}")
+        ok, detail = server.accepts(flags)
+        check(f"{rel}: tost_server accepts the ENTRYPOINT/CMD flags", ok, detail)
+        eff = effective(flags)
+        check(f"{rel}: CMD picks the device with --device=auto", eff.get("device") == "auto",
+              f"expected --device=auto, got {eff.get('device')}")
+        exposed = set(" ".join(df.final("EXPOSE")).split())
+        check(f"{rel}: EXPOSE has --port and --metrics_port", {eff.get("port"), eff.get("metrics_port")} <= exposed,
+              f"expected {eff.get('port')} and {eff.get('metrics_port')}, EXPOSE has {sorted(exposed)}")
+        hc = " ".join(df.final("HEALTHCHECK"))
+        hc_cmd = json.loads(hc[hc.index("["):]) if "CMD [" in hc else []
+        check(f"{rel}: HEALTHCHECK runs tost_health_check (grpc.health.v1) on --port",
+              hc_cmd[:1] == ["tost_health_check"] and f"--address=127.0.0.1:{eff.get('port')}" in hc_cmd,
+              f"expected [\"tost_health_check\", \"--address=127.0.0.1:{eff.get('port')}\", ...], got {hc_cmd}")
+        copies = [copy_sources(r) for r in df.final("COPY")]
+        check(f"{rel}: the health check script is installed as tost_health_check",
+              any(d == "/usr/local/bin/tost_health_check" for _, _, d in copies),
+              "expected COPY deploy/docker/grpc_health_check.py /usr/local/bin/tost_health_check")
+        check(f"{rel}: HOME and TMPDIR point at /tmp (read-only root filesystem)",
+              re.search(r"ENV .*HOME=/tmp", df.text) and re.search(r"ENV .*TMPDIR=/tmp", df.text),
+              "expected ENV HOME=/tmp TMPDIR=/tmp")
+        final_pkgs = set().union(*[apt_packages(r) for r in df.final("RUN")] or [set()])
+        check(f"{rel}: the runtime stage installs python3-grpcio (the health check)", "python3-grpcio" in final_pkgs,
+              f"runtime packages: {sorted(final_pkgs)}")
+        if needed:
+            have = package_closure(final_pkgs) | required
+            missing = sorted({f"{pkg} ({os.path.basename(lib)})" for lib, pkg in needed.items() if pkg not in have})
+            check(f"{rel}: runtime packages provide every Debian library tost_server/tost_cli link", not missing,
+                  f"not installed by the runtime stage (nor required by Debian): {missing}")
+    for image, dockerfile in compose_images.items():
+        check(f"docker-compose.yml: image {image} builds from an existing Dockerfile", dockerfile in out,
+              f"{dockerfile} is not one of {sorted(out)}")
     return out
 
 
-def main():
-    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if len(sys.argv) == 2 else 2
-    src, server = sys.argv[1], sys.argv[2]
-    deploy = os.path.join(src, "deploy")
-    helpfull = subprocess.run([server, "--helpfull"], capture_output=True, text=True).stdout
-    known = set(re.findall(r"^\s+--([a-z_]+) ", helpfull, re.M))
-    check("tost_server --helpfull lists its flags", "port" in known and "model_repository" in known,
-          f"{len(known)} flags found")
+# --------------------------------------------------------------------------------------------
+# compose
 
-    docs = {}
-    for root, _, files in os.walk(deploy):
+def check_compose(src, server, venv):
+    path = os.path.join(src, "docker-compose.yml")
+    check("docker-compose.yml is at the repository root", os.path.exists(path), f"{path} missing")
+    check("deploy/docker-compose.yml is gone (moved to the root)",
+          not os.path.exists(os.path.join(src, "deploy", "docker-compose.yml")), "deploy/docker-compose.yml exists")
+    if not os.path.exists(path):
+        return {}
+    r = run([os.path.join(venv, "bin", "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", path])
+    check("docker-compose.yml validates against the compose specification", r.returncode == 0,
+          (r.stdout + r.stderr).strip())
+    doc = yaml.safe_load(open(path))
+    services = doc.get("services", {})
+    images = {}
+    servers = {n: s for n, s in services.items() if "build" in s}
+    check("docker-compose.yml has a CPU server and a gpu-profile server",
+          any("gpu" not in s.get("profiles", []) for s in servers.values())
+          and any("gpu" in s.get("profiles", []) for s in servers.values()),
+          f"servers: {sorted(servers)}")
+    for name, s in servers.items():
+        where = f"docker-compose.yml service {name}"
+        b = s["build"]
+        ctx = os.path.normpath(os.path.join(src, b.get("context", ".")))
+        dockerfile = os.path.normpath(os.path.join(ctx, b.get("dockerfile", "Dockerfile")))
+        check(f"{where}: builds from the repository root", ctx == os.path.normpath(src), f"context is {ctx}")
+        check(f"{where}: Dockerfile exists", os.path.exists(dockerfile), f"{dockerfile} missing")
+        images[s.get("image", "")] = os.path.relpath(dockerfile, src)
+        df = Dockerfile(dockerfile) if os.path.exists(dockerfile) else None
+        entry = df.exec_form("ENTRYPOINT")[1:] if df else []
+        flags, problems = expand_flags(entry + s.get("command", []), {}, where)
+        unknown = server.unknown(flags)
+        check(f"{where}: flags exist in tost_server --helpfull", not unknown and not problems,
+              f"unknown: {unknown} {problems}")
+        ok, detail = server.accepts(flags)
+        check(f"{where}: tost_server accepts its flags", ok, detail)
+        eff = effective(flags)
+        grace = int(str(s.get("stop_grace_period", "10s")).rstrip("s"))
+        drain = int(eff.get("drain_timeout_s", 30))
+        check(f"{where}: stop_grace_period exceeds --drain_timeout_s + 1 s", grace > drain + 1,
+              f"expected more than {drain + 1}s, got {grace}s")
+        key = eff.get("session_key_file", "")
+        check(f"{where}: --session_key_file is one of its secrets",
+              key.startswith("/run/secrets/") and key.rsplit("/", 1)[-1] in s.get("secrets", []),
+              f"--session_key_file={key}, secrets {s.get('secrets')}")
+        check(f"{where}: read-only root filesystem with a tmpfs /tmp",
+              s.get("read_only") is True and "/tmp" in s.get("tmpfs", []), f"read_only={s.get('read_only')} "
+              f"tmpfs={s.get('tmpfs')}")
+        check(f"{where}: drops all capabilities", "ALL" in s.get("cap_drop", []), f"cap_drop={s.get('cap_drop')}")
+        ports = {p.split(":")[-1] for p in s.get("ports", [])}
+        check(f"{where}: publishes --port and --metrics_port", {eff.get("port"), eff.get("metrics_port")} <= ports,
+              f"expected container ports {eff.get('port')} and {eff.get('metrics_port')}, got {sorted(ports)}")
+        if "gpu" in s.get("profiles", []):
+            devs = s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+            check(f"{where}: reserves an NVIDIA GPU",
+                  any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devs),
+                  f"deploy.resources.reservations.devices is {devs}")
+            check(f"{where}: built from the CUDA Dockerfile", dockerfile.endswith(".cuda"), dockerfile)
+            check(f"{where}: --device asks for CUDA", eff.get("device", "").startswith("cuda")
+                  or eff.get("device") == "auto", f"--device={eff.get('device')}")
+    for name, s in services.items():
+        for v in s.get("volumes", []):
+            host = v.split(":")[0] if isinstance(v, str) else v.get("source", "")
+            if host.startswith("."):
+                check(f"docker-compose.yml service {name}: volume {host} exists",
+                      os.path.exists(os.path.join(src, host)), f"{os.path.join(src, host)} missing")
+    for name, sec in doc.get("secrets", {}).items():
+        f = sec.get("file", "")
+        check(f"docker-compose.yml secret {name} is read from deploy/", f.startswith("./deploy/"), f"file: {f}")
+    prom = yaml.safe_load(open(os.path.join(src, "deploy", "prometheus", "prometheus.yml")))
+    names = set()
+    for job in prom.get("scrape_configs", []):
+        for sd in job.get("dns_sd_configs", []):
+            names |= set(sd.get("names", []))
+        for sc in job.get("static_configs", []):
+            names |= {t.split(":")[0] for t in sc.get("targets", [])}
+    check("deploy/prometheus/prometheus.yml scrapes every compose server", set(servers) <= names,
+          f"expected {sorted(servers)}, scrapes {sorted(names)}")
+    return images
+
+
+# --------------------------------------------------------------------------------------------
+# Kubernetes
+
+def kustomizations(k8s):
+    out = []
+    for root, _, files in os.walk(k8s):
+        for f in files:
+            if f in ("kustomization.yaml", "kustomization.yml"):
+                doc = yaml.safe_load(open(os.path.join(root, f)))
+                out.append((os.path.relpath(root, k8s), doc.get("kind", "Kustomization"), doc))
+    return sorted(out)
+
+
+def generator_inputs(k8s):
+    """(directory, file) of every secretGenerator input of every kustomization and component."""
+    out = []
+    for rel, _, doc in kustomizations(k8s):
+        for gen in doc.get("secretGenerator", []):
+            for f in gen.get("files", []):
+                out.append((rel, f.split("=", 1)[-1]))
+    return out
+
+
+def fill_secret_inputs(k8s, work):
+    cert, key = tls_pair(work)
+    for rel, f in generator_inputs(k8s):
+        dst = os.path.join(k8s, rel, f)
+        if f.endswith(".crt") or f.endswith(".pem"):
+            shutil.copy(cert, dst)
+        elif f.endswith(".key") and "tls" in f:
+            shutil.copy(key, dst)
+        else:
+            with open(dst, "wb") as fh:
+                fh.write(secrets.token_bytes(32))
+
+
+def render_variants(src, work, only_variants=None):
+    """Renders every kustomization, and every overlay with every component: {variant: objects}."""
+    k8s = os.path.join(work, "k8s")
+    shutil.copytree(os.path.join(src, "deploy", "k8s"), k8s)
+    fill_secret_inputs(k8s, work)
+    found = kustomizations(k8s)
+    variants = [rel for rel, kind, _ in found if kind == "Kustomization"]
+    components = [rel for rel, kind, _ in found if kind == "Component"]
+    for o in [v for v in variants if v.startswith("overlays" + os.sep)]:
+        for c in components:
+            d = os.path.join(k8s, "variants", f"{os.path.basename(o)}+{os.path.basename(c)}")
+            os.makedirs(d)
+            with open(os.path.join(d, "kustomization.yaml"), "w") as fh:
+                yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                                "resources": [f"../../{o}"], "components": [f"../../{c}"]}, fh)
+            variants.append(os.path.relpath(d, k8s))
+    check("deploy/k8s has a base and the overlays cpu and gpu",
+          {"base", os.path.join("overlays", "cpu"), os.path.join("overlays", "gpu")} <= set(variants),
+          f"kustomizations: {variants}")
+    out = {}
+    for v in variants:
+        if only_variants and v not in only_variants:
+            continue
+        r = run(["kubectl", "kustomize", os.path.join(k8s, v)])
+        if check(f"deploy/k8s/{v} renders with kubectl kustomize", r.returncode == 0, r.stderr.strip()):
+            out[v] = [d for d in yaml.safe_load_all(r.stdout) if d]
+    return out
+
+
+def validate_objects(src, venv, variant, objs, work):
+    d = os.path.join(work, "objects", variant.replace(os.sep, "_"))
+    os.makedirs(d)
+    builtin, custom = [], []
+    for i, o in enumerate(objs):
+        key = (o.get("apiVersion"), o.get("kind"))
+        path = os.path.join(d, f"{i:02d}-{o['kind']}-{o['metadata']['name']}.yaml")
+        with open(path, "w") as fh:
+            yaml.safe_dump(o, fh)
+        (custom if "." in key[0].split("/")[0] and "k8s.io" not in key[0] else builtin).append((o, path))
+    kv = os.path.join(venv, "bin", "kubernetes-validate")
+    r = run([kv, "--strict", "-k", K8S_VERSION] + [p for _, p in builtin])
+    lines = (r.stdout + r.stderr).splitlines()
+    for o, p in builtin:
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        mine = [ln for ln in lines if f" {p} " in ln]
+        ok = any(" passed " in ln for ln in mine) and not any(ln.startswith(("ERROR", "WARN")) for ln in mine)
+        check(f"deploy/k8s/{variant}: {name} validates against Kubernetes {K8S_VERSION} (strict)", ok,
+              "; ".join(ln.split(f" {p} ", 1)[-1] for ln in mine) or "no result from kubernetes-validate")
+    cj = os.path.join(venv, "bin", "check-jsonschema")
+    for o, p in custom:
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        schema = CRD_SCHEMAS.get((o["apiVersion"], o["kind"]))
+        if not check(f"deploy/k8s/{variant}: {name} has a CRD schema in deploy/schemas", schema is not None,
+                     f"no schema for {o['apiVersion']} {o['kind']}; known: {sorted(CRD_SCHEMAS)}"):
+            continue
+        r = run([cj, "--schemafile", os.path.join(src, schema), p])
+        check(f"deploy/k8s/{variant}: {name} validates against {schema}", r.returncode == 0,
+              (r.stdout + r.stderr).strip().replace("\n", " "))
+
+
+def selects(selector, labels):
+    ml = (selector or {}).get("matchLabels", selector or {})
+    return bool(ml) and all(labels.get(k) == v for k, v in ml.items())
+
+
+def adapter_metrics(src):
+    path = os.path.join(src, "deploy", "prometheus", "adapter-rules.yml")
+    if not os.path.exists(path):
+        return {}, path
+    out = {}
+    for rule in yaml.safe_load(open(path)).get("rules", []):
+        name = rule.get("name", {}).get("as") or re.match(r"\w+", rule.get("seriesQuery", "")).group(0)
+        out[name] = rule
+    return out, path
+
+
+def service_metric_names(src):
+    names = set()
+    for root, _, files in os.walk(os.path.join(src, "service")):
+        for f in files:
+            if f.endswith((".cc", ".h")):
+                names |= set(re.findall(r'"(tost_[a-z_]+)"', open(os.path.join(root, f), errors="replace").read()))
+    return names
+
+
+def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images):
+    where = f"deploy/k8s/{variant}"
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    one = lambda kind: (by_kind.get(kind) or [None])[0]  # noqa: E731
+    for kind in ("Namespace", "Deployment", "ConfigMap", "Secret", "Service", "NetworkPolicy", "ServiceMonitor",
+                 "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+        check(f"{where}: renders a {kind}", kind in by_kind, f"kinds rendered: {sorted(by_kind)}")
+    dep = one("Deployment")
+    if dep is None:
+        return
+    ns = one("Namespace")["metadata"]["name"] if one("Namespace") else None
+    stray = [f"{o['kind']}/{o['metadata']['name']}" for o in objs
+             if o["kind"] != "Namespace" and o["metadata"].get("namespace") != ns]
+    check(f"{where}: every object is in namespace {ns}", not stray, f"outside it: {stray}")
+    pod = dep["spec"]["template"]["spec"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    c = pod["containers"][0]
+    dname = f"{where} Deployment/{dep['metadata']['name']} container {c['name']}"
+    check(f"{where}: Deployment selector matches its pod labels", selects(dep["spec"]["selector"], labels),
+          f"selector {dep['spec']['selector']} vs labels {labels}")
+
+    # The image, and the Dockerfile it is built from (compose's image -> Dockerfile).
+    image = c["image"]
+    dockerfile = compose_images.get(image)
+    check(f"{dname}: image {image} is one docker-compose.yml builds", dockerfile is not None,
+          f"expected one of {sorted(compose_images)}")
+    df = dockerfiles.get(dockerfile)
+    entry = df.exec_form("ENTRYPOINT") if df else ["tost_server"]
+
+    # Files the container sees: ConfigMap and Secret volumes.
+    cms = {o["metadata"]["name"]: o.get("data", {}) for o in by_kind.get("ConfigMap", [])}
+    sec = {o["metadata"]["name"]: o for o in by_kind.get("Secret", [])}
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    files, secret_mounts = {}, {}
+    for m in c.get("volumeMounts", []):
+        v = vols.get(m["name"])
+        if not check(f"{dname}: volumeMount {m['name']} has a volume", v is not None, f"volumes: {sorted(vols)}"):
+            continue
+        if "configMap" in v:
+            name = v["configMap"]["name"]
+            if check(f"{dname}: ConfigMap {name} of volume {m['name']} is rendered", name in cms,
+                     f"ConfigMaps: {sorted(cms)}"):
+                for k, text in cms[name].items():
+                    files[f"{m['mountPath']}/{k}"] = text
+        if "secret" in v:
+            name = v["secret"]["secretName"]
+            if check(f"{dname}: Secret {name} of volume {m['name']} is rendered", name in sec,
+                     f"Secrets: {sorted(sec)}"):
+                keys = set(sec[name].get("data", {}))
+                items = v["secret"].get("items")
+                paths = {i["path"]: i["key"] for i in items} if items else {k: k for k in keys}
+                for p, k in paths.items():
+                    check(f"{dname}: Secret {name} has key {k}", k in keys, f"keys: {sorted(keys)}")
+                    secret_mounts[f"{m['mountPath']}/{p}"] = name
+
+    flags, problems = expand_flags(entry[1:] + c.get("args", []), files, f"{dname} args")
+    check(f"{dname}: --flagfile files are mounted and hold flags", not problems, "; ".join(problems))
+    unknown = server.unknown(flags)
+    check(f"{dname}: flags (ENTRYPOINT, args and flag files) exist in tost_server --helpfull", not unknown,
+          f"unknown: {unknown} (from {sorted({w for n, _, w in flags if n in unknown})})")
+    if not unknown and not problems:
+        ok, detail = server.accepts(flags)
+        check(f"{dname}: tost_server accepts the flags", ok, detail)
+    eff = effective(flags)
+    check(f"{dname}: --session_key_file is a mounted Secret key", eff.get("session_key_file") in secret_mounts,
+          f"--session_key_file={eff.get('session_key_file')}, Secret files: {sorted(secret_mounts)}")
+    tls = bool(eff.get("tls_cert_file"))
+    for f in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        if eff.get(f):
+            check(f"{dname}: --{f} is a mounted Secret key", eff[f] in secret_mounts,
+                  f"--{f}={eff[f]}, Secret files: {sorted(secret_mounts)}")
+
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    check(f"{dname}: grpc containerPort is --port", str(ports.get("grpc")) == eff.get("port"),
+          f"expected {eff.get('port')}, got {ports.get('grpc')}")
+    check(f"{dname}: metrics containerPort is --metrics_port", str(ports.get("metrics")) == eff.get("metrics_port"),
+          f"expected {eff.get('metrics_port')}, got {ports.get('metrics')}")
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        p = c.get(probe, {})
+        if tls:
+            cmd = p.get("exec", {}).get("command", [])
+            ca = next((a.split("=", 1)[1] for a in cmd if a.startswith("--tls_ca=")), None)
+            check(f"{dname}: {probe} runs grpc.health.v1 over TLS (the kubelet's gRPC probe is plaintext)",
+                  "grpc" not in p and cmd[:1] == ["tost_health_check"]
+                  and f"--address=127.0.0.1:{ports.get('grpc')}" in cmd and ca in secret_mounts,
+                  f"expected exec tost_health_check --address=127.0.0.1:{ports.get('grpc')} --tls_ca=<mounted CA>, "
+                  f"got {p}")
+        else:
+            check(f"{dname}: {probe} is a grpc.health.v1 probe on the gRPC port",
+                  p.get("grpc", {}).get("port") == ports.get("grpc"),
+                  f"expected grpc.port {ports.get('grpc')}, got {p}")
+
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    pre = c.get("lifecycle", {}).get("preStop", {})
+    pre_s = pre.get("sleep", {}).get("seconds", 0)
+    drain = int(eff.get("drain_timeout_s", 30))
+    check(f"{where}: terminationGracePeriodSeconds exceeds preStop + --drain_timeout_s + 1 s",
+          grace > pre_s + drain + 1, f"expected more than {pre_s} + {drain} + 1 = {pre_s + drain + 1}, got {grace}")
+
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    want_uid = (df.final("USER") or ["?"])[-1].split(":")[0] if df else "?"
+    check(f"{where}: pod runs as non-root uid {want_uid} (the image's USER)",
+          psc.get("runAsNonRoot") is True and str(psc.get("runAsUser")) == want_uid,
+          f"runAsNonRoot={psc.get('runAsNonRoot')} runAsUser={psc.get('runAsUser')}")
+    check(f"{where}: pod seccompProfile is RuntimeDefault",
+          psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"got {psc.get('seccompProfile')}")
+    check(f"{dname}: read-only root filesystem, no privilege escalation, all capabilities dropped",
+          csc.get("readOnlyRootFilesystem") is True and csc.get("allowPrivilegeEscalation") is False
+          and "ALL" in csc.get("capabilities", {}).get("drop", []), f"securityContext {csc}")
+    tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+    check(f"{dname}: writable emptyDir at /tmp", bool(tmp) and "emptyDir" in vols.get(tmp[0]["name"], {}),
+          f"mounts: {[m['mountPath'] for m in c.get('volumeMounts', [])]}")
+
+    gpu = "gpu" in variant.split(os.sep)[-1].split("+")[0]
+    limits = c.get("resources", {}).get("limits", {})
+    if gpu:
+        check(f"{dname}: requests an nvidia.com/gpu", int(limits.get("nvidia.com/gpu", 0)) >= 1, f"limits {limits}")
+        check(f"{where}: tolerates the nvidia.com/gpu taint",
+              any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), f"{pod.get('tolerations')}")
+        check(f"{where}: selects GPU nodes", bool(pod.get("nodeSelector")), f"nodeSelector {pod.get('nodeSelector')}")
+        check(f"{dname}: --device=cuda", eff.get("device", "").startswith("cuda"), f"--device={eff.get('device')}")
+        check(f"{dname}: --dtype=bf16", eff.get("dtype") == "bf16", f"--dtype={eff.get('dtype')}")
+        check(f"{dname}: the CUDA image", (dockerfile or "").endswith(".cuda"), f"{image} builds from {dockerfile}")
+    elif variant.startswith("overlays") or variant.startswith("variants"):
+        check(f"{dname}: --device=cpu", eff.get("device") == "cpu", f"--device={eff.get('device')}")
+        check(f"{dname}: no GPU requested", "nvidia.com/gpu" not in limits, f"limits {limits}")
+        check(f"{dname}: the CPU image", dockerfile == os.path.join("deploy", "docker", "Dockerfile"),
+              f"{image} builds from {dockerfile}")
+
+    svcs = by_kind.get("Service", [])
+    headless = [s for s in svcs if s["spec"].get("clusterIP") == "None"]
+    cluster = [s for s in svcs if s["spec"].get("clusterIP") != "None"]
+    check(f"{where}: a headless Service and a ClusterIP Service", len(headless) == 1 and len(cluster) == 1,
+          f"headless {[s['metadata']['name'] for s in headless]}, ClusterIP {[s['metadata']['name'] for s in cluster]}")
+    for s in svcs:
+        n = f"{where} Service/{s['metadata']['name']}"
+        check(f"{n}: selects the pods", selects(s["spec"]["selector"], labels), f"{s['spec']['selector']} vs {labels}")
+        for p in s["spec"]["ports"]:
+            check(f"{n}: port {p['name']} targets a container port", p["targetPort"] in ports
+                  or p["targetPort"] in ports.values(), f"targetPort {p['targetPort']}, container ports {ports}")
+        check(f"{n}: serves gRPC", any(p["targetPort"] in ("grpc", ports.get("grpc")) for p in s["spec"]["ports"]),
+              f"ports {s['spec']['ports']}")
+
+    sm = one("ServiceMonitor")
+    if sm:
+        chosen = [s for s in svcs if selects(sm["spec"]["selector"], s["metadata"].get("labels", {}))]
+        check(f"{where} ServiceMonitor/{sm['metadata']['name']}: selects exactly one Service", len(chosen) == 1,
+              f"selector {sm['spec']['selector']} matches {[s['metadata']['name'] for s in chosen]}")
+        for ep in sm["spec"].get("endpoints", []):
+            check(f"{where} ServiceMonitor/{sm['metadata']['name']}: endpoint port {ep.get('port')} is a Service port "
+                  "on the metrics container port",
+                  any(p["name"] == ep.get("port") and p["targetPort"] in ("metrics", ports.get("metrics"))
+                      for s in chosen for p in s["spec"]["ports"]),
+                  f"Services {[s['metadata']['name'] for s in chosen]}")
+
+    np = one("NetworkPolicy")
+    if np:
+        n = f"{where} NetworkPolicy/{np['metadata']['name']}"
+        check(f"{n}: selects the pods", selects(np["spec"]["podSelector"], labels), f"{np['spec']['podSelector']}")
+        allowed = {p.get("port") for rule in np["spec"].get("ingress", []) for p in rule.get("ports", [])}
+        for name in ("grpc", "metrics"):
+            check(f"{n}: admits the {name} port", name in allowed or ports.get(name) in allowed,
+                  f"ingress ports {sorted(map(str, allowed))}")
+
+    pdb = one("PodDisruptionBudget")
+    hpa = one("HorizontalPodAutoscaler")
+    if pdb:
+        check(f"{where} PodDisruptionBudget: selects the pods", selects(pdb["spec"]["selector"], labels),
+              f"{pdb['spec']['selector']}")
+    if hpa:
+        n = f"{where} HorizontalPodAutoscaler/{hpa['metadata']['name']}"
+        ref = hpa["spec"]["scaleTargetRef"]
+        check(f"{n}: scales the Deployment", ref["kind"] == "Deployment" and ref["name"] == dep["metadata"]["name"],
+              f"scaleTargetRef {ref}")
+        check(f"{n}: at least 2 replicas", hpa["spec"].get("minReplicas", 1) >= 2,
+              f"minReplicas {hpa['spec'].get('minReplicas')}")
+        if pdb and "minAvailable" in pdb["spec"]:
+            check(f"{where}: PodDisruptionBudget minAvailable is below the HPA's minReplicas",
+                  int(pdb["spec"]["minAvailable"]) < hpa["spec"].get("minReplicas", 1),
+                  f"minAvailable {pdb['spec']['minAvailable']}, minReplicas {hpa['spec'].get('minReplicas')}")
+        metrics = hpa["spec"].get("metrics", [])
+        custom = [m["pods"]["metric"]["name"] for m in metrics if m["type"] == "Pods"]
+        rules, rules_path = adapter_metrics(src)
+        check(f"{n}: scales on a serving signal (a Pods metric)", bool(custom), f"metrics {metrics}")
+        real = service_metric_names(src)
+        for name in custom:
+            rule = rules.get(name)
+            if check(f"{n}: Pods metric {name} is defined in {os.path.relpath(rules_path, src)}", rule is not None,
+                     f"adapter rules define {sorted(rules)}"):
+                used = set(re.findall(r"\btost_[a-z_]+", rule.get("seriesQuery", "") + rule.get("metricsQuery", "")))
+                check(f"{n}: the adapter rule for {name} reads real tost_server metrics", used and used <= real,
+                      f"not exported by service/: {sorted(used - real)}")
+        check(f"{n}: CPU utilisation is the fallback metric",
+              any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics), f"metrics {metrics}")
+
+
+# --------------------------------------------------------------------------------------------
+# static and README
+
+def git_tracked(src):
+    r = run(["git", "-C", src, "ls-files", "--", "deploy", "docker-compose.yml"])
+    return r.stdout.split() if r.returncode == 0 else None
+
+
+def secret_inputs(src):
+    """Files secrets are made from, which each deployment creates: kustomize secretGenerator inputs
+    and compose secret files (relative to SOURCE_DIR)."""
+    out = {os.path.normpath(os.path.join("deploy", "k8s", d, f))
+           for d, f in generator_inputs(os.path.join(src, "deploy", "k8s"))}
+    compose = yaml.safe_load(open(os.path.join(src, "docker-compose.yml"))) or {}
+    out |= {os.path.normpath(s["file"]) for s in compose.get("secrets", {}).values() if "file" in s}
+    return out
+
+
+def check_static(src, venv):
+    paths = [os.path.join(src, "docker-compose.yml")]
+    for root, _, files in os.walk(os.path.join(src, "deploy")):
+        paths += [os.path.join(root, f) for f in files if f.endswith((".yml", ".yaml"))]
+    for p in sorted(paths):
+        try:
+            list(yaml.safe_load_all(open(p)))
+            check(f"{os.path.relpath(p, src)} parses", True)
+        except (yaml.YAMLError, OSError) as e:
+            check(f"{os.path.relpath(p, src)} parses", False, str(e).replace("\n", " "))
+    conf = os.path.join(src, ".yamllint")
+    r = run([os.path.join(venv, "bin", "yamllint"), "--strict", "-f", "parsable", "-c", conf,
+             os.path.join(src, "docker-compose.yml"), os.path.join(src, "deploy")])
+    check("yamllint (.yamllint) passes on docker-compose.yml and deploy/", r.returncode == 0,
+          " | ".join(ln.replace(src + "/", "") for ln in r.stdout.splitlines()))
+    # Secrets: none committed, none written as a Secret object, every generator input ignored by git.
+    for root, _, files in os.walk(os.path.join(src, "deploy")):
         for f in files:
             if f.endswith((".yml", ".yaml")):
-                path = os.path.join(root, f)
+                p = os.path.join(root, f)
                 try:
-                    docs[os.path.relpath(path, deploy)] = list(yaml.safe_load_all(open(path)))
-                    check(f"{os.path.relpath(path, src)} parses", True)
-                except yaml.YAMLError as e:
-                    check(f"{os.path.relpath(path, src)} parses", False, str(e))
+                    kinds = [d.get("kind") for d in yaml.safe_load_all(open(p)) if isinstance(d, dict)]
+                except yaml.YAMLError:
+                    continue
+                check(f"{os.path.relpath(p, src)} holds no Secret object (secrets are generated)",
+                      "Secret" not in kinds, "found kind: Secret")
+    tracked = git_tracked(src)
+    if tracked is None:
+        print("NOTE git checks skipped: SOURCE_DIR is not a git work tree")
+        return
+    leaked = [t for t in tracked if re.search(r"(\.key|\.pem|\.crt|\.p12)$", t)]
+    check("no key or certificate is committed under deploy/", not leaked, f"tracked: {leaked}")
+    for f in sorted(secret_inputs(src)):
+        ignored = run(["git", "-C", src, "check-ignore", "-q", "--no-index", f]).returncode == 0
+        check(f"secret input {f} is ignored by git", ignored and f not in tracked,
+              "expected a .gitignore entry for it" if not ignored else "it is tracked")
+    stale = run(["git", "-C", src, "grep", "-n", "-I", "deploy/docker-compose.yml", "--", "README.md", "docs",
+                 "tests", "deploy", ":!tests/deploy/check_manifests.py"])
+    check("nothing refers to deploy/docker-compose.yml (moved to the root)", stale.stdout.strip() == "",
+          stale.stdout.strip().replace("\n", " | "))
+    old_layout = r"deploy/k8s(/(deployment|service|hpa|pdb|namespace)\.yaml|[ `)]|$)"
+    stale = run(["git", "-C", src, "grep", "-n", "-I", "-E", old_layout, "--", "README.md", "docs", "tests", "deploy",
+                 ":!tests/deploy/check_manifests.py"])
+    check("nothing applies deploy/k8s itself (a base and overlays now)", stale.stdout.strip() == "",
+          stale.stdout.strip().replace("\n", " | "))
 
-    kust = docs["k8s/kustomization.yaml"][0]
-    for r in kust["resources"]:
-        check(f"kustomization resource {r} exists", os.path.exists(os.path.join(deploy, "k8s", r)))
 
-    dep = docs["k8s/deployment.yaml"][0]
-    pod = dep["spec"]["template"]["spec"]
-    c = pod["containers"][0]
-    f = flags_of(c["args"])
-    unknown = sorted(set(f) - known)
-    check("deployment args are real tost_server flags", not unknown, f"unknown: {unknown}")
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    check("grpc containerPort matches --port", str(ports.get("grpc")) == f.get("port"), f"{ports} vs {f.get('port')}")
-    check("metrics containerPort matches --metrics_port", str(ports.get("metrics")) == f.get("metrics_port"))
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        check(f"{probe} uses grpc.health.v1 on the gRPC port", c[probe].get("grpc", {}).get("port") == ports["grpc"])
-    drain = int(f.get("drain_timeout_s", 30))
-    check("terminationGracePeriodSeconds exceeds --drain_timeout_s", pod["terminationGracePeriodSeconds"] > drain,
-          f"{pod['terminationGracePeriodSeconds']} <= {drain}")
-    mount = c["volumeMounts"][0]["mountPath"]
-    check("session key file lives on the secret mount", f.get("session_key_file", "").startswith(mount + "/"))
-    ann = dep["spec"]["template"]["metadata"]["annotations"]
-    check("prometheus scrape annotation names the metrics port", ann["prometheus.io/port"] == str(ports["metrics"]))
-    check("selector matches pod labels",
-          dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items())
+def check_readme(src):
+    text = open(os.path.join(src, "README.md")).read()
+    m = re.search(r"^## Deploying\n(.*?)(?=^## )", text, re.M | re.S)
+    if not check("README has a '## Deploying' section", m is not None, "no '## Deploying' heading"):
+        return
+    sec = m.group(1)
+    for needle in ("docker compose up", "--profile gpu", "kubectl apply -k deploy/k8s/overlays/cpu",
+                   "deploy/k8s/overlays/gpu", "round_robin", "dns:///", "--max_connection_age_ms",
+                   "### Streams that survive the loss of a replica", "tests/integration/test_failover.py",
+                   "statically"):
+        check(f"README Deploying mentions {needle}", needle in sec, f"'{needle}' not in the section")
+    path_re = r"(?<![\w/])((?:deploy|tests|scripts)/[A-Za-z0-9_./+-]*[A-Za-z0-9_]|docker-compose\.yml)"
+    for p in sorted(set(re.findall(path_re, sec))):
+        if p == "tests/integration/test_failover.py":
+            continue  # written by the failover work
+        check(f"README Deploying: {p} exists", os.path.exists(os.path.join(src, p)) or p in secret_inputs(src),
+              f"{os.path.join(src, p)} does not exist (and is not a secret input each deployment creates)")
 
-    svc = docs["k8s/service.yaml"][0]
-    for p in svc["spec"]["ports"]:
-        check(f"service port {p['name']} targets a named container port", p["targetPort"] in ports)
-    hpa = docs["k8s/hpa.yaml"][0]
-    check("hpa targets the deployment", hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"])
 
-    compose = docs["docker-compose.yml"][0]["services"]["tost-serve"]
-    cf = flags_of(compose["command"])
-    check("compose flags are real tost_server flags", not (set(cf) - known), str(sorted(set(cf) - known)))
-    grace = int(compose["stop_grace_period"].rstrip("s"))
-    check("compose stop_grace_period exceeds --drain_timeout_s", grace > int(cf.get("drain_timeout_s", 30)))
+# --------------------------------------------------------------------------------------------
 
-    dockerfile = open(os.path.join(deploy, "docker", "Dockerfile")).read()
-    entry = flags_of(re.findall(r'"(--[^"]+)"', dockerfile.split("ENTRYPOINT", 1)[1]))
-    check("Dockerfile ENTRYPOINT flags are real", not (set(entry) - known), str(sorted(set(entry) - known)))
-    exposed = set(re.findall(r"^EXPOSE (.*)$", dockerfile, re.M)[0].split())
-    check("Dockerfile exposes the gRPC and metrics ports", {entry.get("port"), entry.get("metrics_port")} <= exposed)
+def run_checks(src, server_bin, venv, only, only_variants=None):
+    work = tempfile.mkdtemp(prefix="tost-deploy-check-")
+    try:
+        server = Server(server_bin, work)
+        check("tost_server --helpfull lists its flags", {"port", "model_repository", "flagfile"} <= server.known,
+              f"{len(server.known)} flags found")
+        compose_images = {}
+        if "static" in only:
+            check_static(src, venv)
+        if {"compose", "images", "k8s"} & set(only):
+            compose_images = check_compose(src, server, venv) if "compose" in only else quiet_compose_images(src)
+        dockerfiles = {}
+        if {"images", "k8s"} & set(only):
+            dockerfiles = check_images(src, server, compose_images) if "images" in only else {
+                os.path.relpath(p, src): Dockerfile(p)
+                for p in glob.glob(os.path.join(src, "deploy", "docker", "Dockerfile*"))}
+        if "k8s" in only:
+            rendered = render_variants(src, work, only_variants)
+            for variant, objs in rendered.items():
+                validate_objects(src, venv, variant, objs, work)
+                check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
+        if "readme" in only:
+            check_readme(src)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{check.passed} passed, {check.failed} failed")
+    return 1 if check.failed else 0
 
-    passed, failed = sum(results), len(results) - sum(results)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+
+def quiet_compose_images(src):
+    doc = yaml.safe_load(open(os.path.join(src, "docker-compose.yml")))
+    return {s.get("image", ""): os.path.normpath(os.path.join(s["build"].get("context", "."),
+                                                              s["build"].get("dockerfile", "Dockerfile")))
+            for s in doc.get("services", {}).values() if "build" in s}
+
+
+# Each: (what it breaks, section[:kustomization], file, old text, new text, a text the FAIL line must
+# contain). Only the section (and kustomization) concerned is checked, to keep the self-test short.
+MUTATIONS = [
+    ("unknown flag in the gpu overlay's flag file", "k8s:overlays/gpu", "deploy/k8s/overlays/gpu/device.flags",
+     "--dtype=bf16", "--dtype=bf16\n--no_such_flag=1", "unknown: ['no_such_flag']"),
+    ("bad --device value in the cpu overlay", "k8s:overlays/cpu", "deploy/k8s/overlays/cpu/device.flags",
+     "--device=cpu", "--device=gpu", "tost_server accepts the flags"),
+    ("grace period shorter than the drain", "k8s:overlays/cpu", "deploy/k8s/base/deployment.yaml",
+     "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 30", "terminationGracePeriodSeconds exceeds"),
+    ("unknown Deployment field", "k8s:overlays/gpu", "deploy/k8s/base/deployment.yaml",
+     "automountServiceAccountToken: false", "automountServiceAccountTokens: false",
+     "'automountServiceAccountTokens' was unexpected"),
+    ("unknown ServiceMonitor endpoint field", "k8s:base", "deploy/k8s/base/servicemonitor.yaml",
+     "scrapeTimeout: 4s", "scrapeTimeoutt: 4s", "servicemonitor-monitoring.coreos.com-v1.json"),
+    ("unknown compose service key", "compose", "docker-compose.yml",
+     "    image: tost-serve:0.1.0\n", "    image: tost-serve:0.1.0\n    restart_policy: always\n",
+     "validates against the compose specification"),
+    ("unknown flag in compose", "compose", "docker-compose.yml",
+     "--drain_timeout_s=20\n      - --batch_invariant_decode=true\n    ports: [\"8500",
+     "--drain_timeout_s=20\n      - --batch_invariant_decoding=true\n    ports: [\"8500",
+     "unknown: ['batch_invariant_decoding']"),
+    ("COPY of a missing file", "images", "deploy/docker/Dockerfile",
+     "COPY models /models", "COPY modelz /models", "COPY source modelz exists"),
+    ("install-deps.sh input not copied first", "images", "deploy/docker/Dockerfile.cuda",
+     "COPY requirements.txt requirements-deploy.txt ./", "COPY requirements.txt ./",
+     "requirements-deploy.txt is copied before install-deps.sh"),
+    ("lint error", "static", "deploy/k8s/base/pdb.yaml", "maxUnavailable: 1", "maxUnavailable: 1   ", "yamllint"),
+]
+
+
+def self_test(src, server_bin, venv):
+    tree = tempfile.mkdtemp(prefix="tost-deploy-selftest-")
+    failures = 0
+    try:
+        def ignore(d, names):
+            return [n for n in names if d == src and (n.startswith("build") or n == ".git")]
+        shutil.copytree(src, os.path.join(tree, "src"), ignore=ignore, symlinks=True)
+        copy = os.path.join(tree, "src")
+        # The unmodified tree passing is deploy_manifests' own test; here each break must be caught by
+        # the check that names it (the expected text), not by an unrelated failure.
+        for what, section, rel, old, new, expect in MUTATIONS:
+            path = os.path.join(copy, rel)
+            original = open(path).read()
+            if old not in original:
+                print(f"FAIL self-test: {what}: '{old}' not found in {rel} (update the mutation)")
+                failures += 1
+                continue
+            with open(path, "w") as f:
+                f.write(original.replace(old, new, 1))
+            section, _, variant = section.partition(":")
+            r = run([sys.executable, __file__, copy, server_bin, "--venv", venv, "--only", section]
+                    + (["--variants", variant] if variant else []))
+            fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+            caught = r.returncode == 1 and any(expect in ln for ln in fails)
+            print(f"{'PASS' if caught else 'FAIL'} self-test: {what} ({rel}) is caught"
+                  + ("" if caught else f": expected exit 1 and a FAIL line containing '{expect}', got exit "
+                     f"{r.returncode} and {fails or 'no FAIL line'}"))
+            failures += not caught
+            with open(path, "w") as f:
+                f.write(original)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    total = len(MUTATIONS)
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source_dir")
+    p.add_argument("tost_server")
+    p.add_argument("--venv", default="", help="the deploy validators' venv (TOST_DEPLOY_VENV in build/deps.env)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--variants", nargs="+", help="render only these kustomizations (e.g. overlays/cpu)")
+    p.add_argument("--self-test", action="store_true")
+    a = p.parse_args()
+    tools = ["kubernetes-validate", "check-jsonschema", "yamllint"]
+    if not a.venv or not all(os.path.exists(os.path.join(a.venv, "bin", t)) for t in tools):
+        print(f"SKIP: the deploy validators' venv '{a.venv}' is missing {tools}: run scripts/install-deps.sh and "
+              "reconfigure (make configure passes TOST_DEPLOY_VENV)")
+        return SKIP
+    if shutil.which("kubectl") is None:
+        print("FAIL kubectl not found: the offline `kubectl kustomize` renders the overlays")
+        return 1
+    src = os.path.abspath(a.source_dir)
+    if a.self_test:
+        return self_test(src, os.path.abspath(a.tost_server), a.venv)
+    return run_checks(src, os.path.abspath(a.tost_server), a.venv, a.only, a.variants)
 
 
 if __name__ == "__main__":
