@@ -37,6 +37,9 @@ struct Placement {
   bool cuda = false;
   int index = 0;
   ComputeDtype dtype = ComputeDtype::kFloat32;
+  // CUDA only: decode steps replayed from CUDA graphs captured per batch bucket (--cuda_graphs);
+  // off, they run eagerly at the same padded shapes (decode_buckets.h).
+  bool decode_graphs = true;
 
   std::string DeviceString() const;  // "cpu" or "cuda:N"
 };

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
+#include "model/decode_buckets.h"
+#include "model/decode_graphs.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
 #include "model/torch_boundary.h"
@@ -44,6 +48,7 @@ struct Block {
 struct LanguageModel::Impl {
   ModelConfig config;
   at::Device device = at::kCPU;
+  bool decode_graphs = false;         // CUDA: replay decode steps from CUDA graphs (Placement)
   at::ScalarType dtype = at::kFloat;  // weights and activations; statistics are float32
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
@@ -71,13 +76,14 @@ struct LanguageModel::Impl {
     return ln_f(x);
   }
 
-  // x: [B,C] at `positions` [B]; states[l] [B,W] updated in place.
-  at::Tensor StepHidden(at::Tensor x, const at::Tensor& positions,
-                        std::vector<at::Tensor>& states) const {
+  // x: [B,C] at `positions` [B]; states[l] [B,W] updated in place, or with `rows` [B], states[l]
+  // is a pool [P,W] whose rows[b] is sequence b's (updated in place, the other rows untouched).
+  at::Tensor StepHidden(at::Tensor x, const at::Tensor& positions, std::vector<at::Tensor>& states,
+                        const std::optional<at::Tensor>& rows = std::nullopt) const {
     for (size_t l = 0; l < blocks.size(); ++l) {
       const Block& b = blocks[l];
       const at::Tensor w = b.c_attn(b.ln1(x));
-      const at::Tensor y = kernels::tssa_step(w, b.temp, b.denom_bias, positions, states[l]);
+      const at::Tensor y = kernels::tssa_step(w, b.temp, b.denom_bias, positions, states[l], rows);
       x = x + b.gamma1 * b.c_proj(y);
       x = x + b.gamma2 * Mlp(b, b.ln2(x));
     }
@@ -91,8 +97,21 @@ struct LanguageModel::Impl {
 
   at::Tensor Logits(const at::Tensor& hidden) const { return at::matmul(hidden, wte.t()); }
 
-  // Host tensor → the model's device (ids, positions, states: small, once per call).
+  // Host tensor → the model's device (states: small, once per call).
   at::Tensor ToDevice(const at::Tensor& host) const { return host.to(device); }
+
+  // Host integers → one int64 tensor [columns.size(), n] on the device: staged through pinned
+  // memory and copied without blocking the host (the caching host allocator keeps the staging
+  // buffer alive until the copy has run), so a decode step uploads its token ids, positions and
+  // rows in one copy and never waits for the device before its kernels are queued.
+  at::Tensor UploadIndices(std::initializer_list<absl::Span<const int64_t>> columns) const {
+    const int64_t n = static_cast<int64_t>(columns.begin()->size());
+    at::Tensor host = at::empty({static_cast<int64_t>(columns.size()), n},
+                                at::TensorOptions(at::kLong).pinned_memory(device.is_cuda()));
+    int64_t* out = host.data_ptr<int64_t>();
+    for (absl::Span<const int64_t> c : columns) out = std::copy(c.begin(), c.end(), out);
+    return host.to(device, /*non_blocking=*/true);
+  }
   // Device result → float32 host values.
   static std::vector<float> ToHost(const at::Tensor& t) {
     const at::Tensor h = t.to(at::kCPU).to(at::kFloat).contiguous();
@@ -102,6 +121,7 @@ struct LanguageModel::Impl {
   // Every parameter to the device; weights in `dtype`, the TSSA parameters float32.
   void Place(const Placement& placement) {
     device = TorchDevice(placement);
+    decode_graphs = placement.decode_graphs;
     dtype = ComputeScalarType(placement.dtype);
     const auto move = [&](at::Tensor& t) {
       if (t.defined()) t = t.to(device, dtype).contiguous();
@@ -145,6 +165,16 @@ struct LanguageModel::Impl {
     }
     return absl::OkStatus();
   }
+
+  absl::Status CheckPosition(int64_t position, int64_t new_tokens) const;
+  at::Tensor PrefillChunks(absl::Span<const int32_t> tokens, int64_t position, int64_t chunk_tokens,
+                           std::vector<at::Tensor>& states) const;
+  at::Tensor StepLogits(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
+                        absl::Span<const int64_t> rows, std::vector<at::Tensor>& states,
+                        bool batch_invariant) const;
+  at::Tensor StepOnDevice(const at::Tensor& ids, const at::Tensor& pos,
+                          const std::optional<at::Tensor>& row_ids, std::vector<at::Tensor>& states,
+                          bool batch_invariant) const;
 
   // SequenceStates → per-layer [B,W] tensors.
   std::vector<at::Tensor> Gather(absl::Span<SequenceState* const> seqs) const {
@@ -230,14 +260,169 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
   });
 }
 
+namespace {
+
+// Checks shared by both forms of Prefill and Step.
+absl::Status CheckPrefill(const ModelConfig& config, absl::Span<const int32_t> tokens) {
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config.name, ": prefill needs at least one token"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStepBatch(const ModelConfig& config, size_t tokens, size_t sequences) {
+  if (tokens == 0 || tokens != sequences) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", config.name, ": step needs one token per sequence, got ", tokens,
+                     " tokens for ", sequences, " sequences"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> Widen(absl::Span<const int32_t> v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+// The pool of one LanguageModel: float32 [n_layer, rows, W] on the model's device, so layer l's
+// rows are one contiguous [rows, W] tensor that tssa_step indexes in place.
+//
+// On a CUDA device every step runs at a bucket's batch size (decode_buckets.h), padded with the
+// pool's scratch rows (`rows` more past the usable ones, so that any padding has distinct rows),
+// through DecodeGraphs.
+class LanguageModel::DevicePool final : public StatePool {
+ public:
+  DevicePool(const LanguageModel* owner, at::Tensor pool, int64_t rows)
+      : owner_(owner), pool_(std::move(pool)), rows_(rows) {}
+
+  int64_t rows() const override { return rows_; }
+  int64_t floats_per_row() const override { return pool_.size(0) * pool_.size(2); }
+
+  absl::Status Store(int64_t row, absl::Span<const float> stats) override {
+    TOST_RETURN_IF_ERROR(CheckRow(row, stats.size()));
+    return GuardTorch(owner_->config().name, "store sequence state",
+                      [&] {
+                        const at::Tensor host =
+                            at::from_blob(const_cast<float*>(stats.data()),
+                                          {pool_.size(0), pool_.size(2)}, at::kFloat);
+                        pool_.select(1, row).copy_(host);
+                        return true;
+                      })
+        .status();
+  }
+
+  absl::Status Load(int64_t row, absl::Span<float> stats) const override {
+    TOST_RETURN_IF_ERROR(CheckRow(row, stats.size()));
+    return GuardTorch(owner_->config().name, "load sequence state",
+                      [&] {
+                        at::from_blob(stats.data(), {pool_.size(0), pool_.size(2)}, at::kFloat)
+                            .copy_(pool_.select(1, row));
+                        return true;
+                      })
+        .status();
+  }
+
+  std::string decode_mode() const override {
+    return graphs_ != nullptr ? graphs_->mode() : "eager";
+  }
+
+  const LanguageModel* owner() const { return owner_; }
+  at::Tensor layer(int64_t l) const { return pool_.select(0, l); }
+  // Padded steps (CUDA): the buckets and their graphs; null on the CPU.
+  DecodeGraphs* graphs() const { return graphs_.get(); }
+  const std::vector<int64_t>& buckets() const { return buckets_; }
+  void UsePaddedSteps(bool capture_graphs) {
+    buckets_ = DecodeBuckets(rows_);
+    graphs_ = std::make_unique<DecodeGraphs>(pool_.device(), rows_, capture_graphs);
+  }
+  // Stages inputs of `bucket` rows that touch only scratch rows, and zeroes those rows: what graph
+  // captures and their checks run on.
+  void StageScratch(int64_t bucket) const {
+    const at::Tensor staged = graphs_->staged().narrow(1, 0, bucket);
+    staged[0].zero_();
+    staged[1].zero_();
+    staged[2].copy_(at::arange(rows_, rows_ + bucket, staged.options()));
+    pool_.narrow(1, rows_, bucket).zero_();
+  }
+
+ private:
+  const LanguageModel* owner_;
+  at::Tensor pool_;  // [L, rows (+ rows of scratch on CUDA), W]
+  int64_t rows_;
+  std::vector<int64_t> buckets_;
+  std::unique_ptr<DecodeGraphs> graphs_;
+};
+
+// Feeds `tokens` from `position` in chunks; states[l] [1,W] is replaced by each chunk's result.
+// Returns the last token's logits [vocab] (on the device).
+at::Tensor LanguageModel::Impl::PrefillChunks(absl::Span<const int32_t> tokens, int64_t position,
+                                              int64_t chunk_tokens,
+                                              std::vector<at::Tensor>& states) const {
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  at::Tensor last_hidden;
+  for (int64_t start = 0; start < total; start += chunk_tokens) {
+    const int64_t n = std::min(chunk_tokens, total - start);
+    const std::vector<int64_t> ids_host = Widen(tokens.subspan(start, n));
+    const at::Tensor ids = UploadIndices({ids_host}).view({1, n});
+    const at::Tensor pos =
+        at::arange(position, position + n, at::TensorOptions(at::kLong).device(device))
+            .view({1, n});
+    const at::Tensor hidden = Sequence(Embed(ids, pos), pos.select(1, 0), &states);
+    last_hidden = hidden.select(1, n - 1);
+    position += n;
+  }
+  return Logits(last_hidden).reshape({-1});
+}
+
+// One decode step over per-layer states (pools when `rows` is given). Returns logits [B, vocab]
+// on the device.
+at::Tensor LanguageModel::Impl::StepLogits(absl::Span<const int32_t> tokens,
+                                           absl::Span<const int64_t> positions,
+                                           absl::Span<const int64_t> rows,
+                                           std::vector<at::Tensor>& states,
+                                           bool batch_invariant) const {
+  const int64_t batch = static_cast<int64_t>(tokens.size());
+  const std::vector<int64_t> ids_host = Widen(tokens);
+  // Positions were range-checked on the host: uploaded once with the ids (and rows), used by
+  // every layer.
+  const at::Tensor staged = rows.empty() ? UploadIndices({ids_host, positions})
+                                         : UploadIndices({ids_host, positions, rows});
+  std::optional<at::Tensor> row_ids;
+  if (!rows.empty()) row_ids = staged[2];
+  return StepOnDevice(staged[0].view({batch, 1}), staged[1], row_ids, states, batch_invariant);
+}
+
+// The step on inputs already on the device: ids [B,1], positions [B], rows [B] (pools) or none.
+// Launches kernels only (no host synchronisation, no host data): what a CUDA graph captures.
+at::Tensor LanguageModel::Impl::StepOnDevice(const at::Tensor& ids, const at::Tensor& pos,
+                                             const std::optional<at::Tensor>& row_ids,
+                                             std::vector<at::Tensor>& states,
+                                             bool batch_invariant) const {
+  const int64_t batch = ids.size(0);
+  const at::Tensor x = Embed(ids, pos.view({batch, 1})).squeeze(1);
+  if (!batch_invariant || batch == 1) return Logits(StepHidden(x, pos, states, row_ids));
+  std::vector<at::Tensor> out;
+  for (int64_t b = 0; b < batch; ++b) {
+    // Every row alone, with the same shapes whatever the batch: bit-identical under any load.
+    std::vector<at::Tensor> row_states;
+    std::optional<at::Tensor> row_id;
+    if (row_ids.has_value()) {
+      row_states = states;  // the pools themselves, indexed by the row's id
+      row_id = row_ids->slice(0, b, b + 1);
+    } else {
+      for (const auto& s : states) row_states.push_back(s.slice(0, b, b + 1));  // in-place views
+    }
+    out.push_back(
+        Logits(StepHidden(x.slice(0, b, b + 1), pos.slice(0, b, b + 1), row_states, row_id)));
+  }
+  return at::cat(out, 0);
+}
+
 absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32_t> tokens,
                                                           SequenceState& state,
                                                           int64_t chunk_tokens) const {
   const Impl& m = *impl_;
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", m.config.name, ": prefill needs at least one token"));
-  }
+  TOST_RETURN_IF_ERROR(CheckPrefill(m.config, tokens));
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   TOST_RETURN_IF_ERROR(m.CheckState(state, static_cast<int64_t>(tokens.size())));
   chunk_tokens = std::max<int64_t>(1, chunk_tokens);
@@ -245,24 +430,10 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
     c10::InferenceMode inference;
     SequenceState* seqs[] = {&state};
     std::vector<at::Tensor> states = m.Gather(seqs);
-    const int64_t total = static_cast<int64_t>(tokens.size());
-    int64_t position = state.position;
-    at::Tensor last_hidden;
-    for (int64_t start = 0; start < total; start += chunk_tokens) {
-      const int64_t n = std::min(chunk_tokens, total - start);
-      const at::Tensor ids = m.ToDevice(
-          at::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.begin() + start + n))
-              .view({1, n}));
-      const at::Tensor pos =
-          at::arange(position, position + n, at::TensorOptions(at::kLong).device(m.device))
-              .view({1, n});
-      const at::Tensor hidden = m.Sequence(m.Embed(ids, pos), pos.select(1, 0), &states);
-      last_hidden = hidden.select(1, n - 1);
-      position += n;
-    }
-    std::vector<float> logits = Impl::ToHost(m.Logits(last_hidden).reshape({-1}));
+    std::vector<float> logits =
+        Impl::ToHost(m.PrefillChunks(tokens, state.position, chunk_tokens, states));
     m.Scatter(states, seqs);  // commit only after every chunk succeeded
-    state.position = position;
+    state.position += static_cast<int64_t>(tokens.size());
     return logits;
   });
 }
@@ -271,42 +442,137 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
                                                        absl::Span<SequenceState* const> states,
                                                        bool batch_invariant) const {
   const Impl& m = *impl_;
-  if (tokens.empty() || tokens.size() != states.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", m.config.name, ": step needs one token per sequence, got ",
-                     tokens.size(), " tokens for ", states.size(), " sequences"));
-  }
+  TOST_RETURN_IF_ERROR(CheckStepBatch(m.config, tokens.size(), states.size()));
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   for (SequenceState* s : states) TOST_RETURN_IF_ERROR(m.CheckState(*s, 1));
   return GuardTorch(m.config.name, "step", [&]() {
     c10::InferenceMode inference;
-    const int64_t batch = static_cast<int64_t>(tokens.size());
     std::vector<at::Tensor> layer_states = m.Gather(states);
-    std::vector<int64_t> pos_host;
-    for (SequenceState* s : states) pos_host.push_back(s->position);
-    const at::Tensor ids =
-        m.ToDevice(at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, 1}));
-    // Positions were range-checked on the host (CheckState): uploaded once, used by every layer.
-    const at::Tensor pos = m.ToDevice(at::tensor(pos_host).view({batch, 1}));
-    const at::Tensor x = m.Embed(ids, pos).squeeze(1);
-    at::Tensor logits;
-    if (batch_invariant && batch > 1) {
-      std::vector<at::Tensor> rows;
-      for (int64_t b = 0; b < batch; ++b) {
-        std::vector<at::Tensor> row_states;
-        for (const auto& s : layer_states)
-          row_states.push_back(s.slice(0, b, b + 1));  // views: updated in place
-        rows.push_back(m.Logits(
-            m.StepHidden(x.slice(0, b, b + 1), pos.view({batch}).slice(0, b, b + 1), row_states)));
-      }
-      logits = at::cat(rows, 0);
-    } else {
-      logits = m.Logits(m.StepHidden(x, pos.view({batch}), layer_states));
-    }
-    std::vector<float> out = Impl::ToHost(logits);
+    std::vector<int64_t> positions;
+    for (SequenceState* s : states) positions.push_back(s->position);
+    std::vector<float> out =
+        Impl::ToHost(m.StepLogits(tokens, positions, {}, layer_states, batch_invariant));
     m.Scatter(layer_states, states);
     for (SequenceState* s : states) ++s->position;
     return out;
+  });
+}
+
+absl::StatusOr<std::unique_ptr<StatePool>> LanguageModel::NewStatePool(int64_t rows) const {
+  const Impl& m = *impl_;
+  if (rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", m.config.name, ": a state pool needs at least one row, got ", rows));
+  }
+  const LanguageConfig& c = m.config.language;
+  return GuardTorch(m.config.name, "allocate the state pool", [&]() -> std::unique_ptr<StatePool> {
+    const bool padded = m.device.is_cuda();
+    auto pool = std::make_unique<DevicePool>(
+        this,
+        at::zeros({c.n_layer, padded ? 2 * rows : rows, c.state_floats_per_layer()},
+                  at::TensorOptions(at::kFloat).device(m.device)),
+        rows);
+    if (padded) pool->UsePaddedSteps(m.decode_graphs);
+    return pool;
+  });
+}
+
+absl::StatusOr<const LanguageModel::DevicePool*> LanguageModel::OwnPool(
+    const StatePool& pool) const {
+  const auto* own = dynamic_cast<const DevicePool*>(&pool);
+  if (own == nullptr || own->owner() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", impl_->config.name,
+                     ": the state pool was not made by this model's NewStatePool"));
+  }
+  return own;
+}
+
+absl::Status LanguageModel::Impl::CheckPosition(int64_t position, int64_t new_tokens) const {
+  SequenceState probe;
+  probe.position = position;
+  probe.stats.resize(
+      static_cast<size_t>(config.language.n_layer * config.language.state_floats_per_layer()));
+  return CheckState(probe, new_tokens);
+}
+
+absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32_t> tokens,
+                                                          StatePool& pool, int64_t row,
+                                                          int64_t position,
+                                                          int64_t chunk_tokens) const {
+  const Impl& m = *impl_;
+  TOST_ASSIGN_OR_RETURN(const DevicePool* own, OwnPool(pool));
+  TOST_RETURN_IF_ERROR(CheckPrefill(m.config, tokens));
+  TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
+  TOST_RETURN_IF_ERROR(m.CheckPosition(position, static_cast<int64_t>(tokens.size())));
+  if (row < 0 || row >= pool.rows()) {
+    return absl::OutOfRangeError(absl::StrCat("model ", m.config.name, ": state pool row ", row,
+                                              " is outside [0, ", pool.rows(), ")"));
+  }
+  chunk_tokens = std::max<int64_t>(1, chunk_tokens);
+  return GuardTorch(m.config.name, "prefill", [&]() {
+    c10::InferenceMode inference;
+    std::vector<at::Tensor> states;
+    for (int64_t l = 0; l < m.config.language.n_layer; ++l)
+      states.push_back(own->layer(l).narrow(0, row, 1));
+    std::vector<float> logits =
+        Impl::ToHost(m.PrefillChunks(tokens, position, chunk_tokens, states));
+    // The row changes only once every chunk has succeeded.
+    for (int64_t l = 0; l < m.config.language.n_layer; ++l)
+      own->layer(l).narrow(0, row, 1).copy_(states[l]);
+    return logits;
+  });
+}
+
+absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t> tokens,
+                                                       StatePool& pool,
+                                                       absl::Span<const int64_t> rows,
+                                                       absl::Span<const int64_t> positions,
+                                                       bool batch_invariant) const {
+  const Impl& m = *impl_;
+  TOST_ASSIGN_OR_RETURN(const DevicePool* own, OwnPool(pool));
+  TOST_RETURN_IF_ERROR(CheckStepBatch(m.config, tokens.size(), rows.size()));
+  TOST_RETURN_IF_ERROR(CheckStepBatch(m.config, tokens.size(), positions.size()));
+  TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
+  for (int64_t p : positions) TOST_RETURN_IF_ERROR(m.CheckPosition(p, 1));
+  // Rows checked on the host, where they are produced, so the device never has to be asked.
+  std::vector<int64_t> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= pool.rows() || (i > 0 && sorted[i] == sorted[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", m.config.name, ": step rows must be distinct rows of [0, ", pool.rows(),
+          "), got ", sorted[i], i > 0 && sorted[i] == sorted[i - 1] ? " twice" : ""));
+    }
+  }
+  return GuardTorch(m.config.name, "step", [&]() {
+    c10::InferenceMode inference;
+    std::vector<at::Tensor> pools;
+    for (int64_t l = 0; l < m.config.language.n_layer; ++l) pools.push_back(own->layer(l));
+    DecodeGraphs* graphs = own->graphs();
+    if (graphs == nullptr) {
+      return Impl::ToHost(m.StepLogits(tokens, positions, rows, pools, batch_invariant));
+    }
+    // Padded to the bucket: the rest are scratch rows at position 0 fed token 0.
+    const int64_t batch = static_cast<int64_t>(tokens.size());
+    const int64_t bucket = DecodeBucketFor(own->buckets(), batch);
+    TORCH_CHECK(bucket >= batch, "a step of ", batch, " sequences exceeds the pool's ", pool.rows(),
+                " rows");
+    std::vector<int64_t> ids(bucket, 0), pos(bucket, 0), row_ids(bucket);
+    std::copy(tokens.begin(), tokens.end(), ids.begin());
+    std::copy(positions.begin(), positions.end(), pos.begin());
+    std::copy(rows.begin(), rows.end(), row_ids.begin());
+    for (int64_t b = batch; b < bucket; ++b) row_ids[b] = pool.rows() + (b - batch);
+    graphs->staged().narrow(1, 0, bucket).copy_(m.UploadIndices({ids, pos, row_ids}));
+    const at::Tensor logits = graphs->Run(
+        bucket, batch_invariant,
+        [&](const at::Tensor& d_ids, const at::Tensor& d_pos, const at::Tensor& d_rows,
+            bool invariant) {
+          std::vector<at::Tensor> layer_pools = pools;
+          return m.StepOnDevice(d_ids, d_pos, d_rows, layer_pools, invariant);
+        },
+        [&](int64_t b) { own->StageScratch(b); });
+    return Impl::ToHost(logits.narrow(0, 0, batch));
   });
 }
 

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/device.h"
 #include "model/sequence_state.h"
+#include "model/state_pool.h"
 #include "model/tokenizer.h"
 
 namespace tost::model {
@@ -51,6 +52,22 @@ class LanguageModel {
                                           absl::Span<SequenceState* const> states,
                                           bool batch_invariant = false) const;
 
+  // A pool of `rows` sequence states on the model's device (float32 [n_layer, rows, 2·n_embd +
+  // n_head], zeros), for the two calls below.
+  absl::StatusOr<std::unique_ptr<StatePool>> NewStatePool(int64_t rows) const;
+
+  // Prefill and Step on pool rows, read and updated in place where the model computes: the
+  // serving path. `positions` are the sequences' current positions (the caller advances them);
+  // the results are bit-identical to the SequenceState forms above. The pool must come from
+  // this model's NewStatePool; Step's rows must be distinct.
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens, StatePool& pool,
+                                             int64_t row, int64_t position,
+                                             int64_t chunk_tokens = 256) const;
+  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens, StatePool& pool,
+                                          absl::Span<const int64_t> rows,
+                                          absl::Span<const int64_t> positions,
+                                          bool batch_invariant = false) const;
+
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
   // vocab].
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,
@@ -58,6 +75,9 @@ class LanguageModel {
 
  private:
   struct Impl;
+  class DevicePool;
+  // `pool` as this model's own DevicePool, or INVALID_ARGUMENT.
+  absl::StatusOr<const DevicePool*> OwnPool(const StatePool& pool) const;
   explicit LanguageModel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -33,6 +33,7 @@ LoadedModel LoadModelDirectory(const std::string& dir, const ServingOptions& ser
     return m;
   }
   m.placement = *placement;
+  m.placement.decode_graphs = serving.decode_graphs;
   if (m.config.architecture == Architecture::kVision) {
     auto loaded = VisionModel::Load(dir, m.config, m.placement);
     if (loaded.ok()) {

@@ -21,6 +21,7 @@ struct ServingOptions {
   DeviceSpec device;  // auto
   ComputeDtype dtype = ComputeDtype::kFloat32;
   int cuda_device_count = 0;  // what the process sees (CudaDeviceCount())
+  bool decode_graphs = true;  // Placement::decode_graphs for every CUDA model
 };
 
 struct LoadedModel {

@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   model::ServingOptions serving;
   TOST_ASSIGN_OR_RETURN(serving.device, model::ParseDeviceSpec(options.device, "--device"));
   TOST_ASSIGN_OR_RETURN(serving.dtype, model::ParseComputeDtype(options.dtype, "--dtype"));
+  serving.decode_graphs = options.cuda_graphs;
   serving.cuda_device_count = model::CudaDeviceCount();
   TOST_ASSIGN_OR_RETURN(const model::Placement server_placement,
                         model::ResolvePlacement(serving.device, serving.dtype, std::nullopt,
@@ -183,7 +184,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));
   server->auth_ = std::move(auth);
-  server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits);
+  server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
+                                                   model::CudaDeviceMemory);
   server->kserve_ = std::make_unique<KServeService>(
       *server->engine_, server->auth_.keys_configured() ? &server->auth_ : nullptr, options.limits);
 

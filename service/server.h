@@ -41,6 +41,9 @@ struct ServerOptions {
   // runs fp32).
   std::string device = "auto";
   std::string dtype = "fp32";
+  // CUDA language models: decode steps replayed from CUDA graphs captured per batch bucket (each
+  // checked bit for bit against the eager step when captured); false: eager at the same shapes.
+  bool cuda_graphs = true;
   ServiceLimits limits;
   GenerationSchedulerOptions generation;  // per language model
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)

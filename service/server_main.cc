@@ -1,5 +1,6 @@
 // tost_server: serves every model of a repository over gRPC.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -7,8 +8,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "model/device_failure.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
+
+namespace {
+// Exit status of a replica whose CUDA device failed (EX_SOFTWARE-like, distinct from a start
+// failure's 1), and how long its drain waits: the device answers nothing, so the streams' last good
+// state is all there is to hand back, and the replacement should start soon.
+constexpr int kExitDeviceLost = 70;
+constexpr int kDeviceLostDrainMs = 2000;
+}  // namespace
 
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
@@ -31,6 +41,10 @@ ABSL_FLAG(std::string, device, "auto",
 ABSL_FLAG(std::string, dtype, "fp32",
           "Weights and activations on CUDA: fp32, bf16 or fp16 (TSSA statistics stay fp32; the CPU "
           "runs fp32); config.json \"serving\": {\"dtype\": ...} overrides it per model");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "CUDA language models: replay decode steps from CUDA graphs captured per batch bucket "
+          "(each checked against the eager step when captured; ServerStatus decode_mode says which "
+          "runs); false runs them eagerly at the same padded batch sizes");
 ABSL_FLAG(int, intra_op_threads, 1,
           "LibTorch intra-op threads per model thread; 0 = one per core. The generation scheduler "
           "and the classification batcher are the parallelism: 1 keeps 2 cores from "
@@ -116,6 +130,8 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  // Raised by the process itself when a CUDA error has lost the device (see below).
+  sigaddset(&stop_signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   tost::service::ServerOptions options;
@@ -133,6 +149,7 @@ int main(int argc, char** argv) {
   options.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.dtype = absl::GetFlag(FLAGS_dtype);
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.limits.max_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   options.limits.image.max_encoded_bytes = absl::GetFlag(FLAGS_max_image_bytes);
@@ -177,8 +194,22 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
+  // A sticky CUDA error leaves the device unusable for this process: every model call would fail
+  // from now on. The thread that saw it wakes this one, which turns health NOT_SERVING (the drain's
+  // first act), ends the streams with their last good state, and exits non-zero so the
+  // orchestrator replaces the replica instead of routing traffic to a dead one.
+  tost::model::SetDeviceLostHandler([](const std::string&) { kill(getpid(), SIGUSR2); });
+
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
+  if (signal_number == SIGUSR2) {
+    tost::service::Log(tost::service::LogLevel::kError,
+                       "the CUDA device failed; no request can succeed in this process: draining "
+                       "and exiting for a replacement",
+                       {{"error", tost::model::DeviceLostReason()}});
+    (*server)->Drain(kDeviceLostDrainMs);
+    return kExitDeviceLost;
+  }
   tost::service::Log(tost::service::LogLevel::kInfo, "draining", {{"signal", signal_number}});
   (*server)->Drain(absl::GetFlag(FLAGS_drain_timeout_s) * 1000);
   tost::service::Log(tost::service::LogLevel::kInfo, "stopped");

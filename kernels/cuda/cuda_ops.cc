@@ -28,9 +28,15 @@ struct CudaBackend {
   static at::Tensor Upload(const at::Tensor& host, const at::Device& device) {
     return host.pin_memory().to(device, /*non_blocking=*/true);
   }
+  // An AcceleratorError carries the cudaError_t, so the serving side can tell an error that lost
+  // the device (sticky: the process must be replaced) from one that failed only this call.
   static void CheckLaunch(cudaError_t err, const char* op) {
-    TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorName(err),
-                " (", cudaGetErrorString(err), ")");
+    if (err == cudaSuccess) return;
+    throw c10::AcceleratorError(
+        c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        static_cast<int32_t>(err),
+        c10::str(op, ": CUDA kernel launch failed: ", cudaGetErrorName(err), " (",
+                 cudaGetErrorString(err), ")"));
   }
 };
 

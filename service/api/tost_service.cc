@@ -2,6 +2,8 @@
 // generate_reactor.cc and session_handlers.cc).
 #include "service/api/tost_service.h"
 
+#include <utility>
+
 #include <algorithm>
 #include <string>
 #include <string_view>
@@ -19,11 +21,13 @@
 
 namespace tost::service {
 
-TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits)
+TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
+                         DeviceMemoryProbe device_memory)
     : RawService(tost::v1::Tost::service_full_name()),
       engine_(engine),
       auth_(auth),
-      limits_(limits) {
+      limits_(limits),
+      device_memory_(std::move(device_memory)) {
   AddUnary("Classify", &TostService::Classify);
   AddServerStreaming<tost::v1::GenerateRequest, tost::v1::GenerateResponse>("Generate",
                                                                             &TostService::Generate);
@@ -220,6 +224,16 @@ grpc::Status TostService::ServerStatus(grpc::ServerContext* context,
     out->set_max_decode_batch(g.scheduler.max_decode_batch);
     out->set_paused(g.scheduler.paused);
     out->set_stalled_streams(g.scheduler.stalled_jobs);
+    out->set_state_pool_bytes(g.scheduler.state_pool_bytes);
+    out->set_decode_mode(g.scheduler.decode_mode);
+  }
+  if (device_memory_) {
+    for (const model::DeviceMemoryStats& d : device_memory_()) {
+      auto* out = response->add_device_memory();
+      out->set_device(d.device);
+      out->set_allocated_bytes(d.allocated_bytes);
+      out->set_reserved_bytes(d.reserved_bytes);
+    }
   }
   const SessionStoreOptions& budget = engine_.sessions().options();
   response->set_sessions(stats.sessions.sessions);

@@ -9,7 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
+#include "model/device_memory.h"
 #include "service/api/auth.h"
 #include "service/api/raw_service.h"
 #include "service/api/request_input.h"
@@ -20,8 +23,14 @@ namespace tost::service {
 
 class TostService final : public RawService {
  public:
-  // `engine` and `auth` are not owned and must outlive the service.
-  TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits);
+  // The CUDA devices' memory for ServerStatus (the server passes model::CudaDeviceMemory; the
+  // API layer links no LibTorch).
+  using DeviceMemoryProbe = std::function<std::vector<model::DeviceMemoryStats>()>;
+
+  // `engine` and `auth` are not owned and must outlive the service. An empty probe reports no
+  // devices.
+  TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
+              DeviceMemoryProbe device_memory = {});
 
   grpc::Status Classify(grpc::ServerContext* context, const tost::v1::ClassifyRequest* request,
                         tost::v1::ClassifyResponse* response);
@@ -52,6 +61,7 @@ class TostService final : public RawService {
   Engine& engine_;
   const Authenticator& auth_;
   const ServiceLimits limits_;
+  const DeviceMemoryProbe device_memory_;
 };
 
 }  // namespace tost::service

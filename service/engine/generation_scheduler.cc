@@ -121,6 +121,13 @@ struct GenerationScheduler::Job {
 
   GenerationState& state() { return request.state; }
   bool decoding() const { return prefilled == to_prefill.size(); }
+
+  // Its row of the scheduler's state pool while active (-1: none). While it holds one, the row
+  // is the truth and request.state.sequence.stats is stale; position stays current.
+  int64_t row = -1;
+  // The row could not be copied back: what this call did to the statistics is lost, so it ends
+  // as if it had not run (`before`).
+  bool row_lost = false;
 };
 
 void GenerationJob::Cancel() {
@@ -166,17 +173,32 @@ absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create
     const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock) {
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options));
   if (clock == nullptr) return absl::InvalidArgumentError("GenerationScheduler needs a clock");
-  return std::unique_ptr<GenerationScheduler>(new GenerationScheduler(model, options, clock));
+  TOST_ASSIGN_OR_RETURN(std::unique_ptr<model::StatePool> pool,
+                        model.NewStatePool(options.max_active_jobs));
+  const auto width = static_cast<int64_t>(model.NewSequence().stats.size());
+  if (pool->rows() != options.max_active_jobs || pool->floats_per_row() != width) {
+    return absl::InternalError(absl::StrCat(
+        "model ", model.config().name, ": state pool of ", pool->rows(), " rows of ",
+        pool->floats_per_row(), " floats, expected ", options.max_active_jobs, " of ", width));
+  }
+  return std::unique_ptr<GenerationScheduler>(
+      new GenerationScheduler(model, options, clock, std::move(pool)));
 }
 
 GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
-                                         GenerationSchedulerOptions options, Clock* clock)
+                                         GenerationSchedulerOptions options, Clock* clock,
+                                         std::unique_ptr<model::StatePool> pool)
     : model_(model),
       options_(options),
       clock_(clock),
       doorbell_(std::make_shared<GenerationJob::Doorbell>()),
-      owner_(std::make_shared<GenerationJob::Owner>()) {
+      owner_(std::make_shared<GenerationJob::Owner>()),
+      pool_(std::move(pool)) {
+  // Lowest rows first: a lightly loaded server touches the same few rows.
+  for (int64_t r = pool_->rows() - 1; r >= 0; --r) free_rows_.push_back(r);
   stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
+  stats_.state_pool_bytes = pool_->bytes();
+  stats_.decode_mode = pool_->decode_mode();
   absl::MutexLock lock(&owner_->mu);
   owner_->scheduler = this;
 }
@@ -348,7 +370,33 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
+bool GenerationScheduler::TakeRow(Job& job) {
+  job.row = free_rows_.back();
+  free_rows_.pop_back();
+  absl::Status stored = pool_->Store(job.row, job.state().sequence.stats);
+  if (stored.ok()) return true;
+  free_rows_.push_back(std::exchange(job.row, -1));
+  job.row_lost = true;
+  FinishActive(job, FinishReason::kCancelled, std::move(stored));
+  return false;
+}
+
+void GenerationScheduler::ReleaseRow(Job& job) {
+  if (job.row < 0) return;
+  if (job.decoding() && !job.row_lost) {
+    absl::Status loaded = pool_->Load(job.row, absl::MakeSpan(job.state().sequence.stats));
+    if (!loaded.ok()) job.row_lost = true;
+  }
+  free_rows_.push_back(std::exchange(job.row, -1));
+}
+
 void GenerationScheduler::FinishActive(Job& job, FinishReason reason, absl::Status status) {
+  ReleaseRow(job);
+  if (job.row_lost && status.ok()) {
+    status = absl::InternalError(absl::StrCat("model ", model_.config().name,
+                                              ": the sequence's statistics could not be read back "
+                                              "from the device; the call is undone"));
+  }
   {
     absl::MutexLock lock(&mu_);
     --active_count_;
@@ -375,9 +423,9 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   e.status = std::move(status);
   e.finish_reason = reason;
   e.generated_tokens = job.generated;
-  if (!job.decoding()) {
+  if (!job.decoding() || job.row_lost) {
     // Ended (cancelled, past its deadline, drained, or a model error) before the prompt was fed
-    // whole: nothing of this call happened.
+    // whole, or its statistics were lost on the device: nothing of this call happened.
     e.prompt_tokens = 0;
     e.snapshot = std::move(job.before);
     job.handle->Publish(std::move(e));
@@ -457,6 +505,13 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
     GenerationEvent snap;
     snap.kind = GenerationEvent::Kind::kSnapshot;
     snap.snapshot = st;
+    // The one device-to-host copy of the statistics while a job runs: what the snapshot asked for.
+    if (absl::Status loaded = pool_->Load(job.row, absl::MakeSpan(snap.snapshot.sequence.stats));
+        !loaded.ok()) {
+      job.row_lost = true;
+      FinishActive(job, FinishReason::kCancelled, std::move(loaded));
+      return false;
+    }
     snap.snapshot.utf8_pending = job.text->utf8_pending();
     snap.snapshot.held_text = job.text->held();
     job.handle->Publish(std::move(snap));
@@ -471,6 +526,7 @@ bool GenerationScheduler::StepOnce() {
   // Queued jobs past their deadline (or cancelled and not yet taken out by Cancel) give their
   // queue place back now, not when they would have become active.
   std::vector<std::unique_ptr<Job>> dropped;
+  std::vector<Job*> admitted_jobs;
   absl::Time queued_deadline = absl::InfiniteFuture();
   {
     absl::MutexLock lock(&mu_);
@@ -487,6 +543,7 @@ bool GenerationScheduler::StepOnce() {
     while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
       admitted = true;
       prompt_tokens_started += queued_.front()->prompt_tokens;
+      admitted_jobs.push_back(queued_.front().get());
       active_.push_back(std::move(queued_.front()));
       queued_.pop_front();
       --stats_.queued;
@@ -506,6 +563,8 @@ bool GenerationScheduler::StepOnce() {
     next_timed_event_ = queued_deadline;
     return !dropped.empty();
   }
+  // active_ never holds more jobs than the pool has rows, so a row is always free here.
+  for (Job* job : admitted_jobs) TakeRow(*job);
 
   for (auto& job : active_) {
     if (job->handle->cancel_requested()) {
@@ -527,12 +586,14 @@ bool GenerationScheduler::StepOnce() {
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
     const size_t n = std::min<size_t>(budget, job->to_prefill.size() - job->prefilled);
+    model::SequenceState& seq = job->state().sequence;
     auto logits = model_.Prefill(absl::MakeConstSpan(job->to_prefill.data() + job->prefilled, n),
-                                 job->state().sequence, static_cast<int64_t>(n));
+                                 *pool_, job->row, seq.position, static_cast<int64_t>(n));
     if (!logits.ok()) {
       FinishActive(*job, FinishReason::kCancelled, logits.status());
       continue;
     }
+    seq.position += static_cast<int64_t>(n);
     job->prefilled += n;
     prefill_tokens += static_cast<int64_t>(n);
     ++prefill_chunks;
@@ -552,16 +613,20 @@ bool GenerationScheduler::StepOnce() {
   absl::StatusOr<std::vector<float>> logits;
   if (!decoding.empty()) {
     std::vector<int32_t> tokens;
-    std::vector<model::SequenceState*> states;
+    std::vector<int64_t> rows, positions;
     for (Job* job : decoding) {
       tokens.push_back(job->state().pending_token);
-      states.push_back(&job->state().sequence);
+      rows.push_back(job->row);
+      positions.push_back(job->state().sequence.position);
     }
-    logits = model_.Step(tokens, states, options_.batch_invariant);
+    logits = model_.Step(tokens, *pool_, rows, positions, options_.batch_invariant);
     if (!logits.ok()) {
       for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, logits.status());
       decoding.clear();
-    } else if (options_.observer != nullptr) {
+    } else {
+      for (Job* job : decoding) ++job->state().sequence.position;
+    }
+    if (logits.ok() && options_.observer != nullptr) {
       const absl::Time emitted_at = clock_->Now();
       for (Job* job : decoding) {
         (job->generated == 0 ? first_token : inter_token)
@@ -582,6 +647,9 @@ bool GenerationScheduler::StepOnce() {
     stats_.max_decode_batch =
         std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
     ++stats_.decode_batch_histogram[decoding.size()];
+    if (std::string mode = pool_->decode_mode(); mode != stats_.decode_mode) {
+      stats_.decode_mode = std::move(mode);  // graphs turned off after a failed capture
+    }
   }
   if (options_.observer != nullptr) {
     GenerationStepRecord record;
@@ -695,7 +763,9 @@ void GenerationScheduler::Shutdown() {
     stats_.queued = 0;
   }
   for (auto& job : active_) {
-    if (!job->finished) Finish(*job, FinishReason::kDrained);
+    if (job->finished) continue;
+    ReleaseRow(*job);
+    Finish(*job, FinishReason::kDrained);
   }
   for (auto& job : queued) Finish(*job, FinishReason::kDrained);
   active_.clear();

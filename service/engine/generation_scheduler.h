@@ -178,9 +178,11 @@ struct GenerationSchedulerStats {
   std::vector<int64_t> decode_batch_histogram;  // [b] = decode steps that ran with batch size b
   int32_t active = 0;
   int32_t queued = 0;
-  int32_t paused = 0;        // active jobs waiting for their consumer
-  int32_t reserved = 0;      // places reserved and not yet submitted
-  int64_t stalled_jobs = 0;  // jobs cancelled after stream_stall_timeout
+  int32_t paused = 0;            // active jobs waiting for their consumer
+  int32_t reserved = 0;          // places reserved and not yet submitted
+  int64_t stalled_jobs = 0;      // jobs cancelled after stream_stall_timeout
+  int64_t state_pool_bytes = 0;  // the model's state pool (max_active_jobs rows)
+  std::string decode_mode;       // model::StatePool::decode_mode(), as of the last decode step
 };
 
 class GenerationScheduler {
@@ -246,7 +248,7 @@ class GenerationScheduler {
   friend class GenerationJob;
   struct Job;
   GenerationScheduler(const GenerativeModel& model, GenerationSchedulerOptions options,
-                      Clock* clock);
+                      Clock* clock, std::unique_ptr<model::StatePool> pool);
   void Loop();
   // Takes `handle`'s job out of the queue (null when it is not queued: already active, finished,
   // or dropped by a step), giving its place back.
@@ -254,6 +256,11 @@ class GenerationScheduler {
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
+  // Gives an admitted job a pool row holding its statistics; false (the job finished with the
+  // error) when the row could not be written.
+  bool TakeRow(Job& job);
+  // Copies the job's row back into its state (when its prompt was fed whole) and frees the row.
+  void ReleaseRow(Job& job);
   // Ends an active job: its place goes back before its final event is published, so a client
   // that hears the end and at once sends its next request is not refused for its own old place.
   void FinishActive(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
@@ -284,6 +291,10 @@ class GenerationScheduler {
 
   // Owned by the step loop (one thread at a time).
   std::vector<std::unique_ptr<Job>> active_;
+  // The active jobs' statistics, one row each, where the model computes: decode steps update them
+  // in place, and a row is copied to the host only for a snapshot or when its job ends.
+  const std::unique_ptr<model::StatePool> pool_;
+  std::vector<int64_t> free_rows_;
   // The earliest instant at which a deadline or a stall ends an active job (the idle loop's wake).
   absl::Time next_timed_event_ = absl::InfiniteFuture();
   std::thread thread_;

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/config.h"
 #include "model/sequence_state.h"
+#include "model/state_pool.h"
 #include "model/tokenizer.h"
 
 namespace tost::service {
@@ -55,16 +57,26 @@ class GenerativeModel {
   // A sequence at position 0 with zero statistics.
   virtual model::SequenceState NewSequence() const = 0;
 
-  // Feeds `tokens` (at least one) to `state` in chunks of at most `chunk_tokens`; returns the last
-  // token's logits [vocab]. OUT_OF_RANGE (state untouched) past the context length.
+  // The rows that hold the active sequences' statistics between steps, where the model computes
+  // (device memory for a GPU model): the scheduler makes one pool of max_active_jobs rows and
+  // gives each active job a row; the calls below read and update rows in place.
+  virtual absl::StatusOr<std::unique_ptr<model::StatePool>> NewStatePool(int64_t rows) const = 0;
+
+  // Feeds `tokens` (at least one) to the sequence in `row`, at `position`, in chunks of at most
+  // `chunk_tokens`; returns the last token's logits [vocab]. OUT_OF_RANGE (row untouched) past the
+  // context length. The caller advances its position.
   virtual absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
-                                                     model::SequenceState& state,
+                                                     model::StatePool& pool, int64_t row,
+                                                     int64_t position,
                                                      int64_t chunk_tokens) const = 0;
 
-  // One decode step: token b is fed to *states[b]; returns logits [B, vocab] row-major. With
-  // `batch_invariant`, row b is bit-identical whatever else shares the step.
+  // One decode step: token b is fed to the sequence in rows[b] (distinct) at positions[b];
+  // returns logits [B, vocab] row-major. With `batch_invariant`, row b is bit-identical whatever
+  // else shares the step. A refused step leaves every row untouched.
   virtual absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
-                                                  absl::Span<model::SequenceState* const> states,
+                                                  model::StatePool& pool,
+                                                  absl::Span<const int64_t> rows,
+                                                  absl::Span<const int64_t> positions,
                                                   bool batch_invariant) const = 0;
 };
 

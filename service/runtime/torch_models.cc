@@ -37,16 +37,21 @@ class LoadedRepository::Generator final : public GenerativeModel {
   const model::Tokenizer& tokenizer() const override { return model_.tokenizer(); }
   model::SequenceState NewSequence() const override { return model_.NewSequence(); }
 
-  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
-                                             model::SequenceState& state,
-                                             int64_t chunk_tokens) const override {
-    return model_.Prefill(tokens, state, chunk_tokens);
+  absl::StatusOr<std::unique_ptr<model::StatePool>> NewStatePool(int64_t rows) const override {
+    return model_.NewStatePool(rows);
   }
 
-  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
-                                          absl::Span<model::SequenceState* const> states,
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
+                                             model::StatePool& pool, int64_t row, int64_t position,
+                                             int64_t chunk_tokens) const override {
+    return model_.Prefill(tokens, pool, row, position, chunk_tokens);
+  }
+
+  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens, model::StatePool& pool,
+                                          absl::Span<const int64_t> rows,
+                                          absl::Span<const int64_t> positions,
                                           bool batch_invariant) const override {
-    return model_.Step(tokens, states, batch_invariant);
+    return model_.Step(tokens, pool, rows, positions, batch_invariant);
   }
 
  private:

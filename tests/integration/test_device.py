@@ -76,3 +76,25 @@ def test_a_model_asking_for_absent_cuda_fails_alone(tmp_path, proto_modules):
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
         assert s.stop() == 0
+
+
+def test_server_status_reports_the_state_pool_and_no_device_memory_on_cpu(proto_modules):
+    """The active sequences' statistics live in a pool of --max_active_generations rows, sized by
+    the model's dimensions alone; a CPU server reports no CUDA device memory."""
+    pb2, pb2_grpc = proto_modules
+    s = RunningServer(os.path.join(SOURCE_DIR, "models"), extra_args=("--device=cpu", "--max_active_generations=7"))
+    try:
+        with grpc.insecure_channel(s.address) as ch:
+            stub = pb2_grpc.TostStub(ch)
+            models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest(), timeout=30).models}
+            status = stub.ServerStatus(pb2.ServerStatusRequest(), timeout=30)
+            assert len(status.device_memory) == 0
+            assert status.generators, "the shipped repository serves a language model"
+            for g in status.generators:
+                config = json.loads(open(os.path.join(SOURCE_DIR, "models", g.model, "config.json")).read())
+                assert models[g.model].ready
+                lm = config["lm"]
+                layers, embd, heads = lm["n_layer"], lm["n_embd"], lm["n_head"]
+                assert g.state_pool_bytes == 7 * layers * (2 * embd + heads) * 4, g
+    finally:
+        assert s.stop() == 0

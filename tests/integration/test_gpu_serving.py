@@ -7,7 +7,9 @@ gpu_serving, label gpu; every test is skipped where the process sees no CUDA dev
   a state blob exported on the GPU continues on the CPU: greedy for 64 tokens equals the GPU's own
         continuation, or where it diverges the GPU's top-2 logit margin there is below 1e-3
         (bit-exactness holds only within one device kind);
-  64 concurrent streams decode in shared steps; the device memory gauges are non-zero.
+  64 concurrent streams decode in shared steps; the device memory gauges are non-zero;
+  decode replayed from CUDA graphs gives the tokens of eager decode, and batch-invariant decode
+        gives every stream the tokens it gets alone, whatever bucket its steps ran in.
 """
 import os
 import re
@@ -55,7 +57,8 @@ def _server(key_file, *args):
 def servers(key_file, proto_modules):
     _, pb2_grpc = proto_modules
     started = {name: _server(key_file, *args) for name, args in {
-        "cpu": ("--device=cpu",), "cuda": ("--device=cuda",), "cuda_bf16": ("--device=cuda", "--dtype=bf16")}.items()}
+        "cpu": ("--device=cpu",), "cuda": ("--device=cuda",), "cuda_bf16": ("--device=cuda", "--dtype=bf16"),
+        "cuda_eager": ("--device=cuda", "--cuda_graphs=false")}.items()}
     channels = {}
     try:
         for name, s in started.items():
@@ -162,3 +165,26 @@ def test_sixty_four_streams_share_steps_and_memory_is_reported(servers, proto_mo
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     allocated = re.findall(r'^tost_device_memory_allocated_bytes\{device="cuda:0"\} (\S+)$', text, re.M)
     assert allocated and float(allocated[0]) > 0, "no device memory reported"
+    status = stub.ServerStatus(pb2.ServerStatusRequest())
+    assert status.device_memory and status.device_memory[0].allocated_bytes > 0, status
+    assert status.device_memory[0].reserved_bytes >= status.device_memory[0].allocated_bytes
+    assert status.generators[0].state_pool_bytes > 0
+
+
+def test_graph_decode_equals_eager_decode_and_is_batch_invariant(servers, proto_modules):
+    """The same 48 sampled streams at once on the graph server and on the eager one (the steps pad
+    to the same buckets, so the same kernels run), and each stream alone: identical tokens."""
+    pb2, _ = proto_modules
+    _, graph_stub = servers["cuda"]
+    _, eager_stub = servers["cuda_eager"]
+    graph_tokens = concurrent_generates(graph_stub, pb2, LM, streams=48, tokens=24)
+    status = graph_stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
+    assert status.decode_mode == "cuda graphs", status.decode_mode
+    assert eager_stub.ServerStatus(pb2.ServerStatusRequest()).generators[0].decode_mode == "eager"
+    eager_tokens = concurrent_generates(eager_stub, pb2, LM, streams=48, tokens=24)
+    assert graph_tokens == eager_tokens
+    for i in (0, 17, 47):  # alone: bucket 1 instead of the 48-row bucket
+        alone = [m.token.id for m in graph_stub.Generate(pb2.GenerateRequest(
+            model=LM, prompt_bytes=b"x", max_new_tokens=24,
+            sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300) if m.HasField("token")]
+        assert alone == graph_tokens[i], f"stream {i} differs alone"

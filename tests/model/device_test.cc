@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "model/config.h"
+#include "model/decode_buckets.h"
 
 namespace tost::model {
 namespace {
@@ -127,6 +129,36 @@ TEST(ModelConfigServing, RefusesMalformedServingNamingFileAndKey) {
     EXPECT_NE(cfg.status().message().find("m/config.json: "), std::string::npos) << cfg.status();
     EXPECT_NE(cfg.status().message().find(expected), std::string::npos) << cfg.status();
   }
+}
+
+}  // namespace
+}  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+TEST(DecodeBuckets, PowersOfTwoThenMultiplesOfEightEndingAtTheLargestBatch) {
+  EXPECT_EQ(DecodeBuckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(DecodeBuckets(3), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(DecodeBuckets(8), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(DecodeBuckets(20), (std::vector<int64_t>{1, 2, 4, 8, 16, 20}));
+  EXPECT_EQ(DecodeBuckets(64), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64}));
+  EXPECT_TRUE(DecodeBuckets(0).empty());
+}
+
+TEST(DecodeBuckets, EveryBatchRunsAtTheSmallestBucketThatHoldsIt) {
+  const std::vector<int64_t> buckets = DecodeBuckets(64);
+  for (int64_t b = 1; b <= 64; ++b) {
+    const int64_t bucket = DecodeBucketFor(buckets, b);
+    ASSERT_GE(bucket, b);
+    EXPECT_TRUE(bucket - b < 8 || bucket <= 8) << b << " pads to " << bucket;
+    // No smaller bucket would hold it.
+    for (int64_t smaller : buckets) EXPECT_TRUE(smaller >= bucket || smaller < b);
+  }
+  EXPECT_EQ(DecodeBucketFor(buckets, 0), -1);
+  EXPECT_EQ(DecodeBucketFor(buckets, 65), -1);
+  EXPECT_EQ(DecodeBucketFor(buckets, 3), 4);
+  EXPECT_EQ(DecodeBucketFor(buckets, 33), 40);
 }
 
 }  // namespace

@@ -124,6 +124,76 @@ TEST_F(ParityTest, ContextLengthIsEnforced) {
             absl::StatusCode::kOutOfRange);
 }
 
+// The serving path keeps statistics in pool rows on the model's device; it must compute exactly
+// what the SequenceState path computes (bit for bit), touch no other row, and refuse bad rows
+// before changing anything.
+TEST_F(ParityTest, StatePoolRowsMatchSequenceStatesBitForBit) {
+  LoadedModel m = Load("lm_small");
+  ASSERT_TRUE(m.status.ok());
+  const LanguageModel& lm = *m.language;
+  auto pool = lm.NewStatePool(5);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const int64_t width = (*pool)->floats_per_row();
+  ASSERT_EQ(width, static_cast<int64_t>(lm.NewSequence().stats.size()));
+
+  const std::vector<int32_t> prompt_a = {72, 101, 108, 108, 111, 44, 32, 119, 111};
+  const std::vector<int32_t> prompt_b = {84, 104, 101};
+  const std::vector<int64_t> rows = {3, 1};
+  std::vector<SequenceState> states(2, lm.NewSequence());
+  std::vector<int64_t> positions(2, 0);
+  for (int i = 0; i < 2; ++i) {
+    const auto& prompt = i == 0 ? prompt_a : prompt_b;
+    auto want = lm.Prefill(prompt, states[i], /*chunk_tokens=*/4);
+    auto got = lm.Prefill(prompt, **pool, rows[i], 0, /*chunk_tokens=*/4);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ(*want, *got);
+    positions[i] = static_cast<int64_t>(prompt.size());
+  }
+  SequenceState* ptrs[] = {&states[0], &states[1]};
+  for (int t = 0; t < 6; ++t) {
+    const bool invariant = t % 2 == 1;
+    const std::vector<int32_t> tokens = {static_cast<int32_t>(97 + t),
+                                         static_cast<int32_t>(65 + t)};
+    auto want = lm.Step(tokens, ptrs, invariant);
+    auto got = lm.Step(tokens, **pool, rows, positions, invariant);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ(*want, *got) << "step " << t;
+    for (auto& p : positions) ++p;
+  }
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> row(width);
+    ASSERT_TRUE((*pool)->Load(rows[i], absl::MakeSpan(row)).ok());
+    EXPECT_EQ(row, states[i].stats) << "row " << rows[i];
+  }
+  for (int64_t untouched : {0, 2, 4}) {
+    std::vector<float> row(width, 1.f);
+    ASSERT_TRUE((*pool)->Load(untouched, absl::MakeSpan(row)).ok());
+    EXPECT_EQ(row, std::vector<float>(width, 0.f)) << "row " << untouched << " was written";
+  }
+
+  // Refusals change nothing.
+  std::vector<float> before(width);
+  ASSERT_TRUE((*pool)->Load(3, absl::MakeSpan(before)).ok());
+  const std::vector<int32_t> two = {1, 2};
+  EXPECT_EQ(lm.Step(two, **pool, std::vector<int64_t>{3, 3}, positions).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lm.Step(two, **pool, std::vector<int64_t>{3, 5}, positions).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const int64_t ctx = m.config.language.context_length;
+  EXPECT_EQ(lm.Step(two, **pool, rows, std::vector<int64_t>{ctx, 0}).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(lm.Prefill(two, **pool, 7, 0).status().code(), absl::StatusCode::kOutOfRange);
+  HostStatePool foreign(5, width);
+  EXPECT_EQ(lm.Step(two, foreign, rows, positions).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> after(width);
+  ASSERT_TRUE((*pool)->Load(3, absl::MakeSpan(after)).ok());
+  EXPECT_EQ(before, after);
+  EXPECT_EQ((*pool)->Store(5, after).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*pool)->Store(0, absl::MakeConstSpan(after).subspan(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ParityTest, StateSizeIsIndependentOfLength) {
   LoadedModel m = Load("lm_small");
   ASSERT_TRUE(m.status.ok());

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace tost::model {
 namespace {
@@ -32,6 +34,44 @@ TEST(GuardTorch, MapsEachErrorKindToItsCode) {
       GuardTorch("m", "step", []() -> int { throw std::runtime_error("boom"); }).status();
   EXPECT_EQ(other.code(), absl::StatusCode::kInternal);
   EXPECT_NE(other.message().find("model m: step failed: boom"), std::string::npos) << other;
+}
+
+absl::Status CudaFailure(int code) {
+  return GuardTorch("m", "step",
+                    [&]() -> int {
+                      throw c10::AcceleratorError(c10::SourceLocation{__func__, __FILE__, __LINE__},
+                                                  code, "CUDA error: test");
+                    })
+      .status();
+}
+
+// One test: the device-lost latch is process-wide, and only the first sticky error runs the
+// handler.
+TEST(GuardTorch, AStickyCudaErrorLosesTheDeviceOnceAndAnOrdinaryOneFailsOnlyTheCall) {
+  std::vector<std::string> reported;
+  SetDeviceLostHandler([&](const std::string& why) { reported.push_back(why); });
+  EXPECT_FALSE(IsStickyCudaError(0));
+  EXPECT_FALSE(IsStickyCudaError(1));   // cudaErrorInvalidValue
+  EXPECT_FALSE(IsStickyCudaError(2));   // cudaErrorMemoryAllocation
+  EXPECT_TRUE(IsStickyCudaError(700));  // cudaErrorIllegalAddress
+  EXPECT_TRUE(IsStickyCudaError(710));  // cudaErrorAssert
+  EXPECT_TRUE(IsStickyCudaError(719));  // cudaErrorLaunchFailure
+
+  const absl::Status ordinary = CudaFailure(1);
+  EXPECT_EQ(ordinary.code(), absl::StatusCode::kInternal) << ordinary;
+  EXPECT_TRUE(reported.empty());
+  EXPECT_EQ(DeviceLostReason(), "");
+
+  const absl::Status lost = CudaFailure(700);
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
+  EXPECT_NE(lost.message().find("retry on another replica"), std::string::npos) << lost;
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_NE(reported[0].find("CUDA error: test"), std::string::npos);
+  EXPECT_EQ(DeviceLostReason(), reported[0]);
+
+  EXPECT_EQ(CudaFailure(719).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reported.size(), 1u) << "the handler runs once per process";
+  SetDeviceLostHandler({});
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "tests/service/engine/fake_models.h"
 
+#include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -258,6 +260,106 @@ void FakeClassifierModel::FailWith(absl::Status status) {
 std::vector<int64_t> FakeClassifierModel::batch_sizes() const {
   absl::MutexLock lock(&mu_);
   return batch_sizes_;
+}
+
+// Host rows, with the Store/Load copies counted; the model computes on the rows directly.
+class FakeLanguageModel::Pool final : public model::StatePool {
+ public:
+  Pool(const FakeLanguageModel& owner, int64_t rows, int64_t width)
+      : owner_(owner), rows_(rows, width) {}
+  int64_t rows() const override { return rows_.rows(); }
+  int64_t floats_per_row() const override { return rows_.floats_per_row(); }
+  absl::Status Store(int64_t row, absl::Span<const float> stats) override {
+    {
+      absl::MutexLock lock(&owner_.mu_);
+      ++owner_.pool_stores_;
+    }
+    return rows_.Store(row, stats);
+  }
+  absl::Status Load(int64_t row, absl::Span<float> stats) const override {
+    {
+      absl::MutexLock lock(&owner_.mu_);
+      ++owner_.pool_loads_;
+      if (!owner_.pool_load_failure_.ok()) return owner_.pool_load_failure_;
+    }
+    return rows_.Load(row, stats);
+  }
+  // The row as a state at `position`, and back: the model's own access, not a copy to count.
+  absl::StatusOr<model::SequenceState> Read(int64_t row, int64_t position) {
+    if (row < 0 || row >= rows()) return absl::OutOfRangeError("fake LM: no such pool row");
+    model::SequenceState s;
+    s.position = position;
+    const absl::Span<float> r = rows_.row(row);
+    s.stats.assign(r.begin(), r.end());
+    return s;
+  }
+  void Write(int64_t row, const model::SequenceState& s) {
+    std::copy(s.stats.begin(), s.stats.end(), rows_.row(row).begin());
+  }
+
+ private:
+  const FakeLanguageModel& owner_;
+  model::HostStatePool rows_;
+};
+
+absl::StatusOr<std::unique_ptr<model::StatePool>> FakeLanguageModel::NewStatePool(
+    int64_t rows) const {
+  if (rows < 1) return absl::InvalidArgumentError("fake LM: a pool needs at least one row");
+  return std::make_unique<Pool>(*this, rows, static_cast<int64_t>(NewSequence().stats.size()));
+}
+
+absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const int32_t> tokens,
+                                                              model::StatePool& pool, int64_t row,
+                                                              int64_t position,
+                                                              int64_t chunk_tokens) const {
+  auto* own = dynamic_cast<Pool*>(&pool);
+  if (own == nullptr) return absl::InvalidArgumentError("fake LM: a pool of another model");
+  auto state = own->Read(row, position);
+  if (!state.ok()) return state.status();
+  auto logits = Prefill(tokens, *state, chunk_tokens);
+  if (logits.ok()) own->Write(row, *state);
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> FakeLanguageModel::Step(absl::Span<const int32_t> tokens,
+                                                           model::StatePool& pool,
+                                                           absl::Span<const int64_t> rows,
+                                                           absl::Span<const int64_t> positions,
+                                                           bool batch_invariant) const {
+  auto* own = dynamic_cast<Pool*>(&pool);
+  if (own == nullptr) return absl::InvalidArgumentError("fake LM: a pool of another model");
+  if (rows.size() != tokens.size() || positions.size() != tokens.size()) {
+    return absl::InvalidArgumentError("fake LM: one row and one position per token expected");
+  }
+  std::vector<model::SequenceState> states;
+  std::vector<model::SequenceState*> ptrs;
+  states.reserve(rows.size());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    auto s = own->Read(rows[b], positions[b]);
+    if (!s.ok()) return s.status();
+    states.push_back(*std::move(s));
+    ptrs.push_back(&states.back());
+  }
+  auto logits = Step(tokens, ptrs, batch_invariant);
+  if (logits.ok()) {
+    for (size_t b = 0; b < rows.size(); ++b) own->Write(rows[b], states[b]);
+  }
+  return logits;
+}
+
+int64_t FakeLanguageModel::pool_stores() const {
+  absl::MutexLock lock(&mu_);
+  return pool_stores_;
+}
+
+int64_t FakeLanguageModel::pool_loads() const {
+  absl::MutexLock lock(&mu_);
+  return pool_loads_;
+}
+
+void FakeLanguageModel::FailPoolLoadsWith(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  pool_load_failure_ = std::move(status);
 }
 
 }  // namespace tost::service::testing

@@ -55,12 +55,22 @@ class FakeLanguageModel final : public GenerativeModel {
   const model::ModelConfig& config() const override { return config_; }
   const model::Tokenizer& tokenizer() const override { return tokenizer_; }
   model::SequenceState NewSequence() const override;
+  // The serving interface: rows of a HostStatePool, fed through the SequenceState forms below.
+  absl::StatusOr<std::unique_ptr<model::StatePool>> NewStatePool(int64_t rows) const override;
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
+                                             model::StatePool& pool, int64_t row, int64_t position,
+                                             int64_t chunk_tokens) const override;
+  absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens, model::StatePool& pool,
+                                          absl::Span<const int64_t> rows,
+                                          absl::Span<const int64_t> positions,
+                                          bool batch_invariant) const override;
+
   absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
                                              model::SequenceState& state,
-                                             int64_t chunk_tokens) const override;
+                                             int64_t chunk_tokens) const;
   absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
                                           absl::Span<model::SequenceState* const> states,
-                                          bool batch_invariant) const override;
+                                          bool batch_invariant) const;
 
   // The logits [vocab] the model gives after consuming everything `state` holds: only printable
   // ASCII (32-126) is likely, so generated text is readable and stop strings can be picked from
@@ -80,7 +90,16 @@ class FakeLanguageModel final : public GenerativeModel {
   std::vector<int64_t> prefill_sizes() const;
   int64_t step_calls() const;
 
+  // Copies through the pools' Store and Load (what crosses between host and device on a GPU):
+  // the model's own computing on the rows is not counted.
+  int64_t pool_stores() const;
+  int64_t pool_loads() const;
+  // Every later pool Load fails with `status` (OK: stop failing).
+  void FailPoolLoadsWith(absl::Status status);
+
  private:
+  class Pool;
+  friend class Pool;
   absl::Status CheckTokens(absl::Span<const int32_t> tokens) const;
 
   const FakeLanguageOptions options_;
@@ -92,6 +111,9 @@ class FakeLanguageModel final : public GenerativeModel {
   absl::Status step_failure_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int32_t> step_batch_sizes_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int64_t> prefill_sizes_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t pool_stores_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t pool_loads_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status pool_load_failure_ ABSL_GUARDED_BY(mu_);
 };
 
 struct FakeVisionOptions {

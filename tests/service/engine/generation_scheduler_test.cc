@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
@@ -365,6 +366,59 @@ TEST_F(SchedulerTest, ShutdownDrainsWithResumableState) {
   std::vector<int32_t> joined = c.tokens;
   joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
   EXPECT_EQ(joined, Uninterrupted("abc", 8, 4, 0.9f));
+}
+
+// Active sequences live in the model's state pool (device memory on a GPU): their statistics are
+// copied in once when a call starts and out only for a snapshot or at the end, never per step.
+TEST_F(SchedulerTest, StatisticsCrossToTheHostOnlyForSnapshotsAndTheEnd) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 2;
+  auto s = Make(o);
+  std::vector<Collected> out(5);
+  std::vector<std::pair<std::shared_ptr<GenerationJob>, Collected*>> jobs;
+  for (int i = 0; i < 5; ++i) {
+    GenerationRequest r = Request(*s, absl::StrCat("job ", i), 32, /*seed=*/i + 1, 1.0f);
+    r.snapshot_every = 8;
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    jobs.emplace_back(*job, &out[i]);
+  }
+  RunAll(*s, jobs);
+  EXPECT_EQ(lm_.pool_stores(), 5) << "one copy in per call";
+  // 32 tokens, a snapshot after tokens 8, 16 and 24 (none on the finishing token), and the end.
+  EXPECT_EQ(lm_.pool_loads(), 5 * 4) << "copies out: snapshots and ends only";
+  EXPECT_GE(s->stats().decode_steps, 5 * 32 / 2);
+  // Two rows served five calls in turn, and each call's tokens are those of a run alone.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(out[i].snapshots, 3);
+    EXPECT_EQ(out[i].tokens, Uninterrupted(absl::StrCat("job ", i), 32, i + 1, 1.0f)) << i;
+  }
+}
+
+// A row that cannot be read back (a device error) must not leave a session holding statistics
+// that match no sequence: the call ends with the error and the state it started from.
+TEST_F(SchedulerTest, ARowThatCannotBeReadBackUndoesTheCall) {
+  auto s = Make();
+  Collected c;
+  GenerationRequest r = Request(*s, "Hello", 6);
+  const int64_t start = r.state.sequence.position;
+  auto job = s->Submit(std::move(r));
+  ASSERT_TRUE(job.ok());
+  lm_.FailPoolLoadsWith(absl::InternalError("device lost"));
+  RunAll(*s, {{*job, &c}});
+  lm_.FailPoolLoadsWith(absl::OkStatus());
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->status.code(), absl::StatusCode::kInternal) << c.final->status;
+  EXPECT_EQ(c.final->snapshot.sequence.position, start);
+  EXPECT_EQ(c.final->snapshot.pending_token, -1);
+  EXPECT_EQ(s->in_flight(), 0);
+  // The row went back to the pool: the next call runs.
+  Collected next;
+  auto again = s->Submit(Request(*s, "Hello", 6));
+  ASSERT_TRUE(again.ok());
+  RunAll(*s, {{*again, &next}});
+  EXPECT_TRUE(next.final->status.ok()) << next.final->status;
+  EXPECT_EQ(next.tokens.size(), 6u);
 }
 
 TEST_F(SchedulerTest, AFailedDecodeStepEndsEveryJobInItWithTheModelsError) {
