@@ -585,7 +585,16 @@ bool GenerationScheduler::StepOnce() {
     const int64_t budget = options_.prefill_chunk_tokens - prefill_tokens;
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
-    const size_t n = std::min<size_t>(budget, job->to_prefill.size() - job->prefilled);
+    const size_t remaining = job->to_prefill.size() - job->prefilled;
+    size_t n = std::min<size_t>(budget, remaining);
+    if (options_.batch_invariant) {
+      // A prefill's statistics depend (in their last bits) on how the prompt is cut into chunks,
+      // so here a prompt is always cut the same way, into prefill_chunk_tokens pieces from its
+      // start, whatever else is prefilling: a piece that does not fit the step's remaining budget
+      // waits for the next step (and the jobs behind it too, keeping arrival order).
+      n = std::min<size_t>(options_.prefill_chunk_tokens, remaining);
+      if (static_cast<int64_t>(n) > budget) break;
+    }
     model::SequenceState& seq = job->state().sequence;
     auto logits = model_.Prefill(absl::MakeConstSpan(job->to_prefill.data() + job->prefilled, n),
                                  *pool_, job->row, seq.position, static_cast<int64_t>(n));

@@ -156,7 +156,9 @@ struct GenerationSchedulerOptions {
   int32_t max_queued_jobs = 256;  // jobs admitted but waiting for a slot
   // Prompt tokens fed per scheduler step, over all prefilling jobs.
   int32_t prefill_chunk_tokens = 128;
-  bool batch_invariant = false;  // decode rows independently: bit-identical under any load
+  // Bit-identical results under any load: decode rows computed independently, and every prompt
+  // prefilled in the same pieces (prefill_chunk_tokens from its start) whatever shares the step.
+  bool batch_invariant = false;
   // Tokens a job may have published and its consumer not yet taken; at this many it is paused.
   int32_t max_buffered_tokens = 8;
   // A job paused this long (its client reads nothing) is cancelled with its state kept;

@@ -421,6 +421,30 @@ TEST_F(SchedulerTest, ARowThatCannotBeReadBackUndoesTheCall) {
   EXPECT_EQ(next.tokens.size(), 6u);
 }
 
+// A prefill's statistics depend on how its prompt is cut into chunks; with batch_invariant the
+// cut is the prompt's own (pieces of prefill_chunk_tokens from its start), not the step budget left
+// over by whatever else prefills.
+TEST_F(SchedulerTest, BatchInvariantPrefillCutsEveryPromptTheSameWayUnderLoad) {
+  for (const bool invariant : {false, true}) {
+    FakeLanguageModel lm;
+    GenerationSchedulerOptions o;
+    o.prefill_chunk_tokens = 8;
+    o.batch_invariant = invariant;
+    auto s = Make(o, &lm);
+    Collected first, second;
+    auto a = s->Submit(Request(*s, "12345", 1));                 // 4 tokens to prefill
+    auto b = s->Submit(Request(*s, "abcdefghijklmnopqrst", 1));  // 19 tokens to prefill
+    ASSERT_TRUE(a.ok() && b.ok());
+    RunAll(*s, {{*a, &first}, {*b, &second}});
+    if (invariant) {
+      EXPECT_EQ(lm.prefill_sizes(), (std::vector<int64_t>{4, 8, 8, 3}));  // b's pieces as alone
+    } else {
+      EXPECT_EQ(lm.prefill_sizes(), (std::vector<int64_t>{4, 4, 8, 7}));  // b fills the budget
+    }
+    EXPECT_TRUE(second.final->status.ok());
+  }
+}
+
 TEST_F(SchedulerTest, AFailedDecodeStepEndsEveryJobInItWithTheModelsError) {
   auto s = Make();
   Collected a, b;
