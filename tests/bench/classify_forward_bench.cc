@@ -4,10 +4,13 @@
 // the same batch size divided by these is the server's overhead.
 //
 // Prints one JSON object: per batch size, forwards timed, latency percentiles (ms) and images/s.
+// --device/--dtype place the model as tost_server's flags do (Forward returns host logits, so each
+// timed forward includes waiting for the device).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +23,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "model/config.h"
+#include "model/device.h"
+#include "model/device_memory.h"
 #include "model/torch_threads.h"
 #include "model/vision_model.h"
 
@@ -27,6 +32,9 @@ ABSL_FLAG(std::string, model_dir, "models/tost-digits", "Vision model directory"
 ABSL_FLAG(std::string, batch_sizes, "1,8", "Comma-separated images per forward");
 ABSL_FLAG(double, seconds, 3, "Timed seconds per batch size (after a warm-up of 0.5 s)");
 ABSL_FLAG(int, intra_op_threads, 1, "LibTorch intra-op threads (tost_server's default is 1)");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model runs: cpu, cuda, cuda:N or auto (as tost_server)");
+ABSL_FLAG(std::string, dtype, "fp32", "Weights and activations on CUDA: fp32, bf16 or fp16");
 
 namespace {
 
@@ -47,7 +55,20 @@ int Main() {
                  std::string(config.status().message()).c_str());
     return 2;
   }
-  auto model = tost::model::VisionModel::Load(dir, *config);
+  auto spec = tost::model::ParseDeviceSpec(absl::GetFlag(FLAGS_device), "--device");
+  auto dtype = tost::model::ParseComputeDtype(absl::GetFlag(FLAGS_dtype), "--dtype");
+  absl::StatusOr<tost::model::Placement> placement =
+      !spec.ok()    ? spec.status()
+      : !dtype.ok() ? dtype.status()
+                    : tost::model::ResolvePlacement(*spec, *dtype, std::nullopt, std::nullopt,
+                                                    tost::model::CudaDeviceCount(), "");
+  if (!placement.ok()) {
+    std::fprintf(stderr, "classify_forward_bench: %s\n",
+                 std::string(placement.status().message()).c_str());
+    return 2;
+  }
+  tost::model::DisableTf32();
+  auto model = tost::model::VisionModel::Load(dir, *config, *placement);
   if (!model.ok()) {
     std::fprintf(stderr, "classify_forward_bench: %s\n",
                  std::string(model.status().message()).c_str());
@@ -57,6 +78,8 @@ int Main() {
   nlohmann::json out;
   out["model_dir"] = dir;
   out["intra_op_threads"] = absl::GetFlag(FLAGS_intra_op_threads);
+  out["device"] = placement->DeviceString();
+  out["dtype"] = tost::model::ComputeDtypeName(placement->dtype);
   out["input_shape"] = {v.in_chans, v.image_height, v.image_width};
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;

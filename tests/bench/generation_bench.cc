@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -26,9 +27,12 @@
 #include <c10/core/InferenceMode.h>
 #include <grpcpp/grpcpp.h>
 
+#include "model/device.h"
+#include "model/device_memory.h"
 #include "model/language_model.h"
 #include "model/safetensors.h"
 #include "model/tensor_list.h"
+#include "model/torch_device.h"
 #include "model/torch_threads.h"
 #include "tost/v1/tost.grpc.pb.h"
 
@@ -46,6 +50,8 @@ struct Args {
   // P4 positions; the ratio is the last over the first. More than two draw the latency curve.
   std::vector<int64_t> positions = {100, 4000};
   std::string json;  // also write the figures here as JSON
+  // Where both models of P4 run and where P6's server runs (--device: cpu, cuda, cuda:N, auto).
+  tost::model::Placement placement;
 };
 
 // The figures of one run, for --json.
@@ -107,19 +113,23 @@ void WriteModel(const fs::path& repo, const tost::model::LanguageConfig& c) {
 // A GPT of the same dims with a KV cache: the softmax-attention baseline for P4/P5.
 class KvCacheGpt {
  public:
-  explicit KvCacheGpt(const tost::model::LanguageConfig& c) : c_(c) {
-    auto w = [&](std::vector<int64_t> s) { return at::randn(s) * 0.02; };
+  KvCacheGpt(const tost::model::LanguageConfig& c, const tost::model::Placement& placement)
+      : c_(c) {
+    const at::Device device = tost::model::TorchDevice(placement);
+    auto w = [&](std::vector<int64_t> s) { return (at::randn(s) * 0.02).to(device); };
     wte_ = w({c.vocab_size, c.n_embd});
     wpe_ = w({c.context_length, c.n_embd});
     for (int64_t l = 0; l < c.n_layer; ++l) {
-      layers_.push_back({w({3 * c.n_embd, c.n_embd}), w({c.n_embd, c.n_embd}),
-                         w({4 * c.n_embd, c.n_embd}), w({c.n_embd, 4 * c.n_embd}),
-                         at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head}),
-                         at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head})});
+      layers_.push_back(
+          {w({3 * c.n_embd, c.n_embd}), w({c.n_embd, c.n_embd}), w({4 * c.n_embd, c.n_embd}),
+           w({c.n_embd, 4 * c.n_embd}),
+           at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head}).to(device),
+           at::randn({1, c.n_head, c.context_length, c.n_embd / c.n_head}).to(device)});
     }
-    ln_ = at::ones({c.n_embd});
+    ln_ = at::ones({c.n_embd}).to(device);
   }
-  // One decode step at `pos` (the cache holds positions < pos).
+  // One decode step at `pos` (the cache holds positions < pos). The logits come back to the host,
+  // as ToST's Step returns them (on a GPU this is also what waits for the step).
   at::Tensor Step(int64_t token, int64_t pos) {
     const int64_t p = c_.n_embd / c_.n_head;
     at::Tensor x = (wte_[token] + wpe_[pos]).view({1, c_.n_embd});
@@ -134,7 +144,7 @@ class KvCacheGpt {
       x = x + at::linear(at::gelu(at::linear(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), L.fc)),
                          L.fc_out);
     }
-    return at::matmul(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), wte_.t());
+    return at::matmul(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), wte_.t()).to(at::kCPU);
   }
   int64_t CacheBytesPerSequence(int64_t tokens) const {
     return 2 * c_.n_layer * tokens * c_.n_embd * 4;
@@ -155,12 +165,18 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   cfg.name = "bench-lm";
   cfg.architecture = tost::model::Architecture::kLanguage;
   cfg.language = c;
-  auto lm = tost::model::LanguageModel::Load((repo / "bench-lm").string(), cfg);
+  auto lm = tost::model::LanguageModel::Load((repo / "bench-lm").string(), cfg, args.placement);
   if (!lm.ok()) {
     std::fprintf(stderr, "load failed: %s\n", std::string(lm.status().message()).c_str());
     std::exit(1);
   }
-  KvCacheGpt kv(c);
+  // Decode through a state pool row, as the server decodes.
+  auto pool = (*lm)->NewStatePool(1);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "state pool: %s\n", std::string(pool.status().message()).c_str());
+    std::exit(1);
+  }
+  KvCacheGpt kv(c, args.placement);
   c10::InferenceMode inference;
   const std::vector<int64_t>& positions = args.positions;
   // ToST states at each position, by real prefill.
@@ -176,11 +192,15 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   std::vector<std::vector<double>> tost_ms(positions.size()), kv_ms(positions.size());
   for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < positions.size(); ++i) {  // interleaved: 100, 4000, 100, 4000, ...
-      tost::model::SequenceState s = states[i];
-      tost::model::SequenceState* ptr[] = {&s};
+      if (!(*pool)->Store(0, states[i].stats).ok()) std::exit(1);
       const int32_t token = 65;
+      const int64_t row = 0;
       auto t0 = Clock::now();
-      for (int k = 0; k < args.steps; ++k) (void)(*lm)->Step(absl::MakeConstSpan(&token, 1), ptr);
+      for (int k = 0; k < args.steps; ++k) {
+        const int64_t position = states[i].position + k;
+        (void)(*lm)->Step(absl::MakeConstSpan(&token, 1), **pool, absl::MakeConstSpan(&row, 1),
+                          absl::MakeConstSpan(&position, 1));
+      }
       tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
                            args.steps);
       t0 = Clock::now();
@@ -246,8 +266,9 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
     close(fds[0]);
     const std::string repo_flag = "--model_repository=" + repo.string();
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
+    const std::string device = "--device=" + args.placement.DeviceString();
     execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0",
-          slots.c_str(), "--metrics_port=0",
+          slots.c_str(), device.c_str(), "--metrics_port=0",
           static_cast<char*>(nullptr));  // metrics on (as deployed), on a free port
     _exit(127);
   }
@@ -342,7 +363,7 @@ int main(int argc, char** argv) {
     if (a == "--help") {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
-          "[--steps=64] [--positions=100,4000] [--json=FILE]\n"
+          "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -354,6 +375,19 @@ int main(int argc, char** argv) {
     if (a.rfind("--tokens=", 0) == 0) args.tokens = std::stoi(a.substr(9));
     if (a.rfind("--steps=", 0) == 0) args.steps = std::stoi(a.substr(8));
     if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
+    if (a.rfind("--device=", 0) == 0) {
+      auto spec = tost::model::ParseDeviceSpec(a.substr(9), "--device");
+      auto placement = spec.ok() ? tost::model::ResolvePlacement(
+                                       *spec, tost::model::ComputeDtype::kFloat32, std::nullopt,
+                                       std::nullopt, tost::model::CudaDeviceCount(), "")
+                                 : absl::StatusOr<tost::model::Placement>(spec.status());
+      if (!placement.ok()) {
+        std::fprintf(stderr, "tost_generation_bench: %s\n",
+                     std::string(placement.status().message()).c_str());
+        return 2;
+      }
+      args.placement = *placement;
+    }
     if (a.rfind("--positions=", 0) == 0) {
       args.positions.clear();
       std::stringstream list(a.substr(12));
@@ -379,10 +413,10 @@ int main(int argc, char** argv) {
   const fs::path repo = fs::temp_directory_path() / ("tost_gen_bench_" + std::to_string(getpid()));
   const auto config = BenchConfig(args.quick);
   WriteModel(repo, config);
-  std::printf("bench LM: %lld layers, C %lld, %lld heads, context %lld, %u threads\n",
+  std::printf("bench LM: %lld layers, C %lld, %lld heads, context %lld, %u threads, device %s\n",
               static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
               static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
-              std::thread::hardware_concurrency());
+              std::thread::hardware_concurrency(), args.placement.DeviceString().c_str());
   Figures figures;
   RunP4P5(repo, config, args, figures);
   RunP6(repo, args, figures);

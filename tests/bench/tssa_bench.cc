@@ -11,11 +11,15 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/headeronly/version.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -39,7 +43,7 @@ constexpr const char* kUsage =
     R"(tssa_bench: fused CPU TSSA kernel vs the ATen reference and DRAM bandwidth (P1),
 TSSA layer vs softmax-attention layers in time and peak memory (P2).
 
-usage: tssa_bench [--quick] [--threads=N] [--sections=LIST]
+usage: tssa_bench [--quick] [--threads=N] [--sections=LIST] [--device=cpu|cuda|cuda:N]
   --quick          reduced sizes and repeats, runs in seconds (CI smoke run; figures are not the
                    acceptance measurements: the bandwidth arrays fit in the last-level cache)
   --threads=N      intra-op threads for every measurement (default: all cores)
@@ -47,6 +51,9 @@ usage: tssa_bench [--quick] [--threads=N] [--sections=LIST]
                    (default: all)
   --sizes=LIST     kernel section only these B:N pairs, e.g. 8:16384,8:65536 (default: B 1 and 8,
                    N 256...65536)
+  --device=D       cpu (default: this benchmark) or cuda[:N]: runs tssa_gpu_bench, the same
+                   comparison on that GPU (fused CUDA ops vs the ATen reference there, with the
+                   device's measured copy bandwidth), passing --quick and --device on
   --help           this text
 
 Figures: kernel times are medians of interleaved repeats of the dispatcher op (tost::tssa, the
@@ -69,6 +76,7 @@ constexpr int64_t kHeads = 8;
 
 struct Args {
   bool quick = false;
+  std::string device = "cpu";
   int threads = 0;
   std::vector<std::string> sections = {"bandwidth", "kernel", "causal", "layer-time",
                                        "layer-memory"};
@@ -94,6 +102,8 @@ Args ParseArgs(int argc, char** argv) {
       std::exit(0);
     } else if (s == "--quick") {
       a.quick = true;
+    } else if (HasPrefix(s, "--device=")) {
+      a.device = value("--device=");
     } else if (HasPrefix(s, "--threads=")) {
       a.threads = std::stoi(value("--threads="));
     } else if (HasPrefix(s, "--sections=")) {
@@ -632,6 +642,29 @@ void RunLayerMemorySection(const Args& args) {
 
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
+  if (args.device != "cpu") {
+    if (args.device != "cuda" && !HasPrefix(args.device, "cuda:")) {
+      std::fprintf(stderr, "tssa_bench: --device expects cpu, cuda or cuda:N, got '%s'\n",
+                   args.device.c_str());
+      return 2;
+    }
+    // The GPU comparison lives in its own binary (it links LibTorch's CUDA libraries and builds in
+    // the standalone kernels project a lent GPU machine compiles); this one hands over to it.
+    const std::string gpu_bench =
+        (std::filesystem::path(argv[0]).parent_path() / ".." / "kernels" / "gpu" / "tssa_gpu_bench")
+            .string();
+    const std::string device = "--device=" + args.device;
+    std::fflush(stdout);
+    if (args.quick) {
+      execl(gpu_bench.c_str(), "tssa_gpu_bench", "--quick", device.c_str(),
+            static_cast<char*>(nullptr));
+    } else {
+      execl(gpu_bench.c_str(), "tssa_gpu_bench", device.c_str(), static_cast<char*>(nullptr));
+    }
+    std::fprintf(stderr, "tssa_bench: --device=%s runs %s, which could not be started: %s\n",
+                 args.device.c_str(), gpu_bench.c_str(), std::strerror(errno));
+    return 2;
+  }
   at::set_num_threads(args.threads > 0 ? args.threads
                                        : static_cast<int>(std::thread::hardware_concurrency()));
   if (!args.variant.empty()) return RunChildVariant(args);

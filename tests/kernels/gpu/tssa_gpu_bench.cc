@@ -4,6 +4,7 @@
 //
 //   tssa_gpu_bench            full run (a few minutes)
 //   tssa_gpu_bench --quick    one size per op (ctest tssa_gpu_bench_quick, label gpu)
+//   --device=cuda:N           the device to measure (default cuda:0)
 //
 // Figures: medians of interleaved repeats, each timed with CUDA events on the current stream;
 // "eff GB/s" counts three reads and one write of w (plus Π, as docs/kernels.md counts it) over
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -103,17 +105,44 @@ const char* Name(at::ScalarType t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  if (argc > 1 && !quick) {
-    std::fprintf(stderr, "usage: tssa_gpu_bench [--quick]\n");
+  bool quick = false;
+  int device = 0;
+  const auto usage = [](const std::string& got) {
+    std::fprintf(stderr, "usage: tssa_gpu_bench [--quick] [--device=cuda|cuda:N]; got '%s'\n",
+                 got.c_str());
     return 2;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--device=cuda") {
+      device = 0;
+    } else if (a.rfind("--device=cuda:", 0) == 0) {
+      const std::string index = a.substr(14);
+      char* end = nullptr;
+      const long v = std::strtol(index.c_str(), &end, 10);
+      if (index.empty() || *end != '\0' || v < 0 || v > 1024) return usage(a);
+      device = static_cast<int>(v);
+    } else {
+      return usage(a);
+    }
   }
   if (!at::hasCUDA()) {
     std::printf("tssa_gpu_bench: no CUDA device: skipped\n");
     return 0;
   }
+  int devices = 0;
+  Check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  if (device >= devices) {
+    std::fprintf(stderr, "tssa_gpu_bench: --device=cuda:%d, but this process sees %d device(s)\n",
+                 device, devices);
+    return 2;
+  }
+  // ATen's current device follows the runtime's: every tensor below is made on this one.
+  Check(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop{};
-  Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   const int reps = quick ? 5 : 21;
   const double copy_gbs = CopyBandwidthGBs(reps);
   std::printf(
