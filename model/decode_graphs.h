@@ -3,9 +3,9 @@
 // LanguageModel's CUDA state pool owns one.
 //
 // A graph replays fixed device addresses, so the step reads its inputs from one static buffer,
-// `staged()` (int64 [3, max_bucket]: token ids, positions, pool rows), that every step writes first,
-// and its logits land in a tensor the graph owns. Capturing runs on scratch rows of the pool only
-// (the warm-up before a capture executes, the capture itself does not), then each new graph is
+// `staged()` (int64 [3, max_bucket]: token ids, positions, pool rows), that every step writes
+// first, and its logits land in a tensor the graph owns. Capturing runs on scratch rows of the pool
+// only (the warm-up before a capture executes, the capture itself does not), then each new graph is
 // checked against an eager step on the same inputs, bit for bit: a graph that differs (or a capture
 // that fails) turns graphs off for the pool, and decode goes on eagerly at the same padded shapes,
 // with the reason in mode().

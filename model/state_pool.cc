@@ -8,12 +8,12 @@ namespace tost::model {
 
 absl::Status StatePool::CheckRow(int64_t row, size_t floats) const {
   if (row < 0 || row >= rows()) {
-    return absl::OutOfRangeError(
-        absl::StrCat("state pool row ", row, " does not exist: the pool has rows [0, ", rows(), ")"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "state pool row ", row, " does not exist: the pool has rows [0, ", rows(), ")"));
   }
   if (static_cast<int64_t>(floats) != floats_per_row()) {
-    return absl::InvalidArgumentError(absl::StrCat("state pool rows hold ", floats_per_row(),
-                                                   " floats, got ", floats));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state pool rows hold ", floats_per_row(), " floats, got ", floats));
   }
   return absl::OkStatus();
 }
