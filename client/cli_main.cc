@@ -25,6 +25,7 @@
 #include "client/membership_png.h"
 #include "client/npy.h"
 #include "model/file_util.h"
+#include "proto/grpc_code_name.h"
 #include "service/api/image_decode.h"
 #include "tost/v1/tost.grpc.pb.h"
 
@@ -68,6 +69,7 @@ ABSL_FLAG(int, retry_backoff_ms, 100,
 
 namespace {
 
+using tost::GrpcCodeName;
 using tost::v1::Tost;
 
 int Fail(const std::string& what, const grpc::Status& s) {
@@ -201,47 +203,6 @@ class Printer {
  private:
   bool ids_;
 };
-
-const char* CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK:
-      return "OK";
-    case grpc::StatusCode::CANCELLED:
-      return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN:
-      return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
-      return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
-      return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL:
-      return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE:
-      return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS:
-      return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return "UNAUTHENTICATED";
-    default:
-      return "UNRECOGNIZED";
-  }
-}
 
 // Breaks a continuation repairs: a draining or unreachable replica (UNAVAILABLE; a proxy without
 // a live upstream answers 502, which gRPC reports so), a stream reset in flight (INTERNAL or
@@ -400,10 +361,10 @@ absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first
       if (!Retryable(status.error_code())) {
         return absl::Status(
             static_cast<absl::StatusCode>(status.error_code()),
-            absl::StrCat("Generate failed with ", CodeName(status.error_code()), ": ",
+            absl::StrCat("Generate failed with ", GrpcCodeName(status.error_code()), ": ",
                          status.error_message(), " (", calls, " call(s), ", breaks, " break(s))"));
       }
-      reason = absl::StrCat(CodeName(status.error_code()), ": ", status.error_message());
+      reason = absl::StrCat(GrpcCodeName(status.error_code()), ": ", status.error_message());
     } else {
       reason = drained ? "FINISH_REASON_DRAINED" : "the stream ended without a final message";
     }

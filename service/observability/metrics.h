@@ -90,7 +90,4 @@ class Metrics final : public BatchObserver, public GenerationObserver, public Se
   std::unique_ptr<Impl> impl_;
 };
 
-// The gRPC status code's canonical name ("OK", "RESOURCE_EXHAUSTED", ...), the `code` label.
-const char* GrpcCodeName(grpc::StatusCode code);
-
 }  // namespace tost::service

@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/npy.h"
+#include "proto/grpc_code_name.h"
 #include "tests/bench/loadgen/loadgen_stats.h"
 #include "tost/v1/tost.grpc.pb.h"
 
@@ -75,28 +76,6 @@ using tost::v1::Tost;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
-}
 
 // gRPC takes system-clock time points or gpr_timespec; our clock is steady (immune to clock steps).
 gpr_timespec ToGpr(Clock::time_point t) {
@@ -223,7 +202,8 @@ absl::StatusOr<v1::ModelStatus> FindModel(Tost::Stub& stub, const std::string& a
     v1::ListModelsResponse list;
     const grpc::Status s = stub.ListModels(&ctx, {}, &list);
     if (!s.ok()) {
-      last = absl::StrCat("ListModels failed: ", CodeName(s.error_code()), " ", s.error_message());
+      last =
+          absl::StrCat("ListModels failed: ", GrpcCodeName(s.error_code()), " ", s.error_message());
     } else {
       std::vector<std::string> seen;
       for (const v1::ModelStatus& m : list.models()) {
@@ -486,7 +466,7 @@ class Driver {
         if (call->tokens > 0) s.ttft_ms.Add(Millis(call->first_token - call->scheduled));
         for (double d : call->itl_ms) s.itl_ms.Add(d);
       } else {
-        ++s.errors_by_code[CodeName(call->status.error_code())];
+        ++s.errors_by_code[GrpcCodeName(call->status.error_code())];
       }
       last_done_ = std::max(last_done_, now);
     }
