@@ -40,6 +40,9 @@ struct Placement {
   // CUDA only: decode steps replayed from CUDA graphs captured per batch bucket (--cuda_graphs);
   // off, they run eagerly at the same padded shapes (decode_buckets.h).
   bool decode_graphs = true;
+  // Decode steps at bucket batch sizes with scratch rows: always on CUDA; on the CPU only when set
+  // (tests of the padded path, which the CPU otherwise has no use for).
+  bool pad_decode_steps = false;
 
   std::string DeviceString() const;  // "cpu" or "cuda:N"
 };

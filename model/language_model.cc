@@ -7,11 +7,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/StreamGuard.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
 #include "model/decode_buckets.h"
 #include "model/decode_graphs.h"
+#include "model/model_stream.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
 #include "model/torch_boundary.h"
@@ -48,7 +50,9 @@ struct Block {
 struct LanguageModel::Impl {
   ModelConfig config;
   at::Device device = at::kCPU;
+  std::optional<c10::Stream> stream;  // CUDA: the model's own (model_stream.h)
   bool decode_graphs = false;         // CUDA: replay decode steps from CUDA graphs (Placement)
+  bool pad_decode_steps = false;      // decode at bucket sizes (always on CUDA; Placement)
   at::ScalarType dtype = at::kFloat;  // weights and activations; statistics are float32
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
@@ -122,7 +126,10 @@ struct LanguageModel::Impl {
   void Place(const Placement& placement) {
     device = TorchDevice(placement);
     decode_graphs = placement.decode_graphs;
+    pad_decode_steps = placement.cuda || placement.pad_decode_steps;
     dtype = ComputeScalarType(placement.dtype);
+    stream = ModelStreamFor(device);
+    const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
       if (t.defined()) t = t.to(device, dtype).contiguous();
     };
@@ -292,8 +299,9 @@ std::vector<int64_t> Widen(absl::Span<const int32_t> v) { return {v.begin(), v.e
 // through DecodeGraphs.
 class LanguageModel::DevicePool final : public StatePool {
  public:
-  DevicePool(const LanguageModel* owner, at::Tensor pool, int64_t rows)
-      : owner_(owner), pool_(std::move(pool)), rows_(rows) {}
+  DevicePool(const LanguageModel* owner, at::Tensor pool, int64_t rows,
+             std::optional<c10::Stream> stream)
+      : owner_(owner), pool_(std::move(pool)), rows_(rows), stream_(stream) {}
 
   int64_t rows() const override { return rows_; }
   int64_t floats_per_row() const override { return pool_.size(0) * pool_.size(2); }
@@ -302,6 +310,7 @@ class LanguageModel::DevicePool final : public StatePool {
     TOST_RETURN_IF_ERROR(CheckRow(row, stats.size()));
     return GuardTorch(owner_->config().name, "store sequence state",
                       [&] {
+                        const c10::OptionalStreamGuard on_stream(stream_);
                         const at::Tensor host =
                             at::from_blob(const_cast<float*>(stats.data()),
                                           {pool_.size(0), pool_.size(2)}, at::kFloat);
@@ -315,6 +324,7 @@ class LanguageModel::DevicePool final : public StatePool {
     TOST_RETURN_IF_ERROR(CheckRow(row, stats.size()));
     return GuardTorch(owner_->config().name, "load sequence state",
                       [&] {
+                        const c10::OptionalStreamGuard on_stream(stream_);
                         at::from_blob(stats.data(), {pool_.size(0), pool_.size(2)}, at::kFloat)
                             .copy_(pool_.select(1, row));
                         return true;
@@ -349,6 +359,7 @@ class LanguageModel::DevicePool final : public StatePool {
   const LanguageModel* owner_;
   at::Tensor pool_;  // [L, rows (+ rows of scratch on CUDA), W]
   int64_t rows_;
+  std::optional<c10::Stream> stream_;  // the model's: copies in order with its steps
   std::vector<int64_t> buckets_;
   std::unique_ptr<DecodeGraphs> graphs_;
 };
@@ -428,6 +439,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
   chunk_tokens = std::max<int64_t>(1, chunk_tokens);
   return GuardTorch(m.config.name, "prefill", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
     SequenceState* seqs[] = {&state};
     std::vector<at::Tensor> states = m.Gather(seqs);
     std::vector<float> logits =
@@ -447,6 +459,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
   for (SequenceState* s : states) TOST_RETURN_IF_ERROR(m.CheckState(*s, 1));
   return GuardTorch(m.config.name, "step", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
     std::vector<at::Tensor> layer_states = m.Gather(states);
     std::vector<int64_t> positions;
     for (SequenceState* s : states) positions.push_back(s->position);
@@ -466,12 +479,13 @@ absl::StatusOr<std::unique_ptr<StatePool>> LanguageModel::NewStatePool(int64_t r
   }
   const LanguageConfig& c = m.config.language;
   return GuardTorch(m.config.name, "allocate the state pool", [&]() -> std::unique_ptr<StatePool> {
-    const bool padded = m.device.is_cuda();
+    const c10::OptionalStreamGuard on_stream(m.stream);
+    const bool padded = m.pad_decode_steps;
     auto pool = std::make_unique<DevicePool>(
         this,
         at::zeros({c.n_layer, padded ? 2 * rows : rows, c.state_floats_per_layer()},
                   at::TensorOptions(at::kFloat).device(m.device)),
-        rows);
+        rows, m.stream);
     if (padded) pool->UsePaddedSteps(m.decode_graphs);
     return pool;
   });
@@ -512,6 +526,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
   chunk_tokens = std::max<int64_t>(1, chunk_tokens);
   return GuardTorch(m.config.name, "prefill", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
     std::vector<at::Tensor> states;
     for (int64_t l = 0; l < m.config.language.n_layer; ++l)
       states.push_back(own->layer(l).narrow(0, row, 1));
@@ -547,6 +562,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
   }
   return GuardTorch(m.config.name, "step", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
     std::vector<at::Tensor> pools;
     for (int64_t l = 0; l < m.config.language.n_layer; ++l) pools.push_back(own->layer(l));
     DecodeGraphs* graphs = own->graphs();
@@ -591,6 +607,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const in
   TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
   return GuardTorch(m.config.name, "forward", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
     const auto on_device = at::TensorOptions(at::kLong).device(m.device);
     const at::Tensor ids = m.ToDevice(
         at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({batch, length}));

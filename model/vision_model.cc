@@ -4,9 +4,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/StreamGuard.h>
+
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
+#include "model/model_stream.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
 #include "model/torch_boundary.h"
@@ -61,6 +65,7 @@ struct StemStage {
 struct VisionModel::Impl {
   ModelConfig config;
   at::Device device = at::kCPU;
+  std::optional<c10::Stream> stream;  // CUDA: the model's own (model_stream.h)
   at::ScalarType dtype = at::kFloat;  // weights and activations; TSSA statistics are float32
   std::vector<StemStage> stem;
   at::Tensor pos_encoding;  // [1, N, D] for the served resolution, projection applied
@@ -111,6 +116,8 @@ struct VisionModel::Impl {
   void Place(const Placement& placement) {
     device = TorchDevice(placement);
     dtype = ComputeScalarType(placement.dtype);
+    stream = ModelStreamFor(device);
+    const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
       if (t.defined()) t = t.to(device, dtype).contiguous();
     };
@@ -264,6 +271,7 @@ absl::StatusOr<std::vector<float>> VisionModel::Forward(absl::Span<const float> 
   TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(impl_->stream);
     return Impl::ToHost(impl_->Forward(impl_->Images(pixels, batch, height, width)));
   });
 }
@@ -273,6 +281,7 @@ absl::StatusOr<VisionModel::Explained> VisionModel::ForwardWithMembership(
   TOST_RETURN_IF_ERROR(CheckInput(pixels, batch, height, width));
   return GuardTorch(impl_->config.name, "forward", [&]() {
     c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(impl_->stream);
     const VisionConfig& c = impl_->config.vision;
     std::vector<at::Tensor> layers;
     const at::Tensor logits = impl_->Forward(impl_->Images(pixels, batch, height, width), &layers);

@@ -194,6 +194,54 @@ TEST_F(ParityTest, StatePoolRowsMatchSequenceStatesBitForBit) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The CUDA decode path pads every step to a bucket with scratch rows (decode_buckets.h). Forced on
+// the CPU, with batch-invariant rows, it must give exactly the unpadded results at every batch
+// size (crossing buckets 1, 2, 4, 6 of a 6-row pool) and never write a real row it was not given.
+TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
+  const std::string dir = ParityDir() + "/lm_small";
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  Placement padded_placement;
+  padded_placement.pad_decode_steps = true;
+  auto plain = LanguageModel::Load(dir, *config);
+  auto padded = LanguageModel::Load(dir, *config, padded_placement);
+  ASSERT_TRUE(plain.ok() && padded.ok());
+  auto plain_pool = (*plain)->NewStatePool(6);
+  auto padded_pool = (*padded)->NewStatePool(6);
+  ASSERT_TRUE(plain_pool.ok() && padded_pool.ok());
+  EXPECT_EQ((*padded_pool)->decode_mode(), "eager");  // no graphs on the CPU
+  EXPECT_EQ((*padded_pool)->rows(), 6);
+  const int64_t width = (*plain_pool)->floats_per_row();
+  std::vector<int64_t> positions(6, 0);
+  for (int64_t r = 0; r < 6; ++r) {  // distinct prompts, so rows differ
+    const std::vector<int32_t> prompt = {static_cast<int32_t>(40 + r), 50, 60};
+    ASSERT_TRUE((*plain)->Prefill(prompt, **plain_pool, r, 0).ok());
+    ASSERT_TRUE((*padded)->Prefill(prompt, **padded_pool, r, 0).ok());
+    positions[r] = 3;
+  }
+  for (int64_t batch : {1, 3, 2, 5, 6, 4}) {
+    // The last `batch` rows, in reverse order: padding must not depend on which rows step.
+    std::vector<int64_t> rows, pos;
+    std::vector<int32_t> tokens;
+    for (int64_t i = 0; i < batch; ++i) {
+      rows.push_back(5 - i);
+      pos.push_back(positions[5 - i]);
+      tokens.push_back(static_cast<int32_t>(70 + i + batch));
+    }
+    auto want = (*plain)->Step(tokens, **plain_pool, rows, pos, /*batch_invariant=*/true);
+    auto got = (*padded)->Step(tokens, **padded_pool, rows, pos, /*batch_invariant=*/true);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ(*want, *got) << "batch " << batch;
+    for (int64_t r : rows) ++positions[r];
+  }
+  for (int64_t r = 0; r < 6; ++r) {
+    std::vector<float> a(width), b(width);
+    ASSERT_TRUE((*plain_pool)->Load(r, absl::MakeSpan(a)).ok());
+    ASSERT_TRUE((*padded_pool)->Load(r, absl::MakeSpan(b)).ok());
+    EXPECT_EQ(a, b) << "row " << r;
+  }
+}
+
 TEST_F(ParityTest, StateSizeIsIndependentOfLength) {
   LoadedModel m = Load("lm_small");
   ASSERT_TRUE(m.status.ok());
