@@ -270,25 +270,27 @@ KServeService::KServeService(const Engine& engine, const Authenticator* auth, Se
   AddUnary("ModelInfer", &KServeService::ModelInfer);
 }
 
-absl::Status KServeService::Authenticate(const grpc::ServerContext& context) const {
+absl::Status KServeService::Authenticate(const grpc::ServerContextBase& context) const {
   if (auth_ == nullptr) return absl::OkStatus();
   return auth_->Identify(context).status();
 }
 
-grpc::Status KServeService::ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+grpc::Status KServeService::ServerLive(grpc::ServerContextBase*,
+                                       const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse* response) {
   response->set_live(true);
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ServerReady(grpc::ServerContext*, const inference::ServerReadyRequest*,
+grpc::Status KServeService::ServerReady(grpc::ServerContextBase*,
+                                        const inference::ServerReadyRequest*,
                                         inference::ServerReadyResponse* response) {
   // Models load and warm up before the server is built, so only a drain makes it unready.
   response->set_ready(!engine_.draining());
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ModelReady(grpc::ServerContext* context,
+grpc::Status KServeService::ModelReady(grpc::ServerContextBase* context,
                                        const inference::ModelReadyRequest* request,
                                        inference::ModelReadyResponse* response) {
   if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
@@ -303,7 +305,7 @@ grpc::Status KServeService::ModelReady(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ServerMetadata(grpc::ServerContext*,
+grpc::Status KServeService::ServerMetadata(grpc::ServerContextBase*,
                                            const inference::ServerMetadataRequest*,
                                            inference::ServerMetadataResponse* response) {
   response->set_name(kServerName);
@@ -312,7 +314,7 @@ grpc::Status KServeService::ServerMetadata(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ModelMetadata(grpc::ServerContext* context,
+grpc::Status KServeService::ModelMetadata(grpc::ServerContextBase* context,
                                           const inference::ModelMetadataRequest* request,
                                           inference::ModelMetadataResponse* response) {
   if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
@@ -342,7 +344,7 @@ grpc::Status KServeService::ModelMetadata(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ModelInfer(grpc::ServerContext* context,
+grpc::Status KServeService::ModelInfer(grpc::ServerContextBase* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) {
   if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);

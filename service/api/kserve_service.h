@@ -49,24 +49,27 @@ class KServeService final : public RawService {
   // API keys are configured. `engine` and `auth` are not owned and must outlive the service.
   KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits);
 
-  grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
+  grpc::Status ServerLive(grpc::ServerContextBase* context,
+                          const inference::ServerLiveRequest* request,
                           inference::ServerLiveResponse* response);
-  grpc::Status ServerReady(grpc::ServerContext* context,
+  grpc::Status ServerReady(grpc::ServerContextBase* context,
                            const inference::ServerReadyRequest* request,
                            inference::ServerReadyResponse* response);
-  grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
+  grpc::Status ModelReady(grpc::ServerContextBase* context,
+                          const inference::ModelReadyRequest* request,
                           inference::ModelReadyResponse* response);
-  grpc::Status ServerMetadata(grpc::ServerContext* context,
+  grpc::Status ServerMetadata(grpc::ServerContextBase* context,
                               const inference::ServerMetadataRequest* request,
                               inference::ServerMetadataResponse* response);
-  grpc::Status ModelMetadata(grpc::ServerContext* context,
+  grpc::Status ModelMetadata(grpc::ServerContextBase* context,
                              const inference::ModelMetadataRequest* request,
                              inference::ModelMetadataResponse* response);
-  grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
+  grpc::Status ModelInfer(grpc::ServerContextBase* context,
+                          const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response);
 
  private:
-  absl::Status Authenticate(const grpc::ServerContext& context) const;
+  absl::Status Authenticate(const grpc::ServerContextBase& context) const;
   absl::Status Infer(const inference::ModelInferRequest& request, absl::Time deadline,
                      inference::ModelInferResponse& response) const;
 

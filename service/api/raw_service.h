@@ -7,13 +7,13 @@
 // Why not the generated service with its WithRaw... templates: the generated constructor installs
 // typed handlers for every method (and typed SerializationTraits cannot be specialised past the
 // generic MessageLite ones it instantiates), and the templates only offer raw methods on the async
-// completion-queue API or the callback API. The callback API runs handlers on gRPC's few callback
-// threads (two on a two-core machine), where a Classify waiting for its batch would hold one and
-// throttle every stream. So unary methods here are synchronous handlers of bytes
-// (grpc::internal::RpcMethodHandler over grpc::ByteBuffer, as generated code registers its typed
-// ones): they run on the synchronous server's thread pool, which receives the request before it
-// hands the call to a thread, exactly as the typed handlers did. Server-streaming methods are raw
-// callback methods, as the generated WithRawCallbackMethod_ templates register them.
+// completion-queue API or the callback API. Both kinds of method here are raw callback methods,
+// as the generated WithRawCallbackMethod_ templates register them. The callback API runs handlers
+// on gRPC's few callback threads (two on a two-core machine), where a Classify waiting for its
+// batch would hold one and throttle every stream, so unary handlers run on this service's
+// HandlerPool, which gives each call a thread as gRPC's synchronous server did. They do not run on
+// the synchronous server itself: with Debian's gRPC 1.51 it held every unary call about 100 ms
+// once every 1.1 s, at any load, which alone broke the classification p99 (README, Performance).
 //
 // Method names come from the protobuf service descriptor, and each registration checks the
 // request and response types against it, so a handler cannot serve the wrong method.
@@ -24,7 +24,6 @@
 #include <grpcpp/impl/service_type.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/method_handler.h>
 #include <grpcpp/support/server_callback.h>
 
 #include <deque>
@@ -32,39 +31,47 @@
 
 #include "google/protobuf/descriptor.h"
 #include "service/api/grpc_status.h"
+#include "service/api/handler_pool.h"
 #include "service/api/raw_request.h"
 
 namespace tost::service {
 
 class RawService : public grpc::Service {
+ public:
+  // Unary calls running at once per service before more wait for a thread (the synchronous server
+  // this replaces had no limit; this one is far above what the queues admit).
+  static constexpr int kMaxHandlerThreads = 1024;
+
  protected:
   // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in).
   explicit RawService(const std::string& service_full_name);
 
-  // Serves unary `method` with `handler`, a member of the derived service `Self`, on the
-  // synchronous thread pool: the request is parsed (INVALID_ARGUMENT naming the field when it
-  // cannot be) and the response serialised here.
+  // Serves unary `method` with `handler`, a member of the derived service `Self`, on gRPC's
+  // callback API with the handler itself run on this service's HandlerPool (it may block): the
+  // request is parsed (INVALID_ARGUMENT naming the field when it cannot be) and the response
+  // serialised there.
   template <class Self, class Request, class Response>
   void AddUnary(const std::string& method,
-                grpc::Status (Self::*handler)(grpc::ServerContext*, const Request*, Response*)) {
+                grpc::Status (Self::*handler)(grpc::ServerContextBase*, const Request*,
+                                              Response*)) {
     const char* path =
         Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/false);
     Self* self = static_cast<Self*>(this);
-    AddMethod(new grpc::internal::RpcServiceMethod(
-        path, grpc::internal::RpcMethod::NORMAL_RPC,
-        new grpc::internal::RpcMethodHandler<RawService, grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler](RawService*, grpc::ServerContext* context, const grpc::ByteBuffer* raw,
-                            grpc::ByteBuffer* out) -> grpc::Status {
-              Request request;
-              if (absl::Status parsed = ParseRequest(*raw, request); !parsed.ok()) {
-                return ToGrpcStatus(parsed);
-              }
-              Response response;
-              grpc::Status status = (self->*handler)(context, &request, &response);
-              if (!status.ok()) return status;
-              return SerializeResponse(response, out);
-            },
-            this)));
+    HandlerPool* pool = &handlers_;
+    AddMethod(new grpc::internal::RpcServiceMethod(path, grpc::internal::RpcMethod::NORMAL_RPC,
+                                                   /*handler=*/nullptr));
+    MarkMethodRawCallback(
+        methods_added_,
+        new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+            [self, handler, pool](grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+                                  grpc::ByteBuffer* out) {
+              grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+              // The request and response buffers live until Finish; Finish is the task's last act.
+              pool->Schedule([self, handler, context, raw, out, reactor] {
+                reactor->Finish(ServeUnary(self, handler, context, *raw, out));
+              });
+              return reactor;
+            }));
     ++methods_added_;
   }
 
@@ -91,6 +98,22 @@ class RawService : public grpc::Service {
   }
 
  private:
+  template <class Self, class Request, class Response>
+  static grpc::Status ServeUnary(Self* self,
+                                 grpc::Status (Self::*handler)(grpc::ServerContextBase*,
+                                                               const Request*, Response*),
+                                 grpc::ServerContextBase* context, const grpc::ByteBuffer& raw,
+                                 grpc::ByteBuffer* out) {
+    Request request;
+    if (absl::Status parsed = ParseRequest(raw, request); !parsed.ok()) {
+      return ToGrpcStatus(parsed);
+    }
+    Response response;
+    grpc::Status status = (self->*handler)(context, &request, &response);
+    if (!status.ok()) return status;
+    return SerializeResponse(response, out);
+  }
+
   // "/<service>/<method>" for gRPC, after checking that the proto method takes `request`, returns
   // `response` and streams (or not) as its handler does; aborts if not, a programming error.
   const char* Register(const std::string& method, const google::protobuf::Descriptor& request,
@@ -99,6 +122,7 @@ class RawService : public grpc::Service {
   const google::protobuf::ServiceDescriptor* service_;
   std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
   int methods_added_ = 0;          // the index of the next method
+  HandlerPool handlers_{kMaxHandlerThreads};
 };
 
 }  // namespace tost::service

@@ -9,7 +9,7 @@
 
 namespace tost::service {
 
-grpc::Status TostService::CreateSession(grpc::ServerContext* context,
+grpc::Status TostService::CreateSession(grpc::ServerContextBase* context,
                                         const tost::v1::CreateSessionRequest* request,
                                         tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
@@ -25,7 +25,7 @@ grpc::Status TostService::CreateSession(grpc::ServerContext* context,
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ForkSession(grpc::ServerContext* context,
+grpc::Status TostService::ForkSession(grpc::ServerContextBase* context,
                                       const tost::v1::SessionRef* request,
                                       tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
@@ -39,7 +39,7 @@ grpc::Status TostService::ForkSession(grpc::ServerContext* context,
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ExportSession(grpc::ServerContext* context,
+grpc::Status TostService::ExportSession(grpc::ServerContextBase* context,
                                         const tost::v1::SessionRef* request,
                                         tost::v1::ExportSessionResponse* response) {
   auto run = [&]() -> absl::Status {
@@ -54,7 +54,7 @@ grpc::Status TostService::ExportSession(grpc::ServerContext* context,
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::ImportSession(grpc::ServerContext* context,
+grpc::Status TostService::ImportSession(grpc::ServerContextBase* context,
                                         const tost::v1::ImportSessionRequest* request,
                                         tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
@@ -70,7 +70,7 @@ grpc::Status TostService::ImportSession(grpc::ServerContext* context,
   return ToGrpcStatus(run());
 }
 
-grpc::Status TostService::CloseSession(grpc::ServerContext* context,
+grpc::Status TostService::CloseSession(grpc::ServerContextBase* context,
                                        const tost::v1::SessionRef* request,
                                        tost::v1::CloseSessionResponse*) {
   auto run = [&]() -> absl::Status {

@@ -60,7 +60,7 @@ void AddMembership(const ClassifierModel::Explained& explained, const model::Vis
 
 }  // namespace
 
-grpc::Status TostService::Classify(grpc::ServerContext* context,
+grpc::Status TostService::Classify(grpc::ServerContextBase* context,
                                    const tost::v1::ClassifyRequest* request,
                                    tost::v1::ClassifyResponse* response) {
   auto run = [&]() -> absl::Status {
@@ -188,7 +188,7 @@ void FillModelStatus(const ModelEntry& m, tost::v1::ModelStatus* s) {
 
 }  // namespace
 
-grpc::Status TostService::ListModels(grpc::ServerContext* context,
+grpc::Status TostService::ListModels(grpc::ServerContextBase* context,
                                      const tost::v1::ListModelsRequest*,
                                      tost::v1::ListModelsResponse* response) {
   if (auto who = auth_.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());
@@ -196,7 +196,7 @@ grpc::Status TostService::ListModels(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status TostService::ModelInfo(grpc::ServerContext* context,
+grpc::Status TostService::ModelInfo(grpc::ServerContextBase* context,
                                     const tost::v1::ModelInfoRequest* request,
                                     tost::v1::ModelStatus* response) {
   if (auto who = auth_.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());
@@ -206,7 +206,7 @@ grpc::Status TostService::ModelInfo(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status TostService::ServerStatus(grpc::ServerContext* context,
+grpc::Status TostService::ServerStatus(grpc::ServerContextBase* context,
                                        const tost::v1::ServerStatusRequest*,
                                        tost::v1::ServerStatusResponse* response) {
   if (auto who = auth_.Identify(*context); !who.ok()) return ToGrpcStatus(who.status());

@@ -32,29 +32,31 @@ class TostService final : public RawService {
   TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
               DeviceMemoryProbe device_memory = {});
 
-  grpc::Status Classify(grpc::ServerContext* context, const tost::v1::ClassifyRequest* request,
+  grpc::Status Classify(grpc::ServerContextBase* context, const tost::v1::ClassifyRequest* request,
                         tost::v1::ClassifyResponse* response);
   // Parses the request itself (generate_reactor.cc).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer& request);
-  grpc::Status ListModels(grpc::ServerContext* context, const tost::v1::ListModelsRequest* request,
+  grpc::Status ListModels(grpc::ServerContextBase* context,
+                          const tost::v1::ListModelsRequest* request,
                           tost::v1::ListModelsResponse* response);
-  grpc::Status ModelInfo(grpc::ServerContext* context, const tost::v1::ModelInfoRequest* request,
+  grpc::Status ModelInfo(grpc::ServerContextBase* context,
+                         const tost::v1::ModelInfoRequest* request,
                          tost::v1::ModelStatus* response);
-  grpc::Status ServerStatus(grpc::ServerContext* context,
+  grpc::Status ServerStatus(grpc::ServerContextBase* context,
                             const tost::v1::ServerStatusRequest* request,
                             tost::v1::ServerStatusResponse* response);
-  grpc::Status CreateSession(grpc::ServerContext* context,
+  grpc::Status CreateSession(grpc::ServerContextBase* context,
                              const tost::v1::CreateSessionRequest* request,
                              tost::v1::SessionInfo* response);
-  grpc::Status ForkSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+  grpc::Status ForkSession(grpc::ServerContextBase* context, const tost::v1::SessionRef* request,
                            tost::v1::SessionInfo* response);
-  grpc::Status ExportSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+  grpc::Status ExportSession(grpc::ServerContextBase* context, const tost::v1::SessionRef* request,
                              tost::v1::ExportSessionResponse* response);
-  grpc::Status ImportSession(grpc::ServerContext* context,
+  grpc::Status ImportSession(grpc::ServerContextBase* context,
                              const tost::v1::ImportSessionRequest* request,
                              tost::v1::SessionInfo* response);
-  grpc::Status CloseSession(grpc::ServerContext* context, const tost::v1::SessionRef* request,
+  grpc::Status CloseSession(grpc::ServerContextBase* context, const tost::v1::SessionRef* request,
                             tost::v1::CloseSessionResponse* response);
 
  private:
