@@ -165,15 +165,23 @@ struct LanguageModel::Impl {
           absl::StrCat("model ", config.name, ": sequence state holds ", s.stats.size(),
                        " floats at position ", s.position, ", expected ", want));
     }
-    if (s.position + new_tokens > c.context_length) {
+    return CheckPosition(s.position, new_tokens);
+  }
+
+  // `new_tokens` fed from `position` stay within the context (positions index denom_bias).
+  absl::Status CheckPosition(int64_t position, int64_t new_tokens) const {
+    const int64_t context = config.language.context_length;
+    if (position < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", config.name, ": position ", position, " is negative"));
+    }
+    if (position + new_tokens > context) {
       return absl::OutOfRangeError(
-          absl::StrCat("model ", config.name, ": position ", s.position, " + ", new_tokens,
-                       " token(s) exceeds the context length of ", c.context_length, " tokens"));
+          absl::StrCat("model ", config.name, ": position ", position, " + ", new_tokens,
+                       " token(s) exceeds the context length of ", context, " tokens"));
     }
     return absl::OkStatus();
   }
-
-  absl::Status CheckPosition(int64_t position, int64_t new_tokens) const;
   at::Tensor PrefillChunks(absl::Span<const int32_t> tokens, int64_t position, int64_t chunk_tokens,
                            std::vector<at::Tensor>& states) const;
   at::Tensor StepLogits(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
@@ -500,14 +508,6 @@ absl::StatusOr<const LanguageModel::DevicePool*> LanguageModel::OwnPool(
                      ": the state pool was not made by this model's NewStatePool"));
   }
   return own;
-}
-
-absl::Status LanguageModel::Impl::CheckPosition(int64_t position, int64_t new_tokens) const {
-  SequenceState probe;
-  probe.position = position;
-  probe.stats.resize(
-      static_cast<size_t>(config.language.n_layer * config.language.state_floats_per_layer()));
-  return CheckState(probe, new_tokens);
 }
 
 absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32_t> tokens,
