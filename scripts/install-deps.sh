@@ -94,28 +94,25 @@ SOURCES
 fi
 
 python_bin="${TOST_PYTHON:-$(command -v python3.11 || command -v python3)}"
-req_hash="$(sha256sum "$here/requirements.txt" | cut -c1-16)"
-venv="$deps_dir/py-$req_hash"
-if [ ! -f "$venv/.complete" ]; then
-  echo "install-deps: creating $venv from requirements.txt (the torch wheel is large: minutes on a cold machine)"
-  mkdir -p "$deps_dir"
-  rm -rf "$venv"
-  "$python_bin" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q --no-cache-dir -r "$here/requirements.txt"
-  touch "$venv/.complete"
-fi
-
-deploy_hash="$(sha256sum "$here/requirements-deploy.txt" | cut -c1-16)"
-deploy_venv="$deps_dir/deploy-$deploy_hash"
-if [ ! -f "$deploy_venv/.complete" ]; then
-  echo "install-deps: creating $deploy_venv from requirements-deploy.txt"
-  mkdir -p "$deps_dir"
-  rm -rf "$deploy_venv"
-  "$python_bin" -m venv "$deploy_venv"
-  "$deploy_venv/bin/python" -m pip install -q --no-cache-dir -r "$here/requirements-deploy.txt"
-  touch "$deploy_venv/.complete"
-fi
+# make_venv PREFIX REQUIREMENTS [NOTE]: a venv at $deps_dir/PREFIX-<hash of REQUIREMENTS>, built
+# once (a .complete marker), so a fresh clone with the same pins reuses it; prints its path.
+make_venv() {
+  local prefix=$1 requirements=$2 note=${3:-}
+  local dir
+  dir="$deps_dir/$prefix-$(sha256sum "$requirements" | cut -c1-16)"
+  if [ ! -f "$dir/.complete" ]; then
+    echo "install-deps: creating $dir from $(basename "$requirements")$note" >&2
+    mkdir -p "$deps_dir"
+    rm -rf "$dir"
+    "$python_bin" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --upgrade pip >&2
+    "$dir/bin/python" -m pip install -q --no-cache-dir -r "$requirements" >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+venv="$(make_venv py "$here/requirements.txt" " (the torch wheel is large: minutes on a cold machine)")"
+deploy_venv="$(make_venv deploy "$here/requirements-deploy.txt")"
 
 mkdir -p "$here/build"
 torch_cmake="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share", "cmake"))')"
