@@ -40,6 +40,15 @@ def title_suffix(data: dict) -> str:
     return " (--quick: tooling check, not a measurement)" if data.get("quick") else ""
 
 
+def save(fig, out_dir: str, name: str) -> str:
+    """Writes `fig` as out_dir/name (120 dpi) and closes it; returns the path."""
+    path = os.path.join(out_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_decode(results_dir: str, out_dir: str):
     data = runs(results_dir, "generation.json")
     if not data:
@@ -57,11 +66,7 @@ def plot_decode(results_dir: str, out_dir: str):
                  f"{lm['n_head']} heads{title_suffix(data[0][1])}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path = os.path.join(out_dir, "decode_latency_vs_position.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out_dir, "decode_latency_vs_position.png")
 
 
 def plot_memory(results_dir: str, out_dir: str):
@@ -90,11 +95,7 @@ def plot_memory(results_dir: str, out_dir: str):
                  f"{title_suffix(data[0][1])}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    path = os.path.join(out_dir, "memory_per_session_vs_tokens.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out_dir, "memory_per_session_vs_tokens.png")
 
 
 def plot_streams(results_dir: str, out_dir: str):
@@ -120,11 +121,7 @@ def plot_streams(results_dir: str, out_dir: str):
     p6 = data[0][1]
     fig.suptitle(f"Decode through tost_server ({p6['model']}, {p6['tokens_per_stream']} tokens per stream)"
                  f"{title_suffix(p6)}", fontsize=10)
-    path = os.path.join(out_dir, "throughput_vs_streams.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out_dir, "throughput_vs_streams.png")
 
 
 def plot_classify(results_dir: str, out_dir: str):
@@ -148,11 +145,7 @@ def plot_classify(results_dir: str, out_dir: str):
                  fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    path = os.path.join(out_dir, "classify_latency_vs_rate.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, out_dir, "classify_latency_vs_rate.png")
 
 
 def main() -> None:
