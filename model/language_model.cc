@@ -583,10 +583,7 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
     const at::Tensor logits = graphs->Run(
         bucket, batch_invariant,
         [&](const at::Tensor& d_ids, const at::Tensor& d_pos, const at::Tensor& d_rows,
-            bool invariant) {
-          std::vector<at::Tensor> layer_pools = pools;
-          return m.StepOnDevice(d_ids, d_pos, d_rows, layer_pools, invariant);
-        },
+            bool invariant) { return m.StepOnDevice(d_ids, d_pos, d_rows, pools, invariant); },
         [&](int64_t b) { own->StageScratch(b); });
     return Impl::ToHost(logits.narrow(0, 0, batch));
   });
