@@ -43,6 +43,9 @@ struct Placement {
   // Decode steps at bucket batch sizes with scratch rows: always on CUDA; on the CPU only when set
   // (tests of the padded path, which the CPU otherwise has no use for).
   bool pad_decode_steps = false;
+  // Decode steps draw their tokens where the logits are (device_sampler.h): always on CUDA; on
+  // the CPU only when set (tests of that path; the host draw is the reference and cheaper there).
+  bool draw_on_device = false;
 
   std::string DeviceString() const;  // "cpu" or "cuda:N"
 };

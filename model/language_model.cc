@@ -13,6 +13,7 @@
 #include "kernels/tssa_ops.h"
 #include "model/decode_buckets.h"
 #include "model/decode_graphs.h"
+#include "model/device_sampler.h"
 #include "model/model_stream.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
@@ -53,6 +54,7 @@ struct LanguageModel::Impl {
   std::optional<c10::Stream> stream;  // CUDA: the model's own (model_stream.h)
   bool decode_graphs = false;         // CUDA: replay decode steps from CUDA graphs (Placement)
   bool pad_decode_steps = false;      // decode at bucket sizes (always on CUDA; Placement)
+  bool draw_on_device = false;        // StepAndDraw draws where the logits are (CUDA; Placement)
   at::ScalarType dtype = at::kFloat;  // weights and activations; statistics are float32
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
@@ -127,6 +129,7 @@ struct LanguageModel::Impl {
     device = TorchDevice(placement);
     decode_graphs = placement.decode_graphs;
     pad_decode_steps = placement.cuda || placement.pad_decode_steps;
+    draw_on_device = placement.cuda || placement.draw_on_device;
     dtype = ComputeScalarType(placement.dtype);
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
@@ -539,11 +542,11 @@ absl::StatusOr<std::vector<float>> LanguageModel::Prefill(absl::Span<const int32
   });
 }
 
-absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t> tokens,
-                                                       StatePool& pool,
-                                                       absl::Span<const int64_t> rows,
-                                                       absl::Span<const int64_t> positions,
-                                                       bool batch_invariant) const {
+template <typename Result, typename Finish>
+absl::StatusOr<Result> LanguageModel::StepOnPool(absl::Span<const int32_t> tokens, StatePool& pool,
+                                                 absl::Span<const int64_t> rows,
+                                                 absl::Span<const int64_t> positions,
+                                                 bool batch_invariant, const Finish& finish) const {
   const Impl& m = *impl_;
   TOST_ASSIGN_OR_RETURN(const DevicePool* own, OwnPool(pool));
   TOST_RETURN_IF_ERROR(CheckStepBatch(m.config, tokens.size(), rows.size()));
@@ -560,15 +563,14 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
           "), got ", sorted[i], i > 0 && sorted[i] == sorted[i - 1] ? " twice" : ""));
     }
   }
-  return GuardTorch(m.config.name, "step", [&]() {
+  return GuardTorch(m.config.name, "step", [&]() -> Result {
     c10::InferenceMode inference;
     const c10::OptionalStreamGuard on_stream(m.stream);
     std::vector<at::Tensor> pools;
     for (int64_t l = 0; l < m.config.language.n_layer; ++l) pools.push_back(own->layer(l));
     DecodeGraphs* graphs = own->graphs();
-    if (graphs == nullptr) {
-      return Impl::ToHost(m.StepLogits(tokens, positions, rows, pools, batch_invariant));
-    }
+    if (graphs == nullptr)
+      return finish(m.StepLogits(tokens, positions, rows, pools, batch_invariant));
     // Padded to the bucket: the rest are scratch rows at position 0 fed token 0.
     const int64_t batch = static_cast<int64_t>(tokens.size());
     const int64_t bucket = DecodeBucketFor(own->buckets(), batch);
@@ -585,8 +587,35 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
         [&](const at::Tensor& d_ids, const at::Tensor& d_pos, const at::Tensor& d_rows,
             bool invariant) { return m.StepOnDevice(d_ids, d_pos, d_rows, pools, invariant); },
         [&](int64_t b) { own->StageScratch(b); });
-    return Impl::ToHost(logits.narrow(0, 0, batch));
+    return finish(logits.narrow(0, 0, batch));
   });
+}
+
+absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t> tokens,
+                                                       StatePool& pool,
+                                                       absl::Span<const int64_t> rows,
+                                                       absl::Span<const int64_t> positions,
+                                                       bool batch_invariant) const {
+  return StepOnPool<std::vector<float>>(tokens, pool, rows, positions, batch_invariant,
+                                        &Impl::ToHost);
+}
+
+absl::StatusOr<std::vector<DrawnToken>> LanguageModel::StepAndDraw(
+    absl::Span<const int32_t> tokens, StatePool& pool, absl::Span<const int64_t> rows,
+    absl::Span<const int64_t> positions, absl::Span<const TokenDraw> draws,
+    bool batch_invariant) const {
+  const Impl& m = *impl_;
+  if (draws.size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name,
+                                                   ": step needs one draw per sequence, got ",
+                                                   draws.size(), " draws for ", tokens.size()));
+  }
+  const int64_t defined = m.tokenizer->vocab_size();
+  return StepOnPool<std::vector<DrawnToken>>(
+      tokens, pool, rows, positions, batch_invariant, [&](const at::Tensor& logits) {
+        if (m.draw_on_device) return DrawTokensOnDevice(logits, defined, draws);
+        return DrawTokens(Impl::ToHost(logits), defined, draws);
+      });
 }
 
 absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,

@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "model/config.h"
 #include "model/device.h"
+#include "model/sampler.h"
 #include "model/sequence_state.h"
 #include "model/state_pool.h"
 #include "model/tokenizer.h"
@@ -67,6 +68,16 @@ class LanguageModel {
                                           absl::Span<const int64_t> rows,
                                           absl::Span<const int64_t> positions,
                                           bool batch_invariant = false) const;
+  // The same step, then row b's token drawn as draws[b] says (DrawTokens). On a GPU the draw runs
+  // where the logits are, so only the drawn ids and the requested logprobs cross to the host;
+  // on the CPU it is DrawTokens itself (unless Placement draw_on_device asks for the device
+  // form, which tests compare with it).
+  absl::StatusOr<std::vector<DrawnToken>> StepAndDraw(absl::Span<const int32_t> tokens,
+                                                      StatePool& pool,
+                                                      absl::Span<const int64_t> rows,
+                                                      absl::Span<const int64_t> positions,
+                                                      absl::Span<const TokenDraw> draws,
+                                                      bool batch_invariant = false) const;
 
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
   // vocab].
@@ -78,6 +89,13 @@ class LanguageModel {
   class DevicePool;
   // `pool` as this model's own DevicePool, or INVALID_ARGUMENT.
   absl::StatusOr<const DevicePool*> OwnPool(const StatePool& pool) const;
+  // The checks and the device work both pool steps share; `finish` turns the step's logits
+  // [B, vocab] (on the device) into the result, inside the LibTorch boundary.
+  template <typename Result, typename Finish>
+  absl::StatusOr<Result> StepOnPool(absl::Span<const int32_t> tokens, StatePool& pool,
+                                    absl::Span<const int64_t> rows,
+                                    absl::Span<const int64_t> positions, bool batch_invariant,
+                                    const Finish& finish) const;
   explicit LanguageModel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -133,6 +134,33 @@ std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logit
   std::vector<std::pair<int32_t, float>> out;
   for (int32_t i = 0; i < n; ++i)
     out.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
+  return out;
+}
+
+std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
+                                   absl::Span<const TokenDraw> draws) {
+  std::vector<DrawnToken> out(draws.size());
+  if (draws.empty()) return out;
+  const size_t vocab = logits.size() / draws.size();
+  const size_t defined = std::min(vocab, static_cast<size_t>(std::max<int64_t>(0, defined_vocab)));
+  std::vector<float> row;
+  for (size_t b = 0; b < draws.size(); ++b) {
+    row.assign(logits.begin() + static_cast<std::ptrdiff_t>(b * vocab),
+               logits.begin() + static_cast<std::ptrdiff_t>((b + 1) * vocab));
+    std::fill(row.begin() + static_cast<std::ptrdiff_t>(defined), row.end(),
+              -std::numeric_limits<float>::infinity());
+    DrawnToken& d = out[b];
+    for (size_t i = 0; i < defined; ++i) {
+      if (!std::isfinite(row[i])) {
+        d.nonfinite_id = static_cast<int64_t>(i);
+        break;
+      }
+    }
+    if (d.nonfinite_id >= 0) continue;
+    const TokenDraw& draw = draws[b];
+    d.id = SampleToken(row, draw.params, draw.position, draw.recent);
+    if (draw.top_logprobs > 0) d.top_logprobs = TopLogprobs(row, draw.top_logprobs);
+  }
   return out;
 }
 

@@ -48,4 +48,27 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p, uin
 // The n most likely tokens under log-softmax of the raw logits, most likely first.
 std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logits, int32_t n);
 
+// How one row of a batched decode step picks its token.
+struct TokenDraw {
+  SamplingParams params;
+  uint64_t position = 0;             // the draw's counter (where the new token sits)
+  absl::Span<const int32_t> recent;  // the repetition penalty's window (see SampleToken)
+  int32_t top_logprobs = 0;          // alternatives to report, most likely first
+};
+
+// What comes back of one row: all a step needs to leave the device.
+struct DrawnToken {
+  int32_t id = -1;
+  // The first id below the defined vocabulary whose logit is not finite, or -1. When set, `id`
+  // and `top_logprobs` mean nothing: the model overflowed.
+  int64_t nonfinite_id = -1;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // log-softmax of the raw logits
+};
+
+// Draws row b's token from logits [draws.size(), vocab] row-major. Ids at or past
+// `defined_vocab` (a vocabulary padded for the hardware) are never drawn nor offered as
+// alternatives. The reference for the batched draw on a model's device (device_sampler.h).
+std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
+                                   absl::Span<const TokenDraw> draws);
+
 }  // namespace tost::model

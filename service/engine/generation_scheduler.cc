@@ -1,8 +1,6 @@
 #include "service/engine/generation_scheduler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "model/status_macros.h"
@@ -447,34 +445,20 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   job.finished = true;
 }
 
-bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
-  // Ids the tokenizer does not define (a vocabulary padded for the hardware, as GPT-2's 50257 ids
-  // to 50304) mean nothing: they are never sampled and never offered as alternatives.
-  std::vector<float> masked;
-  const auto defined = static_cast<size_t>(model_.tokenizer().vocab_size());
-  if (defined < logits.size()) {
-    masked.assign(logits.begin(), logits.end());
-    std::fill(masked.begin() + static_cast<std::ptrdiff_t>(defined), masked.end(),
-              -std::numeric_limits<float>::infinity());
-    logits = masked;
-  }
+bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   GenerationState& st = job.state();
   const model::LanguageConfig& c = model_.config().language;
   const int64_t position = st.sequence.position;  // where the new token sits
-  // Masked ids are -inf on purpose; anything else that is not finite means the model overflowed,
-  // and a token sampled from it (or its logprobs) would be garbage reported as OK.
-  for (size_t i = 0; i < std::min(defined, logits.size()); ++i) {
-    if (!std::isfinite(logits[i])) {
-      FinishActive(job, FinishReason::kCancelled,
-                   absl::InternalError(absl::StrCat("model ", model_.config().name,
-                                                    " produced a non-finite logit (id ", i,
-                                                    ") at position ", position)));
-      return false;
-    }
+  // A logit that is not finite (below the defined vocabulary) means the model overflowed, and a
+  // token drawn from it (or its logprobs) would be garbage reported as OK.
+  if (drawn.nonfinite_id >= 0) {
+    FinishActive(job, FinishReason::kCancelled,
+                 absl::InternalError(absl::StrCat("model ", model_.config().name,
+                                                  " produced a non-finite logit (id ",
+                                                  drawn.nonfinite_id, ") at position ", position)));
+    return false;
   }
-  const std::vector<int32_t> recent(st.recent_tokens.begin(), st.recent_tokens.end());
-  const int32_t token =
-      model::SampleToken(logits, st.sampling, static_cast<uint64_t>(position), recent);
+  const int32_t token = drawn.id;
   st.pending_token = token;
   st.Remember(token);
   ++st.generated_tokens;
@@ -487,8 +471,7 @@ bool GenerationScheduler::EmitToken(Job& job, absl::Span<const float> logits) {
   e.token.position = position;
   const TextStream::Output out = job.text->Push(e.token.bytes);
   e.token.text = out.text;
-  if (job.request.top_logprobs > 0)
-    e.token.top_logprobs = model::TopLogprobs(logits, job.request.top_logprobs);
+  e.token.top_logprobs = std::move(drawn.top_logprobs);
   job.handle->Publish(std::move(e));
 
   const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
@@ -619,23 +602,30 @@ bool GenerationScheduler::StepOnce() {
     }
     decoding.push_back(job.get());
   }
-  absl::StatusOr<std::vector<float>> logits;
+  absl::StatusOr<std::vector<model::DrawnToken>> drawn;
   if (!decoding.empty()) {
     std::vector<int32_t> tokens;
     std::vector<int64_t> rows, positions;
-    for (Job* job : decoding) {
-      tokens.push_back(job->state().pending_token);
-      rows.push_back(job->row);
-      positions.push_back(job->state().sequence.position);
+    std::vector<std::vector<int32_t>> recent(decoding.size());
+    std::vector<model::TokenDraw> draws(decoding.size());
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      const GenerationState& st = decoding[i]->state();
+      tokens.push_back(st.pending_token);
+      rows.push_back(decoding[i]->row);
+      positions.push_back(st.sequence.position);
+      recent[i].assign(st.recent_tokens.begin(), st.recent_tokens.end());
+      // The new token sits one past the fed one: its draw is numbered by that position.
+      draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
+                  decoding[i]->request.top_logprobs};
     }
-    logits = model_.Step(tokens, *pool_, rows, positions, options_.batch_invariant);
-    if (!logits.ok()) {
-      for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, logits.status());
+    drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
+    if (!drawn.ok()) {
+      for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, drawn.status());
       decoding.clear();
     } else {
       for (Job* job : decoding) ++job->state().sequence.position;
     }
-    if (logits.ok() && options_.observer != nullptr) {
+    if (drawn.ok() && options_.observer != nullptr) {
       const absl::Time emitted_at = clock_->Now();
       for (Job* job : decoding) {
         (job->generated == 0 ? first_token : inter_token)
@@ -671,12 +661,7 @@ bool GenerationScheduler::StepOnce() {
     record.inter_token_latency = inter_token;
     options_.observer->OnStep(record);
   }
-  if (!decoding.empty()) {
-    const size_t vocab = logits->size() / decoding.size();
-    for (size_t i = 0; i < decoding.size(); ++i) {
-      EmitToken(*decoding[i], absl::MakeConstSpan(logits->data() + i * vocab, vocab));
-    }
-  }
+  for (size_t i = 0; i < decoding.size(); ++i) EmitToken(*decoding[i], std::move((*drawn)[i]));
   const auto finished =
       std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });

@@ -271,9 +271,9 @@ class GenerationScheduler {
   static void Finish(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
   // The refusal of a job that cannot be admitted, after telling the observer.
   absl::Status Refuse(GenerationRefusal reason);
-  // Samples from `logits` for `job`, publishes the token, applies stop rules. Returns false when
+  // Publishes the token the step drew for `job` and applies the stop rules. Returns false when
   // the job finished.
-  bool EmitToken(Job& job, absl::Span<const float> logits);
+  bool EmitToken(Job& job, model::DrawnToken drawn);
 
   const GenerativeModel& model_;
   const GenerationSchedulerOptions options_;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/config.h"
+#include "model/sampler.h"
 #include "model/sequence_state.h"
 #include "model/state_pool.h"
 #include "model/tokenizer.h"
@@ -70,14 +71,15 @@ class GenerativeModel {
                                                      int64_t position,
                                                      int64_t chunk_tokens) const = 0;
 
-  // One decode step: token b is fed to the sequence in rows[b] (distinct) at positions[b];
-  // returns logits [B, vocab] row-major. With `batch_invariant`, row b is bit-identical whatever
-  // else shares the step. A refused step leaves every row untouched.
-  virtual absl::StatusOr<std::vector<float>> Step(absl::Span<const int32_t> tokens,
-                                                  model::StatePool& pool,
-                                                  absl::Span<const int64_t> rows,
-                                                  absl::Span<const int64_t> positions,
-                                                  bool batch_invariant) const = 0;
+  // One decode step: token b is fed to the sequence in rows[b] (distinct) at positions[b], and
+  // that sequence's next token is drawn as draws[b] says (model::DrawTokens is the reference).
+  // Only the drawn tokens and the requested logprobs come back: a GPU model keeps its logits on
+  // the device. With `batch_invariant`, row b's logits are bit-identical whatever else shares the
+  // step. A refused step leaves every row untouched.
+  virtual absl::StatusOr<std::vector<model::DrawnToken>> Step(
+      absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
+      absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
+      bool batch_invariant) const = 0;
 };
 
 }  // namespace tost::service

@@ -198,8 +198,12 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
       auto t0 = Clock::now();
       for (int k = 0; k < args.steps; ++k) {
         const int64_t position = states[i].position + k;
-        (void)(*lm)->Step(absl::MakeConstSpan(&token, 1), **pool, absl::MakeConstSpan(&row, 1),
-                          absl::MakeConstSpan(&position, 1));
+        // What the server runs per step: the step and a greedy draw where the logits are.
+        const tost::model::TokenDraw greedy{
+            {.temperature = 0.f}, static_cast<uint64_t>(position), {}, 0};
+        (void)(*lm)->StepAndDraw(absl::MakeConstSpan(&token, 1), **pool,
+                                 absl::MakeConstSpan(&row, 1), absl::MakeConstSpan(&position, 1),
+                                 absl::MakeConstSpan(&greedy, 1));
       }
       tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
                            args.steps);

@@ -13,6 +13,7 @@ gpu_serving, label gpu; every test is skipped where the process sees no CUDA dev
 """
 import os
 import re
+import struct
 import sys
 import urllib.request
 
@@ -152,6 +153,43 @@ def test_a_gpu_blob_continues_on_the_cpu(servers, proto_modules):
             assert margin < 1e-3, f"token {i}: GPU {a}, CPU {b}, GPU top-2 margin {margin}"
             return
     assert gpu_ids == cpu_ids
+
+
+def _statistics(blob):
+    """The statistics and position a blob carries ("TOSTSESS" | u32 version | u32 length | payload
+    | HMAC, the payload a tost.v1.internal.SessionState)."""
+    from tost.v1 import session_state_pb2  # compiled beside tost.proto by the fixture below
+
+    assert blob[:8] == b"TOSTSESS", blob[:8]
+    (length,) = struct.unpack_from("<I", blob, 12)
+    state = session_state_pb2.SessionState.FromString(blob[16:16 + length])
+    return state.stats, state.position
+
+
+@pytest.fixture(scope="module")
+def session_state_proto(proto_modules):
+    from grpc_tools import protoc
+
+    out = os.path.dirname(os.path.dirname(os.path.dirname(proto_modules[0].__file__)))
+    proto_dir = os.path.join(SOURCE_DIR, "proto")
+    assert protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}",
+                        os.path.join(proto_dir, "tost", "v1", "session_state.proto")]) == 0
+    return out
+
+
+def test_a_gpu_blob_round_trips_its_statistics_byte_for_byte(servers, proto_modules, session_state_proto):
+    """The blob format does not depend on the device: a GPU replica's blob imported and exported
+    again, on the CPU and on the GPU, carries the same statistics bytes."""
+    pb2, _ = proto_modules
+    _, gpu = servers["cuda"]
+    _, cpu = servers["cpu"]
+    _, _, final = _greedy(gpu, pb2, tokens=8, model=LM, prompt_bytes=PROMPT, return_state=True)
+    stats, position = _statistics(final.state)
+    assert len(stats) > 0 and any(stats) and position > 8
+    for name, stub in (("cpu", cpu), ("cuda", gpu)):
+        session = stub.ImportSession(pb2.ImportSessionRequest(state=final.state), timeout=60)
+        again = stub.ExportSession(pb2.SessionRef(session_id=session.session_id), timeout=60).state
+        assert _statistics(again) == (stats, position), name
 
 
 def test_sixty_four_streams_share_steps_and_memory_is_reported(servers, proto_modules):

@@ -242,6 +242,63 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
   }
 }
 
+// A GPU model draws each step's tokens where its logits are (device_sampler.h). Forced on the
+// CPU, that path must draw exactly what the host draw gives, step after step, for greedy rows,
+// sampled rows with every cut, penalties and alternatives, in one batch.
+TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
+  const std::string dir = ParityDir() + "/lm_small";
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  Placement on_device;
+  on_device.draw_on_device = true;
+  auto host = LanguageModel::Load(dir, *config);
+  auto device = LanguageModel::Load(dir, *config, on_device);
+  ASSERT_TRUE(host.ok() && device.ok());
+  auto host_pool = (*host)->NewStatePool(4);
+  auto device_pool = (*device)->NewStatePool(4);
+  ASSERT_TRUE(host_pool.ok() && device_pool.ok());
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 0;
+  params[1].seed = 3;
+  params[1].top_k = 20;
+  params[1].top_p = 0.8f;
+  params[2].seed = 4;
+  params[2].temperature = 1.5f;
+  params[2].min_p = 0.02f;
+  params[2].repetition_penalty = 1.4f;
+  params[3].seed = 5;
+  params[3].temperature = 0.6f;
+  std::vector<int32_t> tokens = {40, 41, 42, 43};
+  const std::vector<int64_t> rows = {0, 1, 2, 3};
+  std::vector<int64_t> positions(4, 0);
+  std::vector<std::vector<int32_t>> recent(4);
+  for (int step = 0; step < 24; ++step) {
+    std::vector<TokenDraw> draws;
+    for (size_t b = 0; b < 4; ++b) {
+      draws.push_back(
+          {params[b], static_cast<uint64_t>(positions[b] + 1), recent[b], static_cast<int32_t>(b)});
+    }
+    auto want = (*host)->StepAndDraw(tokens, **host_pool, rows, positions, draws);
+    auto got = (*device)->StepAndDraw(tokens, **device_pool, rows, positions, draws);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    for (size_t b = 0; b < 4; ++b) {
+      ASSERT_EQ((*want)[b].id, (*got)[b].id) << "step " << step << " row " << b;
+      ASSERT_EQ((*want)[b].top_logprobs.size(), b);
+      ASSERT_EQ((*got)[b].top_logprobs.size(), b);
+      for (size_t j = 0; j < b; ++j) {
+        EXPECT_EQ((*want)[b].top_logprobs[j].first, (*got)[b].top_logprobs[j].first);
+        EXPECT_NEAR((*want)[b].top_logprobs[j].second, (*got)[b].top_logprobs[j].second, 1e-5f);
+      }
+      tokens[b] = (*want)[b].id;
+      recent[b].push_back(tokens[b]);
+      ++positions[b];
+    }
+  }
+  const std::vector<TokenDraw> too_few(3);
+  EXPECT_EQ((*device)->StepAndDraw(tokens, **device_pool, rows, positions, too_few).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ParityTest, StateSizeIsIndependentOfLength) {
   LoadedModel m = Load("lm_small");
   ASSERT_TRUE(m.status.ok());

@@ -1,5 +1,7 @@
 // Tokenizers (byte, byte-level BPE), incremental UTF-8 assembly and the sampler.
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -307,6 +309,44 @@ TEST(Sampler, TopLogprobsAreNormalisedAndSorted) {
   EXPECT_EQ(top[1].first, 2);
   const double z = std::exp(0.0) + std::exp(2.0) + std::exp(1.0);
   EXPECT_NEAR(top[0].second, 2.0 - std::log(z), 1e-6);
+}
+
+}  // namespace
+}  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+TEST(DrawTokens, EachRowIsTheSampleOfItsOwnLogits) {
+  const std::vector<float> logits = {0.f, 2.f,  1.f, 9.f,   // row 0: id 3 padded away
+                                     3.f, -1.f, 3.f, 9.f};  // row 1
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SamplingParams warm;
+  warm.seed = 5;
+  const std::vector<int32_t> recent = {0};
+  const std::vector<TokenDraw> draws = {{greedy, 7, {}, 2}, {warm, 8, recent, 0}};
+  const std::vector<DrawnToken> drawn = DrawTokens(logits, /*defined_vocab=*/3, draws);
+  ASSERT_EQ(drawn.size(), 2u);
+  EXPECT_EQ(drawn[0].id, 1);  // never the undefined id 3
+  EXPECT_EQ(drawn[0].nonfinite_id, -1);
+  const std::vector<float> row0 = {0.f, 2.f, 1.f};
+  const auto want_top = TopLogprobs(row0, 2);
+  ASSERT_EQ(drawn[0].top_logprobs.size(), 2u);
+  EXPECT_EQ(drawn[0].top_logprobs[0].first, want_top[0].first);
+  EXPECT_FLOAT_EQ(drawn[0].top_logprobs[0].second, want_top[0].second);
+  const std::vector<float> row1 = {3.f, -1.f, 3.f, -std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(drawn[1].id, SampleToken(row1, warm, 8, recent));
+  EXPECT_TRUE(drawn[1].top_logprobs.empty());
+}
+
+TEST(DrawTokens, ANonFiniteLogitIsReportedByItsFirstId) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> logits = {0.f, std::nanf(""), inf, inf};  // id 3 padded: not checked
+  const std::vector<TokenDraw> draws = {{}};
+  EXPECT_EQ(DrawTokens(logits, 3, draws)[0].nonfinite_id, 1);
+  const std::vector<float> padded_only = {0.f, 1.f, 2.f, inf};
+  EXPECT_EQ(DrawTokens(padded_only, 3, draws)[0].nonfinite_id, -1);
 }
 
 }  // namespace

@@ -321,15 +321,16 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const i
   return logits;
 }
 
-absl::StatusOr<std::vector<float>> FakeLanguageModel::Step(absl::Span<const int32_t> tokens,
-                                                           model::StatePool& pool,
-                                                           absl::Span<const int64_t> rows,
-                                                           absl::Span<const int64_t> positions,
-                                                           bool batch_invariant) const {
+absl::StatusOr<std::vector<model::DrawnToken>> FakeLanguageModel::Step(
+    absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
+    absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
+    bool batch_invariant) const {
   auto* own = dynamic_cast<Pool*>(&pool);
   if (own == nullptr) return absl::InvalidArgumentError("fake LM: a pool of another model");
-  if (rows.size() != tokens.size() || positions.size() != tokens.size()) {
-    return absl::InvalidArgumentError("fake LM: one row and one position per token expected");
+  if (rows.size() != tokens.size() || positions.size() != tokens.size() ||
+      draws.size() != tokens.size()) {
+    return absl::InvalidArgumentError(
+        "fake LM: one row, one position and one draw per token expected");
   }
   std::vector<model::SequenceState> states;
   std::vector<model::SequenceState*> ptrs;
@@ -341,10 +342,9 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Step(absl::Span<const int3
     ptrs.push_back(&states.back());
   }
   auto logits = Step(tokens, ptrs, batch_invariant);
-  if (logits.ok()) {
-    for (size_t b = 0; b < rows.size(); ++b) own->Write(rows[b], states[b]);
-  }
-  return logits;
+  if (!logits.ok()) return logits.status();
+  for (size_t b = 0; b < rows.size(); ++b) own->Write(rows[b], states[b]);
+  return model::DrawTokens(*logits, tokenizer_.vocab_size(), draws);
 }
 
 int64_t FakeLanguageModel::pool_stores() const {

@@ -1,0 +1,149 @@
+// The batched draw on the logits' device against DrawTokens, the host reference. On the CPU the
+// two sum in the same order, so every drawn id must agree; the alternatives' logprobs are summed
+// in another order (a tree reduction) and agree to float rounding.
+#include "model/device_sampler.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tost::model {
+namespace {
+
+at::Tensor AsTensor(const std::vector<float>& logits, int64_t rows) {
+  return at::tensor(logits).view({rows, -1});
+}
+
+void ExpectSameDraws(const std::vector<DrawnToken>& want, const std::vector<DrawnToken>& got,
+                     const std::string& where) {
+  ASSERT_EQ(want.size(), got.size()) << where;
+  for (size_t b = 0; b < want.size(); ++b) {
+    const std::string row = absl::StrCat(where, " row ", b);
+    EXPECT_EQ(want[b].nonfinite_id, got[b].nonfinite_id) << row;
+    if (want[b].nonfinite_id >= 0) continue;
+    EXPECT_EQ(want[b].id, got[b].id) << row;
+    ASSERT_EQ(want[b].top_logprobs.size(), got[b].top_logprobs.size()) << row;
+    for (size_t j = 0; j < want[b].top_logprobs.size(); ++j) {
+      EXPECT_EQ(want[b].top_logprobs[j].first, got[b].top_logprobs[j].first) << row << " alt " << j;
+      const float w = want[b].top_logprobs[j].second, g = got[b].top_logprobs[j].second;
+      if (w == g) continue;  // padded ids asked for past the defined ones are -inf on both sides
+      EXPECT_NEAR(w, g, 1e-6f * (1.f + std::abs(w))) << row << " alt " << j;
+    }
+  }
+}
+
+// Every sampling parameter, alone and combined, over logits with ties, padded vocabularies and
+// penalty windows with repeats and out-of-range ids.
+TEST(DeviceSampler, DrawsWhatTheHostDrawsForEveryParameterMix) {
+  std::mt19937 rng(20261123);
+  const std::vector<float> temperatures = {0.f, 0.05f, 0.7f, 1.f, 3.f, 50.f};
+  const std::vector<int32_t> top_ks = {0, 1, 3, 40, 1000};
+  const std::vector<float> top_ps = {1.f, 0.95f, 0.5f, 0.1f};
+  const std::vector<float> min_ps = {0.f, 0.05f, 0.5f};
+  const std::vector<float> penalties = {1.f, 1.3f, 0.7f, 20.f};
+  const std::vector<int32_t> alternatives = {0, 1, 5, 300};
+  int64_t sampled_rows = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 6);
+    const int64_t vocab = std::vector<int64_t>{2, 7, 64, 257}[rng() % 4];
+    const int64_t defined = rng() % 3 == 0 ? std::max<int64_t>(1, vocab - 3) : vocab;
+    std::normal_distribution<float> normal(0.f, 2.f);
+    std::vector<float> logits(static_cast<size_t>(rows * vocab));
+    const bool coarse = trial % 4 == 0;  // few distinct values: ties everywhere
+    for (float& l : logits) l = coarse ? std::round(normal(rng)) : normal(rng);
+    std::vector<std::vector<int32_t>> recent(static_cast<size_t>(rows));
+    std::vector<TokenDraw> draws(static_cast<size_t>(rows));
+    for (int64_t b = 0; b < rows; ++b) {
+      SamplingParams p;
+      p.temperature = temperatures[rng() % temperatures.size()];
+      p.top_k = top_ks[rng() % top_ks.size()];
+      p.top_p = top_ps[rng() % top_ps.size()];
+      p.min_p = min_ps[rng() % min_ps.size()];
+      p.repetition_penalty = penalties[rng() % penalties.size()];
+      p.seed = rng();
+      for (int i = 0; i < 12; ++i) {
+        recent[b].push_back(static_cast<int32_t>(rng() % (vocab + 4)) - 2);  // some out of range
+      }
+      draws[b] = {p, rng() % 100000, recent[b], alternatives[rng() % alternatives.size()]};
+      sampled_rows += p.temperature != 0.f && p.top_k != 1;
+    }
+    const auto where = absl::StrCat("trial ", trial, " (", rows, "x", vocab, ", ", defined,
+                                    " defined)");
+    ExpectSameDraws(DrawTokens(logits, defined, draws),
+                    DrawTokensOnDevice(AsTensor(logits, rows), defined, draws), where);
+  }
+  EXPECT_GT(sampled_rows, 500);  // the mix really exercises the distribution path
+}
+
+// Many draws from one distribution: the device form's frequencies are the softmax's too (the
+// equality above could otherwise hold for a draw that ignores its random number).
+TEST(DeviceSampler, FrequenciesFollowTheSoftmax) {
+  const int64_t rows = 4000;
+  std::vector<float> logits;
+  std::vector<TokenDraw> draws;
+  SamplingParams p;
+  p.seed = 9;
+  for (int64_t b = 0; b < rows; ++b) {
+    logits.insert(logits.end(), {0.f, std::log(3.f)});  // p = 1/4, 3/4
+    draws.push_back({p, static_cast<uint64_t>(b), {}, 0});
+  }
+  const std::vector<DrawnToken> drawn = DrawTokensOnDevice(AsTensor(logits, rows), 2, draws);
+  int ones = 0;
+  for (const DrawnToken& d : drawn) ones += d.id;
+  EXPECT_NEAR(static_cast<double>(ones) / rows, 0.75, 0.03);
+}
+
+TEST(DeviceSampler, ReportsTheFirstNonFiniteDefinedId) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> logits = {0.f, 1.f, inf, std::nanf(""),  // row 0: id 2
+                                     0.f, 1.f, 2.f, inf};            // row 1: only a padded id
+  const std::vector<TokenDraw> draws(2);
+  const std::vector<DrawnToken> drawn = DrawTokensOnDevice(AsTensor(logits, 2), 3, draws);
+  EXPECT_EQ(drawn[0].nonfinite_id, 2);
+  EXPECT_EQ(drawn[1].nonfinite_id, -1);
+  EXPECT_LT(drawn[1].id, 3);  // the padded id is never drawn, whatever its logit
+}
+
+// A reduced-precision model's logits are drawn from as the float values they round to.
+TEST(DeviceSampler, ReducedPrecisionLogitsDrawAsTheirFloatValues) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(3 * 100);
+  for (float& l : logits) l = normal(rng);
+  const at::Tensor bf16 = AsTensor(logits, 3).to(at::kBFloat16);
+  const at::Tensor widened = bf16.to(at::kFloat).contiguous();
+  const std::vector<float> as_float(widened.data_ptr<float>(),
+                                    widened.data_ptr<float>() + widened.numel());
+  SamplingParams p;
+  p.seed = 1;
+  p.top_p = 0.9f;
+  const std::vector<TokenDraw> draws = {{p, 1, {}, 3}, {p, 2, {}, 0}, {{.temperature = 0.f}, 3, {}, 1}};
+  ExpectSameDraws(DrawTokens(as_float, 100, draws), DrawTokensOnDevice(bf16, 100, draws), "bf16");
+}
+
+TEST(DeviceSampler, TheLogitsAreLeftAsTheyWere) {
+  const std::vector<float> logits = {1.f, 5.f, 2.f, 7.f};
+  const at::Tensor t = AsTensor(logits, 1);
+  const at::Tensor before = t.clone();
+  SamplingParams p;
+  p.repetition_penalty = 2.f;
+  const std::vector<int32_t> recent = {1};
+  const std::vector<TokenDraw> draws = {{p, 0, recent, 2}};
+  (void)DrawTokensOnDevice(t, 3, draws);  // masks id 3 and penalises id 1 on its own copies
+  EXPECT_TRUE(at::equal(t, before));
+}
+
+TEST(DeviceSampler, ALogitsShapeThatDoesNotMatchTheDrawsIsRefused) {
+  const std::vector<TokenDraw> draws(3);
+  EXPECT_THROW((void)DrawTokensOnDevice(at::zeros({2, 5}), 5, draws), c10::Error);
+  EXPECT_TRUE(DrawTokensOnDevice(at::zeros({0, 5}), 5, {}).empty());
+}
+
+}  // namespace
+}  // namespace tost::model
