@@ -45,11 +45,13 @@ HostPlan PlanDraws(absl::Span<const TokenDraw> draws, int64_t vocab) {
         if (t < 0 || t >= vocab || seen[t]) continue;
         seen[t] = 1;
         marked.push_back(t);
-        plan.penalised.insert(plan.penalised.end(), {static_cast<double>(b), static_cast<double>(t)});
+        plan.penalised.insert(plan.penalised.end(),
+                              {static_cast<double>(b), static_cast<double>(t)});
       }
       for (int32_t t : marked) seen[t] = 0;
     }
-    if (!(p.temperature == 0.f || p.top_k == 1)) plan.sampled_rows.push_back(static_cast<double>(b));
+    if (!(p.temperature == 0.f || p.top_k == 1))
+      plan.sampled_rows.push_back(static_cast<double>(b));
     if (draws[b].top_logprobs > 0) {
       plan.logprob_rows.push_back(static_cast<double>(b));
       plan.top_n = std::max<int64_t>(plan.top_n, std::min<int64_t>(draws[b].top_logprobs, vocab));
@@ -83,9 +85,8 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
   const int64_t pairs = static_cast<int64_t>(plan.penalised.size()) / 2;
   const int64_t sampled = static_cast<int64_t>(plan.sampled_rows.size());
   const int64_t with_logprobs = static_cast<int64_t>(plan.logprob_rows.size());
-  at::Tensor staged =
-      at::empty({rows * kColumns + 2 * pairs + sampled + with_logprobs},
-                at::TensorOptions(at::kDouble).pinned_memory(device.is_cuda()));
+  at::Tensor staged = at::empty({rows * kColumns + 2 * pairs + sampled + with_logprobs},
+                                at::TensorOptions(at::kDouble).pinned_memory(device.is_cuda()));
   double* dst = staged.data_ptr<double>();
   for (const std::vector<double>* part :
        {&plan.params, &plan.penalised, &plan.sampled_rows, &plan.logprob_rows}) {
@@ -161,13 +162,15 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
 
   // One result row per draw: [id, first non-finite id, alternatives' ids, their logprobs].
   const int64_t top_n = plan.top_n;
-  at::Tensor packed = at::zeros({rows, 2 + 2 * top_n}, at::TensorOptions(at::kDouble).device(device));
+  at::Tensor packed =
+      at::zeros({rows, 2 + 2 * top_n}, at::TensorOptions(at::kDouble).device(device));
   packed.select(1, 0).copy_(ids);
   packed.select(1, 1).copy_(nonfinite.squeeze(1));
   if (with_logprobs > 0) {
     const at::Tensor raw = masked.index_select(0, logprob_ids);
     const at::Tensor peak = std::get<0>(raw.max(1, /*keepdim=*/true)).to(at::kDouble);
-    const at::Tensor log_z = (raw.to(at::kDouble) - peak).exp().sum(1, /*keepdim=*/true).log() + peak;
+    const at::Tensor log_z =
+        (raw.to(at::kDouble) - peak).exp().sum(1, /*keepdim=*/true).log() + peak;
     auto [values, order] = at::sort(raw, /*stable=*/true, /*dim=*/1, /*descending=*/true);
     const at::Tensor logprobs =
         (values.narrow(1, 0, top_n).to(at::kDouble) - log_z).to(at::kFloat).to(at::kDouble);

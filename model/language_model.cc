@@ -60,6 +60,10 @@ struct LanguageModel::Impl {
   at::Tensor wte, wpe;
   std::vector<Block> blocks;
   LayerNorm ln_f;
+  // As placed: the weights a decode step reads whole, and the tables it reads one row of per
+  // sequence (the position embedding, the TSSA denominators).
+  int64_t streamed_weight_bytes = 0;
+  int64_t per_position_bytes = 0;
 
   at::Tensor Mlp(const Block& b, const at::Tensor& x) const {
     return b.mlp_proj(at::gelu(b.c_fc(x)));
@@ -134,9 +138,13 @@ struct LanguageModel::Impl {
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
-      if (t.defined()) t = t.to(device, dtype).contiguous();
+      if (!t.defined()) return;
+      t = t.to(device, dtype).contiguous();
+      streamed_weight_bytes += t.nbytes();
     };
-    move(wte), move(wpe), move(ln_f.weight), move(ln_f.bias);
+    move(wte), move(ln_f.weight), move(ln_f.bias);
+    wpe = wpe.to(device, dtype).contiguous();
+    per_position_bytes = wpe.nbytes() / wpe.size(0);
     for (Block& b : blocks) {
       for (at::Tensor* t :
            {&b.gamma1, &b.gamma2, &b.ln1.weight, &b.ln1.bias, &b.ln2.weight, &b.ln2.bias,
@@ -145,7 +153,9 @@ struct LanguageModel::Impl {
         move(*t);
       }
       b.temp = b.temp.to(device, at::kFloat).contiguous();
+      streamed_weight_bytes += b.temp.nbytes();
       b.denom_bias = b.denom_bias.to(device, at::kFloat).contiguous();
+      per_position_bytes += b.denom_bias.nbytes() / b.denom_bias.size(1);  // [K, context]
     }
   }
 
@@ -616,6 +626,14 @@ absl::StatusOr<std::vector<DrawnToken>> LanguageModel::StepAndDraw(
         if (m.draw_on_device) return DrawTokensOnDevice(logits, defined, draws);
         return DrawTokens(Impl::ToHost(logits), defined, draws);
       });
+}
+
+int64_t LanguageModel::DecodeStepBytes(int64_t rows) const {
+  const Impl& m = *impl_;
+  const LanguageConfig& c = m.config.language;
+  const int64_t state_bytes = c.n_layer * c.state_floats_per_layer() * 4;
+  const int64_t logits_bytes = c.vocab_size * at::elementSize(m.dtype);
+  return m.streamed_weight_bytes + rows * (m.per_position_bytes + 2 * state_bytes + logits_bytes);
 }
 
 absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,

@@ -79,6 +79,12 @@ class LanguageModel {
                                                       absl::Span<const TokenDraw> draws,
                                                       bool batch_invariant = false) const;
 
+  // The least memory traffic of a decode step of `rows` sequences: every weight read once (the
+  // position table and the TSSA denominators only at the rows' positions), each row's
+  // statistics read and written, the logits written. Benchmarks divide it by the step's time and
+  // the device's measured bandwidth.
+  int64_t DecodeStepBytes(int64_t rows) const;
+
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
   // vocab].
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,

@@ -74,6 +74,7 @@ struct VisionModel::Impl {
   std::vector<ClassAttentionBlock> cls_blocks;
   LayerNorm norm;
   Linear head;
+  int64_t weight_bytes = 0;  // every parameter as placed
 
   at::Tensor Stem(at::Tensor x) const {
     for (size_t i = 0; i < stem.size(); ++i) {
@@ -119,7 +120,9 @@ struct VisionModel::Impl {
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
-      if (t.defined()) t = t.to(device, dtype).contiguous();
+      if (!t.defined()) return;
+      t = t.to(device, dtype).contiguous();
+      weight_bytes += t.nbytes();
     };
     const auto move_linear = [&](Linear& l) { move(l.weight), move(l.bias); };
     const auto move_norm = [&](LayerNorm& n) { move(n.weight), move(n.bias); };
@@ -128,6 +131,7 @@ struct VisionModel::Impl {
     for (TssaBlock& b : blocks) {
       move(b.gamma1), move(b.gamma2);
       b.temp = b.temp.to(device, at::kFloat).contiguous();
+      weight_bytes += b.temp.nbytes();
       move_norm(b.norm1), move_norm(b.norm2), move_linear(b.qkv), move_linear(b.to_out);
       move_linear(b.mlp.fc1), move_linear(b.mlp.fc2);
     }
@@ -201,6 +205,13 @@ at::Tensor FourierFeatures(int64_t hp, int64_t wp) {
 }
 
 }  // namespace
+
+int64_t VisionModel::ForwardMinBytes(int64_t images) const {
+  const Impl& m = *impl_;
+  const VisionConfig& v = m.config.vision;
+  const int64_t pixels = images * v.in_chans * v.image_height * v.image_width;
+  return m.weight_bytes + static_cast<int64_t>(sizeof(float)) * (pixels + images * v.num_classes);
+}
 
 VisionModel::VisionModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 VisionModel::~VisionModel() = default;

@@ -43,6 +43,11 @@ class VisionModel {
   absl::StatusOr<Explained> ForwardWithMembership(absl::Span<const float> pixels, int64_t batch,
                                                   int64_t height, int64_t width) const;
 
+  // The least memory traffic of a Forward of `images` at the served resolution: every weight read
+  // once, the pixels read and the logits written (activations between layers not counted, so a
+  // lower bound). Benchmarks divide it by the time and the device's measured bandwidth.
+  int64_t ForwardMinBytes(int64_t images) const;
+
  private:
   struct Impl;
   explicit VisionModel(std::unique_ptr<Impl> impl);

@@ -3,7 +3,10 @@
 // with no gRPC, no batcher and no tensor conversion. Throughput and latency through tost_server at
 // the same batch size divided by these is the server's overhead.
 //
-// Prints one JSON object: per batch size, forwards timed, latency percentiles (ms) and images/s.
+// Prints one JSON object: per batch size, forwards timed, latency percentiles (ms), images/s, and
+// the forward's least memory traffic (weights once, pixels in, logits out) per second as a
+// fraction of the device's measured copy bandwidth: a lower bound of the traffic, so the fraction
+// says how far from memory-bound the forward is (a vision forward is compute-bound).
 // --device/--dtype place the model as tost_server's flags do (Forward returns host logits, so each
 // timed forward includes waiting for the device).
 #include <algorithm>
@@ -25,8 +28,10 @@
 #include "model/config.h"
 #include "model/device.h"
 #include "model/device_memory.h"
+#include "model/torch_device.h"
 #include "model/torch_threads.h"
 #include "model/vision_model.h"
+#include "tests/bench/device_bandwidth.h"
 
 ABSL_FLAG(std::string, model_dir, "models/tost-digits", "Vision model directory");
 ABSL_FLAG(std::string, batch_sizes, "1,8", "Comma-separated images per forward");
@@ -81,6 +86,9 @@ int Main() {
   out["device"] = placement->DeviceString();
   out["dtype"] = tost::model::ComputeDtypeName(placement->dtype);
   out["input_shape"] = {v.in_chans, v.image_height, v.image_width};
+  const double bandwidth_gbs =
+      tost::bench::MeasureCopyBandwidthGBs(tost::model::TorchDevice(*placement));
+  out["device_copy_bandwidth_gbs"] = bandwidth_gbs;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_batch_sizes), ',')) {
@@ -112,11 +120,16 @@ int Main() {
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
     const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+    const double min_bytes = static_cast<double>((*model)->ForwardMinBytes(batch));
+    const double min_gbs = min_bytes * static_cast<double>(ms.size()) / total_s / 1e9;
     out["batches"][std::string(item)] = {
         {"batch_size", batch},
         {"forwards", ms.size()},
         {"latency_ms", {{"p50", Percentile(ms, 50)}, {"p99", Percentile(ms, 99)}}},
-        {"images_per_s", static_cast<double>(ms.size() * batch) / total_s}};
+        {"images_per_s", static_cast<double>(ms.size() * batch) / total_s},
+        {"min_bytes_per_forward", min_bytes},
+        {"min_traffic_gbs", min_gbs},
+        {"fraction_of_bandwidth", min_gbs / bandwidth_gbs}};
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;

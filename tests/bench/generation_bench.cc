@@ -34,6 +34,7 @@
 #include "model/tensor_list.h"
 #include "model/torch_device.h"
 #include "model/torch_threads.h"
+#include "tests/bench/device_bandwidth.h"
 #include "tost/v1/tost.grpc.pb.h"
 
 namespace fs = std::filesystem;
@@ -61,7 +62,17 @@ struct Figures {
   double state_bytes = 0, kv_bytes = 0;
   double one_stream_tokens_per_s = 0, many_tokens_per_s = 0;
   int max_decode_batch = 0;
+  // Fractions of the device's measured copy bandwidth: a decode step of B rows moves at least
+  // step_bytes_fixed + B * step_bytes_per_row bytes (LanguageModel::DecodeStepBytes).
+  double bandwidth_gbs = 0;
+  int64_t step_bytes_fixed = 0, step_bytes_per_row = 0;
+  std::vector<double> tost_fraction, kv_fraction;
+  double one_stream_fraction = 0, many_fraction = 0;
 };
+
+double FractionOfBandwidth(double bytes, double seconds, double bandwidth_gbs) {
+  return bytes / seconds / 1e9 / bandwidth_gbs;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -146,6 +157,14 @@ class KvCacheGpt {
     }
     return at::matmul(at::layer_norm(x, {c_.n_embd}, ln_, {}, 1e-5), wte_.t()).to(at::kCPU);
   }
+  // The least memory traffic of Step(token, pos), as LanguageModel::DecodeStepBytes counts ToST's:
+  // every weight once (one position row), the cache read up to pos and written at pos, the logits.
+  int64_t StepBytes(int64_t pos) const {
+    int64_t weights = wte_.nbytes() + wpe_.nbytes() / c_.context_length + 3 * ln_.nbytes();
+    for (const Layer& L : layers_)
+      weights += L.qkv.nbytes() + L.proj.nbytes() + L.fc.nbytes() + L.fc_out.nbytes();
+    return weights + CacheBytesPerSequence(pos + 1) + c_.vocab_size * 4;
+  }
   int64_t CacheBytesPerSequence(int64_t tokens) const {
     return 2 * c_.n_layer * tokens * c_.n_embd * 4;
   }
@@ -176,6 +195,8 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
     std::fprintf(stderr, "state pool: %s\n", std::string(pool.status().message()).c_str());
     std::exit(1);
   }
+  figures.step_bytes_fixed = (*lm)->DecodeStepBytes(0);
+  figures.step_bytes_per_row = (*lm)->DecodeStepBytes(1) - figures.step_bytes_fixed;
   KvCacheGpt kv(c, args.placement);
   c10::InferenceMode inference;
   const std::vector<int64_t>& positions = args.positions;
@@ -217,14 +238,21 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   for (size_t i = 0; i < positions.size(); ++i) {
     figures.tost_ms.push_back(Median(tost_ms[i]));
     figures.kv_ms.push_back(Median(kv_ms[i]));
+    figures.tost_fraction.push_back(
+        FractionOfBandwidth(static_cast<double>((*lm)->DecodeStepBytes(1)),
+                            figures.tost_ms.back() / 1e3, figures.bandwidth_gbs));
+    figures.kv_fraction.push_back(
+        FractionOfBandwidth(static_cast<double>(kv.StepBytes(positions[i])),
+                            figures.kv_ms.back() / 1e3, figures.bandwidth_gbs));
   }
   const double t100 = figures.tost_ms.front(), t4000 = figures.tost_ms.back();
   const double k100 = figures.kv_ms.front(), k4000 = figures.kv_ms.back();
   if (positions.size() > 2) {
-    std::printf("\nP4 curve (ms/token): position, ToST, KV-cache GPT\n");
+    std::printf("\nP4 curve (ms/token and fraction of bandwidth): position, ToST, KV-cache GPT\n");
     for (size_t i = 0; i < positions.size(); ++i) {
-      std::printf("  %6lld %10.3f %10.3f\n", static_cast<long long>(positions[i]),
-                  figures.tost_ms[i], figures.kv_ms[i]);
+      std::printf("  %6lld %10.3f (%5.1f%%) %10.3f (%5.1f%%)\n",
+                  static_cast<long long>(positions[i]), figures.tost_ms[i],
+                  100 * figures.tost_fraction[i], figures.kv_ms[i], 100 * figures.kv_fraction[i]);
     }
   }
   std::printf(
@@ -234,6 +262,13 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", "ToST (tssa_step)", t100, t4000,
               t4000 / t100);
   std::printf("  %-28s %10.3f %10.3f %8.3f\n", "KV-cache GPT (SDPA)", k100, k4000, k4000 / k100);
+  std::printf(
+      "  fraction of the measured %.1f GB/s at pos 100 / 4000: ToST %.1f%% / %.1f%% (a step moves "
+      "at least %.2f MB), KV cache %.1f%% / %.1f%%\n",
+      figures.bandwidth_gbs, 100 * figures.tost_fraction.front(),
+      100 * figures.tost_fraction.back(),
+      static_cast<double>(figures.step_bytes_fixed + figures.step_bytes_per_row) / 1e6,
+      100 * figures.kv_fraction.front(), 100 * figures.kv_fraction.back());
   const double state_bytes = static_cast<double>(states[0].ByteSize());
   const double kv_bytes = static_cast<double>(kv.CacheBytesPerSequence(4096));
   figures.state_bytes = state_bytes;
@@ -289,21 +324,36 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
   auto stub = tost::v1::Tost::NewStub(channel);
   Stream(*stub, 4, 0);  // warm-up
 
+  const auto generator_status = [&] {
+    tost::v1::ServerStatusResponse status;
+    grpc::ClientContext ctx;
+    stub->ServerStatus(&ctx, {}, &status);
+    return status.generators_size() ? status.generators(0) : tost::v1::GeneratorStatus();
+  };
   const int rounds = args.quick ? 1 : 3;
-  std::vector<double> one, many;
+  std::vector<double> one, many, many_fraction;
   for (int r = 0; r < rounds; ++r) {
     auto t0 = Clock::now();
     const int n1 = Stream(*stub, args.tokens, r);
     one.push_back(n1 / std::chrono::duration<double>(Clock::now() - t0).count());
     std::vector<int> got(args.sessions);
     std::vector<std::thread> threads;
+    const tost::v1::GeneratorStatus before = generator_status();
     t0 = Clock::now();
     for (int i = 0; i < args.sessions; ++i)
       threads.emplace_back([&, i] { got[i] = Stream(*stub, args.tokens, 100 + i); });
     for (auto& t : threads) t.join();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const tost::v1::GeneratorStatus after = generator_status();
     int total = 0;
     for (int g : got) total += std::max(g, 0);
-    many.push_back(total / std::chrono::duration<double>(Clock::now() - t0).count());
+    many.push_back(total / seconds);
+    // The steps the server ran for these streams, each at least its fixed bytes plus its rows'.
+    const double bytes = static_cast<double>(after.decode_steps() - before.decode_steps()) *
+                             static_cast<double>(figures.step_bytes_fixed) +
+                         static_cast<double>(after.decoded_tokens() - before.decoded_tokens()) *
+                             static_cast<double>(figures.step_bytes_per_row);
+    many_fraction.push_back(FractionOfBandwidth(bytes, seconds, figures.bandwidth_gbs));
   }
   tost::v1::ServerStatusResponse status;
   grpc::ClientContext ctx;
@@ -313,6 +363,10 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
   const double a = Median(one), b = Median(many);
   figures.one_stream_tokens_per_s = a;
   figures.many_tokens_per_s = b;
+  figures.one_stream_fraction = FractionOfBandwidth(
+      static_cast<double>(figures.step_bytes_fixed + figures.step_bytes_per_row), 1.0 / a,
+      figures.bandwidth_gbs);
+  figures.many_fraction = Median(many_fraction);
   figures.max_decode_batch = status.generators_size() ? status.generators(0).max_decode_batch() : 0;
   std::printf(
       "\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d "
@@ -323,6 +377,9 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
       "largest decode batch %d\n",
       a, args.sessions, b, b / a,
       status.generators_size() ? status.generators(0).max_decode_batch() : 0);
+  std::printf("  fraction of the measured %.1f GB/s: 1 stream %.1f%%, %d streams %.1f%%\n",
+              figures.bandwidth_gbs, 100 * figures.one_stream_fraction, args.sessions,
+              100 * figures.many_fraction);
 }
 
 // Plain numbers and lists only: written by hand rather than linking a JSON library for it.
@@ -343,13 +400,20 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
       << ", \"tost_ms\": " << list(f.tost_ms) << ", \"kv_ms\": " << list(f.kv_ms)
       << ", \"tost_ratio\": " << f.tost_ms.back() / f.tost_ms.front()
       << ", \"kv_ratio\": " << f.kv_ms.back() / f.kv_ms.front()
+      << ", \"tost_fraction_of_bandwidth\": " << list(f.tost_fraction)
+      << ", \"kv_fraction_of_bandwidth\": " << list(f.kv_fraction)
+      << ", \"step_bytes_fixed\": " << f.step_bytes_fixed
+      << ", \"step_bytes_per_row\": " << f.step_bytes_per_row
       << "},\n  \"p5\": {\"state_bytes\": " << f.state_bytes
       << ", \"kv_bytes_4096\": " << f.kv_bytes << ", \"ratio\": " << f.kv_bytes / f.state_bytes
       << "},\n  \"p6\": {\"streams\": " << args.sessions
       << ", \"one_stream_tokens_per_s\": " << f.one_stream_tokens_per_s
       << ", \"many_tokens_per_s\": " << f.many_tokens_per_s
       << ", \"ratio\": " << f.many_tokens_per_s / f.one_stream_tokens_per_s
-      << ", \"max_decode_batch\": " << f.max_decode_batch << "}\n}\n";
+      << ", \"max_decode_batch\": " << f.max_decode_batch
+      << ", \"one_stream_fraction_of_bandwidth\": " << f.one_stream_fraction
+      << ", \"many_fraction_of_bandwidth\": " << f.many_fraction
+      << "},\n  \"device_copy_bandwidth_gbs\": " << f.bandwidth_gbs << "\n}\n";
   if (!out) {
     std::fprintf(stderr, "tost_generation_bench: cannot write --json %s\n", path.c_str());
     std::exit(1);
@@ -422,6 +486,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
               std::thread::hardware_concurrency(), args.placement.DeviceString().c_str());
   Figures figures;
+  // One intra-op thread, as the server computes.
+  figures.bandwidth_gbs =
+      tost::bench::MeasureCopyBandwidthGBs(tost::model::TorchDevice(args.placement));
+  std::printf("device copy bandwidth: %.1f GB/s (%s)\n", figures.bandwidth_gbs,
+              args.placement.DeviceString().c_str());
   RunP4P5(repo, config, args, figures);
   RunP6(repo, args, figures);
   if (!args.json.empty()) WriteJson(args.json, args, config, figures);

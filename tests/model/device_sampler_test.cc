@@ -73,8 +73,8 @@ TEST(DeviceSampler, DrawsWhatTheHostDrawsForEveryParameterMix) {
       draws[b] = {p, rng() % 100000, recent[b], alternatives[rng() % alternatives.size()]};
       sampled_rows += p.temperature != 0.f && p.top_k != 1;
     }
-    const auto where = absl::StrCat("trial ", trial, " (", rows, "x", vocab, ", ", defined,
-                                    " defined)");
+    const auto where =
+        absl::StrCat("trial ", trial, " (", rows, "x", vocab, ", ", defined, " defined)");
     ExpectSameDraws(DrawTokens(logits, defined, draws),
                     DrawTokensOnDevice(AsTensor(logits, rows), defined, draws), where);
   }
@@ -102,7 +102,7 @@ TEST(DeviceSampler, FrequenciesFollowTheSoftmax) {
 TEST(DeviceSampler, ReportsTheFirstNonFiniteDefinedId) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> logits = {0.f, 1.f, inf, std::nanf(""),  // row 0: id 2
-                                     0.f, 1.f, 2.f, inf};            // row 1: only a padded id
+                                     0.f, 1.f, 2.f, inf};           // row 1: only a padded id
   const std::vector<TokenDraw> draws(2);
   const std::vector<DrawnToken> drawn = DrawTokensOnDevice(AsTensor(logits, 2), 3, draws);
   EXPECT_EQ(drawn[0].nonfinite_id, 2);
@@ -123,7 +123,8 @@ TEST(DeviceSampler, ReducedPrecisionLogitsDrawAsTheirFloatValues) {
   SamplingParams p;
   p.seed = 1;
   p.top_p = 0.9f;
-  const std::vector<TokenDraw> draws = {{p, 1, {}, 3}, {p, 2, {}, 0}, {{.temperature = 0.f}, 3, {}, 1}};
+  const std::vector<TokenDraw> draws = {
+      {p, 1, {}, 3}, {p, 2, {}, 0}, {{.temperature = 0.f}, 3, {}, 1}};
   ExpectSameDraws(DrawTokens(as_float, 100, draws), DrawTokensOnDevice(bf16, 100, draws), "bf16");
 }
 
