@@ -12,6 +12,6 @@ namespace tost::bench {
 // `device` (on the CPU with LibTorch's intra-op threads), counting the bytes read and written:
 // GB/s (1e9 bytes). Each round waits for the device, so a CUDA figure is the copy's own time.
 double MeasureCopyBandwidthGBs(const c10::Device& device, int64_t bytes = int64_t{256} << 20,
-                              int repeats = 5);
+                               int repeats = 5);
 
 }  // namespace tost::bench
