@@ -14,6 +14,7 @@
 #include "model/decode_buckets.h"
 #include "model/decode_graphs.h"
 #include "model/device_sampler.h"
+#include "model/linear_layer.h"
 #include "model/model_stream.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
@@ -26,11 +27,6 @@ namespace {
 
 constexpr double kLayerNormEps = 1e-5;
 
-struct Linear {
-  at::Tensor weight, bias;  // bias undefined when the config has bias=false
-  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
-};
-
 struct LayerNorm {
   at::Tensor weight, bias;
   at::Tensor operator()(const at::Tensor& x) const {
@@ -41,9 +37,9 @@ struct LayerNorm {
 struct Block {
   at::Tensor gamma1, gamma2;
   LayerNorm ln1, ln2;
-  Linear c_attn, c_proj, c_fc, mlp_proj;
-  at::Tensor temp;        // [K]
-  at::Tensor denom_bias;  // [K, context_length]
+  Linear c_attn, c_proj, c_fc, mlp_proj;  // without bias when the config has bias=false
+  at::Tensor temp;                        // [K]
+  at::Tensor denom_bias;                  // [K, context_length]
 };
 
 }  // namespace
@@ -147,10 +143,12 @@ struct LanguageModel::Impl {
     per_position_bytes = wpe.nbytes() / wpe.size(0);
     for (Block& b : blocks) {
       for (at::Tensor* t :
-           {&b.gamma1, &b.gamma2, &b.ln1.weight, &b.ln1.bias, &b.ln2.weight, &b.ln2.bias,
-            &b.c_attn.weight, &b.c_attn.bias, &b.c_proj.weight, &b.c_proj.bias, &b.c_fc.weight,
-            &b.c_fc.bias, &b.mlp_proj.weight, &b.mlp_proj.bias}) {
+           {&b.gamma1, &b.gamma2, &b.ln1.weight, &b.ln1.bias, &b.ln2.weight, &b.ln2.bias}) {
         move(*t);
+      }
+      for (Linear* l : {&b.c_attn, &b.c_proj, &b.c_fc, &b.mlp_proj}) {
+        l->Place(device, dtype);
+        streamed_weight_bytes += l->nbytes();
       }
       b.temp = b.temp.to(device, at::kFloat).contiguous();
       streamed_weight_bytes += b.temp.nbytes();
@@ -269,7 +267,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::st
     }
     auto opt = [&](const std::string& name) { return w.has(name) ? w.at(name) : at::Tensor(); };
     auto linear = [&](const std::string& p) {
-      return Linear{w.at(p + ".weight"), opt(p + ".bias")};
+      return Linear(w.at(p + ".weight"), opt(p + ".bias"));
     };
     auto layer_norm = [&](const std::string& p) {
       return LayerNorm{w.at(p + ".weight"), opt(p + ".bias")};

@@ -84,7 +84,10 @@ int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p,
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
+  // The order is total (ties by id), so selecting the k best and sorting them gives exactly what a
+  // partial sort does, in a fraction of its time when k is most of the vocabulary (a heap sort).
+  if (k < n) std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), by_logit);
+  std::sort(order.begin(), order.begin() + k, by_logit);
   order.resize(k);
 
   std::vector<double> probs(k);

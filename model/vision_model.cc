@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tssa_ops.h"
+#include "model/linear_layer.h"
 #include "model/model_stream.h"
 #include "model/status_macros.h"
 #include "model/tensor_list.h"
@@ -24,11 +25,6 @@ constexpr double kBatchNormEps = 1e-5;
 constexpr double kLayerNormEps = 1e-6;
 constexpr int64_t kFourierHidden = 32;  // per axis; 64 channels into token_projection
 constexpr double kFourierTemperature = 10000.0;
-
-struct Linear {
-  at::Tensor weight, bias;
-  at::Tensor operator()(const at::Tensor& x) const { return at::linear(x, weight, bias); }
-};
 
 struct LayerNorm {
   at::Tensor weight, bias;
@@ -124,7 +120,10 @@ struct VisionModel::Impl {
       t = t.to(device, dtype).contiguous();
       weight_bytes += t.nbytes();
     };
-    const auto move_linear = [&](Linear& l) { move(l.weight), move(l.bias); };
+    const auto move_linear = [&](Linear& l) {
+      l.Place(device, dtype);
+      weight_bytes += l.nbytes();
+    };
     const auto move_norm = [&](LayerNorm& n) { move(n.weight), move(n.bias); };
     for (StemStage& s : stem) move(s.weight), move(s.bias);
     move(pos_encoding), move(cls_token);
@@ -250,7 +249,7 @@ absl::StatusOr<std::unique_ptr<VisionModel>> VisionModel::Load(const std::string
                              .contiguous();
     impl->cls_token = w.at("cls_token");
     auto linear = [&](const std::string& p) {
-      return Linear{w.at(p + ".weight"), w.at(p + ".bias")};
+      return Linear(w.at(p + ".weight"), w.at(p + ".bias"));
     };
     auto layer_norm = [&](const std::string& p) {
       return LayerNorm{w.at(p + ".weight"), w.at(p + ".bias")};

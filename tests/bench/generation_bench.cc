@@ -68,6 +68,8 @@ struct Figures {
   int64_t step_bytes_fixed = 0, step_bytes_per_row = 0;
   std::vector<double> tost_fraction, kv_fraction;
   double one_stream_fraction = 0, many_fraction = 0;
+  // The model's own decode steps in-process, 1 row vs `sessions` rows: the most P6 could reach.
+  double step_one_ms = 0, step_many_ms = 0;
 };
 
 double FractionOfBandwidth(double bytes, double seconds, double bandwidth_gbs) {
@@ -296,6 +298,65 @@ int Stream(tost::v1::Tost::Stub& stub, int tokens, int seed) {
   return reader->Finish().ok() ? n : -1;
 }
 
+// P6's ceiling: the same model's decode steps in-process (a state pool, sampled draws as the
+// server's streams ask for), one row against `sessions` rows, interleaved. What the server loses
+// below this ratio is scheduling, streaming and gRPC; what this ratio lacks of 8x is the model's.
+void RunP6InProcess(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args,
+                    Figures& figures) {
+  tost::model::ModelConfig cfg;
+  cfg.name = "bench-lm";
+  cfg.architecture = tost::model::Architecture::kLanguage;
+  cfg.language = c;
+  auto lm = tost::model::LanguageModel::Load((repo / "bench-lm").string(), cfg, args.placement);
+  const int64_t rows = args.sessions;
+  auto pool = lm.ok() ? (*lm)->NewStatePool(rows) : lm.status();
+  if (!pool.ok()) {
+    std::fprintf(stderr, "P6 in-process: %s\n", std::string(pool.status().message()).c_str());
+    std::exit(1);
+  }
+  const std::vector<int32_t> prompt = {'O', 'n', 'c', 'e', ' ', 'u', 'p', 'o', 'n'};
+  std::vector<int64_t> all_rows(rows), positions(rows, static_cast<int64_t>(prompt.size()));
+  std::vector<int32_t> tokens(rows, ' ');
+  std::vector<tost::model::TokenDraw> draws(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    all_rows[r] = r;
+    if (!(*lm)->Prefill(prompt, **pool, r, 0).ok()) std::exit(1);
+    draws[r].params.seed = static_cast<uint64_t>(r);  // temperature 1, as the server's streams
+  }
+  const auto step = [&](int64_t batch) {
+    const auto n = static_cast<size_t>(batch);
+    for (size_t b = 0; b < n; ++b) draws[b].position = static_cast<uint64_t>(positions[b] + 1);
+    auto drawn = (*lm)->StepAndDraw(
+        absl::MakeConstSpan(tokens.data(), n), **pool, absl::MakeConstSpan(all_rows.data(), n),
+        absl::MakeConstSpan(positions.data(), n), absl::MakeConstSpan(draws.data(), n));
+    if (!drawn.ok()) std::exit(1);
+    for (size_t b = 0; b < n; ++b) {
+      tokens[b] = (*drawn)[b].id;
+      ++positions[b];
+    }
+  };
+  c10::InferenceMode inference;
+  const int steps = args.quick ? 4 : 16;
+  std::vector<double> one_ms, many_ms;
+  for (int round = 0; round < (args.quick ? 2 : 5); ++round) {
+    for (auto [batch, out] : {std::pair{int64_t{1}, &one_ms}, std::pair{rows, &many_ms}}) {
+      const auto t0 = Clock::now();
+      for (int k = 0; k < steps; ++k) step(batch);
+      out->push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps);
+    }
+  }
+  figures.step_one_ms = Median(one_ms);
+  figures.step_many_ms = Median(many_ms);
+  const double one_tps = 1e3 / figures.step_one_ms;
+  const double many_tps = 1e3 * static_cast<double>(rows) / figures.step_many_ms;
+  std::printf(
+      "\nP6 ceiling: the model's decode steps in-process (sampled, median of interleaved rounds)\n"
+      "  1 row: %.3f ms/step = %.1f tokens/s; %lld rows: %.3f ms/step = %.1f tokens/s; ratio "
+      "%.1fx\n",
+      figures.step_one_ms, one_tps, static_cast<long long>(rows), figures.step_many_ms, many_tps,
+      many_tps / one_tps);
+}
+
 void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
   int fds[2];
   if (pipe(fds) != 0) std::exit(1);
@@ -413,6 +474,8 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
       << ", \"max_decode_batch\": " << f.max_decode_batch
       << ", \"one_stream_fraction_of_bandwidth\": " << f.one_stream_fraction
       << ", \"many_fraction_of_bandwidth\": " << f.many_fraction
+      << ", \"in_process_step_one_ms\": " << f.step_one_ms
+      << ", \"in_process_step_many_ms\": " << f.step_many_ms
       << "},\n  \"device_copy_bandwidth_gbs\": " << f.bandwidth_gbs << "\n}\n";
   if (!out) {
     std::fprintf(stderr, "tost_generation_bench: cannot write --json %s\n", path.c_str());
@@ -492,6 +555,7 @@ int main(int argc, char** argv) {
   std::printf("device copy bandwidth: %.1f GB/s (%s)\n", figures.bandwidth_gbs,
               args.placement.DeviceString().c_str());
   RunP4P5(repo, config, args, figures);
+  RunP6InProcess(repo, config, args, figures);
   RunP6(repo, args, figures);
   if (!args.json.empty()) WriteJson(args.json, args, config, figures);
   fs::remove_all(repo);
