@@ -14,6 +14,7 @@ figure of both runs and their relative spread, flagged above 10%), and plots/ (t
 
   tools/perf_report.py --build-dir build --out-dir build/perf/$(date +%F)
   tools/perf_report.py --build-dir build-perf --quick --out-dir /tmp/perf-quick
+  tools/perf_report.py --out-dir build/perf/DATE --summarize-only   # summary and plots again
 """
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ def headline(run_dir: str) -> dict:
         h["P4 ToST latency ratio 4000/100"] = g["p4"]["tost_ratio"]
         h["P4 KV-cache latency ratio 4000/100"] = g["p4"]["kv_ratio"]
         h["P6 (generation_bench) 64 vs 1 stream"] = g["p6"]["ratio"]
+        if "in_process_step_many_ms" in g["p6"]:  # the model's own steps: P6's ceiling
+            h["P6 in-process ceiling 64 vs 1 row"] = (
+                g["p6"]["streams"] * g["p6"]["in_process_step_one_ms"] / g["p6"]["in_process_step_many_ms"])
     p3 = load("p3.json")
     if p3:
         h["P3 tost_server images/s at p99 bound"] = p3["tost_server"]["best_images_per_s"]
@@ -153,6 +157,8 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="run nothing: rebuild summary.json and the plots from the runs already in --out-dir")
     args = ap.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
     steps = [s for s in args.only.split(",") if s]
@@ -162,10 +168,16 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     started = datetime.datetime.now().astimezone()
     timings = {}
+    summary_path = os.path.join(args.out_dir, "summary.json")
+    if args.summarize_only and os.path.exists(summary_path):
+        with open(summary_path) as f:
+            earlier = json.load(f)
+        started = datetime.datetime.fromisoformat(earlier["started"])
+        timings = earlier["step_seconds"]
     for run in range(1, args.runs + 1):
         run_dir = os.path.join(args.out_dir, f"run{run}")
         os.makedirs(run_dir, exist_ok=True)
-        for step in steps:
+        for step in [] if args.summarize_only else steps:
             timings[f"run{run} {step}"] = run_step(step, args, run_dir)["seconds"]
 
     heads = [headline(os.path.join(args.out_dir, f"run{r}")) for r in range(1, args.runs + 1)]
@@ -184,7 +196,10 @@ def main() -> None:
                "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                             cwd=benchlib.ROOT).stdout.strip(),
                "build_dir": args.build_dir, "step_seconds": timings, "figures": rows}
-    benchlib.write_json(os.path.join(args.out_dir, "summary.json"), summary)
+    if args.summarize_only and os.path.exists(summary_path):
+        # What was measured, when and at which commit stays the measuring run's.
+        summary.update({k: earlier[k] for k in ("finished", "quick", "machine", "git_commit", "build_dir")})
+    benchlib.write_json(summary_path, summary)
 
     print(f"\n{'figure':<44} " + " ".join(f"{'run ' + str(r):>12}" for r in range(1, args.runs + 1)) + f" {'spread':>8}")
     for name, r in rows.items():
