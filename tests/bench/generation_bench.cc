@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -180,8 +181,10 @@ class KvCacheGpt {
   std::vector<Layer> layers_;
 };
 
-void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args,
-             Figures& figures) {
+// The bench LM WriteModel wrote, placed as --device asks; exits on failure.
+std::unique_ptr<tost::model::LanguageModel> LoadBenchLm(const fs::path& repo,
+                                                        const tost::model::LanguageConfig& c,
+                                                        const Args& args) {
   tost::model::ModelConfig cfg;
   cfg.name = "bench-lm";
   cfg.architecture = tost::model::Architecture::kLanguage;
@@ -191,24 +194,30 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
     std::fprintf(stderr, "load failed: %s\n", std::string(lm.status().message()).c_str());
     std::exit(1);
   }
+  return *std::move(lm);
+}
+
+void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args,
+             Figures& figures) {
+  const std::unique_ptr<tost::model::LanguageModel> lm = LoadBenchLm(repo, c, args);
   // Decode through a state pool row, as the server decodes.
-  auto pool = (*lm)->NewStatePool(1);
+  auto pool = lm->NewStatePool(1);
   if (!pool.ok()) {
     std::fprintf(stderr, "state pool: %s\n", std::string(pool.status().message()).c_str());
     std::exit(1);
   }
-  figures.step_bytes_fixed = (*lm)->DecodeStepBytes(0);
-  figures.step_bytes_per_row = (*lm)->DecodeStepBytes(1) - figures.step_bytes_fixed;
+  figures.step_bytes_fixed = lm->DecodeStepBytes(0);
+  figures.step_bytes_per_row = lm->DecodeStepBytes(1) - figures.step_bytes_fixed;
   KvCacheGpt kv(c, args.placement);
   c10::InferenceMode inference;
   const std::vector<int64_t>& positions = args.positions;
   // ToST states at each position, by real prefill.
   std::vector<tost::model::SequenceState> states;
   for (int64_t pos : positions) {
-    tost::model::SequenceState s = (*lm)->NewSequence();
+    tost::model::SequenceState s = lm->NewSequence();
     std::vector<int32_t> prompt(pos);
     for (int64_t i = 0; i < pos; ++i) prompt[i] = static_cast<int32_t>(32 + i % 90);
-    if (!(*lm)->Prefill(prompt, s, 512).ok()) std::exit(1);
+    if (!lm->Prefill(prompt, s, 512).ok()) std::exit(1);
     states.push_back(std::move(s));
   }
   const int rounds = args.quick ? 3 : 7;
@@ -224,9 +233,8 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
         // What the server runs per step: the step and a greedy draw where the logits are.
         const tost::model::TokenDraw greedy{
             {.temperature = 0.f}, static_cast<uint64_t>(position), {}, 0};
-        (void)(*lm)->StepAndDraw(absl::MakeConstSpan(&token, 1), **pool,
-                                 absl::MakeConstSpan(&row, 1), absl::MakeConstSpan(&position, 1),
-                                 absl::MakeConstSpan(&greedy, 1));
+        (void)lm->StepAndDraw(absl::MakeConstSpan(&token, 1), **pool, absl::MakeConstSpan(&row, 1),
+                              absl::MakeConstSpan(&position, 1), absl::MakeConstSpan(&greedy, 1));
       }
       tost_ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() /
                            args.steps);
@@ -240,9 +248,9 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
   for (size_t i = 0; i < positions.size(); ++i) {
     figures.tost_ms.push_back(Median(tost_ms[i]));
     figures.kv_ms.push_back(Median(kv_ms[i]));
-    figures.tost_fraction.push_back(
-        FractionOfBandwidth(static_cast<double>((*lm)->DecodeStepBytes(1)),
-                            figures.tost_ms.back() / 1e3, figures.bandwidth_gbs));
+    figures.tost_fraction.push_back(FractionOfBandwidth(static_cast<double>(lm->DecodeStepBytes(1)),
+                                                        figures.tost_ms.back() / 1e3,
+                                                        figures.bandwidth_gbs));
     figures.kv_fraction.push_back(
         FractionOfBandwidth(static_cast<double>(kv.StepBytes(positions[i])),
                             figures.kv_ms.back() / 1e3, figures.bandwidth_gbs));
@@ -300,16 +308,13 @@ int Stream(tost::v1::Tost::Stub& stub, int tokens, int seed) {
 
 // P6's ceiling: the same model's decode steps in-process (a state pool, sampled draws as the
 // server's streams ask for), one row against `sessions` rows, interleaved. What the server loses
-// below this ratio is scheduling, streaming and gRPC; what this ratio lacks of 8x is the model's.
+// below this ratio is its streams' prompts, scheduling, streaming and gRPC; what this ratio lacks
+// of 8x is the model's.
 void RunP6InProcess(const fs::path& repo, const tost::model::LanguageConfig& c, const Args& args,
                     Figures& figures) {
-  tost::model::ModelConfig cfg;
-  cfg.name = "bench-lm";
-  cfg.architecture = tost::model::Architecture::kLanguage;
-  cfg.language = c;
-  auto lm = tost::model::LanguageModel::Load((repo / "bench-lm").string(), cfg, args.placement);
+  const std::unique_ptr<tost::model::LanguageModel> lm = LoadBenchLm(repo, c, args);
   const int64_t rows = args.sessions;
-  auto pool = lm.ok() ? (*lm)->NewStatePool(rows) : lm.status();
+  auto pool = lm->NewStatePool(rows);
   if (!pool.ok()) {
     std::fprintf(stderr, "P6 in-process: %s\n", std::string(pool.status().message()).c_str());
     std::exit(1);
@@ -320,13 +325,13 @@ void RunP6InProcess(const fs::path& repo, const tost::model::LanguageConfig& c, 
   std::vector<tost::model::TokenDraw> draws(rows);
   for (int64_t r = 0; r < rows; ++r) {
     all_rows[r] = r;
-    if (!(*lm)->Prefill(prompt, **pool, r, 0).ok()) std::exit(1);
+    if (!lm->Prefill(prompt, **pool, r, 0).ok()) std::exit(1);
     draws[r].params.seed = static_cast<uint64_t>(r);  // temperature 1, as the server's streams
   }
   const auto step = [&](int64_t batch) {
     const auto n = static_cast<size_t>(batch);
     for (size_t b = 0; b < n; ++b) draws[b].position = static_cast<uint64_t>(positions[b] + 1);
-    auto drawn = (*lm)->StepAndDraw(
+    auto drawn = lm->StepAndDraw(
         absl::MakeConstSpan(tokens.data(), n), **pool, absl::MakeConstSpan(all_rows.data(), n),
         absl::MakeConstSpan(positions.data(), n), absl::MakeConstSpan(draws.data(), n));
     if (!drawn.ok()) std::exit(1);

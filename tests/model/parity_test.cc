@@ -26,6 +26,16 @@ class ParityTest : public ::testing::Test {
     EXPECT_TRUE(m.status.ok()) << m.status;
     return m;
   }
+  // The small LM fixture placed as `placement` says (the CPU paths that stand in for CUDA's).
+  std::unique_ptr<LanguageModel> LoadSmallLm(const Placement& placement = {}) {
+    const std::string dir = ParityDir() + "/lm_small";
+    auto config = LoadModelConfig(dir);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return nullptr;
+    auto lm = LanguageModel::Load(dir, *config, placement);
+    EXPECT_TRUE(lm.ok()) << lm.status();
+    return lm.ok() ? *std::move(lm) : nullptr;
+  }
   SafetensorsFile Fixture(const std::string& name) {
     auto f = SafetensorsFile::Open(ParityDir() + "/" + name + "/fixture.safetensors");
     EXPECT_TRUE(f.ok()) << f.status();
@@ -198,16 +208,13 @@ TEST_F(ParityTest, StatePoolRowsMatchSequenceStatesBitForBit) {
 // the CPU, with batch-invariant rows, it must give exactly the unpadded results at every batch
 // size (crossing buckets 1, 2, 4, 6 of a 6-row pool) and never write a real row it was not given.
 TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
-  const std::string dir = ParityDir() + "/lm_small";
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
   Placement padded_placement;
   padded_placement.pad_decode_steps = true;
-  auto plain = LanguageModel::Load(dir, *config);
-  auto padded = LanguageModel::Load(dir, *config, padded_placement);
-  ASSERT_TRUE(plain.ok() && padded.ok());
-  auto plain_pool = (*plain)->NewStatePool(6);
-  auto padded_pool = (*padded)->NewStatePool(6);
+  const std::unique_ptr<LanguageModel> plain = LoadSmallLm();
+  const std::unique_ptr<LanguageModel> padded = LoadSmallLm(padded_placement);
+  ASSERT_TRUE(plain != nullptr && padded != nullptr);
+  auto plain_pool = plain->NewStatePool(6);
+  auto padded_pool = padded->NewStatePool(6);
   ASSERT_TRUE(plain_pool.ok() && padded_pool.ok());
   EXPECT_EQ((*padded_pool)->decode_mode(), "eager");  // no graphs on the CPU
   EXPECT_EQ((*padded_pool)->rows(), 6);
@@ -215,8 +222,8 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
   std::vector<int64_t> positions(6, 0);
   for (int64_t r = 0; r < 6; ++r) {  // distinct prompts, so rows differ
     const std::vector<int32_t> prompt = {static_cast<int32_t>(40 + r), 50, 60};
-    ASSERT_TRUE((*plain)->Prefill(prompt, **plain_pool, r, 0).ok());
-    ASSERT_TRUE((*padded)->Prefill(prompt, **padded_pool, r, 0).ok());
+    ASSERT_TRUE(plain->Prefill(prompt, **plain_pool, r, 0).ok());
+    ASSERT_TRUE(padded->Prefill(prompt, **padded_pool, r, 0).ok());
     positions[r] = 3;
   }
   for (int64_t batch : {1, 3, 2, 5, 6, 4}) {
@@ -228,8 +235,8 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
       pos.push_back(positions[5 - i]);
       tokens.push_back(static_cast<int32_t>(70 + i + batch));
     }
-    auto want = (*plain)->Step(tokens, **plain_pool, rows, pos, /*batch_invariant=*/true);
-    auto got = (*padded)->Step(tokens, **padded_pool, rows, pos, /*batch_invariant=*/true);
+    auto want = plain->Step(tokens, **plain_pool, rows, pos, /*batch_invariant=*/true);
+    auto got = padded->Step(tokens, **padded_pool, rows, pos, /*batch_invariant=*/true);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     EXPECT_EQ(*want, *got) << "batch " << batch;
     for (int64_t r : rows) ++positions[r];
@@ -246,16 +253,13 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
 // CPU, that path must draw exactly what the host draw gives, step after step, for greedy rows,
 // sampled rows with every cut, penalties and alternatives, in one batch.
 TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
-  const std::string dir = ParityDir() + "/lm_small";
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
   Placement on_device;
   on_device.draw_on_device = true;
-  auto host = LanguageModel::Load(dir, *config);
-  auto device = LanguageModel::Load(dir, *config, on_device);
-  ASSERT_TRUE(host.ok() && device.ok());
-  auto host_pool = (*host)->NewStatePool(4);
-  auto device_pool = (*device)->NewStatePool(4);
+  const std::unique_ptr<LanguageModel> host = LoadSmallLm();
+  const std::unique_ptr<LanguageModel> device = LoadSmallLm(on_device);
+  ASSERT_TRUE(host != nullptr && device != nullptr);
+  auto host_pool = host->NewStatePool(4);
+  auto device_pool = device->NewStatePool(4);
   ASSERT_TRUE(host_pool.ok() && device_pool.ok());
   std::vector<SamplingParams> params(4);
   params[0].temperature = 0;
@@ -278,8 +282,8 @@ TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
       draws.push_back(
           {params[b], static_cast<uint64_t>(positions[b] + 1), recent[b], static_cast<int32_t>(b)});
     }
-    auto want = (*host)->StepAndDraw(tokens, **host_pool, rows, positions, draws);
-    auto got = (*device)->StepAndDraw(tokens, **device_pool, rows, positions, draws);
+    auto want = host->StepAndDraw(tokens, **host_pool, rows, positions, draws);
+    auto got = device->StepAndDraw(tokens, **device_pool, rows, positions, draws);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     for (size_t b = 0; b < 4; ++b) {
       ASSERT_EQ((*want)[b].id, (*got)[b].id) << "step " << step << " row " << b;
@@ -295,7 +299,7 @@ TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
     }
   }
   const std::vector<TokenDraw> too_few(3);
-  EXPECT_EQ((*device)->StepAndDraw(tokens, **device_pool, rows, positions, too_few).status().code(),
+  EXPECT_EQ(device->StepAndDraw(tokens, **device_pool, rows, positions, too_few).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
