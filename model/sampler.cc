@@ -1,7 +1,9 @@
 #include "model/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -31,6 +33,50 @@ std::vector<float> Penalised(absl::Span<const float> logits, const SamplingParam
     out[t] = out[t] > 0 ? out[t] / p.repetition_penalty : out[t] * p.repetition_penalty;
   }
   return out;
+}
+
+// The k best candidates, most likely first, ties to the lower id: the order a comparison sort by
+// (logit descending, id ascending) gives. A few candidates are selected and then sorted; most of
+// the vocabulary is radix-sorted on the logits' bits (4 stable passes of 8 bits, linear in the
+// vocabulary: a comparison sort of GPT-2's 50k ids took 5 ms a token).
+std::vector<int32_t> CandidatesByLogit(absl::Span<const float> logits, int32_t k) {
+  const auto n = static_cast<int32_t>(logits.size());
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (static_cast<int64_t>(k) * 16 < n) {
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), by_logit);
+    std::sort(order.begin(), order.begin() + k, by_logit);
+    order.resize(k);
+    return order;
+  }
+  // Keys that order as the logits do, largest first: the sign-magnitude float bits made two's
+  // order (negatives flipped whole, positives with the sign bit set), then inverted. -0 and +0
+  // compare equal, so they get one key and keep their ids' order.
+  std::vector<uint32_t> key(n), key_next(n);
+  std::vector<int32_t> order_next(n);
+  for (int32_t i = 0; i < n; ++i) {
+    const float f = logits[i] == 0.f ? 0.f : logits[i];
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    key[i] = ~((bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u));
+  }
+  for (int shift = 0; shift < 32; shift += 8) {
+    std::array<int32_t, 257> start{};
+    for (int32_t i = 0; i < n; ++i) ++start[((key[i] >> shift) & 0xFFu) + 1];
+    for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t to = start[(key[i] >> shift) & 0xFFu]++;
+      key_next[to] = key[i];
+      order_next[to] = order[i];
+    }
+    key.swap(key_next);
+    order.swap(order_next);
+  }
+  order.resize(k);
+  return order;
 }
 
 }  // namespace
@@ -78,17 +124,8 @@ int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p,
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   // Candidates sorted by logit (descending, ties by id) so top-k, min-p and top-p cut a prefix.
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
   const int32_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
-  auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  // The order is total (ties by id), so selecting the k best and sorting them gives exactly what a
-  // partial sort does, in a fraction of its time when k is most of the vocabulary (a heap sort).
-  if (k < n) std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), by_logit);
-  std::sort(order.begin(), order.begin() + k, by_logit);
-  order.resize(k);
+  std::vector<int32_t> order = CandidatesByLogit(logits, k);
 
   std::vector<double> probs(k);
   const double max_logit = logits[order[0]];

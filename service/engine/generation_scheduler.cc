@@ -613,7 +613,9 @@ bool GenerationScheduler::StepOnce() {
       tokens.push_back(st.pending_token);
       rows.push_back(decoding[i]->row);
       positions.push_back(st.sequence.position);
-      recent[i].assign(st.recent_tokens.begin(), st.recent_tokens.end());
+      if (st.sampling.repetition_penalty != 1.f) {  // the window matters only to a penalty
+        recent[i].assign(st.recent_tokens.begin(), st.recent_tokens.end());
+      }
       // The new token sits one past the fed one: its draw is numbered by that position.
       draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
                   decoding[i]->request.top_logprobs};

@@ -351,3 +351,30 @@ TEST(DrawTokens, ANonFiniteLogitIsReportedByItsFirstId) {
 
 }  // namespace
 }  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+// Equal logits are candidates in id order, and -0 equals +0: three tied candidates among a
+// vocabulary large enough for the radix-sorted path, each drawn where its third of [0, 1) says.
+TEST(Sampler, TiedCandidatesAndSignedZerosKeepTheirIdOrder) {
+  std::vector<float> logits(4096, -1e30f);
+  logits[5] = -0.f;
+  logits[9] = 0.f;
+  logits[2] = -0.f;
+  SamplingParams p;
+  p.seed = 17;
+  const int32_t ids[] = {2, 5, 9};
+  for (uint64_t pos = 0; pos < 60; ++pos) {
+    const double u = CounterUniform(p.seed, pos);
+    const int third = u * 3 < 1 ? 0 : u * 3 < 2 ? 1 : 2;
+    EXPECT_EQ(SampleToken(logits, p, pos), ids[third]) << "position " << pos << ", u " << u;
+  }
+  p.top_k = 2;  // the selected path: the two lowest ids of the tie
+  for (uint64_t pos = 0; pos < 60; ++pos) {
+    EXPECT_EQ(SampleToken(logits, p, pos), CounterUniform(p.seed, pos) * 2 < 1 ? 2 : 5);
+  }
+}
+
+}  // namespace
+}  // namespace tost::model
