@@ -52,9 +52,10 @@ std::vector<int32_t> CandidatesByLogit(absl::Span<const float> logits, int32_t k
     order.resize(k);
     return order;
   }
-  // Keys that order as the logits do, largest first: the sign-magnitude float bits made two's
-  // order (negatives flipped whole, positives with the sign bit set), then inverted. -0 and +0
-  // compare equal, so they get one key and keep their ids' order.
+  // Keys whose unsigned order is the logits' order, largest first. A float's sign-magnitude bits
+  // sort as unsigned integers once a negative has every bit flipped and a positive its sign bit
+  // set; inverting that puts the largest first. -0 and +0 compare equal, so they get one key and
+  // keep their ids' order.
   std::vector<uint32_t> key(n), key_next(n);
   std::vector<int32_t> order_next(n);
   for (int32_t i = 0; i < n; ++i) {
