@@ -368,15 +368,14 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
-bool GenerationScheduler::TakeRow(Job& job) {
+void GenerationScheduler::TakeRow(Job& job) {
   job.row = free_rows_.back();
   free_rows_.pop_back();
   absl::Status stored = pool_->Store(job.row, job.state().sequence.stats);
-  if (stored.ok()) return true;
+  if (stored.ok()) return;
   free_rows_.push_back(std::exchange(job.row, -1));
   job.row_lost = true;
   FinishActive(job, FinishReason::kCancelled, std::move(stored));
-  return false;
 }
 
 void GenerationScheduler::ReleaseRow(Job& job) {

@@ -258,9 +258,9 @@ class GenerationScheduler {
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
-  // Gives an admitted job a pool row holding its statistics; false (the job finished with the
-  // error) when the row could not be written.
-  bool TakeRow(Job& job);
+  // Gives an admitted job a pool row holding its statistics; when the row cannot be written the
+  // job finishes with the error.
+  void TakeRow(Job& job);
   // Copies the job's row back into its state (when its prompt was fed whole) and frees the row.
   void ReleaseRow(Job& job);
   // Ends an active job: its place goes back before its final event is published, so a client
