@@ -16,6 +16,7 @@
 #include "model/torch_threads.h"
 #include "service/loading_responder.h"
 #include "service/observability/logging.h"
+#include "service/port_probe.h"
 
 namespace tost::service {
 
@@ -142,6 +143,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeCredentials(options));
+  // Before any model loads: a port another server holds is refused now, not after minutes of
+  // loading (and gRPC's SO_REUSEPORT would otherwise share it silently).
+  TOST_RETURN_IF_ERROR(CheckPortFree(options.host, options.port, "--port"));
+  if (options.metrics.port > 0) {
+    TOST_RETURN_IF_ERROR(
+        CheckPortFree(options.metrics.address, options.metrics.port, "--metrics_port"));
+  }
   // The port answers from here on: NOT_SERVING (health) and UNAVAILABLE (everything else) while
   // the models load and warm up.
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,

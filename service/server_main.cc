@@ -2,13 +2,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "model/device_failure.h"
+#include "model/status_macros.h"
+#include "service/flag_ranges.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
 
@@ -113,6 +118,65 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(bool, log_requests, true,
           "One access-log line per RPC (method, code, duration, request id)");
 
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kDayS = 24 * 3600;
+
+// Every numeric flag's accepted range, checked before anything starts.
+absl::Status CheckNumericFlags() {
+  using tost::service::FlagRange;
+  const FlagRange ranges[] = {
+      {"port", absl::GetFlag(FLAGS_port), 0, 65535, "0 picks a free port"},
+      {"max_message_bytes", absl::GetFlag(FLAGS_max_message_bytes), 1024, kInt32Max},
+      {"keepalive_time_ms", absl::GetFlag(FLAGS_keepalive_time_ms), 1, kInt32Max},
+      {"keepalive_timeout_ms", absl::GetFlag(FLAGS_keepalive_timeout_ms), 1, kInt32Max},
+      {"max_concurrent_streams", absl::GetFlag(FLAGS_max_concurrent_streams), 1, 1 << 20},
+      {"min_client_ping_interval_ms", absl::GetFlag(FLAGS_min_client_ping_interval_ms), 0,
+       kInt32Max},
+      {"max_ping_strikes", absl::GetFlag(FLAGS_max_ping_strikes), 0, kInt32Max,
+       "0 = any number of bad pings"},
+      {"max_connection_age_ms", absl::GetFlag(FLAGS_max_connection_age_ms), 0, kInt32Max,
+       "0 = never"},
+      {"max_connection_age_grace_ms", absl::GetFlag(FLAGS_max_connection_age_grace_ms), 0,
+       kInt32Max},
+      {"intra_op_threads", absl::GetFlag(FLAGS_intra_op_threads), 0, 1024, "0 = one per core"},
+      {"drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s), 0, kDayS},
+      {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size), 1, 4096},
+      {"max_tensor_elements", absl::GetFlag(FLAGS_max_tensor_elements), 1, int64_t{1} << 31},
+      {"max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes), 1, int64_t{1} << 31},
+      {"max_decoded_pixels", absl::GetFlag(FLAGS_max_decoded_pixels), 1, int64_t{1} << 34},
+      {"max_prompt_bytes", absl::GetFlag(FLAGS_max_prompt_bytes), 1, int64_t{1} << 30},
+      {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens), 1, 1 << 24},
+      {"max_batch_images", absl::GetFlag(FLAGS_max_batch_images), 1, 4096},
+      {"max_queue_delay_us", absl::GetFlag(FLAGS_max_queue_delay_us), 0, 60'000'000},
+      {"max_queue_size", absl::GetFlag(FLAGS_max_queue_size), 1, 1 << 20},
+      {"classify_timeout_us", absl::GetFlag(FLAGS_classify_timeout_us), 0, kDayS * 1'000'000,
+       "0 = no default deadline"},
+      {"max_active_generations", absl::GetFlag(FLAGS_max_active_generations), 1, 4096},
+      {"max_queued_generations", absl::GetFlag(FLAGS_max_queued_generations), 0, 1 << 20},
+      {"prefill_chunk_tokens", absl::GetFlag(FLAGS_prefill_chunk_tokens), 1, 1 << 20},
+      {"stream_stall_timeout_ms", absl::GetFlag(FLAGS_stream_stall_timeout_ms), 0, kDayS * 1000,
+       "0 = never"},
+      {"max_sessions", absl::GetFlag(FLAGS_max_sessions), 1, int64_t{1} << 32},
+      {"session_budget_bytes", absl::GetFlag(FLAGS_session_budget_bytes), 1, int64_t{1} << 48},
+      {"session_idle_timeout_s", absl::GetFlag(FLAGS_session_idle_timeout_s), 1, 365 * kDayS},
+      {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
+       "0 = blobs do not expire"},
+      {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535,
+       "-1 = no endpoint, 0 picks a free port"},
+  };
+  TOST_RETURN_IF_ERROR(tost::service::CheckFlagRanges(ranges));
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port > 0 && port == absl::GetFlag(FLAGS_metrics_port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port and --metrics_port are both ", port, ": give each its own port"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves ToST models over gRPC. Example: tost_server --model_repository=models --port=8500");
@@ -123,6 +187,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   tost::service::SetLogFormat(*log_format);
+  if (absl::Status ranges = CheckNumericFlags(); !ranges.ok()) {
+    std::cerr << "tost_server: " << ranges.message() << "\n";
+    return 1;
+  }
 
   // Block the stop signals in every thread (gRPC's and LibTorch's inherit the mask); main waits for
   // them.

@@ -141,6 +141,7 @@ absl::StatusOr<std::vector<float>> ServedClassifier::Classify(DynamicBatcher::Sl
 
 void Engine::StopAdmitting() {
   draining_.store(true, std::memory_order_relaxed);
+  sessions_.StopAdding();
   for (auto& [name, scheduler] : schedulers_) scheduler->StopAdmitting();
   for (auto& [name, batcher] : batchers_) batcher->Shutdown(ShutdownMode::kFinishQueued);
 }
@@ -153,6 +154,7 @@ int32_t Engine::generations_in_flight() const {
 
 void Engine::Shutdown() {
   draining_.store(true, std::memory_order_relaxed);
+  sessions_.StopAdding();
   for (auto& [name, scheduler] : schedulers_) scheduler->Shutdown();
   for (auto& [name, batcher] : batchers_) batcher->Shutdown(ShutdownMode::kFailQueued);
 }

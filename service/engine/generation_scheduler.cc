@@ -8,6 +8,13 @@
 #include "service/engine/text_stream.h"
 
 namespace tost::service {
+namespace {
+
+// gRPC's deadline timer runs on its own clock, converted to wall time for the call's deadline: a
+// cancel that the deadline caused may be seen a little before that instant by this clock.
+constexpr absl::Duration kDeadlineCancelSlack = absl::Milliseconds(20);
+
+}  // namespace
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
@@ -308,6 +315,15 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   }
   const model::LanguageConfig& c = model_.config().language;
   const std::string& name = model_.config().name;
+  // A call that arrives with its deadline already behind it (a grpc-timeout of 1n, or a client
+  // whose clock ran out while the request queued in the network) is answered before any model
+  // work: it would be reported failed anyway, and must not move the session it names.
+  if (const absl::Time now = clock_->Now(); request.deadline <= now) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("model ", name, ": the call's deadline passed ",
+                     absl::FormatDuration(now - request.deadline),
+                     " before it could be admitted; nothing was generated"));
+  }
   GenerationState& st = request.state;
   TOST_RETURN_IF_ERROR(CheckState(st));
   if (request.max_new_tokens < 0) {
@@ -420,9 +436,14 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   e.status = std::move(status);
   e.finish_reason = reason;
   e.generated_tokens = job.generated;
-  if (!job.decoding() || job.row_lost) {
-    // Ended (cancelled, past its deadline, drained, or a model error) before the prompt was fed
-    // whole, or its statistics were lost on the device: nothing of this call happened.
+  // A call that fails (past its deadline, a model error) is reported failed to its client, so it
+  // leaves its session or blob as it found it, whatever it had fed: a retry then starts from the
+  // same place. A cancel (the client's own, or a stalled stream) keeps what was generated, as its
+  // client chose to stop.
+  const bool failed = !e.status.ok() && e.status.code() != absl::StatusCode::kCancelled;
+  if (!job.decoding() || job.row_lost || failed) {
+    // Ended before the prompt was fed whole, failed, or its statistics were lost on the device:
+    // nothing of this call happened.
     e.prompt_tokens = 0;
     e.snapshot = std::move(job.before);
     job.handle->Publish(std::move(e));
@@ -549,12 +570,16 @@ bool GenerationScheduler::StepOnce() {
   for (Job* job : admitted_jobs) TakeRow(*job);
 
   for (auto& job : active_) {
-    if (job->handle->cancel_requested()) {
-      FinishActive(*job, FinishReason::kCancelled);
-    } else if (now >= job->request.deadline) {
+    if (!job->handle->cancel_requested() && now < job->request.deadline) continue;
+    // gRPC ends a call whose deadline passed by cancelling it, so a cancel at the deadline is the
+    // deadline's (and fails the call) while one before it is the client's. The clock is read again:
+    // the cancel may have come after this step's `now`.
+    if (clock_->Now() + kDeadlineCancelSlack >= job->request.deadline) {
       FinishActive(*job, FinishReason::kCancelled,
                    absl::DeadlineExceededError(absl::StrCat("generation passed its deadline after ",
                                                             job->generated, " token(s)")));
+    } else {
+      FinishActive(*job, FinishReason::kCancelled);
     }
   }
   const int64_t stalled = UpdatePauses(now);

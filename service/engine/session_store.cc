@@ -74,6 +74,11 @@ bool SessionStore::MakeRoom(int64_t extra_bytes, int64_t extra_sessions) {
 absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, GenerationState state) {
   const int64_t bytes = static_cast<int64_t>(state.ByteSize());
   absl::MutexLock lock(&mu_);
+  if (!adding_) {
+    return absl::UnavailableError(
+        "this replica is draining: a session created here now would end with the process; create "
+        "it on another replica (sessions held here can still be exported with ExportSession)");
+  }
   if (!MakeRoom(bytes, /*extra_sessions=*/1)) {
     if (options_.observer != nullptr) options_.observer->OnStoreFull();
     return absl::ResourceExhaustedError(
@@ -90,6 +95,11 @@ absl::StatusOr<std::string> SessionStore::Add(const std::string& owner, Generati
   e.lru = lru_.insert(lru_.end(), id);
   e.last_used = clock_->Now();
   return id;
+}
+
+void SessionStore::StopAdding() {
+  absl::MutexLock lock(&mu_);
+  adding_ = false;
 }
 
 absl::StatusOr<GenerationState> SessionStore::Checkout(const std::string& id,

@@ -54,8 +54,12 @@ class SessionStore {
   SessionStore(SessionStoreOptions options, Clock* clock) : options_(options), clock_(clock) {}
 
   // Stores a new session, evicting least recently used idle sessions if the count or byte budget
-  // needs room. RESOURCE_EXHAUSTED (with a retry hint) if busy sessions alone fill the budget.
+  // needs room. RESOURCE_EXHAUSTED (with a retry hint) if busy sessions alone fill the budget;
+  // UNAVAILABLE once StopAdding() was called.
   absl::StatusOr<std::string> Add(const std::string& owner, GenerationState state);
+  // The process is draining: a session made now would die with it seconds later, so Add refuses
+  // (UNAVAILABLE, "create it on another replica") while the sessions held stay usable for export.
+  void StopAdding();
 
   // Marks the session busy and returns a copy of its state. NOT_FOUND for an unknown id or one
   // that belongs to someone else (indistinguishable on purpose); FAILED_PRECONDITION when busy.
@@ -101,6 +105,7 @@ class SessionStore {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t evicted_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t evicted_lru_ ABSL_GUARDED_BY(mu_) = 0;
+  bool adding_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 }  // namespace tost::service

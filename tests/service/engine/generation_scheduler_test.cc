@@ -195,7 +195,55 @@ TEST_F(SchedulerTest, DeadlineOnTheInjectedClockEndsTheJob) {
   EXPECT_EQ(c.final->status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(c.tokens.size(), 3u);
+  // The call failed, so its state is the one it started from: a session named by it stays put.
+  EXPECT_EQ(c.final->snapshot.sequence.position, 0);
+  EXPECT_EQ(c.final->snapshot.pending_token, -1);
+  EXPECT_EQ(c.final->prompt_tokens, 0);
+}
+
+TEST_F(SchedulerTest, ACallWhoseDeadlineHasPassedIsRefusedBeforeAnyWork) {
+  auto s = Make();
+  for (const absl::Duration ago : {absl::ZeroDuration(), absl::Nanoseconds(1), absl::Hours(1)}) {
+    GenerationRequest r = Request(*s, "abc", 10);
+    r.deadline = clock_.Now() - ago;
+    auto job = s->Submit(std::move(r));
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(job.status().message(), HasSubstr("nothing was generated"));
+  }
+  EXPECT_EQ(s->in_flight(), 0);
+  EXPECT_FALSE(s->StepOnce());
+  EXPECT_EQ(s->stats().prefill_tokens, 0);
+}
+
+TEST_F(SchedulerTest, ACancelAtTheDeadlineFailsTheCallAndACancelBeforeItKeepsTheState) {
+  auto s = Make();
+  // gRPC ends a call at its deadline by cancelling it: the step that sees the cancel sees the
+  // deadline passed (on the clock read when it looks), and the call leaves its state as it was.
+  GenerationRequest at = Request(*s, "abc", 1000);
+  at.deadline = clock_.Now() + absl::Seconds(2);
+  auto expired = s->Submit(std::move(at));
+  GenerationRequest before = Request(*s, "abc", 1000, 2);
+  before.deadline = clock_.Now() + absl::Hours(1);
+  auto cancelled = s->Submit(std::move(before));
+  ASSERT_TRUE(expired.ok() && cancelled.ok());
+  s->StepOnce();
+  s->StepOnce();
+  s->StepOnce();
+  clock_.Advance(absl::Seconds(2));
+  (*expired)->Cancel();
+  (*cancelled)->Cancel();
+  s->StepOnce();
+  Collected e, c;
+  Drain(**expired, e);
+  Drain(**cancelled, c);
+  ASSERT_TRUE(e.final.has_value() && c.final.has_value());
+  EXPECT_EQ(e.final->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(e.final->snapshot.sequence.position, 0);
+  // The client's own cancel keeps what it was given: the tokens it read are in its session.
+  EXPECT_TRUE(c.final->status.ok()) << c.final->status;
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
+  EXPECT_GT(c.final->snapshot.sequence.position, 0);
 }
 
 TEST_F(SchedulerTest, ContextLengthBoundsPromptAndGeneration) {

@@ -110,6 +110,24 @@ TEST(SessionStore, EvictsLeastRecentlyUsedIdleSessionsToFit) {
   EXPECT_NE(z.status().message().find("retry"), std::string::npos);
 }
 
+TEST(SessionStore, ADrainingStoreAddsNothingButKeepsWhatItHolds) {
+  FakeClock clock;
+  SessionStore store({}, &clock);
+  auto held = store.Add("u", SmallState("m", 8));
+  ASSERT_TRUE(held.ok());
+  store.StopAdding();
+  auto late = store.Add("u", SmallState("m", 8));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(late.status().message().find("another replica"), std::string::npos);
+  EXPECT_EQ(store.stats().sessions, 1);
+  // The sessions it holds can still leave by export, and a Generate can still check one in.
+  EXPECT_TRUE(store.Get(*held, "u").ok());
+  auto st = store.Checkout(*held, "u");
+  ASSERT_TRUE(st.ok());
+  store.Checkin(*held, *st);
+  EXPECT_TRUE(store.Close(*held, "u").ok());
+}
+
 TEST(SessionStore, IdleSessionsExpireOnTheInjectedClock) {
   FakeClock clock;
   SessionStore store({.idle_timeout = absl::Minutes(5)}, &clock);
