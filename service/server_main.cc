@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "model/device_failure.h"
+#include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
 
@@ -123,6 +124,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   tost::service::SetLogFormat(*log_format);
+  tost::service::RouteGrpcLogsToServerLog();  // before any gRPC object: gRPC core's lines too
 
   // Block the stop signals in every thread (gRPC's and LibTorch's inherit the mask); main waits for
   // them.

@@ -22,6 +22,8 @@ ABSL_CONST_INIT absl::Mutex g_write_mu(absl::kConstInit);  // whole lines, never
 
 const char* LevelName(LogLevel level, LogFormat format) {
   switch (level) {
+    case LogLevel::kDebug:
+      return format == LogFormat::kJson ? "debug" : "DEBUG";
     case LogLevel::kInfo:
       return format == LogFormat::kJson ? "info" : "INFO";
     case LogLevel::kWarning:

@@ -20,7 +20,8 @@
 namespace tost::service {
 
 enum class LogFormat { kText, kJson };
-enum class LogLevel { kInfo, kWarning, kError };
+// kDebug: only gRPC core's lines with GRPC_VERBOSITY=DEBUG (observability/grpc_log_bridge.h).
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
 // "text" or "json"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name);

@@ -17,10 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include <grpc/support/log.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/observability/metrics_http.h"
 #include "tests/service/engine/fake_models.h"
@@ -567,6 +570,48 @@ TEST(LoggingTest, EveryStringOfALineIsEscapedInBothFormats) {
           << line;
     }
   }
+}
+
+// gRPC core logs through gpr_log, from any of its threads; the bridge makes those lines the
+// server's: escaped, JSON in JSON mode, with gRPC's file:line, and only what gRPC's verbosity lets
+// through.
+TEST(LoggingTest, GrpcCoreLinesGoThroughTheServerLog) {
+  const std::string value =
+      "1S\n2026-01-01 00:00:00 INFO fake line \x1b[31mred\x1b[0m \xff\xfe end";
+  RouteGrpcLogsToServerLog();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);  // gRPC's default (GRPC_VERBOSITY unset)
+  for (LogFormat format : {LogFormat::kText, LogFormat::kJson}) {
+    SetLogFormat(format);
+    ::testing::internal::CaptureStderr();
+    gpr_log(GPR_ERROR, "Error parsing metadata: error=invalid value key=grpc-timeout value=%s",
+            value.c_str());
+    gpr_log(GPR_INFO, "below the verbosity: %s", "not written");
+    const std::string out = ::testing::internal::GetCapturedStderr();
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back(), '\n');
+    const std::vector<std::string> lines = absl::StrSplit(out.substr(0, out.size() - 1), '\n');
+    ASSERT_EQ(lines.size(), 1u) << out;
+    const std::string& line = lines[0];
+    ExpectOneSafeLine(line);
+    if (format == LogFormat::kJson) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_EQ(j["level"], "error");
+      EXPECT_EQ(j["msg"],
+                "Error parsing metadata: error=invalid value key=grpc-timeout value=1S\n2026-01-01 "
+                "00:00:00 INFO fake line \x1b[31mred\x1b[0m \xef\xbf\xbd\xef\xbf\xbd end");
+      EXPECT_EQ(j["component"], "grpc");
+      EXPECT_TRUE(j["source"].get<std::string>().starts_with("metrics_test.cc:")) << line;
+    } else {
+      EXPECT_NE(line.find(" ERROR \"Error parsing metadata: error=invalid value key=grpc-timeout "
+                          "value=1S\\n2026-01-01 00:00:00 INFO fake line \\x1b[31mred\\x1b[0m "
+                          "\\xff\\xfe end\" source=metrics_test.cc:"),
+                std::string::npos)
+          << line;
+      EXPECT_NE(line.find(" component=grpc"), std::string::npos) << line;
+    }
+  }
+  SetLogFormat(LogFormat::kText);
+  gpr_set_log_function(nullptr);  // gRPC's own logger again for the other tests
 }
 
 TEST(LoggingTest, RequestIds) {
