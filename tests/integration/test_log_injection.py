@@ -2,8 +2,8 @@
 ("Error parsing metadata: ... value=<the client's bytes>"). A value carrying a newline and a
 timestamp, ANSI escape sequences and bytes that are not UTF-8 must leave every line of the server's
 log one line: one JSON object per line with --log_format=json, no raw control character and no
-forged line in text. The HTTP/2 frames are written by hand (RFC 7540/7541), since no HTTP/2 client
-library lets a caller send such a header value."""
+forged line in text. The HTTP/2 frames are written by hand (RFC 7540/7541): grpcio refuses such
+metadata, and no HTTP/2 library is needed."""
 import json
 import os
 import socket
@@ -39,7 +39,8 @@ def _literal(name: bytes, value: bytes) -> bytes:
 
 
 def _frame(frame_type: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([frame_type, flags]) + struct.pack(">I", stream_id) + payload
+    header = struct.pack(">I", len(payload))[1:] + bytes([frame_type, flags])
+    return header + struct.pack(">I", stream_id) + payload
 
 
 def send_raw_headers(address: str, headers) -> None:
