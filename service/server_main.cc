@@ -14,6 +14,7 @@
 #include "model/device_failure.h"
 #include "model/status_macros.h"
 #include "service/flag_ranges.h"
+#include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
 
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   tost::service::SetLogFormat(*log_format);
+  tost::service::RouteGrpcLogsToServerLog();  // before any gRPC object: gRPC core's lines too
   if (absl::Status ranges = CheckNumericFlags(); !ranges.ok()) {
     std::cerr << "tost_server: " << ranges.message() << "\n";
     return 1;

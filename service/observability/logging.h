@@ -2,7 +2,9 @@
 //   2026-11-21T22:30:01.123456Z INFO rpc rpc=Classify code=OK duration_ms=1.92 request_id=5f0c...
 // or, with --log_format=json, one JSON object per line (log shippers parse it without patterns)
 //   {"ts":"2026-11-21T22:30:01.123456Z","level":"info","msg":"rpc","rpc":"Classify","code":"OK",...}
-// Lines are written whole under a lock, so concurrent events never interleave.
+// Lines are written whole under a lock, so concurrent events never interleave, from any thread.
+// Every string of a line (message, keys, values) goes through EscapeForLog: whatever bytes a client
+// sends, a line stays one line of valid UTF-8 without control characters, and a JSON line parses.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,8 @@
 namespace tost::service {
 
 enum class LogFormat { kText, kJson };
-enum class LogLevel { kInfo, kWarning, kError };
+// kDebug: only gRPC core's lines with GRPC_VERBOSITY=DEBUG (observability/grpc_log_bridge.h).
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
 // "text" or "json"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name);
@@ -45,7 +48,16 @@ struct LogField {
   std::variant<std::string, int64_t, double, bool> value;
 };
 
-// Formats one event as a line (without the newline) in `format`; what Log() writes.
+// `bytes` as they appear inside a quoted string of a `format` line (without the quotes): `"` and
+// `\` backslashed; \n, \r, \t and the other C0 controls and DEL as \n, \r, \t, \xNN (text) or
+// \u00NN (JSON); C1 controls, U+2028/U+2029 and the bidirectional controls (which move or break a
+// line on display) as \uNNNN; bytes that are not UTF-8 as \xNN (text) or \ufffd (JSON, which must
+// be UTF-8). Everything else (printable ASCII, other valid UTF-8) is copied.
+std::string EscapeForLog(std::string_view bytes, LogFormat format);
+
+// Formats one event as a line (without the newline) in `format`; what Log() writes. In text, the
+// message and each value are bare where a reader cannot mistake where they end (printable ASCII
+// without quotes, '=' or backslashes; values also without spaces), else quoted and escaped.
 std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view message,
                           std::initializer_list<LogField> fields);
 void Log(LogLevel level, std::string_view message, std::initializer_list<LogField> fields = {});

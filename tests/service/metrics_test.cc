@@ -17,10 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include <grpc/support/log.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/observability/metrics_http.h"
 #include "tests/service/engine/fake_models.h"
@@ -501,6 +504,114 @@ TEST(LoggingTest, TextLinesQuoteOnlyAmbiguousValues) {
   EXPECT_NE(line.find(" INFO rpc rpc=Classify error=\"two words\" n=7"), std::string::npos) << line;
   EXPECT_FALSE(ParseLogFormat("yaml").ok());
   EXPECT_EQ(*ParseLogFormat("json"), LogFormat::kJson);
+}
+
+// No raw control character (C0, DEL, C1 as UTF-8) and nothing that is not UTF-8: what a terminal
+// or a log shipper gets of a line.
+void ExpectOneSafeLine(const std::string& line) {
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(line[i]);
+    EXPECT_FALSE(c < 0x20 || c == 0x7f) << "raw control 0x" << std::hex << int{c} << " in " << line;
+    EXPECT_FALSE(c == 0xc2 && i + 1 < line.size() &&
+                 static_cast<unsigned char>(line[i + 1]) <= 0x9f)
+        << "raw C1 control in " << line;
+  }
+  // nlohmann's strict serializer throws on bytes that are not UTF-8.
+  EXPECT_NO_THROW(nlohmann::json(line).dump()) << line;
+}
+
+TEST(LoggingTest, EscapeForLogEscapesEveryControlAndInvalidByte) {
+  struct Case {
+    std::string in, text, json;
+  };
+  const Case cases[] = {
+      {"plain ascii", "plain ascii", "plain ascii"},
+      {"q\"b\\", "q\\\"b\\\\", "q\\\"b\\\\"},
+      {"a\nb\rc\td", "a\\nb\\rc\\td", "a\\nb\\rc\\td"},
+      {std::string("nul") + '\0' + "esc\x1b[31mdel\x7f", "nul\\x00esc\\x1b[31mdel\\x7f",
+       "nul\\u0000esc\\u001b[31mdel\\u007f"},
+      {"\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+       "\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+       "\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},  // valid UTF-8 is kept
+      {"csi\xc2\x9bJ ls\xe2\x80\xa8 rlo\xe2\x80\xae", "csi\\u009bJ ls\\u2028 rlo\\u202e",
+       "csi\\u009bJ ls\\u2028 rlo\\u202e"},
+      // A stray continuation, a lone lead, an overlong '/', a surrogate, a sequence cut short.
+      {"\x80 \xff \xc0\xaf \xed\xa0\x80 \xe2\x82",
+       "\\x80 \\xff \\xc0\\xaf \\xed\\xa0\\x80 \\xe2\\x82",
+       "\\ufffd \\ufffd \\ufffd\\ufffd \\ufffd\\ufffd\\ufffd \\ufffd\\ufffd"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(EscapeForLog(c.in, LogFormat::kText), c.text);
+    EXPECT_EQ(EscapeForLog(c.in, LogFormat::kJson), c.json);
+    EXPECT_TRUE(nlohmann::json::accept("\"" + c.json + "\"")) << c.json;
+  }
+}
+
+TEST(LoggingTest, EveryStringOfALineIsEscapedInBothFormats) {
+  const std::string hostile = "m\n2026-01-01 00:00:00 INFO fake line \x1b[31m=\"x\" \xc2\x9b\xff";
+  for (LogFormat format : {LogFormat::kText, LogFormat::kJson}) {
+    const std::string line = FormatLogLine(format, LogLevel::kError, hostile,
+                                           {{hostile, hostile}, {"n", 1}, {"ms", 2.0}});
+    ExpectOneSafeLine(line);
+    if (format == LogFormat::kJson) {
+      const auto j = nlohmann::json::parse(line);
+      const std::string decoded =
+          "m\n2026-01-01 00:00:00 INFO fake line \x1b[31m=\"x\" \xc2\x9b\xef\xbf\xbd";
+      EXPECT_EQ(j["msg"], decoded);
+      EXPECT_EQ(j[decoded], decoded);
+      EXPECT_TRUE(j["ms"].is_number_float());
+    } else {
+      // A message that could be read as fields is quoted like a value.
+      const std::string quoted =
+          "\"m\\n2026-01-01 00:00:00 INFO fake line \\x1b[31m=\\\"x\\\" \\u009b\\xff\"";
+      EXPECT_NE(line.find(" ERROR " + quoted + " " + quoted + "=" + quoted + " n=1 ms=2"),
+                std::string::npos)
+          << line;
+    }
+  }
+}
+
+// gRPC core logs through gpr_log, from any of its threads; the bridge makes those lines the
+// server's: escaped, JSON in JSON mode, with gRPC's file:line, and only what gRPC's verbosity lets
+// through.
+TEST(LoggingTest, GrpcCoreLinesGoThroughTheServerLog) {
+  const std::string value =
+      "1S\n2026-01-01 00:00:00 INFO fake line \x1b[31mred\x1b[0m \xff\xfe end";
+  RouteGrpcLogsToServerLog();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);  // gRPC's default (GRPC_VERBOSITY unset)
+  for (LogFormat format : {LogFormat::kText, LogFormat::kJson}) {
+    SetLogFormat(format);
+    ::testing::internal::CaptureStderr();
+    gpr_log(GPR_ERROR, "Error parsing metadata: error=invalid value key=grpc-timeout value=%s",
+            value.c_str());
+    gpr_log(GPR_INFO, "below the verbosity: %s", "not written");
+    const std::string out = ::testing::internal::GetCapturedStderr();
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back(), '\n');
+    const std::vector<std::string> lines = absl::StrSplit(out.substr(0, out.size() - 1), '\n');
+    ASSERT_EQ(lines.size(), 1u) << out;
+    const std::string& line = lines[0];
+    ExpectOneSafeLine(line);
+    if (format == LogFormat::kJson) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_EQ(j["level"], "error");
+      EXPECT_EQ(j["msg"],
+                "Error parsing metadata: error=invalid value key=grpc-timeout value=1S\n2026-01-01 "
+                "00:00:00 INFO fake line \x1b[31mred\x1b[0m \xef\xbf\xbd\xef\xbf\xbd end");
+      EXPECT_EQ(j["component"], "grpc");
+      EXPECT_TRUE(j["source"].get<std::string>().starts_with("metrics_test.cc:")) << line;
+    } else {
+      EXPECT_NE(line.find(" ERROR \"Error parsing metadata: error=invalid value key=grpc-timeout "
+                          "value=1S\\n2026-01-01 00:00:00 INFO fake line \\x1b[31mred\\x1b[0m "
+                          "\\xff\\xfe end\" source=metrics_test.cc:"),
+                std::string::npos)
+          << line;
+      EXPECT_NE(line.find(" component=grpc"), std::string::npos) << line;
+    }
+  }
+  SetLogFormat(LogFormat::kText);
+  gpr_set_log_function(nullptr);  // gRPC's own logger again for the other tests
 }
 
 TEST(LoggingTest, RequestIds) {
