@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
   try {
     doc = json::parse(json_text.begin(), json_text.end());
   } catch (const json::exception& e) {
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!doc.is_object()) return Invalid(source, "expected a JSON object");
   if (!doc.contains("format") || doc["format"] != kFormat) {

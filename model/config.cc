@@ -254,7 +254,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   try {
     root = json::parse(json_text);
   } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!root.is_object()) return Invalid(source, "top level must be a JSON object");
   try {
@@ -333,7 +333,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     return cfg;
   } catch (const json::exception& e) {
     // Type errors (e.g. "trained": "yes") surface here with the field nlohmann names.
-    return Invalid(source, absl::StrCat("malformed field: ", e.what()));
+    return Invalid(source, absl::StrCat("malformed field: ", EscapeInvalidUtf8(e.what())));
   }
 }
 

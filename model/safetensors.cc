@@ -86,7 +86,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
     header = json::parse(contents.begin() + 8,
                          contents.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
   } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
-    return Corrupt(source, absl::StrCat("header is not valid JSON: ", e.what()));
+    return Corrupt(source, absl::StrCat("header is not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!header.is_object()) return Corrupt(source, "header must be a JSON object");
 

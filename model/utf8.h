@@ -28,7 +28,8 @@ std::optional<size_t> FirstInvalidUtf8(std::string_view text);
 std::string Utf8Prefix(std::string_view text, size_t max_bytes);
 
 // `text` with every byte that is not part of a valid UTF-8 sequence written as \xNN: valid UTF-8,
-// and still shows what the bytes were.
+// and still shows what the bytes were. nlohmann's parse errors need it even for valid input:
+// their "last read" quotes bytes raw, and may stop inside a multi-byte character.
 std::string EscapeInvalidUtf8(std::string_view text);
 
 // `status` with its message passed through EscapeInvalidUtf8 (the same status when it is valid).

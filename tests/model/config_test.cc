@@ -127,5 +127,16 @@ TEST(ModelConfig, InvalidUtf8IsRefusedNamingFieldAndOffset) {
   EXPECT_TRUE(ParseModelConfig(fine, "m/config.json").ok());
 }
 
+// nlohmann's parse errors quote the last bytes read raw, and may stop inside a valid multi-byte
+// character: the message must still be UTF-8 (config_fuzz found it).
+TEST(ModelConfig, ParseErrorsQuoteNoBrokenCharacter) {
+  auto c = ParseModelConfig("{\"name\": \"x\" \xc3\xa9}", "m/config.json");
+  ASSERT_FALSE(c.ok());
+  const std::string msg(c.status().message());
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\\xc3"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\xc3'), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace tost::model
