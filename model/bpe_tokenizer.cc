@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "model/utf8.h"
 
 namespace tost::model {
 namespace {
@@ -87,11 +88,13 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string_vi
                                                                   const std::string& source,
                                                                   int64_t vocab_size,
                                                                   int64_t eos_token_id) {
+  // Before parsing: the parser's own message would quote the invalid bytes raw.
+  if (absl::Status utf8 = CheckJsonUtf8(json_text, source); !utf8.ok()) return utf8;
   json doc;
   try {
     doc = json::parse(json_text.begin(), json_text.end());
   } catch (const json::exception& e) {
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!doc.is_object()) return Invalid(source, "expected a JSON object");
   if (!doc.contains("format") || doc["format"] != kFormat) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/file_util.h"
 #include "model/status_macros.h"
+#include "model/utf8.h"
 
 namespace tost::model {
 namespace {
@@ -246,11 +247,14 @@ int64_t VisionConfig::tokens() const {
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source) {
+  // Before parsing: the parser refuses invalid UTF-8 too, but its message quotes the bytes raw,
+  // and says neither the offset nor the field.
+  TOST_RETURN_IF_ERROR(CheckJsonUtf8(json_text, source));
   json root;
   try {
     root = json::parse(json_text);
   } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!root.is_object()) return Invalid(source, "top level must be a JSON object");
   try {
@@ -295,16 +299,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
       if (!serving.is_object()) {
         return Invalid(source, absl::StrCat("\"serving\" must be an object with optional "
                                             "\"device\" and \"dtype\", got ",
-                                            serving.dump().substr(0, 64)));
+                                            Utf8Prefix(serving.dump(), 64)));
       }
       for (const auto& [key, value] : serving.items()) {
         if (key != "device" && key != "dtype") {
           return Invalid(source, absl::StrCat("\"serving\" has an unknown key \"",
-                                              key.substr(0, 64), "\" (expected device, dtype)"));
+                                              Utf8Prefix(key, 64), "\" (expected device, dtype)"));
         }
         if (!value.is_string()) {
           return Invalid(source, absl::StrCat("serving.", key, " must be a string, got ",
-                                              value.dump().substr(0, 64)));
+                                              Utf8Prefix(value.dump(), 64)));
         }
       }
       if (serving.contains("device")) {
@@ -329,13 +333,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     return cfg;
   } catch (const json::exception& e) {
     // Type errors (e.g. "trained": "yes") surface here with the field nlohmann names.
-    return Invalid(source, absl::StrCat("malformed field: ", e.what()));
+    return Invalid(source, absl::StrCat("malformed field: ", EscapeInvalidUtf8(e.what())));
   }
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  TOST_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  TOST_ASSIGN_OR_RETURN(std::string text,
+                        ReadRegularFile(path, kMaxConfigFileBytes, "config file"));
   return ParseModelConfig(text, path);
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "model/utf8.h"
 
 namespace tost::model {
 namespace {
@@ -154,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Make(int64_t vocab
 absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::FromEncoderAndMerges(
     std::string_view encoder_json, const std::string& encoder_source, std::string_view merges_text,
     const std::string& merges_source, int64_t eos_token_id) {
+  if (absl::Status utf8 = CheckJsonUtf8(encoder_json, encoder_source); !utf8.ok()) return utf8;
   const json encoder = json::parse(encoder_json, nullptr, /*allow_exceptions=*/false);
   if (!encoder.is_object() || encoder.empty()) {
     return Invalid(encoder_source, "must be a JSON object mapping GPT-2 token text to ids");

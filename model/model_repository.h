@@ -35,11 +35,16 @@ struct LoadedModel {
 };
 
 // Loads one model directory. A model whose placement cannot be had (CUDA asked for and absent)
-// fails alone, with that reason.
+// fails alone, with that reason. Never throws: every failure is the entry's status, naming the
+// path and the reason, with its message (and the name) made valid UTF-8.
 LoadedModel LoadModelDirectory(const std::string& dir, const ServingOptions& serving = {});
 
-// Every sub-directory of `repo_dir` holding a config.json, sorted by name. NOT_FOUND if the
-// repository itself is missing; per-model failures are in each entry's status.
+// Every sub-directory of `repo_dir` holding a config.json (of any kind: a config.json that is not
+// a regular file fails that model), sorted by name. An entry that cannot be examined (a symbolic
+// link loop, a directory that cannot be searched) is listed as a model that failed to load, with
+// the reason. NOT_FOUND if the repository itself is missing or not a directory,
+// FAILED_PRECONDITION if it cannot be examined or listed; per-model failures are in each entry's
+// status.
 absl::StatusOr<std::vector<LoadedModel>> LoadRepository(const std::string& repo_dir,
                                                         const ServingOptions& serving = {});
 

@@ -1,7 +1,10 @@
 #include "model/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -9,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "model/file_util.h"
 #include "model/status_macros.h"
+#include "model/utf8.h"
 
 namespace tost::model {
 namespace {
@@ -72,12 +76,17 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
                    absl::StrCat("header length ", header_len, " exceeds the file's remaining ",
                                 contents.size() - 8, " bytes (truncated file?)"));
   }
+  const std::string_view header_text(contents.data() + 8, header_len);
+  TOST_RETURN_IF_ERROR(CheckJsonUtf8(
+      header_text, absl::StrCat(source,
+                                ": malformed safetensors file: JSON header (offsets from "
+                                "its start)")));
   json header;
   try {
     header = json::parse(contents.begin() + 8,
                          contents.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
   } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
-    return Corrupt(source, absl::StrCat("header is not valid JSON: ", e.what()));
+    return Corrupt(source, absl::StrCat("header is not valid JSON: ", EscapeInvalidUtf8(e.what())));
   }
   if (!header.is_object()) return Corrupt(source, "header must be a JSON object");
 
@@ -85,6 +94,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
   const std::string& buf = *file.buffer_;
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = buf.size() - data_start;
+  // [begin, end) of every tensor that holds bytes, checked for overlaps once all are read.
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> extents;
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -145,12 +156,30 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string contents,
     }
     t.bytes = std::string_view(buf.data() + data_start + begin, end - begin);
     file.tensors_.emplace(name, t);
+    if (end > begin) extents.emplace_back(begin, end, name);
+  }
+  // Two tensors sharing bytes would alias: a file that does this is not one a writer produced.
+  // Sorted by begin, a tensor overlaps an earlier one exactly when it begins before the furthest
+  // end so far.
+  std::sort(extents.begin(), extents.end());
+  size_t furthest = 0;
+  for (size_t i = 1; i < extents.size(); ++i) {
+    const auto& [prev_begin, prev_end, prev_name] = extents[furthest];
+    const auto& [begin, end, name] = extents[i];
+    if (begin < prev_end) {
+      return Corrupt(source,
+                     absl::StrCat("tensor \"", name, "\" data_offsets [", begin, ", ", end,
+                                  ") overlap tensor \"", prev_name, "\" data_offsets [", prev_begin,
+                                  ", ", prev_end, "); every tensor must have bytes of its own"));
+    }
+    if (end > prev_end) furthest = i;
   }
   return file;
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  TOST_ASSIGN_OR_RETURN(std::string contents, ReadFileToString(path));
+  TOST_ASSIGN_OR_RETURN(std::string contents,
+                        ReadRegularFile(path, MaxWeightsFileBytes(), "weights file"));
   return Parse(std::move(contents), path);
 }
 

@@ -5,31 +5,12 @@
 #include "model/config.h"
 #include "model/file_util.h"
 #include "model/gpt2_tokenizer.h"
+#include "model/utf8.h"
 
 namespace tost::model {
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-// Expected length of a UTF-8 sequence from its lead byte; 0 for a byte that cannot lead.
-int SequenceLength(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  return 0;
-}
-
-bool IsContinuation(unsigned char c) { return (c & 0xC0) == 0x80; }
-
-// Rejects overlong encodings, surrogates and code points above U+10FFFF (RFC 3629 table).
-bool ValidSecondByte(unsigned char lead, unsigned char second) {
-  if (lead == 0xE0) return second >= 0xA0 && second <= 0xBF;
-  if (lead == 0xED) return second >= 0x80 && second <= 0x9F;
-  if (lead == 0xF0) return second >= 0x90 && second <= 0xBF;
-  if (lead == 0xF4) return second >= 0x80 && second <= 0x8F;
-  return IsContinuation(second);
-}
 
 }  // namespace
 
@@ -52,7 +33,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   }
   if (config.tokenizer == "bpe") {
     const std::string path = model_dir + "/" + config.tokenizer_file;
-    absl::StatusOr<std::string> text = ReadFileToString(path);
+    absl::StatusOr<std::string> text =
+        ReadRegularFile(path, kMaxTokenizerFileBytes, "tokenizer file");
     if (!text.ok()) return text.status();
     absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe =
         BpeTokenizer::Parse(*text, path, config.vocab_size, config.eos_token_id);
@@ -66,15 +48,18 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> gpt2;
     if (!config.tokenizer_ranks_file.empty()) {
       const std::string path = model_dir + "/" + config.tokenizer_ranks_file;
-      absl::StatusOr<std::string> ranks = ReadFileToString(path);
+      absl::StatusOr<std::string> ranks =
+          ReadRegularFile(path, kMaxTokenizerFileBytes, "tokenizer file");
       if (!ranks.ok()) return ranks.status();
       gpt2 = Gpt2Tokenizer::FromRanks(*ranks, path, config.eos_token_id);
     } else {
       const std::string encoder_path = model_dir + "/" + config.tokenizer_encoder_file;
       const std::string merges_path = model_dir + "/" + config.tokenizer_merges_file;
-      absl::StatusOr<std::string> encoder = ReadFileToString(encoder_path);
+      absl::StatusOr<std::string> encoder =
+          ReadRegularFile(encoder_path, kMaxTokenizerFileBytes, "tokenizer file");
       if (!encoder.ok()) return encoder.status();
-      absl::StatusOr<std::string> merges = ReadFileToString(merges_path);
+      absl::StatusOr<std::string> merges =
+          ReadRegularFile(merges_path, kMaxTokenizerFileBytes, "tokenizer file");
       if (!merges.ok()) return merges.status();
       gpt2 = Gpt2Tokenizer::FromEncoderAndMerges(*encoder, encoder_path, *merges, merges_path,
                                                  config.eos_token_id);
@@ -99,7 +84,7 @@ std::string Utf8Assembler::Push(std::string_view bytes) {
   size_t i = 0;
   while (i < pending_.size()) {
     const auto lead = static_cast<unsigned char>(pending_[i]);
-    const int len = SequenceLength(lead);
+    const int len = Utf8SequenceLength(lead);
     if (len == 0) {
       out += kReplacement;
       ++i;
@@ -110,7 +95,7 @@ std::string Utf8Assembler::Push(std::string_view bytes) {
     size_t have = 1;
     for (; have < static_cast<size_t>(len) && i + have < pending_.size(); ++have) {
       const auto c = static_cast<unsigned char>(pending_[i + have]);
-      if (have == 1 ? !ValidSecondByte(lead, c) : !IsContinuation(c)) {
+      if (have == 1 ? !IsValidUtf8SecondByte(lead, c) : !IsUtf8Continuation(c)) {
         invalid = true;
         break;
       }

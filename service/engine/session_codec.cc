@@ -303,7 +303,8 @@ absl::StatusOr<std::vector<std::string>> ParseSessionKeys(const std::string& con
 }
 
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
-  TOST_ASSIGN_OR_RETURN(std::string contents, model::ReadFileToString(path));
+  TOST_ASSIGN_OR_RETURN(std::string contents,
+                        model::ReadRegularFile(path, model::MaxWeightsFileBytes(), "weights file"));
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(contents.data(), contents.size(), digest, &len, EVP_sha256(), nullptr);

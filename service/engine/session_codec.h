@@ -123,7 +123,8 @@ class SessionCodec {
 // bytes or a key listed twice.
 absl::StatusOr<std::vector<std::string>> ParseSessionKeys(const std::string& contents);
 
-// SHA-256 of a file's bytes (raw 32 bytes), for ModelIdentity.
+// SHA-256 of a weights file's bytes (raw 32 bytes), for ModelIdentity. The file must be a regular
+// one of at most the host's memory (model::ReadRegularFile): it is read whole.
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path);
 
 }  // namespace tost::service

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "model/status_macros.h"
+#include "model/utf8.h"
 #include "service/runtime/warmup.h"
 
 namespace tost::service {
@@ -78,7 +79,7 @@ absl::StatusOr<std::unique_ptr<LoadedRepository>> LoadedRepository::Load(
     if (m.language != nullptr) {
       absl::StatusOr<std::string> sha = Sha256OfFile(m.dir + "/model.safetensors");
       if (!sha.ok()) {
-        m.status = sha.status();
+        m.status = model::WithUtf8Message(sha.status());
         m.language.reset();
         continue;
       }

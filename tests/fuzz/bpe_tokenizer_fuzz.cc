@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/bpe_tokenizer.h"
+#include "model/utf8.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -88,7 +89,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const Vocabulary v = VocabularyOf(parts[0]);
   const auto tok = BpeTokenizer::Parse(parts[0], "tokenizer.json", v.size, v.eos);
-  if (!tok.ok()) return 0;
+  if (!tok.ok()) {
+    // Load errors reach ListModels: valid UTF-8 whatever bytes the file holds.
+    TOST_FUZZ_CHECK(
+        !tost::model::FirstInvalidUtf8(std::string(tok.status().message())).has_value());
+    return 0;
+  }
   TOST_FUZZ_CHECK((*tok)->vocab_size() == v.size && (*tok)->eos_token_id() == v.eos);
   TOST_FUZZ_CHECK((*tok)->merges() == v.eos - 256);
   TOST_FUZZ_CHECK((*tok)->TokenBytes(static_cast<int32_t>(v.eos)).empty());

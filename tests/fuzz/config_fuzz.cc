@@ -1,10 +1,12 @@
 // libFuzzer target: config.json (model/config.h, ParseModelConfig). A config that parses is one
 // the server builds a model from: its invariants must hold and the sizes derived from it must be
-// computable.
+// computable. Its strings and any error's message reach proto3 strings (ListModels, load errors),
+// so both must be valid UTF-8 whatever bytes the file holds.
 #include <cstdint>
 #include <string>
 
 #include "model/config.h"
+#include "model/utf8.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -12,14 +14,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(tost::fuzz::Bytes(data, size));
   const absl::StatusOr<tost::model::ModelConfig> cfg =
       tost::model::ParseModelConfig(text, "config.json");
-  if (!cfg.ok()) return 0;
+  if (!cfg.ok()) {
+    TOST_FUZZ_CHECK(
+        !tost::model::FirstInvalidUtf8(std::string(cfg.status().message())).has_value());
+    return 0;
+  }
+  TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(text).has_value());
   TOST_FUZZ_CHECK(!cfg->name.empty());
+  TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(cfg->name).has_value());
+  TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(cfg->version).has_value());
+  TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(cfg->provenance_json).has_value());
   if (cfg->architecture == Architecture::kVision) {
     const tost::model::VisionConfig& v = cfg->vision;
     TOST_FUZZ_CHECK(v.embed_dim > 0 && v.depth > 0 && v.num_heads > 0 && v.num_classes > 0);
     TOST_FUZZ_CHECK(v.in_chans > 0 && v.image_height > 0 && v.image_width > 0);
     TOST_FUZZ_CHECK(v.embed_dim % v.num_heads == 0);
     TOST_FUZZ_CHECK(static_cast<int64_t>(v.labels.size()) == v.num_classes);
+    for (const std::string& label : v.labels)
+      TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(label).has_value());
     TOST_FUZZ_CHECK(static_cast<int64_t>(v.mean.size()) == v.in_chans);
     TOST_FUZZ_CHECK(static_cast<int64_t>(v.std.size()) == v.in_chans);
     for (const float s : v.std) TOST_FUZZ_CHECK(s > 0);

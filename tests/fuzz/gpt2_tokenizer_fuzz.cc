@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/gpt2_tokenizer.h"
+#include "model/utf8.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -108,11 +109,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto tok = Gpt2Tokenizer::FromEncoderAndMerges(parts[0], "encoder.json", parts[1],
                                                          "vocab.bpe", EndOfTextOf(parts[0]));
     if (tok.ok()) CheckEncoding(**tok, text);
+    // Load errors reach ListModels: valid UTF-8 whatever bytes the files hold.
+    if (!tok.ok())
+      TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(std::string(tok.status().message())));
     return 0;
   }
   // A rank file and its text: rejoin what a second NUL split off.
   const std::string_view text = input.substr(parts[0].size() + 1);
   const auto tok = Gpt2Tokenizer::FromRanks(parts[0], "gpt2.tiktoken", RanksIn(parts[0]));
   if (tok.ok()) CheckEncoding(**tok, text);
+  // Load errors reach ListModels: valid UTF-8 whatever bytes the files hold.
+  if (!tok.ok())
+    TOST_FUZZ_CHECK(!tost::model::FirstInvalidUtf8(std::string(tok.status().message())));
   return 0;
 }

@@ -165,6 +165,14 @@ def safetensors_seeds():
     write(t, "header_too_long.safetensors", struct.pack("<Q", 1 << 40) + bad[8:])
     text = b'{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[8,32]}}'
     write(t, "offsets_outside.safetensors", struct.pack("<Q", len(text)) + text + f32)
+    # Tensors sharing bytes (refused), one inside another, and invalid UTF-8 in a tensor's name.
+    text = b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}'
+    write(t, "overlapping.safetensors", struct.pack("<Q", len(text)) + text + f32[:12])
+    text = (b'{"a":{"dtype":"F32","shape":[6],"data_offsets":[0,24]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},'
+            b'"c":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}}')
+    write(t, "nested_overlap.safetensors", struct.pack("<Q", len(text)) + text + f32)
+    text = b'{"w\xff":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"caf\xc3\xa9"}}'
+    write(t, "invalid_utf8_name.safetensors", struct.pack("<Q", len(text)) + text + f32[:8])
 
 
 # --- config.json ---------------------------------------------------------------------------------
@@ -194,6 +202,15 @@ def config_seeds():
     write(t, "bad_patch_size.json", json.dumps(dict(vision, vision=dict(vision["vision"], patch_size=3))))
     write(t, "bad_file_name.json", json.dumps(dict(lm, tokenizer={"type": "bpe", "file": "../x"})))
     write(t, "bad_type.json", '{"name": "x", "architecture": "tost_lm", "trained": "yes", "lm": {}}')
+    # Strings reach ListModels, which needs UTF-8: invalid bytes in a value, a key and a label are
+    # refused; valid multi-byte text (and an unknown key cut at 64 bytes inside a character) is not.
+    write(t, "invalid_utf8_name.json", json.dumps(vision).encode().replace(b'"v"', b'"v\xff"', 1))
+    write(t, "invalid_utf8_key.json", json.dumps(lm).encode().replace(b'"dtype"', b'"dt\xc3pe"', 1))
+    write(t, "invalid_utf8_label.json",
+          json.dumps(vision_full).encode().replace(b'"dog"', b'"d\xed\xa0\x80g"', 1))
+    write(t, "utf8_strings.json", json.dumps(dict(
+        vision_full, labels=["caf\u00e9", "\U0001F600"], provenance={"description": "na\u00efve"},
+        serving={"\u00e9" * 40: "cpu"}), ensure_ascii=False))
 
 
 # --- tokenizers ----------------------------------------------------------------------------------

@@ -80,5 +80,63 @@ INSTANTIATE_TEST_SUITE_P(
                   "n_embd":64,"context_length":8,"vocab_size":257}})",
             "malformed field"}));
 
+// Strings of config.json reach ListModels, metrics labels and logs: proto3 strings must be UTF-8,
+// and one invalid byte would fail ListModels for every client. The message names the file, the
+// field and the byte offset, and is itself valid UTF-8 (the parser's own quotes the bytes raw).
+void ExpectInvalidUtf8(const std::string& json, const std::string& field, size_t offset) {
+  auto c = ParseModelConfig(json, "m/config.json");
+  ASSERT_FALSE(c.ok()) << "accepted invalid UTF-8 in " << field;
+  const std::string msg(c.status().message());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << msg;
+  EXPECT_NE(msg.find("m/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("invalid UTF-8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("byte offset " + std::to_string(offset)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(field), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\xff'), std::string::npos) << "the message quotes the invalid byte raw";
+  EXPECT_EQ(msg.find('\xc3'), std::string::npos) << "the message quotes the invalid byte raw";
+}
+
+TEST(ModelConfig, InvalidUtf8IsRefusedNamingFieldAndOffset) {
+  const std::string lm = kLanguage;
+  // "name":"l" -> "name":"l\xff": the byte after the l.
+  std::string name = lm;
+  const size_t at = name.find("\"l\"") + 2;
+  name.insert(at, "\xff");
+  ExpectInvalidUtf8(name, "field \"name\"", at);
+
+  std::string description = lm;
+  const size_t brace = description.rfind('}');
+  description.insert(brace, ",\"provenance\":{\"description\":\"caf\xc3(\"}");
+  ExpectInvalidUtf8(description, "field \"provenance.description\"",
+                    brace + std::string(",\"provenance\":{\"description\":\"caf").size());
+
+  std::string label = kVision;
+  const size_t b = label.find("\"b\"") + 1;
+  label.replace(b, 1, "\xc3");  // a lead byte followed by a quote
+  ExpectInvalidUtf8(label, "field \"labels[1]\"", b);
+
+  std::string key = lm;
+  const size_t k = key.find("\"version\"") + 1;
+  key.replace(k, 1, "\xff");
+  ExpectInvalidUtf8(key, "a key of the top-level object", k);
+
+  // Valid multi-byte text is fine, raw or escaped.
+  std::string fine = lm;
+  fine.insert(fine.rfind('}'),
+              ",\"provenance\":{\"description\":\"caf\xc3\xa9 \\u00e9 \xf0\x9f\x99\x82\"}");
+  EXPECT_TRUE(ParseModelConfig(fine, "m/config.json").ok());
+}
+
+// nlohmann's parse errors quote the last bytes read raw, and may stop inside a valid multi-byte
+// character: the message must still be UTF-8 (config_fuzz found it).
+TEST(ModelConfig, ParseErrorsQuoteNoBrokenCharacter) {
+  auto c = ParseModelConfig("{\"name\": \"x\" \xc3\xa9}", "m/config.json");
+  ASSERT_FALSE(c.ok());
+  const std::string msg(c.status().message());
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\\xc3"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\xc3'), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace tost::model

@@ -74,5 +74,37 @@ TEST(Safetensors, MalformedHeadersNameTheTensor) {
   ExpectCorrupt(WithHeader(R"({"__metadata__":{"k":1}})", 0), "__metadata__");
 }
 
+// Two tensors sharing bytes would alias each other's weights: no writer produces that, so a file
+// that does is refused, naming both tensors (sorted by offset, the nested and the later ones too).
+TEST(Safetensors, OverlappingTensorsAreRefused) {
+  ExpectCorrupt(WithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                           12),
+                "tensor \"b\" data_offsets [4, 12) overlap tensor \"a\" data_offsets [0, 8)");
+  ExpectCorrupt(WithHeader(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                           R"("c":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+                           16),
+                "overlap tensor \"a\"");
+  ExpectCorrupt(WithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                           8),
+                "overlap");
+  // Adjacent tensors and empty ones (which hold no bytes) are fine.
+  EXPECT_TRUE(
+      SafetensorsFile::Parse(WithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                        R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                        16),
+                             "ok.safetensors")
+          .ok());
+}
+
+TEST(Safetensors, InvalidUtf8InTheHeaderIsRefusedNamingTheTensor) {
+  ExpectCorrupt(
+      WithHeader("{\"w\":{\"dtype\":\"F3\xff\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8),
+      "invalid UTF-8 at byte offset 17 (line 1, column 18) in the value of field \"w.dtype\"");
+}
+
 }  // namespace
 }  // namespace tost::model
