@@ -51,6 +51,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--session_blob_ttl_s must be >= 0 (0: blobs do not expire), got ", o.session_blob_ttl_s));
   }
+  if (o.heap_trim_interval_ms < 0 || o.heap_trim_interval_ms > 3'600'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heap_trim_interval_ms must be in [0, 3600000] (0: never), got ",
+                     o.heap_trim_interval_ms));
+  }
   if (o.session_reap_interval_ms < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));

@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "model/device_failure.h"
+#include "service/heap_trim.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
 
@@ -110,6 +111,10 @@ ABSL_FLAG(int, metrics_port, 8502,
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
 ABSL_FLAG(std::string, log_format, "text",
           "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
+ABSL_FLAG(int64_t, heap_trim_interval_ms, 5000,
+          "How often the server checks the memory its heap holds freed and, when more than 64 MiB "
+          "is (after a burst: a flood of reset streams, a surge of large requests), returns it "
+          "to the system (malloc_trim); in [0, 3600000], 0 = never");
 ABSL_FLAG(bool, log_requests, true,
           "One access-log line per RPC (method, code, duration, request id)");
 
@@ -178,6 +183,7 @@ int main(int argc, char** argv) {
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
+  options.heap_trim_interval_ms = absl::GetFlag(FLAGS_heap_trim_interval_ms);
 
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {
@@ -193,6 +199,7 @@ int main(int argc, char** argv) {
                 (*server)->metrics_port());
   }
   std::fflush(stdout);
+  const tost::service::HeapTrimmer heap_trimmer(absl::Milliseconds(options.heap_trim_interval_ms));
 
   // A sticky CUDA error leaves the device unusable for this process: every model call would fail
   // from now on. The thread that saw it wakes this one, which turns health NOT_SERVING (the drain's

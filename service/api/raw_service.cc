@@ -24,6 +24,17 @@ RawService::RawService(const std::string& service_full_name)
   }
 }
 
+grpc::Status RawService::CancelledBeforeItRan(const char* path) {
+  return ToGrpcStatus(
+      absl::CancelledError(absl::StrCat(path, ": the call was cancelled before its handler ran")));
+}
+
+grpc::Status RawService::PoolFull(const char* path) {
+  return ToGrpcStatus(absl::ResourceExhaustedError(
+      absl::StrCat(path, ": ", kMaxHandlerThreads, " calls are running and ",
+                   kMaxQueuedHandlerCalls, " more are waiting for a thread; retry later")));
+}
+
 const char* RawService::Register(const std::string& method,
                                  const google::protobuf::Descriptor& request,
                                  const google::protobuf::Descriptor& response, bool streaming) {

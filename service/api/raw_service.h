@@ -41,6 +41,9 @@ class RawService : public grpc::Service {
   // Unary calls running at once per service before more wait for a thread (the synchronous server
   // this replaces had no limit; this one is far above what the queues admit).
   static constexpr int kMaxHandlerThreads = 1024;
+  // Unary calls waiting for a thread once all of them run; more are answered RESOURCE_EXHAUSTED
+  // at once instead of each holding its call (and its request) in memory.
+  static constexpr int kMaxQueuedHandlerCalls = 4096;
 
  protected:
   // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in).
@@ -63,13 +66,30 @@ class RawService : public grpc::Service {
     MarkMethodRawCallback(
         methods_added_,
         new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler, pool](grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
-                                  grpc::ByteBuffer* out) {
+            [self, handler, pool, path](grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
               grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+              // A call reset before its handler starts costs no task and no thread: a client that
+              // opens and resets streams as fast as it can (HTTP/2 "rapid reset") would otherwise
+              // start a thread per stream. gRPC hands such a call over without its request (the
+              // reset cut it), mostly before it reports the cancellation.
+              if (context->IsCancelled()) {
+                reactor->Finish(CancelledBeforeItRan(path));
+                return reactor;
+              }
+              if (!raw->Valid()) {
+                Request none;  // INVALID_ARGUMENT: no request message
+                reactor->Finish(ToGrpcStatus(ParseRequest(*raw, none)));
+                return reactor;
+              }
               // The request and response buffers live until Finish; Finish is the task's last act.
-              pool->Schedule([self, handler, context, raw, out, reactor] {
-                reactor->Finish(ServeUnary(self, handler, context, *raw, out));
-              });
+              const bool scheduled =
+                  pool->Schedule([self, handler, context, raw, out, reactor, path] {
+                    reactor->Finish(context->IsCancelled()
+                                        ? CancelledBeforeItRan(path)
+                                        : ServeUnary(self, handler, context, *raw, out));
+                  });
+              if (!scheduled) reactor->Finish(PoolFull(path));
               return reactor;
             }));
     ++methods_added_;
@@ -114,6 +134,11 @@ class RawService : public grpc::Service {
     return SerializeResponse(response, out);
   }
 
+  // The answers of a call reset before its handler ran (the client gets none), and of one that
+  // finds the handler pool's queue full.
+  static grpc::Status CancelledBeforeItRan(const char* path);
+  static grpc::Status PoolFull(const char* path);
+
   // "/<service>/<method>" for gRPC, after checking that the proto method takes `request`, returns
   // `response` and streams (or not) as its handler does; aborts if not, a programming error.
   const char* Register(const std::string& method, const google::protobuf::Descriptor& request,
@@ -122,7 +147,7 @@ class RawService : public grpc::Service {
   const google::protobuf::ServiceDescriptor* service_;
   std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
   int methods_added_ = 0;          // the index of the next method
-  HandlerPool handlers_{kMaxHandlerThreads};
+  HandlerPool handlers_{kMaxHandlerThreads, kMaxQueuedHandlerCalls};
 };
 
 }  // namespace tost::service
