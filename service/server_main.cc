@@ -24,7 +24,9 @@ constexpr int kDeviceLostDrainMs = 2000;
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 8500, "gRPC port; 0 picks a free port (printed on stdout)");
-ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or sent, in bytes");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest gRPC message received or sent, in bytes; a compressed request may inflate to "
+          "at most this many bytes too");
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
 ABSL_FLAG(int, max_concurrent_streams, 1024, "HTTP/2 streams open at once on one connection");
@@ -144,6 +146,8 @@ int main(int argc, char** argv) {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  // The same limit for a compressed request once inflated (the services inflate it themselves).
+  options.limits.max_request_bytes = options.max_message_bytes;
   options.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
   options.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);

@@ -45,7 +45,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
           absl::CancelledError("Generate: the call was cancelled before its handler ran")));
       return;
     }
-    absl::Status admitted = ParseRequest(raw, request_);
+    absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
     if (admitted.ok()) admitted = Admit();
     if (!admitted.ok()) {
       ReleaseSession();

@@ -16,9 +16,10 @@ namespace {
 
 }  // namespace
 
-RawService::RawService(const std::string& service_full_name)
-    : service_(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          service_full_name)) {
+RawService::RawService(const std::string& service_full_name, int64_t max_request_bytes)
+    : service_(
+          google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service_full_name)),
+      max_request_bytes_(max_request_bytes) {
   if (service_ == nullptr) {
     Fatal(absl::StrCat("the proto service ", service_full_name, " is not linked in"));
   }

@@ -26,6 +26,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <cstdint>
 #include <deque>
 #include <string>
 
@@ -46,8 +47,9 @@ class RawService : public grpc::Service {
   static constexpr int kMaxQueuedHandlerCalls = 4096;
 
  protected:
-  // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in).
-  explicit RawService(const std::string& service_full_name);
+  // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in);
+  // `max_request_bytes`: the most a compressed request may inflate to (ParseRequest).
+  RawService(const std::string& service_full_name, int64_t max_request_bytes);
 
   // Serves unary `method` with `handler`, a member of the derived service `Self`, on gRPC's
   // callback API with the handler itself run on this service's HandlerPool (it may block): the
@@ -61,13 +63,15 @@ class RawService : public grpc::Service {
         Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/false);
     Self* self = static_cast<Self*>(this);
     HandlerPool* pool = &handlers_;
+    const int64_t max_request_bytes = max_request_bytes_;
     AddMethod(new grpc::internal::RpcServiceMethod(path, grpc::internal::RpcMethod::NORMAL_RPC,
                                                    /*handler=*/nullptr));
     MarkMethodRawCallback(
         methods_added_,
         new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler, pool, path](grpc::CallbackServerContext* context,
-                                        const grpc::ByteBuffer* raw, grpc::ByteBuffer* out) {
+            [self, handler, pool, max_request_bytes, path](grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* raw,
+                                                           grpc::ByteBuffer* out) {
               grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
               // A call reset before its handler starts costs no task and no thread: a client that
               // opens and resets streams as fast as it can (HTTP/2 "rapid reset") would otherwise
@@ -83,12 +87,12 @@ class RawService : public grpc::Service {
                 return reactor;
               }
               // The request and response buffers live until Finish; Finish is the task's last act.
-              const bool scheduled =
-                  pool->Schedule([self, handler, context, raw, out, reactor, path] {
-                    reactor->Finish(context->IsCancelled()
-                                        ? CancelledBeforeItRan(path)
-                                        : ServeUnary(self, handler, context, *raw, out));
-                  });
+              const bool scheduled = pool->Schedule([self, handler, context, raw, out, reactor,
+                                                     max_request_bytes, path] {
+                reactor->Finish(context->IsCancelled() ? CancelledBeforeItRan(path)
+                                                       : ServeUnary(self, handler, context, *raw,
+                                                                    max_request_bytes, out));
+              });
               if (!scheduled) reactor->Finish(PoolFull(path));
               return reactor;
             }));
@@ -122,10 +126,11 @@ class RawService : public grpc::Service {
   static grpc::Status ServeUnary(Self* self,
                                  grpc::Status (Self::*handler)(grpc::ServerContextBase*,
                                                                const Request*, Response*),
-                                 grpc::ServerContextBase* context, const grpc::ByteBuffer& raw,
-                                 grpc::ByteBuffer* out) {
+                                 grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+                                 int64_t max_request_bytes, grpc::ByteBuffer* out) {
     Request request;
-    if (absl::Status parsed = ParseRequest(raw, request); !parsed.ok()) {
+    if (absl::Status parsed = ParseRequest(*context, raw, max_request_bytes, request);
+        !parsed.ok()) {
       return ToGrpcStatus(parsed);
     }
     Response response;
@@ -147,6 +152,7 @@ class RawService : public grpc::Service {
   const google::protobuf::ServiceDescriptor* service_;
   std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
   int methods_added_ = 0;          // the index of the next method
+  const int64_t max_request_bytes_;
   HandlerPool handlers_{kMaxHandlerThreads, kMaxQueuedHandlerCalls};
 };
 

@@ -1,9 +1,12 @@
 """HTTP/2 input a gRPC client library never sends, written frame by frame (the `h2` package and
 hand-built frames): a rapid-reset flood (HEADERS, DATA, RST_STREAM, stream after stream) must leave
-the server's memory bounded and other clients answered.
+the server's memory bounded and other clients answered, and compressed messages must be refused
+with a status that says why when their encoding is unsupported, their body corrupt, or their
+inflated size past --max_message_bytes, while a well-behaved gzip client keeps working.
 
 `python test_http2_hardening.py flood HOST:PORT PID SECONDS CONNECTIONS` runs the flood alone
 against a running server and prints what it measured."""
+import gzip
 import json
 import os
 import socket
@@ -12,16 +15,23 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import hpack
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import SOURCE_DIR, RunningServer, proc_status  # noqa: E402
 
 REPO = os.path.join(SOURCE_DIR, "models")
 CLASSIFY = "/tost.v1.Tost/Classify"
+LIST_MODELS = "/tost.v1.Tost/ListModels"
+MIB = 1 << 20
 
 
 def grpc_message(payload: bytes, compressed: bool = False) -> bytes:
@@ -37,6 +47,63 @@ def digits_request(pb2, seed=0):
 
 def rss_mib(pid):
     return proc_status(pid)["VmRSS"] / 1024
+
+
+def raw_unary(address, path, body: bytes, extra_headers=(), timeout=30.0):
+    """One call on its own HTTP/2 connection with `body` as the request's DATA (sent as flow
+    control allows); returns {"headers", "trailers", "data", "reset"} as the server answered."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
+                            ("content-type", "application/grpc"), ("te", "trailers"), *extra_headers])
+    out = {"headers": {}, "trailers": {}, "data": b"", "reset": None}
+    sent, done = 0, False
+    deadline = time.monotonic() + timeout
+    try:
+        while not done:
+            assert time.monotonic() < deadline, f"no answer within {timeout} s: {out}"
+            while sent < len(body) and out["reset"] is None:
+                chunk = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, len(body) - sent)
+                if chunk <= 0:
+                    break
+                sent += chunk
+                conn.send_data(sid, body[sent - chunk:sent], end_stream=sent == len(body))
+            if not body and sent == 0:
+                conn.end_stream(sid)
+                sent = -1
+            sock.sendall(conn.data_to_send())
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    out["headers"] = dict(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    out["data"] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    out["trailers"] = dict(event.headers)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.ConnectionTerminated)):
+                    done = True
+                elif isinstance(event, h2.events.StreamReset):
+                    out["reset"] = event.error_code
+                    done = True
+    finally:
+        sock.close()
+    return out
+
+
+def grpc_status(answer):
+    """(grpc-status, grpc-message) of a raw answer: in the trailers, or in the headers of a
+    trailers-only response; (None, None) when the stream was reset instead."""
+    fields = answer["trailers"] or answer["headers"]
+    if "grpc-status" not in fields:
+        return None, None
+    from urllib.parse import unquote
+    return int(fields["grpc-status"]), unquote(fields.get("grpc-message", ""))
 
 
 # --- The rapid-reset flood -------------------------------------------------------------------
@@ -232,6 +299,91 @@ def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_mo
         assert srv.proc.poll() is None
     finally:
         assert srv.stop() == 0
+
+
+# --- Compressed messages ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_limit_server():
+    # 1 MiB: a bomb's inflated size is far past it while its compressed size is far below.
+    s = RunningServer(REPO, ["--max_message_bytes=1048576"])
+    yield s
+    assert s.stop() == 0
+
+
+def test_an_unsupported_encoding_is_unimplemented(small_limit_server, proto_modules):
+    pb2, _ = proto_modules
+    body = grpc_message(digits_request(pb2).SerializeToString(), compressed=True)
+    for encoding in ("snappy", "zstd", "x-made-up"):
+        answer = raw_unary(small_limit_server.address, CLASSIFY, body, [("grpc-encoding", encoding)])
+        code, message = grpc_status(answer)
+        assert code == grpc.StatusCode.UNIMPLEMENTED.value[0], (encoding, answer)
+        assert "grpc-encoding" in message and "gzip" in message, message
+        assert answer["headers"].get("grpc-accept-encoding"), answer
+
+
+def test_a_corrupt_gzip_body_is_refused_with_a_message(small_limit_server, proto_modules):
+    pb2, _ = proto_modules
+    good = gzip.compress(digits_request(pb2).SerializeToString())
+    # The same bytes intact are inflated and answered.
+    answer = raw_unary(small_limit_server.address, CLASSIFY, grpc_message(good, compressed=True),
+                       [("grpc-encoding", "gzip")])
+    assert grpc_status(answer) == (0, ""), answer
+    reply = pb2.ClassifyResponse.FromString(answer["data"][5:])
+    assert reply.model == "tost-digits" and len(reply.results[0].labels) == 3
+    for corrupt in (b"not gzip at all", good[:len(good) // 2], good[:20] + b"\xff" * 40 + good[60:]):
+        answer = raw_unary(small_limit_server.address, CLASSIFY, grpc_message(corrupt, compressed=True),
+                           [("grpc-encoding", "gzip")])
+        code, message = grpc_status(answer)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0], answer
+        assert "gzip" in message and "ClassifyRequest" in message, message
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(small_limit_server):
+    # 300 MiB of zeros in a few hundred KiB: refused at the 1 MiB limit, long before.
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = bytes(MIB)
+    compressed = b"".join(bomb.compress(chunk) for _ in range(300)) + bomb.flush()
+    pid = small_limit_server.proc.pid
+    before = proc_status(pid)["VmHWM"] / 1024
+    answer = raw_unary(small_limit_server.address, LIST_MODELS, grpc_message(compressed, compressed=True),
+                       [("grpc-encoding", "gzip")])
+    code, message = grpc_status(answer)
+    peak = proc_status(pid)["VmHWM"] / 1024
+    print(f"bomb: {len(compressed)} bytes compressed, 300 MiB inflated; peak RSS {before:.0f} -> {peak:.0f} MiB")
+    assert peak - before < 32, f"the bomb inflated: peak RSS {before:.0f} -> {peak:.0f} MiB"
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], answer
+    assert "1048576" in message and "ListModelsRequest" in message, message
+
+
+def test_a_gzip_client_still_works(small_limit_server, proto_modules):
+    pb2, pb2_grpc = proto_modules
+    # gRPC sends a message uncompressed when compressing would not shrink it: these requests are
+    # compressible (a blank image, a repetitive prompt), so they travel compressed.
+    blank = pb2.ClassifyRequest(model="tost-digits", top_k=3,
+                                tensor=pb2.FloatTensor(shape=[1, 1, 32, 32], raw=bytes(4 * 32 * 32)))
+    with grpc.insecure_channel(small_limit_server.address, compression=grpc.Compression.Gzip) as ch:
+        stub = pb2_grpc.TostStub(ch)
+        reply = stub.Classify(blank, timeout=30)
+        assert reply.model == "tost-digits" and len(reply.results) == 1
+        assert any(m.name == "tost-austen" for m in stub.ListModels(pb2.ListModelsRequest(), timeout=30).models)
+        tokens = list(stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"It was so. " * 50,
+                                                        max_new_tokens=4), timeout=60))
+        assert tokens[-1].HasField("final")
+        # Deflate too, and a compressed request that is refused still gets the usual answer.
+        reply = stub.Classify(blank, timeout=30, compression=grpc.Compression.Deflate)
+        assert len(reply.results) == 1
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Classify(pb2.ClassifyRequest(model="no-such-model"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
+    # Inflated past the limit by a real client: RESOURCE_EXHAUSTED naming the limit.
+    with grpc.insecure_channel(small_limit_server.address, compression=grpc.Compression.Gzip) as ch:
+        stub = pb2_grpc.TostStub(ch)
+        big = pb2.ClassifyRequest(model="tost-digits", images=[bytes(2 * MIB)])
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Classify(big, timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        assert "1048576" in e.value.details(), e.value.details()
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "flood":
