@@ -57,6 +57,9 @@ struct ServerOptions {
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
   int64_t session_blob_ttl_s = 0;             // state blobs expire this long after export; 0: never
   MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
+  // How often the heap's freed memory is checked and, after a burst freed enough, given back to
+  // the system (service/heap_trim.h); 0: never.
+  int64_t heap_trim_interval_ms = 5'000;
 };
 
 absl::Status ValidateServerOptions(const ServerOptions& options);

@@ -14,6 +14,7 @@
 #include "model/device_failure.h"
 #include "model/status_macros.h"
 #include "service/flag_ranges.h"
+#include "service/heap_trim.h"
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/server.h"
@@ -29,7 +30,9 @@ constexpr int kDeviceLostDrainMs = 2000;
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 8500, "gRPC port; 0 picks a free port (printed on stdout)");
-ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message received or sent, in bytes");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest gRPC message received or sent, in bytes; a compressed request may inflate to "
+          "at most this many bytes too");
 ABSL_FLAG(int, keepalive_time_ms, 30000, "Interval of server keepalive pings on idle connections");
 ABSL_FLAG(int, keepalive_timeout_ms, 10000, "Time to wait for a keepalive ack before closing");
 ABSL_FLAG(int, max_concurrent_streams, 1024, "HTTP/2 streams open at once on one connection");
@@ -116,6 +119,10 @@ ABSL_FLAG(int, metrics_port, 8502,
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
 ABSL_FLAG(std::string, log_format, "text",
           "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
+ABSL_FLAG(int64_t, heap_trim_interval_ms, 5000,
+          "How often the server checks the memory its heap holds freed and, when more than 64 MiB "
+          "is (after a burst: a flood of reset streams, a surge of large requests), returns it "
+          "to the system (malloc_trim); in [0, 3600000], 0 = never");
 ABSL_FLAG(bool, log_requests, true,
           "One access-log line per RPC (method, code, duration, request id)");
 
@@ -164,6 +171,8 @@ absl::Status CheckNumericFlags() {
       {"session_idle_timeout_s", absl::GetFlag(FLAGS_session_idle_timeout_s), 1, 365 * kDayS},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
        "0 = blobs do not expire"},
+      {"heap_trim_interval_ms", absl::GetFlag(FLAGS_heap_trim_interval_ms), 0, 3'600'000,
+       "0 = never"},
       {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535,
        "-1 = no endpoint, 0 picks a free port"},
   };
@@ -209,6 +218,8 @@ int main(int argc, char** argv) {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  // The same limit for a compressed request once inflated (the services inflate it themselves).
+  options.limits.max_request_bytes = options.max_message_bytes;
   options.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
   options.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
@@ -248,6 +259,7 @@ int main(int argc, char** argv) {
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
+  options.heap_trim_interval_ms = absl::GetFlag(FLAGS_heap_trim_interval_ms);
 
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {
@@ -263,6 +275,7 @@ int main(int argc, char** argv) {
                 (*server)->metrics_port());
   }
   std::fflush(stdout);
+  const tost::service::HeapTrimmer heap_trimmer(absl::Milliseconds(options.heap_trim_interval_ms));
 
   // A sticky CUDA error leaves the device unusable for this process: every model call would fail
   // from now on. The thread that saw it wakes this one, which turns health NOT_SERVING (the drain's

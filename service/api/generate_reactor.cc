@@ -38,7 +38,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   // Parses the request and admits the job, or finishes the call with the reason it was refused.
   void Start(const grpc::ByteBuffer& raw) {
-    absl::Status admitted = ParseRequest(raw, request_);
+    // A stream reset before it got here (HTTP/2 "rapid reset") is not admitted: it would take a
+    // place in the queue until its cancellation is seen.
+    if (context_->IsCancelled()) {
+      Finish(ToGrpcStatus(
+          absl::CancelledError("Generate: the call was cancelled before its handler ran")));
+      return;
+    }
+    absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
     if (admitted.ok()) admitted = Admit();
     if (!admitted.ok()) {
       ReleaseSession();

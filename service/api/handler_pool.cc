@@ -1,49 +1,81 @@
 #include "service/api/handler_pool.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace tost::service {
 
-HandlerPool::HandlerPool(int max_threads) : max_threads_(std::max(1, max_threads)) {}
+HandlerPool::HandlerPool(int max_threads, int max_queued, absl::Duration idle_timeout)
+    : max_threads_(std::max(1, max_threads)),
+      max_queued_(std::max(0, max_queued)),
+      idle_timeout_(idle_timeout) {}
 
 HandlerPool::~HandlerPool() {
-  std::vector<std::thread> threads;
+  std::list<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    threads.swap(threads_);
+    mu_.Await(absl::Condition(
+        +[](int* running) { return *running == 0; }, &running_));
+    threads.swap(exited_);
   }
   for (std::thread& t : threads) t.join();
 }
 
-void HandlerPool::Schedule(std::function<void()> task) {
+bool HandlerPool::Schedule(std::function<void()> task) {
+  JoinExited();
   absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
   // A task taken by an idle thread lowers idle_ only when that thread wakes, so count the tasks
-  // still queued against the idle threads: every queued task beyond them gets a new thread.
-  if (static_cast<int>(tasks_.size()) > idle_ && static_cast<int>(threads_.size()) < max_threads_) {
-    threads_.emplace_back([this] { Work(); });
+  // still queued against the idle threads: every queued task beyond them gets a new thread, or,
+  // with every thread started, waits if fewer than max_queued_ already do.
+  const int waiting = static_cast<int>(tasks_.size()) - idle_;
+  if (running_ >= max_threads_ && waiting >= max_queued_) return false;
+  tasks_.push_back(std::move(task));
+  if (static_cast<int>(tasks_.size()) > idle_ && running_ < max_threads_) {
+    ++running_;
+    threads_.emplace_back();
+    auto self = std::prev(threads_.end());
+    *self = std::thread([this, self] { Work(self); });
   }
+  return true;
 }
 
 int HandlerPool::threads() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(threads_.size());
+  return running_;
 }
 
-void HandlerPool::Work() {
+void HandlerPool::JoinExited() {
+  std::list<std::thread> exited;
+  {
+    absl::MutexLock lock(&mu_);
+    exited.swap(exited_);
+  }
+  for (std::thread& t : exited) t.join();  // each has left Work: this returns at once
+}
+
+void HandlerPool::Work(std::list<std::thread>::iterator self) {
   for (;;) {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
       ++idle_;
-      mu_.Await(absl::Condition(
-          +[](HandlerPool* p)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return !p->tasks_.empty() || p->stopping_; },
-          this));
+      const bool woken =
+          mu_.AwaitWithTimeout(absl::Condition(
+                                   +[](HandlerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+                                     return !p->tasks_.empty() || p->stopping_;
+                                   },
+                                   this),
+                               idle_timeout_);
       --idle_;
-      if (tasks_.empty()) return;  // stopping, and nothing left to run
+      // Stopping with nothing left to run, or idle for idle_timeout_: the thread exits (its
+      // std::thread is joined by the next Schedule or the destructor).
+      if (tasks_.empty() && (stopping_ || !woken)) {
+        --running_;
+        exited_.splice(exited_.end(), threads_, self);
+        return;
+      }
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }

@@ -2,42 +2,50 @@
 // its batch, ModelInfer likewise), so it must not run on gRPC's few callback threads, where one
 // waiting call would hold up every stream. Like gRPC's synchronous server, the pool gives every
 // call a thread at once: it starts one more whenever none is idle (up to `max_threads`; past that,
-// calls wait in order), and keeps the threads it started. Unlike the synchronous server (Debian's
-// gRPC 1.51), it does not stall: that server held unary calls ~100 ms every 1.1 s, whatever the
-// load (README, Performance).
+// calls wait in order, at most `max_queued` of them, and Schedule refuses more). Unlike the
+// synchronous server (Debian's gRPC 1.51), it does not stall: that server held unary calls ~100 ms
+// every 1.1 s, whatever the load (README, Performance). A thread idle for `idle_timeout` exits, so
+// the threads a burst started (and their stacks) do not stay once it is over.
 #pragma once
 
 #include <deque>
 #include <functional>
+#include <list>
 #include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tost::service {
 
 class HandlerPool {
  public:
-  explicit HandlerPool(int max_threads);
+  HandlerPool(int max_threads, int max_queued, absl::Duration idle_timeout = absl::Seconds(10));
   // Runs every task already scheduled, then joins the threads.
   ~HandlerPool();
   HandlerPool(const HandlerPool&) = delete;
   HandlerPool& operator=(const HandlerPool&) = delete;
 
-  void Schedule(std::function<void()> task);
+  // False (and `task` dropped) when every thread is busy and `max_queued` tasks already wait.
+  [[nodiscard]] bool Schedule(std::function<void()> task);
 
-  int threads() const;
+  int threads() const;  // running now
 
  private:
-  void Work();
+  void Work(std::list<std::thread>::iterator self);
+  void JoinExited();
 
   const int max_threads_;
+  const int max_queued_;
+  const absl::Duration idle_timeout_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // threads in Work
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::list<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::list<std::thread> exited_ ABSL_GUARDED_BY(mu_);  // left Work, to be joined
 };
 
 }  // namespace tost::service

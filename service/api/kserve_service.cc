@@ -258,7 +258,7 @@ void AppendLengthPrefixed(std::string& out, const std::string& element) {
 }  // namespace
 
 KServeService::KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits)
-    : RawService(inference::GRPCInferenceService::service_full_name()),
+    : RawService(inference::GRPCInferenceService::service_full_name(), limits.max_request_bytes),
       engine_(engine),
       auth_(auth),
       limits_(limits) {

@@ -1,15 +1,21 @@
 #include "service/api/raw_request.h"
 
+#include <grpc/compression.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include <zlib.h>
+
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
@@ -17,8 +23,19 @@
 #include "model/status_macros.h"
 #include "service/engine/client_text.h"
 
+// Exported by libgrpc for gRPC's own tests (declared in its sources, not in its installed headers):
+// the flags of the last message a call received, and the algorithm its grpc-encoding named
+// (GRPC_COMPRESS_NONE when absent or not one gRPC knows). With decompression left to the server
+// (server.cc), the message flags are the only place that still says a message was sent compressed:
+// gRPC hands a message compressed with an encoding it does not know over as plain bytes.
+uint32_t grpc_call_test_only_get_message_flags(grpc_call* call);
+grpc_compression_algorithm grpc_call_test_only_get_compression_algorithm(grpc_call* call);
+
 namespace tost::service {
 namespace {
+
+// The message flag gRPC's HTTP/2 transport sets for a message whose compressed flag byte is 1.
+constexpr uint32_t kMessageFlaggedCompressed = 0x80000000u;
 
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
@@ -295,6 +312,110 @@ absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Mess
   }
   return Diagnose(std::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()),
                   message);
+}
+
+absl::StatusOr<std::string> InflateRequest(const grpc::ByteBuffer& buffer,
+                                           grpc_compression_algorithm algorithm, int64_t max_bytes,
+                                           const Descriptor& type) {
+  const char* name = nullptr;
+  if ((algorithm != GRPC_COMPRESS_DEFLATE && algorithm != GRPC_COMPRESS_GZIP) ||
+      grpc_compression_algorithm_name(algorithm, &name) == 0) {
+    return absl::InternalError(absl::StrCat(
+        type.name(), ": no inflation for compression algorithm ", static_cast<int>(algorithm)));
+  }
+  std::vector<grpc::Slice> slices;
+  if (buffer.Valid()) {
+    if (grpc::Status dumped = buffer.Dump(&slices); !dumped.ok()) {
+      return absl::InternalError(absl::StrCat(
+          type.name(), ": could not read the request's bytes: ", dumped.error_message()));
+    }
+  }
+  size_t compressed = 0;
+  for (const grpc::Slice& slice : slices) compressed += slice.size();
+  // At most INT_MAX (gRPC's own message limit is an int), so every size below fits zlib's uInt.
+  const size_t limit = static_cast<size_t>(std::clamp<int64_t>(max_bytes, 0, INT_MAX));
+
+  z_stream zs{};
+  // gzip: deflate data in a gzip header and trailer; gRPC's "deflate" is zlib's format (a zlib
+  // header and checksum around it), as gRPC's own compressor writes it.
+  if (inflateInit2(&zs, algorithm == GRPC_COMPRESS_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) {
+    return absl::InternalError(absl::StrCat(type.name(), ": zlib could not start inflating"));
+  }
+  absl::Cleanup end_inflate = [&zs] { inflateEnd(&zs); };
+  // The output grows by doubling and never past limit + 1 bytes: one byte past the limit is how
+  // a bomb is told, and it is all a bomb costs.
+  std::string out(std::min(limit + 1, std::max<size_t>(4 * compressed, 64 << 10)), '\0');
+  size_t produced = 0;
+  size_t next_slice = 0;
+  bool output_full = false;  // zlib may hold output it could not write: call it again
+  auto too_large = [&] {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        type.name(), ": the ", name, "-compressed request inflates past --max_message_bytes (",
+        max_bytes, " bytes); got ", compressed, " compressed bytes, of which the first ",
+        zs.total_in, " already inflate to more"));
+  };
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    if (zs.avail_in == 0 && !output_full) {
+      if (next_slice == slices.size()) break;
+      zs.next_in = const_cast<Bytef*>(slices[next_slice].begin());
+      zs.avail_in = static_cast<uInt>(slices[next_slice].size());
+      ++next_slice;
+      continue;
+    }
+    if (produced == out.size()) {
+      if (produced > limit) return too_large();
+      out.resize(std::min(limit + 1, 2 * out.size()));
+    }
+    zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
+    zs.avail_out = static_cast<uInt>(out.size() - produced);
+    rc = inflate(&zs, Z_NO_FLUSH);
+    produced = out.size() - zs.avail_out;
+    output_full = zs.avail_out == 0;
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          type.name(), ": the request message is flagged ", name, "-compressed, but is not valid ",
+          name, " data: zlib stopped at byte ", zs.total_in, " of ", compressed, " (",
+          zs.msg != nullptr ? zs.msg : "error", ")"));
+    }
+  }
+  if (produced > limit) return too_large();
+  if (rc != Z_STREAM_END) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        type.name(), ": the request message is flagged ", name, "-compressed, but its ", compressed,
+        " bytes end before the end of their ", name, " stream (truncated)"));
+  }
+  if (zs.total_in != compressed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(type.name(), ": the request message is flagged ", name, "-compressed, but ",
+                     compressed - zs.total_in, " of its ", compressed,
+                     " bytes follow the end of its ", name, " stream"));
+  }
+  out.resize(produced);
+  return out;
+}
+
+absl::Status ParseRequest(grpc::CallbackServerContext& context, const grpc::ByteBuffer& buffer,
+                          int64_t max_bytes, google::protobuf::Message& message) {
+  grpc_call* call = context.c_call();
+  // An empty message needs no inflating (gRPC's own decompression passed those through too).
+  if (call == nullptr || !buffer.Valid() || buffer.Length() == 0 ||
+      (grpc_call_test_only_get_message_flags(call) & kMessageFlaggedCompressed) == 0) {
+    return ParseRequest(buffer, message);
+  }
+  const grpc_compression_algorithm algorithm = grpc_call_test_only_get_compression_algorithm(call);
+  if (algorithm != GRPC_COMPRESS_DEFLATE && algorithm != GRPC_COMPRESS_GZIP) {
+    // gRPC keeps no name it does not know (an unknown grpc-encoding reads as none at all), so the
+    // encoding the client sent cannot be quoted back.
+    return absl::UnimplementedError(absl::StrCat(
+        message.GetDescriptor()->name(),
+        ": the request message is flagged compressed, but the call's grpc-encoding is not one this "
+        "server decompresses: expected gzip or deflate (grpc-accept-encoding: identity,deflate,"
+        "gzip), got an encoding gRPC does not know, identity, or none"));
+  }
+  TOST_ASSIGN_OR_RETURN(std::string inflated,
+                        InflateRequest(buffer, algorithm, max_bytes, *message.GetDescriptor()));
+  return ParseRequest(inflated, message);
 }
 
 grpc::Status SerializeResponse(const google::protobuf::Message& message, grpc::ByteBuffer* buffer) {

@@ -10,12 +10,17 @@
 // (repeated fields and map entries are numbered in the order the request carries them).
 #pragma once
 
+#include <grpc/impl/codegen/compression_types.h>
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 
 namespace tost::service {
@@ -30,6 +35,24 @@ absl::Status ParseRequest(std::string_view wire, google::protobuf::Message& mess
 
 // The same for a request as gRPC received it, parsed from its slices in place.
 absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Message& message);
+
+// The request of a call as gRPC received it (server.cc leaves per-message decompression to this
+// function: gRPC 1.51 inflates a message in full before checking its size, answers a corrupt one
+// with a bare stream reset, and reads a message compressed with an encoding it does not know as if
+// it were not compressed). A message the client flagged compressed is inflated here, never past
+// `max_bytes` (--max_message_bytes), then parsed as above:
+//   - an encoding the server does not decompress: UNIMPLEMENTED listing those it does (gRPC's
+//     answer to an unsupported encoding, as its grpc-accept-encoding header lists them);
+//   - bytes that are not valid gzip or deflate data: INVALID_ARGUMENT saying where zlib stopped;
+//   - more than `max_bytes` once inflated: RESOURCE_EXHAUSTED naming the limit.
+absl::Status ParseRequest(grpc::CallbackServerContext& context, const grpc::ByteBuffer& buffer,
+                          int64_t max_bytes, google::protobuf::Message& message);
+
+// The inflation alone, for a message compressed with `algorithm` (deflate or gzip): its bytes,
+// or one of the refusals above naming `type`.
+absl::StatusOr<std::string> InflateRequest(const grpc::ByteBuffer& buffer,
+                                           grpc_compression_algorithm algorithm, int64_t max_bytes,
+                                           const google::protobuf::Descriptor& type);
 
 // The walk alone: OK when protobuf would parse `wire` as a `type`, otherwise the refusal naming the
 // field that ParseRequest answers. (ParseRequest walks only what protobuf refused; the tests check

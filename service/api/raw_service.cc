@@ -16,12 +16,24 @@ namespace {
 
 }  // namespace
 
-RawService::RawService(const std::string& service_full_name)
-    : service_(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          service_full_name)) {
+RawService::RawService(const std::string& service_full_name, int64_t max_request_bytes)
+    : service_(
+          google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service_full_name)),
+      max_request_bytes_(max_request_bytes) {
   if (service_ == nullptr) {
     Fatal(absl::StrCat("the proto service ", service_full_name, " is not linked in"));
   }
+}
+
+grpc::Status RawService::CancelledBeforeItRan(const char* path) {
+  return ToGrpcStatus(
+      absl::CancelledError(absl::StrCat(path, ": the call was cancelled before its handler ran")));
+}
+
+grpc::Status RawService::PoolFull(const char* path) {
+  return ToGrpcStatus(absl::ResourceExhaustedError(
+      absl::StrCat(path, ": ", kMaxHandlerThreads, " calls are running and ",
+                   kMaxQueuedHandlerCalls, " more are waiting for a thread; retry later")));
 }
 
 const char* RawService::Register(const std::string& method,

@@ -26,6 +26,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <cstdint>
 #include <deque>
 #include <string>
 
@@ -41,10 +42,14 @@ class RawService : public grpc::Service {
   // Unary calls running at once per service before more wait for a thread (the synchronous server
   // this replaces had no limit; this one is far above what the queues admit).
   static constexpr int kMaxHandlerThreads = 1024;
+  // Unary calls waiting for a thread once all of them run; more are answered RESOURCE_EXHAUSTED
+  // at once instead of each holding its call (and its request) in memory.
+  static constexpr int kMaxQueuedHandlerCalls = 4096;
 
  protected:
-  // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in).
-  explicit RawService(const std::string& service_full_name);
+  // `service_full_name`: the proto service, e.g. "tost.v1.Tost" (its messages must be linked in);
+  // `max_request_bytes`: the most a compressed request may inflate to (ParseRequest).
+  RawService(const std::string& service_full_name, int64_t max_request_bytes);
 
   // Serves unary `method` with `handler`, a member of the derived service `Self`, on gRPC's
   // callback API with the handler itself run on this service's HandlerPool (it may block): the
@@ -58,18 +63,37 @@ class RawService : public grpc::Service {
         Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/false);
     Self* self = static_cast<Self*>(this);
     HandlerPool* pool = &handlers_;
+    const int64_t max_request_bytes = max_request_bytes_;
     AddMethod(new grpc::internal::RpcServiceMethod(path, grpc::internal::RpcMethod::NORMAL_RPC,
                                                    /*handler=*/nullptr));
     MarkMethodRawCallback(
         methods_added_,
         new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler, pool](grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
-                                  grpc::ByteBuffer* out) {
+            [self, handler, pool, max_request_bytes, path](grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* raw,
+                                                           grpc::ByteBuffer* out) {
               grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+              // A call reset before its handler starts costs no task and no thread: a client that
+              // opens and resets streams as fast as it can (HTTP/2 "rapid reset") would otherwise
+              // start a thread per stream. gRPC hands such a call over without its request (the
+              // reset cut it), mostly before it reports the cancellation.
+              if (context->IsCancelled()) {
+                reactor->Finish(CancelledBeforeItRan(path));
+                return reactor;
+              }
+              if (!raw->Valid()) {
+                Request none;  // INVALID_ARGUMENT: no request message
+                reactor->Finish(ToGrpcStatus(ParseRequest(*raw, none)));
+                return reactor;
+              }
               // The request and response buffers live until Finish; Finish is the task's last act.
-              pool->Schedule([self, handler, context, raw, out, reactor] {
-                reactor->Finish(ServeUnary(self, handler, context, *raw, out));
+              const bool scheduled = pool->Schedule([self, handler, context, raw, out, reactor,
+                                                     max_request_bytes, path] {
+                reactor->Finish(context->IsCancelled() ? CancelledBeforeItRan(path)
+                                                       : ServeUnary(self, handler, context, *raw,
+                                                                    max_request_bytes, out));
               });
+              if (!scheduled) reactor->Finish(PoolFull(path));
               return reactor;
             }));
     ++methods_added_;
@@ -102,10 +126,11 @@ class RawService : public grpc::Service {
   static grpc::Status ServeUnary(Self* self,
                                  grpc::Status (Self::*handler)(grpc::ServerContextBase*,
                                                                const Request*, Response*),
-                                 grpc::ServerContextBase* context, const grpc::ByteBuffer& raw,
-                                 grpc::ByteBuffer* out) {
+                                 grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+                                 int64_t max_request_bytes, grpc::ByteBuffer* out) {
     Request request;
-    if (absl::Status parsed = ParseRequest(raw, request); !parsed.ok()) {
+    if (absl::Status parsed = ParseRequest(*context, raw, max_request_bytes, request);
+        !parsed.ok()) {
       return ToGrpcStatus(parsed);
     }
     Response response;
@@ -113,6 +138,11 @@ class RawService : public grpc::Service {
     if (!status.ok()) return status;
     return SerializeResponse(response, out);
   }
+
+  // The answers of a call reset before its handler ran (the client gets none), and of one that
+  // finds the handler pool's queue full.
+  static grpc::Status CancelledBeforeItRan(const char* path);
+  static grpc::Status PoolFull(const char* path);
 
   // "/<service>/<method>" for gRPC, after checking that the proto method takes `request`, returns
   // `response` and streams (or not) as its handler does; aborts if not, a programming error.
@@ -122,7 +152,8 @@ class RawService : public grpc::Service {
   const google::protobuf::ServiceDescriptor* service_;
   std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
   int methods_added_ = 0;          // the index of the next method
-  HandlerPool handlers_{kMaxHandlerThreads};
+  const int64_t max_request_bytes_;
+  HandlerPool handlers_{kMaxHandlerThreads, kMaxQueuedHandlerCalls};
 };
 
 }  // namespace tost::service

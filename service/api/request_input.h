@@ -40,6 +40,9 @@ struct ServiceLimits {
   int32_t default_max_new_tokens = 64;       // when the request leaves it at 0
   int32_t default_top_k_labels = 5;          // when ClassifyRequest.top_k is 0
   ImageLimits image;                         // encoded images: Classify.images, KServe BYTES
+  // Bytes of one request message once inflated, when the client compressed it (gRPC checks the
+  // bytes as sent against --max_message_bytes; this is the same flag, applied after inflating).
+  int64_t max_request_bytes = 64 << 20;
 };
 
 // The number of images a float32 image tensor's shape declares: N for [N,C,H,W], or 1 for

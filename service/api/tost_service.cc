@@ -23,7 +23,7 @@ namespace tost::service {
 
 TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
                          DeviceMemoryProbe device_memory)
-    : RawService(tost::v1::Tost::service_full_name()),
+    : RawService(tost::v1::Tost::service_full_name(), limits.max_request_bytes),
       engine_(engine),
       auth_(auth),
       limits_(limits),

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <zlib.h>
+
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kserve/v2/grpc_service.pb.h"
@@ -295,6 +297,85 @@ TEST(ParseRequest, ReadsAByteBufferOfManySlices) {
   // An empty message is one slice of nothing, or none at all.
   tost::v1::ListModelsRequest empty;
   EXPECT_TRUE(ParseRequest(grpc::ByteBuffer(nullptr, 0), empty).ok());
+}
+
+// `data` compressed as gRPC's gzip, or its deflate (zlib's format).
+std::string Compress(const std::string& data, bool gzip) {
+  z_stream zs{};
+  EXPECT_EQ(
+      deflateInit2(&zs, 9, Z_DEFLATED, gzip ? 16 + MAX_WBITS : MAX_WBITS, 8, Z_DEFAULT_STRATEGY),
+      Z_OK);
+  std::string out(deflateBound(&zs, data.size()), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  zs.avail_in = static_cast<uInt>(data.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+// `bytes` as gRPC hands a request over: in slices (of 100 bytes here, so inflation crosses them).
+grpc::ByteBuffer InSlices(const std::string& bytes) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += 100) slices.emplace_back(bytes.substr(at, 100));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(InflateRequest, InflatesGzipAndDeflateAcrossSlices) {
+  tost::v1::GenerateRequest r;
+  r.set_model("tost-austen");
+  r.set_prompt_bytes(std::string(100000, 'p'));
+  const std::string wire = r.SerializeAsString();
+  for (const auto algorithm : {GRPC_COMPRESS_GZIP, GRPC_COMPRESS_DEFLATE}) {
+    const std::string compressed = Compress(wire, algorithm == GRPC_COMPRESS_GZIP);
+    ASSERT_LT(compressed.size(), 2000u);
+    auto inflated = InflateRequest(InSlices(compressed), algorithm, 1 << 20, *r.GetDescriptor());
+    ASSERT_TRUE(inflated.ok()) << inflated.status();
+    EXPECT_EQ(*inflated, wire);
+    // Exactly at the limit inflates; a byte under it does not.
+    EXPECT_TRUE(InflateRequest(InSlices(compressed), algorithm, static_cast<int64_t>(wire.size()),
+                               *r.GetDescriptor())
+                    .ok());
+    EXPECT_EQ(InflateRequest(InSlices(compressed), algorithm, static_cast<int64_t>(wire.size()) - 1,
+                             *r.GetDescriptor())
+                  .status()
+                  .code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+}
+
+TEST(InflateRequest, RefusesABombAtTheLimitWithoutInflatingIt) {
+  const std::string zeros(64 << 20, '\0');
+  const std::string bomb = Compress(zeros, /*gzip=*/true);
+  const auto status = InflateRequest(InSlices(bomb), GRPC_COMPRESS_GZIP, 1 << 20,
+                                     *tost::v1::ClassifyRequest::descriptor())
+                          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("ClassifyRequest: the gzip-compressed request inflates past "
+                         "--max_message_bytes (1048576 bytes)"));
+}
+
+TEST(InflateRequest, SaysWhyCorruptDataIsRefused) {
+  tost::v1::ListModelsRequest r;
+  const auto& type = *r.GetDescriptor();
+  const std::string good = Compress(std::string(5000, 'x'), /*gzip=*/true);
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x55;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not gzip at all", "not valid gzip data: zlib stopped at byte"},
+      {good.substr(0, good.size() - 10), "end before the end of their gzip stream"},
+      {good + "trailing", "8 of its"},
+      {flipped, "not valid gzip data"},
+  };
+  for (const auto& [bytes, expected] : cases) {
+    const auto status = InflateRequest(InSlices(bytes), GRPC_COMPRESS_GZIP, 1 << 20, type).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(expected));
+    EXPECT_THAT(std::string(status.message()), StartsWith("ListModelsRequest: "));
+  }
 }
 
 TEST(SerializeResponse, WritesWhatTheClientParsesIntoAReusedBuffer) {
