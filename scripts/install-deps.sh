@@ -9,7 +9,8 @@
 #                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel;
 #                     requirements-deploy.txt (the offline Kubernetes/compose/YAML validators of
 #                     tests/deploy) into its own small venv $TOST_DEPS_DIR/deploy-<hash>, so changing
-#                     a validator's pin never rebuilds the torch venv.
+#                     a validator's pin never rebuilds the torch venv; requirements-test.txt (small
+#                     test clients) on top of the torch venv, keyed by its own hash.
 #                     `build/deps.env` is written with both venvs' paths for the Makefile and CMake.
 #   Debian sources  : Abseil's, the version libabsl-dev has, unpacked with Debian's patches into
 #                     $TOST_DEPS_DIR/src/abseil_<version> (apt-get source; a deb-src entry for the
@@ -113,6 +114,13 @@ make_venv() {
 }
 venv="$(make_venv py "$here/requirements.txt" " (the torch wheel is large: minutes on a cold machine)")"
 deploy_venv="$(make_venv deploy "$here/requirements-deploy.txt")"
+# requirements-test.txt on top of the torch venv, once per version of that file.
+test_marker="$venv/.test-requirements-$(sha256sum "$here/requirements-test.txt" | cut -c1-16)"
+if [ ! -f "$test_marker" ]; then
+  echo "install-deps: installing requirements-test.txt into $venv"
+  "$venv/bin/python" -m pip install -q --no-cache-dir -r "$here/requirements-test.txt"
+  touch "$test_marker"
+fi
 
 mkdir -p "$here/build"
 torch_cmake="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share", "cmake"))')"
