@@ -55,8 +55,10 @@ struct GenerationEvent {
   enum class Kind { kToken, kSnapshot, kFinished };
   Kind kind = Kind::kToken;
   TokenEvent token;  // kToken
-  GenerationState
-      snapshot;  // kSnapshot (every `snapshot_every` tokens) and kFinished (final state)
+  // kSnapshot (every `snapshot_every` tokens) and kFinished: the state to keep. A finished job
+  // whose status is non-OK other than CANCELLED (past its deadline, a model error) failed, and its
+  // snapshot is the state it started from; a cancelled one keeps what it generated.
+  GenerationState snapshot;
   // kFinished:
   absl::Status status;  // non-OK: the job failed (e.g. an internal model error)
   FinishReason finish_reason = FinishReason::kLength;
