@@ -155,10 +155,12 @@ def test_a_call_that_fails_its_deadline_leaves_its_session_as_it_was(stub, proto
 def raw_grpc_call(address, path, request, headers=(), timeout_s=30):
     """One unary-request gRPC call over a raw HTTP/2 connection (the h2 library), so its headers can
     be what grpcio will not send (grpcio itself fails a timeout past ~290 years before sending).
-    Returns (grpc-status, grpc-message, [response message bytes])."""
+    Returns (grpc-status, grpc-message, [response message bytes]); grpc-status -1 when the server
+    reset the stream without one."""
     import h2.config
     import h2.connection
     import h2.events
+    import h2.exceptions
 
     host, port = address.rsplit(":", 1)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
@@ -170,19 +172,29 @@ def raw_grpc_call(address, path, request, headers=(), timeout_s=30):
                               *headers])
         conn.send_data(1, b"\x00" + struct.pack(">I", len(body)) + body, end_stream=True)
         sock.sendall(conn.data_to_send())
-        fields, data, ended = {}, b"", False
+        fields, data, ended, pending = {}, b"", False, b""
         while not ended:
             chunk = sock.recv(65536)
             assert chunk, "the server closed the connection before the call ended"
-            for event in conn.receive_data(chunk):
-                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    fields.update(dict(event.headers))
-                elif isinstance(event, h2.events.DataReceived):
-                    data += event.data
-                    if not event.stream_ended:
-                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                    ended = True
+            pending += chunk
+            # One frame at a time: a frame h2 refuses (gRPC may send trailers after resetting a
+            # call that expired on arrival) then costs only itself, not the events before it.
+            while not ended and len(pending) >= 9 + int.from_bytes(pending[:3].rjust(3, b"\0"), "big"):
+                size = 9 + int.from_bytes(pending[:3], "big")
+                frame, pending = pending[:size], pending[size:]
+                try:
+                    events = conn.receive_data(frame)
+                except h2.exceptions.ProtocolError:  # h2 then holds the connection closed
+                    events, ended = [], True
+                for event in events:
+                    if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                        fields.update(dict(event.headers))
+                    elif isinstance(event, h2.events.DataReceived):
+                        data += event.data
+                        if not event.stream_ended:
+                            conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                        ended = True
             if not ended:
                 sock.sendall(conn.data_to_send())
     messages = []
@@ -224,7 +236,8 @@ def test_a_deadline_already_past_on_arrival_moves_no_session(server, stub, proto
             server.address, "/tost.v1.Tost/Generate",
             pb2.GenerateRequest(session_id=sid, prompt_bytes=b"The weather ", max_new_tokens=50),
             [("grpc-timeout", timeout)])
-        assert code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], (timeout, code, message)
+        # gRPC may answer DEADLINE_EXCEEDED itself or just reset a call expired on arrival.
+        assert code in (grpc.StatusCode.DEADLINE_EXCEEDED.value[0], -1), (timeout, code, message)
         assert _settled_position(stub, pb2, sid) == 0, timeout
 
 
