@@ -19,16 +19,17 @@ the continuation: a greedy decode, or a seeded one (draws are keyed by seed and 
 servers run with --batch_invariant_decode gives the same tokens whatever else shares the decode
 steps. Before the first snapshot the continuation is the original request again.
 """
+from __future__ import annotations
+
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 
-from . import _stubs
-
-tost_pb2, tost_pb2_grpc = _stubs.load()
+from ._errors import TostError
+from ._pb import tost_pb2
 
 # Breaks a continuation repairs. UNAVAILABLE: a draining or unreachable replica (a proxy with no
 # upstream answers 502, which gRPC reports as UNAVAILABLE). INTERNAL and UNKNOWN: a stream reset
@@ -45,14 +46,14 @@ RETRYABLE_CODES = frozenset({
 })
 
 
-class ResumeError(Exception):
+class ResumeError(TostError):
     """The generation could not be completed: a non-retryable status, the retries or the deadline
-    ran out. `breaks` lists what happened before."""
+    ran out. `code` is the last status (None for a ProtocolError or DivergedError), `breaks` lists
+    what happened before."""
 
     def __init__(self, message: str, breaks, code: Optional[grpc.StatusCode] = None):
-        super().__init__(message)
+        super().__init__(code, message)
         self.breaks = list(breaks)
-        self.code = code
 
 
 class DivergedError(ResumeError):
@@ -101,9 +102,10 @@ class ResumableGeneration:
         are checked against them (DivergedError if they differ) instead of being withheld.
     """
 
-    def __init__(self, stub, request, *, state_every_tokens: int = 16, max_retries: int = 5,
-                 deadline_s: float = 600.0, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
-                 metadata=None, eager: bool = False, rng: Optional[random.Random] = None):
+    def __init__(self, stub: Any, request: tost_pb2.GenerateRequest, *, state_every_tokens: int = 16,
+                 max_retries: int = 5, deadline_s: float = 600.0, backoff_s: float = 0.05,
+                 max_backoff_s: float = 2.0, metadata: Optional[Sequence[Tuple[str, str]]] = None,
+                 eager: bool = False, rng: Optional[random.Random] = None) -> None:
         if request.session_id:
             raise ValueError("session_id: sessions are held by one replica and cannot move; continue a "
                              "state blob (GenerateRequest.state) instead")
@@ -128,8 +130,8 @@ class ResumableGeneration:
         self._eager = eager
         self._rng = rng or random.Random()
         self._started = False
-        self.tokens: List = []           # every token handed out, in order
-        self.final = None                # the last call's GenerateFinal
+        self.tokens: List[tost_pb2.GeneratedToken] = []  # every token handed out, in order
+        self.final: Optional[tost_pb2.GenerateFinal] = None  # the last call's GenerateFinal
         self.breaks: List[Break] = []
         self.calls = 0
 
@@ -149,7 +151,7 @@ class ResumableGeneration:
     def resumed_from_snapshot(self) -> int:
         return sum(1 for b in self.breaks if b.resume_position is not None)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[tost_pb2.GeneratedToken]:
         if self._started:
             raise RuntimeError("a ResumableGeneration is iterated once")
         self._started = True
@@ -166,7 +168,7 @@ class ResumableGeneration:
     def _fail(self, cls, message, code=None):
         return cls(f"{message} (after {self.calls} call(s), {len(self.breaks)} break(s))", self.breaks, code)
 
-    def _run(self) -> Iterator:
+    def _run(self) -> Iterator[tost_pb2.GeneratedToken]:
         committed: List = []     # tokens a snapshot (or the final message) covers
         snapshot: Optional[_Snapshot] = None
         first_position: Optional[int] = None  # where the first generated token sits
@@ -177,6 +179,7 @@ class ResumableGeneration:
                 raise self._fail(ResumeError, "deadline passed before the generation finished",
                                  grpc.StatusCode.DEADLINE_EXCEEDED)
             request = self._request_for(snapshot)
+            expected: Optional[int]
             if snapshot is not None:
                 expected = snapshot.position + 1
             else:
@@ -270,6 +273,6 @@ class ResumableGeneration:
             yield t
 
 
-def generate(stub, request, **options) -> ResumableGeneration:
+def generate(stub: Any, request: tost_pb2.GenerateRequest, **options: Any) -> ResumableGeneration:
     """A ResumableGeneration of `request` (see its options); iterate it for the tokens."""
     return ResumableGeneration(stub, request, **options)
