@@ -2,7 +2,7 @@
 time, installed into a fresh virtual environment (no system site-packages, no PYTHONPATH, no proto/
 reachable), and used there against real servers: classify, a streamed generation, the asyncio
 client, sessions moved between two servers, errors, and a resumable generation that goes on on the
-second server when the first is killed mid-stream.
+second server when the first is killed mid-stream (blocking and asyncio).
 
 The wheel is built from a copy of client/python and proto/ laid out as in a checkout (so nothing is
 written into the source tree) with this venv's setuptools and grpcio-tools (--no-build-isolation: no
@@ -116,7 +116,8 @@ import grpc
 import tost_client
 from tost_client import AsyncClient, Client, TostError, tost_pb2
 
-a, b, a_pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+a, b, a2 = sys.argv[1:4]
+a_pid, a2_pid = int(sys.argv[4]), int(sys.argv[5])
 site = sysconfig.get_paths()["purelib"]
 assert tost_client.__file__.startswith(site + os.sep), (tost_client.__file__, site)
 assert tost_client.tost_pb2.__name__ == "tost_client.tost_pb2" and "tost" not in sys.modules
@@ -201,24 +202,44 @@ assert ids == reference_ids, (ids, reference_ids)
 assert gen.breaks and gen.breaks[0].resume_position is not None, gen.breaks
 out["breaks"] = [b.reason for b in gen.breaks]
 out["resumed_from"] = gen.breaks[0].resume_position
+
+
+async def resumable_with_asyncio():
+    async with AsyncClient(f"ipv4:{a2},{b}", timeout_s=120) as client:
+        gen = client.generate("tost-austen", "It was a truth", max_new_tokens=N, resumable=True, state_every_tokens=4,
+                              max_retries=10, backoff_s=0.05, max_backoff_s=0.5)
+        ids = []
+        async for token in gen:
+            ids.append(token.id)
+            if len(ids) == 8:
+                os.kill(a2_pid, signal.SIGKILL)
+        return ids, gen
+
+ids, gen = asyncio.run(resumable_with_asyncio())
+assert ids == reference_ids, (ids, reference_ids)
+assert gen.breaks and gen.breaks[0].resume_position is not None, gen.breaks
+out["async_breaks"] = [b.reason for b in gen.breaks]
 print(json.dumps(out))
 '''
 
 
-def test_the_installed_client_against_two_servers(venv, tmp_path):
+def test_the_installed_client_against_real_servers(venv, tmp_path):
     key = tmp_path / "session.key"
     key.write_bytes(os.urandom(32))
     args = [f"--session_key_file={key}", "--batch_invariant_decode"]
-    a, b = RunningServer(MODELS, args), RunningServer(MODELS, args)
+    servers = [RunningServer(MODELS, args) for _ in range(3)]
+    a, a2, b = servers
     try:
         script = tmp_path / "use_client.py"
         script.write_text(SCRIPT)
         # From an empty directory: neither the checkout nor its proto/ is on any path.
         cwd = tmp_path / "elsewhere"
         cwd.mkdir()
-        stdout = run([venv, script, a.address, b.address, a.proc.pid], cwd=cwd, env=clean_env(), timeout=300)
+        stdout = run([venv, script, a.address, b.address, a2.address, a.proc.pid, a2.proc.pid], cwd=cwd,
+                     env=clean_env(), timeout=300)
         print(stdout)
-        assert '"breaks"' in stdout
+        assert '"async_breaks"' in stdout
     finally:
         a.stop()
+        a2.stop()
         assert b.stop() == 0

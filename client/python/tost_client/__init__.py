@@ -16,7 +16,7 @@ when the wheel is built, and the package needs only grpcio and protobuf at run t
         print("".join(t.text for t in gen), gen.final.finish_reason, len(gen.breaks), "break(s)")
 
 asyncio: `async with AsyncClient(address) as client:` with the same methods awaited, and
-`async for token in client.generate(...)`. Every failed call raises TostError (`.code`, a
+`async for token in client.generate(...)` (resumable=True too). Every failed call raises TostError (`.code`, a
 grpc.StatusCode, and `.message`).
 
 The lower layer stays available: tost_client.TostStub, tost_client.tost_pb2 and
@@ -48,13 +48,13 @@ grpcio-tools).
 from ._errors import TostError
 from ._pb import tost_pb2, tost_pb2_grpc
 from .client import AsyncClient, AsyncGeneration, Client, Generation
-from .resumable import (RETRYABLE_CODES, Break, DivergedError, ProtocolError, ResumableGeneration,
-                        ResumeError, generate)
+from .resumable import (RETRYABLE_CODES, AsyncResumableGeneration, Break, DivergedError, ProtocolError,
+                        ResumableGeneration, ResumeError, generate)
 
 TostStub = tost_pb2_grpc.TostStub
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncClient", "AsyncGeneration", "Break", "Client", "DivergedError", "Generation", "ProtocolError",
-           "RETRYABLE_CODES", "ResumableGeneration", "ResumeError", "TostError", "TostStub", "generate",
-           "tost_pb2", "tost_pb2_grpc"]
+__all__ = ["AsyncClient", "AsyncGeneration", "AsyncResumableGeneration", "Break", "Client", "DivergedError",
+           "Generation", "ProtocolError", "RETRYABLE_CODES", "ResumableGeneration", "ResumeError", "TostError",
+           "TostStub", "generate", "tost_pb2", "tost_pb2_grpc"]

@@ -19,7 +19,7 @@ import grpc.aio
 
 from ._errors import TostError
 from ._pb import tost_pb2, tost_pb2_grpc
-from .resumable import ResumableGeneration
+from .resumable import AsyncResumableGeneration, ResumableGeneration
 
 # What classify() takes: encoded PNG/JPEG bytes, several of them, a FloatTensor, or an array with
 # `shape` (numpy or anything numpy.asarray accepts: converted to little-endian float32).
@@ -318,9 +318,9 @@ class Client(_Base):
 
 class AsyncClient(_Base):
     """Client for asyncio (grpc.aio): the same arguments, coroutine methods, and generate() an
-    AsyncGeneration (`async for token in client.generate(...)`). Resumable generation is the
-    blocking Client's (or tost_client.generate); here generate(resumable=True) is refused.
-    Use `async with AsyncClient(...) as c:` or await close()."""
+    async iterator (`async for token in client.generate(...)`): an AsyncGeneration, or with
+    resumable=True an AsyncResumableGeneration. Use `async with AsyncClient(...) as c:` or await
+    close(). Create it inside the running event loop."""
 
     def __init__(self, address: str, *, api_key: Optional[str] = None, tls: Credentials = None,
                  timeout_s: Optional[float] = 60.0, options: Sequence[Tuple[str, Any]] = (),
@@ -359,13 +359,19 @@ class AsyncClient(_Base):
 
     def generate(self, model: str = "", prompt: Optional[Prompt] = None, *, max_new_tokens: int = 64,
                  resumable: bool = False, state_every_tokens: int = 0, timeout_s: Optional[float] = None,
-                 request: Optional[tost_pb2.GenerateRequest] = None, **fields: Any) -> AsyncGeneration:
-        """See Client.generate (not resumable): `async for token in client.generate(...)`."""
-        if resumable:
-            raise NotImplementedError("resumable generation is the blocking Client's (or tost_client.generate)")
+                 request: Optional[tost_pb2.GenerateRequest] = None,
+                 max_retries: int = 5, backoff_s: float = 0.05, max_backoff_s: float = 2.0, eager: bool = False,
+                 **fields: Any) -> Union[AsyncGeneration, AsyncResumableGeneration]:
+        """See Client.generate: `async for token in client.generate(...)`."""
         if request is None:
             request = generate_request(model, prompt, max_new_tokens=max_new_tokens,
-                                       state_every_tokens=state_every_tokens, **fields)
+                                       state_every_tokens=0 if resumable else state_every_tokens, **fields)
+        if resumable:
+            timeout = self._timeout(timeout_s)
+            return AsyncResumableGeneration(self.stub, request, state_every_tokens=state_every_tokens or 16,
+                                            max_retries=max_retries,
+                                            deadline_s=600.0 if timeout is None else timeout, backoff_s=backoff_s,
+                                            max_backoff_s=max_backoff_s, metadata=self._metadata, eager=eager)
         return AsyncGeneration(self.stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata))
 
     async def create_session(self, model: str, *, sampling: Optional[tost_pb2.SamplingParams] = None,
