@@ -13,6 +13,7 @@ cuts most streams mid-stream; each run prints how many were cut and resumed and 
 least half were cut after they had received tokens. The runs are the `failover_*` ctest tests
 (TOST_FAILOVER=1); server_end_to_end skips them and runs the tests of the client's bookkeeping
 against a scripted stub."""
+import asyncio
 import os
 import re
 import subprocess
@@ -366,6 +367,12 @@ class ScriptedCall:
         if self.error is not None:
             raise self.error
 
+    async def __aiter__(self):  # the same script as a grpc.aio call plays it
+        for message in self.messages:
+            yield message
+        if self.error is not None:
+            raise self.error
+
     def cancel(self):
         pass
 
@@ -399,10 +406,27 @@ LENGTH, DRAINED = pb2.FINISH_REASON_LENGTH, pb2.FINISH_REASON_DRAINED
 
 
 def run_scripted(*scripts, **options):
-    stub = ScriptedStub(*scripts)
-    gen = tost_client.generate(stub, FIRST, state_every_tokens=2, backoff_s=0, **options)
-    handed_out = [(t.position, t.id) for t in gen]
-    return stub, gen, handed_out
+    """Plays the scripts through tost_client.generate, and again through the asyncio
+    AsyncResumableGeneration, which must hand out, ask and fail the same."""
+    def play(collect, cls):
+        stub = ScriptedStub(*scripts)
+        gen = cls(stub, FIRST, state_every_tokens=2, backoff_s=0, **options)
+        try:
+            return stub, gen, collect(gen), None
+        except tost_client.ResumeError as e:
+            return stub, gen, None, e
+
+    async def collect_async(gen):
+        return [(t.position, t.id) async for t in gen]
+
+    stub, gen, out, error = play(lambda gen: [(t.position, t.id) for t in gen], tost_client.generate)
+    a_stub, a_gen, a_out, a_error = play(lambda gen: asyncio.run(collect_async(gen)),
+                                         tost_client.AsyncResumableGeneration)
+    assert (type(a_error), str(a_error), a_out) == (type(error), str(error), out)
+    assert a_stub.requests == stub.requests and a_gen.breaks == gen.breaks and a_gen.tokens == gen.tokens
+    if error is not None:
+        raise error
+    return stub, gen, out
 
 
 @pytest.mark.parametrize("eager", [False, True])

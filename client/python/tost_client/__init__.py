@@ -1,11 +1,27 @@
-"""tost_client: a Python client of tost-serve (tost.v1) whose generations survive the loss of a
-replica.
+"""tost_client: the Python client of tost-serve (tost.v1).
 
-Setup: with the repository checked out and `pip install grpcio grpcio-tools`, put client/python
-on the path (`PYTHONPATH=client/python`, or `sys.path.insert`) and import the package. Its first
-import generates the tost.v1 modules from proto/tost/v1/tost.proto with grpc_tools.protoc into a
-cache directory (see tost_client._stubs for TOST_PROTO_DIR and TOST_CLIENT_CACHE_DIR); nothing
-generated is committed, so the stubs always match the proto and the installed protobuf runtime.
+Install it with `pip install ./client/python` from a checkout (or from its sdist): the tost.v1
+modules (tost_pb2, tost_pb2_grpc, with .pyi type stubs) are generated from proto/tost/v1/tost.proto
+when the wheel is built, and the package needs only grpcio and protobuf at run time.
+
+    from tost_client import Client, TostError
+
+    with Client("tost.example:8500", api_key=None, tls=None, timeout_s=60) as client:
+        best = client.classify("tost-digits", png_bytes, top_k=3).results[0].labels[0]
+        for token in client.generate("tost-austen", "It was", max_new_tokens=200, temperature=0.8, seed=7):
+            print(token.text, end="", flush=True)
+        # Survives the loss of a replica: a state blob every 16 tokens, continued on a break.
+        gen = client.generate("tost-austen", "It was", max_new_tokens=200, resumable=True,
+                              state_every_tokens=16)
+        print("".join(t.text for t in gen), gen.final.finish_reason, len(gen.breaks), "break(s)")
+
+asyncio: `async with AsyncClient(address) as client:` with the same methods awaited, and
+`async for token in client.generate(...)` (resumable=True too). Every failed call raises TostError (`.code`, a
+grpc.StatusCode, and `.message`).
+
+The lower layer stays available: tost_client.TostStub, tost_client.tost_pb2 and
+tost_client.tost_pb2_grpc, and tost_client.generate(stub, request, state_every_tokens=...), the
+ResumableGeneration of one GenerateRequest on any stub:
 
     import grpc
     import tost_client
@@ -24,13 +40,21 @@ The generation asks for a state snapshot every `state_every_tokens` tokens. When
 snapshot with Generate(state=blob) through the same channel, so on whichever replica the balancer
 picks; any replica with the same model and --session_key_file accepts the blob. See
 tost_client.resumable for how positions line up and what is guaranteed.
-"""
-from ._stubs import load as _load
-from .resumable import (RETRYABLE_CODES, Break, DivergedError, ProtocolError, ResumableGeneration,
-                        ResumeError, generate)
 
-tost_pb2, tost_pb2_grpc = _load()
+Used from a checkout without installing (client/python on PYTHONPATH), the first import generates
+the tost.v1 modules from the repository's proto/ into a cache instead (tost_client._stubs; needs
+grpcio-tools).
+"""
+from ._errors import TostError
+from ._pb import tost_pb2, tost_pb2_grpc
+from .client import AsyncClient, AsyncGeneration, Client, Generation
+from .resumable import (RETRYABLE_CODES, AsyncResumableGeneration, Break, DivergedError, ProtocolError,
+                        ResumableGeneration, ResumeError, generate)
+
 TostStub = tost_pb2_grpc.TostStub
 
-__all__ = ["Break", "DivergedError", "ProtocolError", "RETRYABLE_CODES", "ResumableGeneration", "ResumeError",
+__version__ = "0.1.0"
+
+__all__ = ["AsyncClient", "AsyncGeneration", "AsyncResumableGeneration", "Break", "Client", "DivergedError",
+           "Generation", "ProtocolError", "RETRYABLE_CODES", "ResumableGeneration", "ResumeError", "TostError",
            "TostStub", "generate", "tost_pb2", "tost_pb2_grpc"]
