@@ -5,8 +5,8 @@
 // per batch, then hands each request its own rows of the result. A batch closes when it is full (or
 // the next request of its resolution would overflow it) or when its oldest request has waited
 // `max_queue_delay_us`; a closed batch never reopens. The decision is BatchPolicy::NextAction
-// (service/batch_policy.h), a pure function of (now, queue); this class adds the queue, the lock,
-// the thread, admission control, deadlines, result routing and observability.
+// (service/engine/batch_policy.h), a pure function of (now, queue); this class adds the queue, the
+// lock, the thread, admission control, deadlines, result routing and observability.
 //
 // Contract:
 //  - Submit() never blocks on batching or compute: it validates, checks room and queues. It returns

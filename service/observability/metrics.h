@@ -34,7 +34,8 @@ class Engine;
 struct MetricsOptions {
   std::string address = "0.0.0.0";  // where the /metrics HTTP endpoint listens
   int port = 8502;                  // 0: the kernel picks a free port; -1: no endpoint
-  bool log_requests = true;         // one access-log line per RPC (service/logging.h)
+  // One access-log line per RPC (service/observability/logging.h).
+  bool log_requests = true;
 };
 
 absl::Status ValidateMetricsOptions(const MetricsOptions& options);

@@ -40,8 +40,9 @@ def encode_png(pixels: np.ndarray) -> bytes:
 
 
 def reference_preprocess(rgb: np.ndarray, mode="bilinear") -> np.ndarray:
-    """The documented pipeline (service/image_decode.h) for the gray digits model: BT.601 luma in the
-    16-bit fixed point of PIL/libjpeg, /255, antialiased bilinear resize (torch), (x - mean) / std."""
+    """The documented pipeline (service/api/image_decode.h) for the gray digits model: BT.601 luma
+    in the 16-bit fixed point of PIL/libjpeg, /255, antialiased bilinear resize (torch),
+    (x - mean) / std."""
     v, pre, _ = _vision()
     r, g, b = (rgb[..., i].astype(np.int64) for i in range(3))
     luma = ((19595 * r + 38470 * g + 7471 * b + 32768) >> 16).astype(np.float32) / 255.0
