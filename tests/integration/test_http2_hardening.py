@@ -234,17 +234,23 @@ def _bystander(address, pb2, pb2_grpc, stop, latencies, errors):
 # The flood: 8 connections for 4 s or 60,000 streams (45,000-60,000 from this Python flooder on two
 # cores).
 # Before the fix the server started a handler thread for nearly every reset stream (765 threads,
-# kept), grew by ~450 MiB and kept it. Now reset streams cost no thread and the freed heap goes
-# back to the system within --heap_trim_interval_ms (5 s), but during the flood gRPC 1.51 still
-# holds a call for every stream it accepted and has not yet finished (it has no bound on those, nor
-# on resets per connection): ~190-400 MiB at the peak here, and a bystander's call waits in the
-# same queues (0.1-2 s here, 4 ms without the flood; its handler itself takes a few ms).
+# kept), grew by ~450 MiB and kept it. Now reset streams cost no thread, no access-log line each
+# and no label lookups, and the freed heap goes back to the system within --heap_trim_interval_ms
+# (5 s), but during the flood gRPC 1.51 still holds a call for every stream it accepted and has not
+# yet finished (it has no bound on those, nor on resets per connection): +200-430 MiB at the peak
+# here, about what it was with a line logged per reset call (+260-480 MiB). A bystander's median
+# call takes 5-7 ms (4 ms without the flood), but while the flood lasts a call can wait 0.2-1.35 s
+# (1.0-2.2 s with the per-call lines) before it reaches the service at all: its own time, as the
+# access log measures it, stays a few ms, so the wait is in gRPC core's transport and callback
+# queues, which serve the flooding connections' streams first. Bounds, for a loaded CI machine:
+# latency about twice what was measured, growth 1.4 times the largest seen.
 FLOOD_SECONDS = 4
 FLOOD_CONNECTIONS = 8
 MAX_FLOOD_GROWTH_MIB = 600
 MAX_RESIDUAL_GROWTH_MIB = 80
 MAX_THREADS_AFTER = 64
-MAX_BYSTANDER_SECONDS = 5.0
+MAX_BYSTANDER_SECONDS = 3.0
+MAX_BYSTANDER_MEDIAN_SECONDS = 0.05
 
 
 def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_modules):
@@ -301,6 +307,7 @@ def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_mo
         assert after - before < MAX_RESIDUAL_GROWTH_MIB, (before, after)
         assert threads <= MAX_THREADS_AFTER, threads
         assert latencies and max(t for _, t in latencies) < MAX_BYSTANDER_SECONDS, latencies
+        assert p50 < MAX_BYSTANDER_MEDIAN_SECONDS, latencies
         assert srv.proc.poll() is None
     finally:
         assert srv.stop() == 0
