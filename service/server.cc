@@ -1,6 +1,12 @@
 #include "service/server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -19,6 +25,41 @@
 #include "service/port_probe.h"
 
 namespace tost::service {
+namespace {
+
+// Sets SO_RCVBUF on this process's listening TCP sockets bound to `port`, which the connections
+// they accept inherit (gRPC 1.51 has no channel argument for it, and its socket mutator is not part
+// of its installed API). Returns how many it set.
+int SetListenersReceiveBuffer(int port, int bytes) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  int set = 0;
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening == 0) {
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0)
+      continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6)
+      bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (bound != port) continue;
+    if (setsockopt(static_cast<int>(fd), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes)) == 0) ++set;
+  }
+  closedir(dir);
+  return set;
+}
+
+}  // namespace
 
 absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.port < 0 || o.port > 65535)
@@ -30,6 +71,12 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         "--max_ping_strikes, --max_connection_age_ms, --max_connection_age_grace_ms >= 0; got ",
         o.max_concurrent_streams, ", ", o.min_client_ping_interval_ms, ", ", o.max_ping_strikes,
         ", ", o.max_connection_age_ms, ", ", o.max_connection_age_grace_ms));
+  }
+  if (o.connection_receive_buffer_bytes < 0 || o.connection_receive_buffer_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connection_receive_buffer_bytes must be in [0, 1073741824] (0: the "
+                     "kernel's autotuning), got ",
+                     o.connection_receive_buffer_bytes));
   }
   if (o.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(
@@ -241,6 +288,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   health->SetServingStatus(true);
   for (const char* service : kHealthCheckedServices) health->SetServingStatus(service, true);
   loading->Stop();
+  if (options.connection_receive_buffer_bytes > 0 &&
+      SetListenersReceiveBuffer(server->port_, options.connection_receive_buffer_bytes) == 0) {
+    Log(LogLevel::kWarning, "could not set the receive buffer of the listening sockets",
+        {{"port", server->port_},
+         {"connection_receive_buffer_bytes", options.connection_receive_buffer_bytes}});
+  }
   server->metrics_->WatchEngine(server->engine_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
 

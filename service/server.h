@@ -35,7 +35,14 @@ struct ServerOptions {
   int max_ping_strikes = 2;                   // ... past this many the connection is closed
   int max_connection_age_ms = 1'800'000;      // then GOAWAY, so clients re-resolve (0: never)
   int max_connection_age_grace_ms = 600'000;  // streams open at GOAWAY get this long to end
-  int intra_op_threads = 1;                   // LibTorch threads; 0 = one per core
+  // The kernel receive buffer (SO_RCVBUF) of each accepted connection; 0 leaves the kernel's
+  // autotuning (up to net.ipv4.tcp_rmem's maximum, 6 MiB by default). Bounded, a client that
+  // floods streams is held back by TCP flow control at the rate gRPC parses them, instead of
+  // megabytes of its frames being parsed in one go while other connections wait. The window it
+  // gives a connection (the kernel doubles the value) caps one connection's upload rate at about
+  // 2 x this / round-trip time.
+  int connection_receive_buffer_bytes = 65'536;
+  int intra_op_threads = 1;  // LibTorch threads; 0 = one per core
   // Where models run (model/device.h): auto (the first CUDA device, else the CPU), cpu, cuda,
   // cuda:N; config.json "serving" overrides per model. dtype: fp32, bf16 or fp16 on CUDA (the CPU
   // runs fp32).

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "model/status_macros.h"
+#include "service/api/before_handler.h"
 #include "service/api/generation_request.h"
 #include "service/api/grpc_status.h"
 #include "service/api/raw_request.h"
@@ -41,8 +42,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     // A stream reset before it got here (HTTP/2 "rapid reset") is not admitted: it would take a
     // place in the queue until its cancellation is seen.
     if (context_->IsCancelled()) {
-      Finish(ToGrpcStatus(
-          absl::CancelledError("Generate: the call was cancelled before its handler ran")));
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          std::string("Generate").append(kCancelledBeforeHandlerMessageEnd)));
       return;
     }
     absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);

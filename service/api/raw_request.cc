@@ -21,6 +21,7 @@
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/stubs/logging.h"
 #include "model/status_macros.h"
+#include "service/api/before_handler.h"
 #include "service/engine/client_text.h"
 
 // Exported by libgrpc for gRPC's own tests (declared in its sources, not in its installed headers):
@@ -291,7 +292,7 @@ absl::Status ParseRequest(std::string_view wire, google::protobuf::Message& mess
 absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Message& message) {
   if (!buffer.Valid()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(message.GetDescriptor()->name(), ": expected a request message, got none"));
+        std::string(message.GetDescriptor()->name()).append(kNoRequestMessageEnd));
   }
   {
     // Straight from gRPC's slices, as its generated handlers parse: a large request arrives in

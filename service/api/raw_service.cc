@@ -25,11 +25,6 @@ RawService::RawService(const std::string& service_full_name, int64_t max_request
   }
 }
 
-grpc::Status RawService::CancelledBeforeItRan(const char* path) {
-  return ToGrpcStatus(
-      absl::CancelledError(absl::StrCat(path, ": the call was cancelled before its handler ran")));
-}
-
 grpc::Status RawService::PoolFull(const char* path) {
   return ToGrpcStatus(absl::ResourceExhaustedError(
       absl::StrCat(path, ": ", kMaxHandlerThreads, " calls are running and ",

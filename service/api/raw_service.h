@@ -31,6 +31,7 @@
 #include <string>
 
 #include "google/protobuf/descriptor.h"
+#include "service/api/before_handler.h"
 #include "service/api/grpc_status.h"
 #include "service/api/handler_pool.h"
 #include "service/api/raw_request.h"
@@ -64,32 +65,40 @@ class RawService : public grpc::Service {
     Self* self = static_cast<Self*>(this);
     HandlerPool* pool = &handlers_;
     const int64_t max_request_bytes = max_request_bytes_;
+    // The answers of calls that end before their handler (before_handler.h), made once: a flood
+    // of reset streams gets them by the ten thousand a second.
+    const grpc::Status no_request(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        std::string(Request::descriptor()->name()).append(kNoRequestMessageEnd));
+    const grpc::Status cancelled(grpc::StatusCode::CANCELLED,
+                                 std::string(path).append(kCancelledBeforeHandlerMessageEnd));
     AddMethod(new grpc::internal::RpcServiceMethod(path, grpc::internal::RpcMethod::NORMAL_RPC,
                                                    /*handler=*/nullptr));
     MarkMethodRawCallback(
         methods_added_,
         new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler, pool, max_request_bytes, path](grpc::CallbackServerContext* context,
-                                                           const grpc::ByteBuffer* raw,
-                                                           grpc::ByteBuffer* out) {
+            [self, handler, pool, max_request_bytes, path, no_request, cancelled](
+                grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+                grpc::ByteBuffer* out) {
               grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
               // A call reset before its handler starts costs no task and no thread: a client that
               // opens and resets streams as fast as it can (HTTP/2 "rapid reset") would otherwise
               // start a thread per stream. gRPC hands such a call over without its request (the
               // reset cut it), mostly before it reports the cancellation.
+              // It is mostly handed over as a call without a request message, since the reset
+              // cut it, and only then reported cancelled.
               if (context->IsCancelled()) {
-                reactor->Finish(CancelledBeforeItRan(path));
+                reactor->Finish(cancelled);
                 return reactor;
               }
               if (!raw->Valid()) {
-                Request none;  // INVALID_ARGUMENT: no request message
-                reactor->Finish(ToGrpcStatus(ParseRequest(*raw, none)));
+                reactor->Finish(no_request);
                 return reactor;
               }
               // The request and response buffers live until Finish; Finish is the task's last act.
               const bool scheduled = pool->Schedule([self, handler, context, raw, out, reactor,
-                                                     max_request_bytes, path] {
-                reactor->Finish(context->IsCancelled() ? CancelledBeforeItRan(path)
+                                                     max_request_bytes, cancelled] {
+                reactor->Finish(context->IsCancelled() ? cancelled
                                                        : ServeUnary(self, handler, context, *raw,
                                                                     max_request_bytes, out));
               });
@@ -139,9 +148,7 @@ class RawService : public grpc::Service {
     return SerializeResponse(response, out);
   }
 
-  // The answers of a call reset before its handler ran (the client gets none), and of one that
-  // finds the handler pool's queue full.
-  static grpc::Status CancelledBeforeItRan(const char* path);
+  // The answer of a call that finds the handler pool's queue full.
   static grpc::Status PoolFull(const char* path);
 
   // "/<service>/<method>" for gRPC, after checking that the proto method takes `request`, returns

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,11 +24,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "model/device_memory.h"
 #include "proto/grpc_code_name.h"
+#include "service/api/before_handler.h"
 #include "service/engine/engine.h"
 #include "service/observability/logging.h"
 #include "service/observability/metrics_http.h"
@@ -296,11 +302,74 @@ struct Metrics::Impl {
   absl::Mutex http_mu;
   std::unique_ptr<MetricsHttpServer> http ABSL_GUARDED_BY(http_mu);
 
+  // The request series of one rpc label, created on first use so that every call after the first
+  // skips the families' label hashing and maps (a flood of reset streams is thousands a second).
+  struct RpcSeries {
+    std::string label;
+    Histogram* duration = nullptr;
+    std::array<std::atomic<Counter*>, 17> by_code{};  // gRPC codes 0..16
+  };
+  absl::Mutex rpc_mu;
+  std::map<std::string, RpcSeries, std::less<>> rpc_series ABSL_GUARDED_BY(rpc_mu);
+  // Method path -> its series, for the registered methods only (the label of any other path is
+  // "other"), so the map stays as small as the services.
+  std::map<std::string, RpcSeries*, std::less<>> method_series ABSL_GUARDED_BY(rpc_mu);
+
   Impl() {
     for (const char* reason : kRejectionReasons) rejections.Add({{"reason", reason}});
   }
 
   void Reject(const char* reason) { rejections.Add({{"reason", reason}}).Increment(); }
+
+  // std::map never moves its values, so the pointers stay valid without the lock.
+  RpcSeries* Rpc(std::string_view label) ABSL_LOCKS_EXCLUDED(rpc_mu) {
+    absl::MutexLock lock(&rpc_mu);
+    return RpcLocked(label);
+  }
+
+  RpcSeries* RpcLocked(std::string_view label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu) {
+    if (auto it = rpc_series.find(label); it != rpc_series.end()) return &it->second;
+    const std::string name(label);
+    RpcSeries& s = rpc_series[name];
+    s.label = name;
+    s.duration = &request_duration.Add({{"rpc", name}}, kRequestBuckets);
+    return &s;
+  }
+
+  // The series of the call to `method` (its path, as gRPC gives it).
+  RpcSeries* ForMethod(const char* method) ABSL_LOCKS_EXCLUDED(rpc_mu) {
+    const absl::string_view path = method != nullptr ? method : "";
+    {
+      absl::ReaderMutexLock lock(&rpc_mu);
+      if (auto it = method_series.find(path); it != method_series.end()) return it->second;
+    }
+    const std::string label = RpcLabel(method);
+    absl::MutexLock lock(&rpc_mu);
+    RpcSeries* series = RpcLocked(label);
+    if (label != "other") method_series.emplace(std::string(path), series);
+    return series;
+  }
+
+  // Created at its first call with that code, so only the codes that happened are exported.
+  Counter& Requests(RpcSeries& series, grpc::StatusCode code) {
+    const size_t i = static_cast<size_t>(code);
+    if (i >= series.by_code.size())
+      return requests.Add({{"rpc", series.label}, {"code", GrpcCodeName(code)}});
+    Counter* counter = series.by_code[i].load(std::memory_order_acquire);
+    if (counter == nullptr) {
+      counter = &requests.Add({{"rpc", series.label}, {"code", GrpcCodeName(code)}});
+      series.by_code[i].store(counter, std::memory_order_release);  // the same one if raced
+    }
+    return *counter;
+  }
+
+  void ObserveRpc(RpcSeries& series, grpc::StatusCode code, absl::Duration elapsed) {
+    Requests(series, code).Increment();
+    series.duration->Observe(absl::ToDoubleSeconds(elapsed));
+    // Only the authenticator answers UNAUTHENTICATED, so the code is the reason; the other reasons
+    // come from the components that refused (OnDropped, OnRefused, OnStoreFull), which know them.
+    if (code == grpc::StatusCode::UNAUTHENTICATED) Reject("unauthenticated");
+  }
 
   // std::map never moves its values, so the references stay valid without the lock.
   ClassifySeries& Classify(std::string_view model) ABSL_LOCKS_EXCLUDED(mu) {
@@ -371,13 +440,7 @@ void Metrics::RegisterModel(const std::string& name, const std::string& version,
 void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine); }
 
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
-  const std::string rpc_label(rpc);
-  impl_->requests.Add({{"rpc", rpc_label}, {"code", GrpcCodeName(code)}}).Increment();
-  impl_->request_duration.Add({{"rpc", rpc_label}}, kRequestBuckets)
-      .Observe(absl::ToDoubleSeconds(elapsed));
-  // Only the authenticator answers UNAUTHENTICATED, so the code is the reason; the other reasons
-  // come from the components that refused (OnDropped, OnRefused, OnStoreFull), which know them.
-  if (code == grpc::StatusCode::UNAUTHENTICATED) impl_->Reject("unauthenticated");
+  impl_->ObserveRpc(*impl_->Rpc(rpc), code, elapsed);
 }
 
 void Metrics::OnDropped(std::string_view, BatchDropReason reason, int64_t) {
@@ -426,15 +489,78 @@ std::string Metrics::Render() const {
   return out.str();
 }
 
-namespace {
+// Calls that end before their handler runs for want of a request (api/before_handler.h): a flood
+// of reset streams makes thousands a second, so instead of an access-log line each (formatted and
+// written under the log's lock on gRPC's few callback threads, which every other call waits for)
+// they are counted here and written as one line per interval, naming the first peers.
+class Metrics::EndedBeforeHandlerLog {
+ public:
+  static constexpr int kMaxPeers = 4;
+
+  explicit EndedBeforeHandlerLog(absl::Duration interval) : interval_(interval) {
+    thread_ = std::thread([this] {
+      while (!stop_.WaitForNotificationWithTimeout(interval_)) Flush();
+      Flush();
+    });
+  }
+  ~EndedBeforeHandlerLog() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+  void Add(const char* reason, grpc::ServerContextBase* context) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool want_peer;
+    {
+      absl::MutexLock lock(&mu_);
+      ++(std::string_view(reason) == "cancelled" ? cancelled_ : no_request_);
+      want_peer = static_cast<int>(peers_.size()) < kMaxPeers && context != nullptr;
+    }
+    if (!want_peer) return;
+    std::string peer = context->peer();  // outside the lock: it allocates
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(peers_.size()) < kMaxPeers &&
+        std::find(peers_.begin(), peers_.end(), peer) == peers_.end()) {
+      peers_.push_back(std::move(peer));
+    }
+  }
+
+ private:
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_) {
+    int64_t no_request, cancelled;
+    std::vector<std::string> peers;
+    {
+      absl::MutexLock lock(&mu_);
+      no_request = std::exchange(no_request_, 0);
+      cancelled = std::exchange(cancelled_, 0);
+      peers.swap(peers_);
+    }
+    if (no_request + cancelled == 0) return;
+    Log(LogLevel::kWarning, "calls ended before their handler ran",
+        {{"calls", no_request + cancelled},
+         {"no_request", no_request},
+         {"cancelled", cancelled},
+         {"interval_ms", absl::ToInt64Milliseconds(interval_)},
+         {"peers", absl::StrJoin(peers, ",")}});
+  }
+
+  const absl::Duration interval_;
+  absl::Mutex mu_;
+  int64_t no_request_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);  // the first kMaxPeers seen
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 // Per call: created when the call starts, destroyed when it ends.
-class RpcInterceptor final : public grpc::experimental::Interceptor {
+class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
  public:
-  RpcInterceptor(Metrics* metrics, grpc::experimental::ServerRpcInfo* info, bool log_requests)
+  RpcInterceptor(Impl* metrics, grpc::experimental::ServerRpcInfo* info,
+                 EndedBeforeHandlerLog* ended_log, bool log_requests)
       : metrics_(metrics),
-        rpc_(RpcLabel(info->method())),
+        series_(metrics->ForMethod(info->method())),
         context_(info->server_context()),
+        ended_log_(ended_log),
         log_requests_(log_requests),
         start_(absl::Now()) {}
 
@@ -456,8 +582,15 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
       const absl::Duration elapsed = absl::Now() - start_;
-      metrics_->ObserveRpc(rpc_, status.error_code(), elapsed);
-      if (log_requests_) LogCall(status, elapsed);
+      metrics_->ObserveRpc(*series_, status.error_code(), elapsed);
+      if (log_requests_) {
+        const char* ended = EndedBeforeHandlerReason(status.error_code(), status.error_message());
+        if (ended != nullptr) {
+          ended_log_->Add(ended, context_);
+        } else {
+          LogCall(status, elapsed);
+        }
+      }
     }
     methods->Proceed();
   }
@@ -481,14 +614,14 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
     if (status.ok()) {
       Log(level, "rpc",
           {{"request_id", RequestId()},
-           {"rpc", rpc_},
+           {"rpc", series_->label},
            {"code", GrpcCodeName(code)},
            {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
            {"peer", peer}});
     } else {
       Log(level, "rpc",
           {{"request_id", RequestId()},
-           {"rpc", rpc_},
+           {"rpc", series_->label},
            {"code", GrpcCodeName(code)},
            {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
            {"peer", peer},
@@ -496,33 +629,36 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
     }
   }
 
-  Metrics* const metrics_;
-  const std::string rpc_;
+  Impl* const metrics_;
+  Impl::RpcSeries* const series_;
   grpc::ServerContextBase* const context_;
+  EndedBeforeHandlerLog* const ended_log_;
   const bool log_requests_;
   const absl::Time start_;
   std::string request_id_;
 };
 
-class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+class Metrics::RpcInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  RpcInterceptorFactory(Metrics* metrics, bool log_requests)
-      : metrics_(metrics), log_requests_(log_requests) {}
+  RpcInterceptorFactory(Impl* metrics, bool log_requests)
+      : metrics_(metrics), log_requests_(log_requests) {
+    if (log_requests_) ended_log_ = std::make_unique<EndedBeforeHandlerLog>(absl::Seconds(1));
+  }
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new RpcInterceptor(metrics_, info, log_requests_);
+    return new RpcInterceptor(metrics_, info, ended_log_.get(), log_requests_);
   }
 
  private:
-  Metrics* const metrics_;
+  Impl* const metrics_;
   const bool log_requests_;
+  std::unique_ptr<EndedBeforeHandlerLog> ended_log_;
 };
-
-}  // namespace
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::InterceptorFactory(
     bool log_requests) {
-  return std::make_unique<RpcInterceptorFactory>(this, log_requests);
+  return std::make_unique<RpcInterceptorFactory>(impl_.get(), log_requests);
 }
 
 }  // namespace tost::service

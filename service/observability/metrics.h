@@ -66,7 +66,9 @@ class Metrics final : public BatchObserver, public GenerationObserver, public Se
 
   // Counts every RPC (tost_requests_total, tost_request_duration_seconds, tost_rejections_total),
   // tags it with a request id (the client's x-request-id if valid, else a new one, echoed in the
-  // response's initial metadata) and writes the access log line.
+  // response's initial metadata) and writes the access log line. Calls that end before their
+  // handler for want of a request (api/before_handler.h: reset streams, calls without a message)
+  // get no line each: one line a second at most counts them and names their first peers.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory(
       bool log_requests);
 
@@ -88,6 +90,9 @@ class Metrics final : public BatchObserver, public GenerationObserver, public Se
 
  private:
   struct Impl;
+  class EndedBeforeHandlerLog;
+  class RpcInterceptor;
+  class RpcInterceptorFactory;
   std::unique_ptr<Impl> impl_;
 };
 

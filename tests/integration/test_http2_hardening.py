@@ -234,17 +234,23 @@ def _bystander(address, pb2, pb2_grpc, stop, latencies, errors):
 # The flood: 8 connections for 4 s or 60,000 streams (45,000-60,000 from this Python flooder on two
 # cores).
 # Before the fix the server started a handler thread for nearly every reset stream (765 threads,
-# kept), grew by ~450 MiB and kept it. Now reset streams cost no thread and the freed heap goes
-# back to the system within --heap_trim_interval_ms (5 s), but during the flood gRPC 1.51 still
-# holds a call for every stream it accepted and has not yet finished (it has no bound on those, nor
-# on resets per connection): ~190-400 MiB at the peak here, and a bystander's call waits in the
-# same queues (0.1-2 s here, 4 ms without the flood; its handler itself takes a few ms).
+# kept), grew by ~450 MiB and kept it. Now reset streams cost no thread, no access-log line each
+# and no label lookups, each connection's kernel receive buffer is bounded
+# (--connection_receive_buffer_bytes, 64 KiB) so TCP holds a flooder back, and the freed heap goes
+# back to the system within --heap_trim_interval_ms (5 s). During the flood gRPC 1.51 still holds
+# a call for every stream it accepted and has not yet finished (it has no bound on those, nor on
+# resets per connection): +160-340 MiB at the peak here (+210-480 MiB with an autotuned buffer and
+# a line logged per reset call). A bystander's median call takes 5-13 ms (4 ms without the flood);
+# its slowest 0.3-1.1 s (0.7-3.1 s before): such a call waits in gRPC core's transport and callback
+# queues before it reaches the service (its duration in the access log stays a few ms). Bounds, for
+# a loaded CI machine: latency over twice what was measured, growth about 1.5 times.
 FLOOD_SECONDS = 4
 FLOOD_CONNECTIONS = 8
-MAX_FLOOD_GROWTH_MIB = 600
+MAX_FLOOD_GROWTH_MIB = 500
 MAX_RESIDUAL_GROWTH_MIB = 80
 MAX_THREADS_AFTER = 64
-MAX_BYSTANDER_SECONDS = 5.0
+MAX_BYSTANDER_SECONDS = 2.5
+MAX_BYSTANDER_MEDIAN_SECONDS = 0.05
 
 
 def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_modules):
@@ -285,10 +291,15 @@ def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_mo
         def slowest(method):
             return max((t for m, t in latencies if m == method), default=0.0)
 
+        times = sorted(t for _, t in latencies)
+        p50 = times[len(times) // 2] if times else 0.0
+        p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else 0.0
+
         threads = proc_status(pid)["Threads"]
         print(f"flood: {result}; RSS {before:.0f} MiB before, {result['peak_rss_mib']:.0f} peak, "
               f"{after:.0f} after, {threads} threads; bystander calls {len(latencies)}, slowest "
-              f"{slowest('Classify'):.3f} s (Classify), {slowest('ListModels'):.3f} s (ListModels); "
+              f"{slowest('Classify'):.3f} s (Classify), {slowest('ListModels'):.3f} s (ListModels), "
+              f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms; "
               f"without the flood {quiet:.3f} s for both")
         assert not errors, errors[0]
         assert result["streams"] >= 20000, result  # the flood did happen
@@ -296,9 +307,21 @@ def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_mo
         assert after - before < MAX_RESIDUAL_GROWTH_MIB, (before, after)
         assert threads <= MAX_THREADS_AFTER, threads
         assert latencies and max(t for _, t in latencies) < MAX_BYSTANDER_SECONDS, latencies
+        assert p50 < MAX_BYSTANDER_MEDIAN_SECONDS, latencies
         assert srv.proc.poll() is None
     finally:
         assert srv.stop() == 0
+    # The reset calls get no access-log line each, only a count at most once a second.
+    with open(srv.log.name, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    per_call = [l for l in lines if " rpc " in l and "expected a request message" in l]
+    summaries = [l for l in lines if "calls ended before their handler ran" in l]
+    summarised = sum(int(l.split(" calls=")[1].split()[0]) for l in summaries)
+    print(f"log: {len(lines)} lines, {len(summaries)} summaries of {summarised} calls ended before "
+          f"their handler")
+    assert not per_call, per_call[:3]
+    assert summaries and 0 < summarised <= result["streams"], (summarised, result)
+    assert len(summaries) <= FLOOD_SECONDS + 15, summaries
 
 
 # --- Compressed messages ---------------------------------------------------------------------

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "service/api/before_handler.h"
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "service/observability/metrics_http.h"
@@ -163,6 +164,25 @@ TEST(MetricsTest, RpcOutcomesCountByCodeAndRejectionsByTheReasonTheirSourceGives
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"draining\"}"), 2);
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"sessions_full\"}"), 1);
   EXPECT_EQ(Value(text, "tost_rejections_total{reason=\"unauthenticated\"}"), 1);
+}
+
+TEST(MetricsTest, CallsEndedBeforeTheirHandlerAreRecognisedByTheirAnswerOnly) {
+  using grpc::StatusCode;
+  EXPECT_STREQ(EndedBeforeHandlerReason(StatusCode::INVALID_ARGUMENT,
+                                        "ClassifyRequest: expected a request message, got none"),
+               "no_request");
+  EXPECT_STREQ(EndedBeforeHandlerReason(
+                   StatusCode::CANCELLED,
+                   "/tost.v1.Tost/Classify: the call was cancelled before its handler ran"),
+               "cancelled");
+  // Any other answer, or the same words under another code, keeps its access-log line.
+  EXPECT_EQ(EndedBeforeHandlerReason(StatusCode::INVALID_ARGUMENT, "ClassifyRequest: field x"),
+            nullptr);
+  EXPECT_EQ(EndedBeforeHandlerReason(StatusCode::CANCELLED, "the client cancelled"), nullptr);
+  EXPECT_EQ(EndedBeforeHandlerReason(StatusCode::INTERNAL,
+                                     "ClassifyRequest: expected a request message, got none"),
+            nullptr);
+  EXPECT_EQ(EndedBeforeHandlerReason(StatusCode::INVALID_ARGUMENT, ""), nullptr);
 }
 
 TEST(MetricsTest, OptionsRejectPortsOutOfRange) {
