@@ -921,7 +921,8 @@ MUTATIONS = [
     ("COPY of a missing file", "images", "deploy/docker/Dockerfile",
      "COPY models /models", "COPY modelz /models", "COPY source modelz exists"),
     ("install-deps.sh input not copied first", "images", "deploy/docker/Dockerfile.cuda",
-     "COPY requirements.txt requirements-deploy.txt ./", "COPY requirements.txt ./",
+     "COPY requirements.txt requirements-test.txt requirements-deploy.txt ./",
+     "COPY requirements.txt requirements-test.txt ./",
      "requirements-deploy.txt is copied before install-deps.sh"),
     ("lint error", "static", "deploy/k8s/base/pdb.yaml", "maxUnavailable: 1", "maxUnavailable: 1   ", "yamllint"),
 ]
