@@ -1,8 +1,5 @@
-// tost_cli: calls a running tost_server.
-//   tost_cli models   [--server=HOST:PORT]
-//   tost_cli classify --model=NAME [--input=IMAGE.npy] [--top_k=5]
-//   tost_cli generate --model=NAME --prompt=TEXT [--max_new_tokens=64] [--temperature=0] [--top_k]
-//   [--top_p] [--seed] [--resume [--state_every_tokens=16] [--max_retries=5]]
+// tost_cli: calls a running tost_server. `tost_cli --help` lists the commands (models, classify,
+// generate), each one's flags with their defaults, and the exit statuses (client/cli_args.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,12 +13,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cli_args.h"
 #include "client/membership_png.h"
 #include "client/npy.h"
 #include "model/file_util.h"
@@ -29,53 +27,155 @@
 #include "service/api/image_decode.h"
 #include "tost/v1/tost.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:8500", "Address of tost_server");
-ABSL_FLAG(std::string, model, "", "Model name (see `tost_cli models`)");
+// One-line meanings: `tost_cli COMMAND --help` prints them (client/cli_args.cc); what needs more
+// words is in the command's details below.
+ABSL_FLAG(std::string, server, "127.0.0.1:8500", "the tost_server to call");
+ABSL_FLAG(std::string, model, "", "model name, required (tost_cli models lists them)");
 ABSL_FLAG(std::string, input, "",
-          "classify: .npy float32 image [C,H,W] or batch [B,C,H,W], preprocessed; "
-          "empty = a synthetic random image of the model's shape");
+          ".npy float32 image [C,H,W] or batch [B,C,H,W], preprocessed; none = a synthetic "
+          "random image of the model's shape");
 ABSL_FLAG(std::string, image, "",
-          "classify: a PNG or JPEG file, sent encoded (the server decodes and preprocesses it)");
+          "a PNG or JPEG file, sent encoded (the server decodes and preprocesses it)");
 ABSL_FLAG(std::string, membership_png, "",
-          "classify: also fetch the TSSA membership maps and write PREFIX_image<i>_layer<l>.png "
-          "heatmaps over the image");
+          "also fetch the membership maps and write PREFIX_image<i>_layer<l>.png heatmaps");
 ABSL_FLAG(int, top_k, 5, "classify: labels per image; generate: sampling top-k (0 = off)");
-ABSL_FLAG(std::string, prompt, "", "generate: prompt text");
+ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(std::vector<std::string>, prompt_tokens, {},
-          "generate: the prompt as comma-separated token ids instead of text (models without a "
-          "text tokenizer); the output is then printed as token ids too");
-ABSL_FLAG(int, max_new_tokens, 64, "generate: tokens to generate");
-ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0 = greedy)");
-ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass");
-ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
-ABSL_FLAG(int, timeout_s, 60,
-          "Deadline of each call in seconds (generate --resume: of the whole generation, every "
-          "continuation and wait included)");
+          "the prompt as comma-separated token ids instead of text; the output is ids too");
+ABSL_FLAG(int, max_new_tokens, 64, "most tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "sampling temperature (0 = greedy)");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling: the smallest set of tokens with this mass");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed (the same seed gives the same tokens)");
+ABSL_FLAG(int, timeout_s, 60, "deadline of each call in seconds");
 ABSL_FLAG(bool, resume, false,
-          "generate: survive a broken stream. Asks for a state snapshot every "
-          "--state_every_tokens tokens and, when the stream breaks (UNAVAILABLE, a reset stream, "
-          "a drained server's FINISH_REASON_DRAINED), continues from the last snapshot through "
-          "--server on whichever replica answers (any replica with the same model and "
-          "--session_key_file). Tokens are printed once a snapshot or the final message covers "
-          "them, so none is printed twice or lost");
+          "survive a broken stream: continue from the last state snapshot on any replica");
 ABSL_FLAG(int, state_every_tokens, 16,
-          "generate --resume: snapshot interval; at most this many tokens are generated again "
-          "after a break");
-ABSL_FLAG(int, max_retries, 5,
-          "generate --resume: breaks in a row without a new snapshot before giving up");
+          "with --resume: snapshot interval; at most this many tokens are generated again");
+ABSL_FLAG(int, max_retries, 5, "with --resume: breaks in a row without a new snapshot, then fail");
 ABSL_FLAG(int, retry_backoff_ms, 100,
-          "generate --resume: wait before a continuation, doubled per break in a row (at most "
-          "2 s)");
+          "with --resume: wait before a continuation, doubled per break in a row (at most 2 s)");
 
 namespace {
 
 using tost::GrpcCodeName;
 using tost::v1::Tost;
 
-int Fail(const std::string& what, const grpc::Status& s) {
-  std::cerr << "tost_cli: " << what << " failed: " << s.error_code() << " " << s.error_message()
-            << "\n";
-  return 1;
+using tost::cli::kExitNotFound;
+using tost::cli::kExitOk;
+using tost::cli::kExitOther;
+using tost::cli::kExitUnavailable;
+using tost::cli::kExitUnreachable;
+using tost::cli::kExitUsage;
+
+// The server a command talks to, as its error messages name it.
+struct Target {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<Tost::Stub> stub;
+};
+
+void SetDeadline(grpc::ClientContext& ctx);
+
+// Why no connection came up, when that is why the call failed: gRPC reports a refused
+// connection and a name that does not resolve as UNAVAILABLE with the resolver's or the socket's
+// words, and a host that never answers as the deadline passing before the channel is ready.
+std::optional<std::string> Unreachable(const Target& target, const grpc::Status& s) {
+  const std::string text = absl::AsciiStrToLower(s.error_message());
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    if (absl::StrContains(text, "dns resolution failed") ||
+        absl::StrContains(text, "domain name not found") ||
+        absl::StrContains(text, "name or service not known") ||
+        absl::StrContains(text, "could not resolve")) {
+      return "the name does not resolve";
+    }
+    if (absl::StrContains(text, "connection refused")) return "connection refused";
+    if (absl::StrContains(text, "failed to connect")) {
+      // "failed to connect to all addresses; last error: UNKNOWN: ipv4:...: <why>": the why.
+      const size_t colon = text.rfind(": ");
+      return colon == std::string::npos ? text : text.substr(colon + 2);
+    }
+    return std::nullopt;
+  }
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      target.channel->GetState(false) != GRPC_CHANNEL_READY) {
+    return absl::StrCat("no connection within --timeout_s=", absl::GetFlag(FLAGS_timeout_s), " s");
+  }
+  return std::nullopt;
+}
+
+// The names the server lists, failed ones marked.
+std::string ServedNames(const tost::v1::ListModelsResponse& models) {
+  std::vector<std::string> names;
+  for (const auto& m : models.models()) {
+    names.push_back(m.ready() ? m.name() : absl::StrCat(m.name(), " (failed to load)"));
+  }
+  return names.empty() ? "none" : absl::StrJoin(names, ", ");
+}
+
+int ModelNotServed(const Target& target, const std::string& model,
+                   const tost::v1::ListModelsResponse& models) {
+  std::cerr << "tost_cli: model \"" << model << "\" is not served by " << target.address
+            << "; served: " << ServedNames(models) << " (tost_cli models)\n";
+  return kExitNotFound;
+}
+
+// Reports a failed call in one line on stderr and returns the exit status of its class
+// (client/cli_args.h). `model`: the model the request named, empty for none.
+int Fail(const Target& target, const std::string& rpc, const std::string& model,
+         const grpc::Status& s) {
+  const std::string code = tost::GrpcCodeName(s.error_code());
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      absl::StrContains(s.error_message(), "still loading")) {
+    std::cerr << "tost_cli: the server at " << target.address
+              << " is still loading its models; retry in a few seconds (it serves once "
+                 "grpc.health.v1 reports SERVING)\n";
+    return kExitUnavailable;
+  }
+  if (std::optional<std::string> why = Unreachable(target, s)) {
+    std::cerr << "tost_cli: cannot reach a tost_server at " << target.address << " (" << *why
+              << "): start one (make run) or pass --server=HOST:PORT\n";
+    return kExitUnreachable;
+  }
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND && !model.empty()) {
+    // The server's message names the models too; the list is asked for to print it the same
+    // way as everywhere else, and to tell an unknown model from another missing thing.
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    tost::v1::ListModelsResponse models;
+    const grpc::Status listed = target.stub->ListModels(&ctx, {}, &models);
+    bool served = false;
+    for (const auto& m : models.models()) served = served || m.name() == model;
+    if (listed.ok() && !served) return ModelNotServed(target, model, models);
+    if (!listed.ok()) {
+      std::cerr << "tost_cli: model \"" << model << "\" is not served by " << target.address << " ("
+                << rpc << " answered NOT_FOUND: " << s.error_message()
+                << "); see tost_cli models\n";
+      return kExitNotFound;
+    }
+    std::cerr << "tost_cli: " << rpc << " failed: NOT_FOUND: " << s.error_message() << "\n";
+    return kExitNotFound;
+  }
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::cerr << "tost_cli: the server at " << target.address << " is unavailable (" << rpc
+              << " answered UNAVAILABLE: " << s.error_message()
+              << "); it may be draining or restarting: retry, or pass another --server\n";
+    return kExitUnavailable;
+  }
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // Something answers HTTP/2 there, but not tost.v1: another service, or a proxy's 404.
+    std::cerr << "tost_cli: " << target.address << " answered " << rpc
+              << " with UNIMPLEMENTED: " << s.error_message()
+              << "; is it a tost_server? pass --server=HOST:PORT of one\n";
+    return kExitOther;
+  }
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "tost_cli: " << rpc
+              << " did not finish within --timeout_s=" << absl::GetFlag(FLAGS_timeout_s) << " s ("
+              << s.error_message() << "); pass a larger --timeout_s\n";
+    return kExitOther;
+  }
+  std::cerr << "tost_cli: " << rpc << " failed: " << code << ": " << s.error_message() << "\n";
+  return kExitOther;
 }
 
 void SetDeadline(grpc::ClientContext& ctx) {
@@ -83,12 +183,12 @@ void SetDeadline(grpc::ClientContext& ctx) {
                    std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s)));
 }
 
-int Models(Tost::Stub& stub) {
+int Models(const Target& target) {
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   tost::v1::ListModelsResponse resp;
-  grpc::Status s = stub.ListModels(&ctx, {}, &resp);
-  if (!s.ok()) return Fail("ListModels", s);
+  grpc::Status s = target.stub->ListModels(&ctx, {}, &resp);
+  if (!s.ok()) return Fail(target, "ListModels", "", s);
   for (const auto& m : resp.models()) {
     std::printf("%-20s %-12s %-6s %s%s\n", m.name().c_str(), m.architecture().c_str(),
                 m.ready() ? "ready" : "FAILED", m.trained() ? "trained" : "untrained",
@@ -97,7 +197,7 @@ int Models(Tost::Stub& stub) {
   return 0;
 }
 
-int Classify(Tost::Stub& stub) {
+int Classify(const Target& target) {
   tost::v1::ClassifyRequest req;
   req.set_model(absl::GetFlag(FLAGS_model));
   req.set_top_k(absl::GetFlag(FLAGS_top_k));
@@ -141,14 +241,25 @@ int Classify(Tost::Stub& stub) {
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     tost::v1::ListModelsResponse models;
-    grpc::Status s = stub.ListModels(&ctx, {}, &models);
-    if (!s.ok()) return Fail("ListModels", s);
-    std::vector<int64_t> shape;
+    grpc::Status s = target.stub->ListModels(&ctx, {}, &models);
+    if (!s.ok()) return Fail(target, "ListModels", req.model(), s);
+    const tost::v1::ModelStatus* info = nullptr;
     for (const auto& m : models.models()) {
-      if (m.name() == req.model()) shape.assign(m.input_shape().begin(), m.input_shape().end());
+      if (m.name() == req.model()) info = &m;
     }
-    if (shape.size() != 3)
-      return std::cerr << "tost_cli: model " << req.model() << " is not a served vision model\n", 1;
+    if (info == nullptr) return ModelNotServed(target, req.model(), models);
+    if (!info->ready()) {
+      std::cerr << "tost_cli: model \"" << req.model() << "\" failed to load on " << target.address
+                << ": " << info->error() << "\n";
+      return kExitOther;
+    }
+    const std::vector<int64_t> shape(info->input_shape().begin(), info->input_shape().end());
+    if (shape.size() != 3) {
+      std::cerr << "tost_cli: classify needs a vision model (input shape [C,H,W]); model \""
+                << req.model() << "\" is a " << info->architecture() << " model with input shape ["
+                << absl::StrJoin(shape, ",") << "] (tost_cli models)\n";
+      return kExitOther;
+    }
     std::mt19937 rng(0);
     std::normal_distribution<float> normal;
     std::vector<float> pixels(shape[0] * shape[1] * shape[2]);
@@ -161,8 +272,8 @@ int Classify(Tost::Stub& stub) {
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   tost::v1::ClassifyResponse resp;
-  grpc::Status s = stub.Classify(&ctx, req, &resp);
-  if (!s.ok()) return Fail("Classify", s);
+  grpc::Status s = target.stub->Classify(&ctx, req, &resp);
+  if (!s.ok()) return Fail(target, "Classify", req.model(), s);
   for (int i = 0; i < resp.results_size(); ++i) {
     std::printf("image %d:\n", i);
     for (const auto& l : resp.results(i).labels()) {
@@ -184,10 +295,23 @@ int Classify(Tost::Stub& stub) {
 }
 
 // Prints a generation as its tokens become final: token ids after the prompt's ids, or text.
+// The prompt goes out with the first of them: a call that fails before any answer leaves stdout
+// empty, and the one line on stderr says why.
 class Printer {
  public:
-  explicit Printer(bool ids) : ids_(ids) {}
+  Printer(bool ids, std::string prompt) : ids_(ids), prompt_(std::move(prompt)) {}
+  // Prints the prompt unless done already.
+  void Start() const {
+    if (started_) return;
+    started_ = true;
+    std::fwrite(prompt_.data(), 1, prompt_.size(), stdout);
+  }
+  // Ends a line begun, so the shell's prompt does not follow a failure's partial output.
+  void EndLine() const {
+    if (started_) std::fputs("\n", stdout);
+  }
   void Token(const tost::v1::GeneratedToken& t) const {
+    Start();
     if (ids_) {
       std::printf(" %d", t.id());
     } else {
@@ -196,12 +320,15 @@ class Printer {
     std::fflush(stdout);  // stream: each token appears as it becomes final
   }
   void Final(const tost::v1::GenerateFinal& f) const {
+    Start();
     if (!ids_) std::fputs(f.text().c_str(), stdout);
     std::fprintf(stdout, "\n");
   }
 
  private:
   bool ids_;
+  std::string prompt_;
+  mutable bool started_ = false;
 };
 
 // Breaks a continuation repairs: a draining or unreachable replica (UNAVAILABLE; a proxy without
@@ -238,8 +365,10 @@ struct ResumePoint {
 // after the last snapshot are dropped at a break and generated again by the continuation (greedy,
 // or seeded: draws are keyed by seed and position), so they are printed only once a snapshot or the
 // final message covers them. Before the first snapshot, the continuation is the request again.
+// `last_error`: the status of the last call that failed; `answered`: whether any call got a
+// message (when none did, the failure is reported as a plain call's would be).
 absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first,
-                               const Printer& printer) {
+                               const Printer& printer, grpc::Status* last_error, bool* answered) {
   const int every = absl::GetFlag(FLAGS_state_every_tokens);
   const int max_retries = absl::GetFlag(FLAGS_max_retries);
   if (every <= 0) {
@@ -297,6 +426,7 @@ absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first
       pending.clear();
     };
     while (reader->Read(&msg)) {
+      *answered = true;
       if (msg.has_token()) {
         const tost::v1::GeneratedToken& t = msg.token();
         if (expected.has_value() && t.position() != *expected) {
@@ -345,6 +475,7 @@ absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first
       }
     }
     const grpc::Status status = reader->Finish();
+    if (!status.ok()) *last_error = status;
     if (final.has_value()) {
       commit();
       printer.Final(*final);
@@ -395,20 +526,22 @@ absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first
   }
 }
 
-int Generate(Tost::Stub& stub) {
+int Generate(const Target& target) {
   tost::v1::GenerateRequest req;
   req.set_model(absl::GetFlag(FLAGS_model));
   const std::vector<std::string> prompt_ids = absl::GetFlag(FLAGS_prompt_tokens);
   const bool ids = !prompt_ids.empty();
   if (ids && !absl::GetFlag(FLAGS_prompt).empty()) {
-    std::cerr << "tost_cli: give --prompt or --prompt_tokens, not both\n";
-    return 2;
+    std::cerr << "tost_cli: give --prompt or --prompt_tokens, not both; see tost_cli generate "
+                 "--help\n";
+    return kExitUsage;
   }
   for (const std::string& id : prompt_ids) {
     int32_t value = 0;
     if (!absl::SimpleAtoi(id, &value)) {
-      std::cerr << "tost_cli: --prompt_tokens takes integers, got \"" << id << "\"\n";
-      return 2;
+      std::cerr << "tost_cli: --prompt_tokens takes comma-separated integers, got \"" << id
+                << "\"; see tost_cli generate --help\n";
+      return kExitUsage;
     }
     req.mutable_prompt_tokens()->add_ids(value);
   }
@@ -418,21 +551,29 @@ int Generate(Tost::Stub& stub) {
   req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
   req.mutable_sampling()->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   req.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
-  const Printer printer(ids);
-  std::fputs(ids ? absl::StrJoin(prompt_ids, " ").c_str() : req.prompt_bytes().c_str(), stdout);
-  std::fflush(stdout);
+  const Printer printer(ids, ids ? absl::StrJoin(prompt_ids, " ") : req.prompt_bytes());
   if (absl::GetFlag(FLAGS_resume)) {
-    const absl::Status s = GenerateResumable(stub, std::move(req), printer);
-    if (!s.ok()) {
-      std::fprintf(stdout, "\n");
-      std::cerr << "tost_cli: Generate --resume failed: " << s.message() << "\n";
-      return 1;
+    grpc::Status last_error;
+    bool answered = false;
+    const std::string model = req.model();
+    const absl::Status s =
+        GenerateResumable(*target.stub, std::move(req), printer, &last_error, &answered);
+    if (s.ok()) return kExitOk;
+    printer.EndLine();
+    // No replica ever answered: the same classes (unreachable, loading, unknown model) as a
+    // call without --resume.
+    if (!answered && !last_error.ok()) return Fail(target, "Generate", model, last_error);
+    std::cerr << "tost_cli: Generate --resume failed: " << s.message() << "\n";
+    if (s.code() == absl::StatusCode::kInvalidArgument && last_error.ok() && !answered) {
+      return kExitUsage;  // refused before any call: a flag's value
     }
-    return 0;
+    if (s.code() == absl::StatusCode::kUnavailable) return kExitUnavailable;
+    if (s.code() == absl::StatusCode::kNotFound) return kExitNotFound;
+    return kExitOther;
   }
   grpc::ClientContext ctx;
   SetDeadline(ctx);
-  auto reader = stub.Generate(&ctx, req);
+  auto reader = target.stub->Generate(&ctx, req);
   tost::v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
     if (msg.has_token()) {
@@ -445,30 +586,90 @@ int Generate(Tost::Stub& stub) {
     }
   }
   grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail("Generate", s);
-  return 0;
+  if (!s.ok()) {
+    printer.EndLine();
+    return Fail(target, "Generate", req.model(), s);
+  }
+  return kExitOk;
+}
+
+// The commands and the flags each takes, in the order --help lists them.
+std::vector<tost::cli::CommandSpec> Commands() {
+  using tost::cli::FlagUse;
+  const FlagUse server{"server", "HOST:PORT"};
+  const FlagUse timeout{"timeout_s", "SECONDS"};
+  const FlagUse model{"model", "NAME"};
+  return {
+      {"models",
+       "[--server=HOST:PORT]",
+       "lists the served models: name, architecture, ready or FAILED (with why), trained or not",
+       {server, timeout}},
+      {"classify",
+       "--model=NAME [--image=FILE | --input=FILE.npy] [--top_k=K] [--membership_png=PREFIX]",
+       "classifies images with a vision model and prints the top labels of each",
+       {server,
+        timeout,
+        model,
+        {"image", "FILE"},
+        {"input", "FILE.npy"},
+        {"top_k", "K", "labels printed per image"},
+        {"membership_png", "PREFIX"}},
+       "Without --image or --input it classifies a synthetic random image of the model's shape."},
+      {"generate",
+       "--model=NAME (--prompt=TEXT | --prompt_tokens=ID,...) [flags]",
+       "generates a continuation of the prompt with a language model, printed as it streams",
+       {server,
+        {"timeout_s", "SECONDS", "deadline of the call in seconds (with --resume: of it all)"},
+        model,
+        {"prompt", "TEXT"},
+        {"prompt_tokens", "ID,ID,..."},
+        {"max_new_tokens", "N"},
+        {"temperature", "T"},
+        {"top_k", "K", "sampling: only the K likeliest tokens (0 = off; no effect when greedy)"},
+        {"top_p", "P"},
+        {"seed", "N"},
+        {"resume", "true|false"},
+        {"state_every_tokens", "N"},
+        {"max_retries", "N"},
+        {"retry_backoff_ms", "MS"}},
+       "With --resume the call asks for a state snapshot every --state_every_tokens tokens; when "
+       "the stream breaks\n(UNAVAILABLE, a reset stream, a draining server's "
+       "FINISH_REASON_DRAINED) it continues from the last snapshot\nthrough --server on "
+       "whichever replica answers (any replica with the same model and --session_key_file).\n"
+       "Tokens are printed once a snapshot or the final message covers them: none twice, none "
+       "lost. Each break is\nreported on stderr."},
+  };
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tost_cli models|classify|generate [flags]; see --helpfull");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() != 2) {
-    std::cerr
-        << "usage: tost_cli models|classify|generate [--server=HOST:PORT] [--model=NAME] ...\n";
-    return 2;
+  const std::vector<tost::cli::CommandSpec> commands = Commands();
+  const absl::StatusOr<tost::cli::ParsedArgs> parsed = tost::cli::ParseArgs(commands, argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "tost_cli: " << parsed.status().message() << "\n";
+    return kExitUsage;
   }
-  const std::string command = rest[1];
+  if (parsed->help) {
+    std::fputs(parsed->command != nullptr ? tost::cli::CommandHelp(*parsed->command).c_str()
+                                          : tost::cli::OverviewHelp(commands).c_str(),
+               stdout);
+    return kExitOk;
+  }
+  const std::string command = parsed->command->name;
+  if (command != "models" && absl::GetFlag(FLAGS_model).empty()) {
+    std::cerr << "tost_cli: " << command
+              << " needs --model=NAME, got none; tost_cli models lists the served ones\n";
+    return kExitUsage;
+  }
+  Target target;
+  target.address = absl::GetFlag(FLAGS_server);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
-                                           grpc::InsecureChannelCredentials(), args);
-  auto stub = Tost::NewStub(channel);
-  if (command == "models") return Models(*stub);
-  if (command == "classify") return Classify(*stub);
-  if (command == "generate") return Generate(*stub);
-  std::cerr << "tost_cli: unknown command \"" << command
-            << "\"; expected models, classify or generate\n";
-  return 2;
+  target.channel =
+      grpc::CreateCustomChannel(target.address, grpc::InsecureChannelCredentials(), args);
+  target.stub = Tost::NewStub(target.channel);
+  if (command == "models") return Models(target);
+  if (command == "classify") return Classify(target);
+  return Generate(target);
 }

@@ -178,7 +178,8 @@ def test_cli_classify_and_generate(server, tmp_path):
     assert b"[finish: FINISH_REASON_" in out.stderr
     out = subprocess.run([cli, "classify", f"--server={server.address}", "--model=missing"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "not a served vision model" in out.stderr
+    # An unknown model: exit status 4, one line naming the served ones (test_cli_usage.py has more).
+    assert out.returncode == 4 and f'model "missing" is not served by {server.address}' in out.stderr, out.stderr
 
 
 def test_broken_model_is_reported_while_others_serve(tmp_path, proto_modules):
