@@ -17,7 +17,6 @@ import hmac
 import io
 import json
 import pathlib
-import shutil
 import struct
 import subprocess
 import sys

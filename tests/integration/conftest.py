@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 
 import grpc
 import pytest

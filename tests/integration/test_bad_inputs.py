@@ -516,7 +516,9 @@ def ctx(keyed_channel, proto_modules):
 
 def call(channel, rpc, request: bytes, metadata):
     path, streaming = METHODS[rpc]
-    identity = lambda b: b  # noqa: E731: the request is already bytes, the answer stays bytes
+    def identity(b):  # the request is already bytes, the answer stays bytes
+        return b
+
     if streaming:
         method = channel.unary_stream(path, request_serializer=identity, response_deserializer=identity)
         return list(method(request, metadata=metadata, timeout=30))

@@ -27,7 +27,7 @@ import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
-from failover_proxy import Cluster, Replica, wait_serving
+from failover_proxy import Cluster
 
 # The client library generates its stubs on first import into this cache (not the user's home).
 os.environ.setdefault("TOST_CLIENT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tost_client_tests"))

@@ -12,7 +12,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse

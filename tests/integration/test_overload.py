@@ -185,7 +185,9 @@ def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_m
             assert len(refused) >= len(outcomes) / 2, codes
 
             # Refused requests did no work: the counters moved by the accepted requests alone.
-            delta = lambda name, **labels: sample(m1, name, **labels) - sample(m0, name, **labels)
+            def delta(name, **labels):
+                return sample(m1, name, **labels) - sample(m0, name, **labels)
+
             assert delta("tost_rejections_total", reason="queue_full") == len(refused)
             assert delta("tost_requests_total", rpc=rpc, code="RESOURCE_EXHAUSTED") == len(refused)
             assert delta("tost_requests_total", rpc=rpc, code="OK") == len(accepted)

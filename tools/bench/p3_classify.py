@@ -128,7 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     cpus = benchlib.other_cpus(args.loadgen_cpu)
     model_dir = os.path.abspath(args.model_dir)
-    repo, model_name = os.path.dirname(model_dir), os.path.basename(model_dir)
+    model_name = os.path.basename(model_dir)
     result = {"target": "P3", "machine": benchlib.machine(), "model": model_name,
               "loadgen_cpu": args.loadgen_cpu, "server_cpus": cpus, "batch_size": args.batch_size,
               "quick": args.quick}
