@@ -27,7 +27,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 all_targets=(npy image_decode safetensors config session_codec bpe_tokenizer gpt2_tokenizer
-             request_input)
+             request_input inflate)
 
 out=build-fuzz
 max_time=30
@@ -86,7 +86,7 @@ fi
 rm -f "$out/.toolchain-check" "$out/.toolchain-check.log"
 
 pc_modules=(absl_status absl_statusor absl_strings absl_str_format absl_flat_hash_map absl_hash
-            absl_time absl_synchronization protobuf libpng libturbojpeg libpcre2-8 libcrypto)
+            absl_time absl_synchronization protobuf libpng libturbojpeg libpcre2-8 libcrypto zlib)
 pc_cflags="$(pkg-config --cflags "${pc_modules[@]}")"
 pc_libs="$(pkg-config --libs "${pc_modules[@]}")"
 
@@ -105,6 +105,7 @@ declare -A deps=(
   [session_codec]="service/engine/session_codec.cc model/sampler.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc gen/tost/v1/session_state.pb.cc"
   [bpe_tokenizer]="model/bpe_tokenizer.cc model/utf8.cc"
   [gpt2_tokenizer]="model/gpt2_tokenizer.cc model/utf8.cc"
+  [inflate]="service/api/inflate.cc"
   [request_input]="service/api/request_input.cc service/api/image_decode.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
 )
 protos=(tost/v1/session_state tost/v1/tost kserve/v2/grpc_service)

@@ -13,15 +13,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include <zlib.h>
-
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/stubs/logging.h"
 #include "model/status_macros.h"
 #include "service/api/before_handler.h"
+#include "service/api/inflate.h"
 #include "service/engine/client_text.h"
 
 // Exported by libgrpc for gRPC's own tests (declared in its sources, not in its installed headers):
@@ -318,9 +316,7 @@ absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Mess
 absl::StatusOr<std::string> InflateRequest(const grpc::ByteBuffer& buffer,
                                            grpc_compression_algorithm algorithm, int64_t max_bytes,
                                            const Descriptor& type) {
-  const char* name = nullptr;
-  if ((algorithm != GRPC_COMPRESS_DEFLATE && algorithm != GRPC_COMPRESS_GZIP) ||
-      grpc_compression_algorithm_name(algorithm, &name) == 0) {
+  if (algorithm != GRPC_COMPRESS_DEFLATE && algorithm != GRPC_COMPRESS_GZIP) {
     return absl::InternalError(absl::StrCat(
         type.name(), ": no inflation for compression algorithm ", static_cast<int>(algorithm)));
   }
@@ -331,69 +327,14 @@ absl::StatusOr<std::string> InflateRequest(const grpc::ByteBuffer& buffer,
           type.name(), ": could not read the request's bytes: ", dumped.error_message()));
     }
   }
-  size_t compressed = 0;
-  for (const grpc::Slice& slice : slices) compressed += slice.size();
-  // At most INT_MAX (gRPC's own message limit is an int), so every size below fits zlib's uInt.
-  const size_t limit = static_cast<size_t>(std::clamp<int64_t>(max_bytes, 0, INT_MAX));
-
-  z_stream zs{};
-  // gzip: deflate data in a gzip header and trailer; gRPC's "deflate" is zlib's format (a zlib
-  // header and checksum around it), as gRPC's own compressor writes it.
-  if (inflateInit2(&zs, algorithm == GRPC_COMPRESS_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) {
-    return absl::InternalError(absl::StrCat(type.name(), ": zlib could not start inflating"));
+  std::vector<std::string_view> chunks;
+  chunks.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) {
+    chunks.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
   }
-  absl::Cleanup end_inflate = [&zs] { inflateEnd(&zs); };
-  // The output grows by doubling and never past limit + 1 bytes: one byte past the limit is how
-  // a bomb is told, and it is all a bomb costs.
-  std::string out(std::min(limit + 1, std::max<size_t>(4 * compressed, 64 << 10)), '\0');
-  size_t produced = 0;
-  size_t next_slice = 0;
-  bool output_full = false;  // zlib may hold output it could not write: call it again
-  auto too_large = [&] {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        type.name(), ": the ", name, "-compressed request inflates past --max_message_bytes (",
-        max_bytes, " bytes); got ", compressed, " compressed bytes, of which the first ",
-        zs.total_in, " already inflate to more"));
-  };
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    if (zs.avail_in == 0 && !output_full) {
-      if (next_slice == slices.size()) break;
-      zs.next_in = const_cast<Bytef*>(slices[next_slice].begin());
-      zs.avail_in = static_cast<uInt>(slices[next_slice].size());
-      ++next_slice;
-      continue;
-    }
-    if (produced == out.size()) {
-      if (produced > limit) return too_large();
-      out.resize(std::min(limit + 1, 2 * out.size()));
-    }
-    zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    zs.avail_out = static_cast<uInt>(out.size() - produced);
-    rc = inflate(&zs, Z_NO_FLUSH);
-    produced = out.size() - zs.avail_out;
-    output_full = zs.avail_out == 0;
-    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          type.name(), ": the request message is flagged ", name, "-compressed, but is not valid ",
-          name, " data: zlib stopped at byte ", zs.total_in, " of ", compressed, " (",
-          zs.msg != nullptr ? zs.msg : "error", ")"));
-    }
-  }
-  if (produced > limit) return too_large();
-  if (rc != Z_STREAM_END) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        type.name(), ": the request message is flagged ", name, "-compressed, but its ", compressed,
-        " bytes end before the end of their ", name, " stream (truncated)"));
-  }
-  if (zs.total_in != compressed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(type.name(), ": the request message is flagged ", name, "-compressed, but ",
-                     compressed - zs.total_in, " of its ", compressed,
-                     " bytes follow the end of its ", name, " stream"));
-  }
-  out.resize(produced);
-  return out;
+  return InflateMessage(
+      chunks, algorithm == GRPC_COMPRESS_GZIP ? Compression::kGzip : Compression::kDeflate,
+      max_bytes, type.name());
 }
 
 absl::Status ParseRequest(grpc::CallbackServerContext& context, const grpc::ByteBuffer& buffer,

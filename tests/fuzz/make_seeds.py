@@ -12,6 +12,7 @@ crashing input a fuzzer finds goes in as corpus/<target>/regression-<what>, once
 fixed (before that it would fail CI): this script keeps those files.
 """
 
+import gzip
 import hashlib
 import hmac
 import io
@@ -412,6 +413,23 @@ def request_seeds(tost_pb2, kserve_pb2, pngs, jpgs):
     kserve(0, "kserve_wrong_datatype.bin", infer("image", "FP16", (1,) + rgb, raw=[values[:48].tobytes()]))
 
 
+def inflate_seeds():
+    """Compressed messages as the inflate target reads them: a byte picking the format (bit 0:
+    gzip) and the output limit, a byte picking how the rest is cut, then the compressed bytes."""
+    t = "inflate"
+    text = b"It was a bright cold day in April, and the clocks were striking thirteen. " * 8
+    gz, zl = gzip.compress(text, mtime=0), zlib.compress(text)
+    limit_64k = 4 << 1  # kLimits[4]
+    write(t, "gzip_whole.bin", bytes([1 | limit_64k, 0]) + gz)
+    write(t, "deflate_cut_in_3.bin", bytes([0 | limit_64k, 2]) + zl)
+    write(t, "gzip_past_limit_64.bin", bytes([1 | (2 << 1), 1]) + gz)
+    write(t, "gzip_bomb.bin", bytes([1 | (3 << 1), 3]) + gzip.compress(bytes(1 << 20), mtime=0))
+    write(t, "gzip_truncated.bin", bytes([1 | limit_64k, 1]) + gz[:-9])
+    write(t, "deflate_trailing_bytes.bin", bytes([limit_64k, 0]) + zl + b"tail")
+    write(t, "gzip_empty.bin", bytes([1 | limit_64k, 0]) + gzip.compress(b"", mtime=0))
+    write(t, "not_compressed.bin", bytes([1 | limit_64k, 5]) + text[:40])
+
+
 def main():
     # Inputs that once crashed a parser (regression-*, added by hand after the fix) are kept.
     if CORPUS.exists():
@@ -423,6 +441,7 @@ def main():
     safetensors_seeds()
     config_seeds()
     bpe_seeds()
+    inflate_seeds()
     gpt2_seeds()
     with tempfile.TemporaryDirectory() as tmp:
         tost_pb2, session_pb2, kserve_pb2 = generated_protos(tmp)
