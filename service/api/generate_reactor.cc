@@ -13,6 +13,7 @@
 // writes.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -127,9 +128,11 @@ absl::Status GenerateReactor::Admit() {
   if (!request.session_id().empty() && !request.state().empty()) {
     return absl::InvalidArgumentError("set session_id or state, not both");
   }
-  // Where the state comes from decides the model when the request leaves it empty.
+  // Where the state comes from decides the model when the request leaves it empty. The model is
+  // looked up once, and a blob authenticated and parsed once, whichever way the call comes.
   GenerationState state;
   model_name_ = request.model();
+  std::optional<OpenedBlob> blob;
   if (!request.session_id().empty()) {
     TOST_ASSIGN_OR_RETURN(state, engine_.sessions().Checkout(request.session_id(), owner));
     checked_out_ = request.session_id();
@@ -141,13 +144,15 @@ absl::Status GenerateReactor::Admit() {
     }
     model_name_ = state.model;
   } else if (!request.state().empty()) {
-    if (model_name_.empty()) {
-      TOST_ASSIGN_OR_RETURN(model_name_, engine_.codec().PeekModel(request.state()));
-    }
-    TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(model_name_));
-    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(request.state(), identity, owner));
+    TOST_ASSIGN_OR_RETURN(blob, engine_.codec().Open(request.state()));
+    if (model_name_.empty()) model_name_ = blob->model();
   }
-  TOST_ASSIGN_OR_RETURN(GenerationScheduler * scheduler, engine_.Scheduler(model_name_));
+  TOST_ASSIGN_OR_RETURN(Engine::ServedGenerator served, engine_.Generator(model_name_));
+  GenerationScheduler* scheduler = served.scheduler;
+  identity_ = std::move(served.identity);
+  if (blob.has_value()) {
+    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(*blob, identity_, owner));
+  }
   // A place first: a full or draining scheduler refuses before the prompt (up to a MiB) is
   // tokenised.
   TOST_ASSIGN_OR_RETURN(GenerationScheduler::Slot slot, scheduler->Reserve());
@@ -176,7 +181,6 @@ absl::Status GenerateReactor::Admit() {
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);
-  TOST_ASSIGN_OR_RETURN(identity_, engine_.Identity(model_name_));
   TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(slot), std::move(job_request)));
   return absl::OkStatus();
 }

@@ -59,10 +59,9 @@ grpc::Status TostService::ImportSession(grpc::ServerContextBase* context,
                                         tost::v1::SessionInfo* response) {
   auto run = [&]() -> absl::Status {
     TOST_ASSIGN_OR_RETURN(const std::string owner, auth_.Identify(*context));
-    TOST_ASSIGN_OR_RETURN(std::string model_name, engine_.codec().PeekModel(request->state()));
-    TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(model_name));
-    TOST_ASSIGN_OR_RETURN(GenerationState state,
-                          engine_.codec().Decode(request->state(), identity, owner));
+    TOST_ASSIGN_OR_RETURN(OpenedBlob blob, engine_.codec().Open(request->state()));
+    TOST_ASSIGN_OR_RETURN(ModelIdentity identity, engine_.Identity(blob.model()));
+    TOST_ASSIGN_OR_RETURN(GenerationState state, engine_.codec().Decode(blob, identity, owner));
     TOST_ASSIGN_OR_RETURN(std::string id, engine_.sessions().Add(owner, state));
     FillSessionInfo(id, state, response);
     return absl::OkStatus();

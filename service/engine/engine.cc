@@ -99,19 +99,24 @@ absl::StatusOr<ServedClassifier> Engine::Classifier(const std::string& name) con
 }
 
 absl::StatusOr<GenerationScheduler*> Engine::Scheduler(const std::string& name) const {
+  TOST_ASSIGN_OR_RETURN(ServedGenerator served, Generator(name));
+  return served.scheduler;
+}
+
+absl::StatusOr<ModelIdentity> Engine::Identity(const std::string& name) const {
+  TOST_ASSIGN_OR_RETURN(ServedGenerator served, Generator(name));
+  return std::move(served.identity);
+}
+
+absl::StatusOr<Engine::ServedGenerator> Engine::Generator(const std::string& name) const {
   TOST_ASSIGN_OR_RETURN(const ModelEntry* m, FindServed(name));
   if (m->generator == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("model \"", name, "\" is a ",
                                                    model::ArchitectureName(m->config.architecture),
                                                    " model; Generate needs a tost_lm model"));
   }
-  return schedulers_.at(name).get();
-}
-
-absl::StatusOr<ModelIdentity> Engine::Identity(const std::string& name) const {
-  TOST_RETURN_IF_ERROR(Scheduler(name).status());
-  const ModelEntry& m = models_[by_name_.at(name)];
-  return ModelIdentity{&m.generator->config(), m.weights_sha256};
+  return ServedGenerator{schedulers_.at(name).get(),
+                         ModelIdentity{&m->generator->config(), m->weights_sha256}};
 }
 
 absl::StatusOr<DynamicBatcher::Slot> ServedClassifier::Reserve(int64_t images) const {

@@ -115,6 +115,12 @@ class Engine {
   absl::StatusOr<GenerationScheduler*> Scheduler(const std::string& name) const;
   // The identity a session blob of language model `name` must match.
   absl::StatusOr<ModelIdentity> Identity(const std::string& name) const;
+  // Both, from one lookup (what a Generate admission needs).
+  struct ServedGenerator {
+    GenerationScheduler* scheduler = nullptr;
+    ModelIdentity identity;
+  };
+  absl::StatusOr<ServedGenerator> Generator(const std::string& name) const;
 
   SessionStore& sessions() { return sessions_; }
   const SessionCodec& codec() const { return codec_; }

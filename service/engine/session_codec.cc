@@ -130,6 +130,14 @@ std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& 
   return out;
 }
 
+namespace internal_session {
+struct OpenedPayload {
+  tost::v1::internal::SessionState state;
+};
+}  // namespace internal_session
+
+const std::string& OpenedBlob::model() const { return payload_->state.model(); }
+
 absl::StatusOr<SessionCodec::Verified> SessionCodec::VerifiedPayload(
     const std::string& blob) const {
   if (blob.size() < kHeaderBytes + kMacBytes ||
@@ -163,22 +171,31 @@ absl::StatusOr<SessionCodec::Verified> SessionCodec::VerifiedPayload(
       "--session_key_file)");
 }
 
-absl::StatusOr<std::string> SessionCodec::PeekModel(const std::string& blob) const {
+absl::StatusOr<OpenedBlob> SessionCodec::Open(const std::string& blob) const {
   TOST_ASSIGN_OR_RETURN(Verified verified, VerifiedPayload(blob));
-  tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(verified.payload))
+  auto payload = std::make_shared<internal_session::OpenedPayload>();
+  if (!payload->state.ParseFromString(verified.payload))
     return absl::InvalidArgumentError("state blob payload does not parse");
-  return p.model();
+  return OpenedBlob(verified.version, std::move(payload));
+}
+
+absl::StatusOr<std::string> SessionCodec::PeekModel(const std::string& blob) const {
+  TOST_ASSIGN_OR_RETURN(OpenedBlob opened, Open(blob));
+  return opened.model();
 }
 
 absl::StatusOr<GenerationState> SessionCodec::Decode(const std::string& blob,
                                                      const ModelIdentity& model,
                                                      const std::string& caller) const {
-  TOST_ASSIGN_OR_RETURN(Verified verified, VerifiedPayload(blob));
-  tost::v1::internal::SessionState p;
-  if (!p.ParseFromString(verified.payload))
-    return absl::InvalidArgumentError("state blob payload does not parse");
-  if (verified.version == kUnboundVersion) {
+  TOST_ASSIGN_OR_RETURN(OpenedBlob opened, Open(blob));
+  return Decode(opened, model, caller);
+}
+
+absl::StatusOr<GenerationState> SessionCodec::Decode(const OpenedBlob& blob,
+                                                     const ModelIdentity& model,
+                                                     const std::string& caller) const {
+  const tost::v1::internal::SessionState& p = blob.payload_->state;
+  if (blob.version_ == kUnboundVersion) {
     // It proves neither whose it is nor how old it is: only where neither matters.
     const bool bound = caller != kAnonymousCaller;
     const bool expiring = options_.ttl > absl::ZeroDuration();

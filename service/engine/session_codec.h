@@ -32,7 +32,10 @@
 // legitimate user what to do.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,6 +52,24 @@ namespace tost::service {
 // client certificate's identity) are continued only under that same identity. An API key named
 // "anonymous" would therefore mint unbound blobs: do not give a key that name.
 inline constexpr char kAnonymousCaller[] = "anonymous";
+
+namespace internal_session {
+struct OpenedPayload;  // the parsed payload (session_codec.cc)
+}  // namespace internal_session
+
+// A blob whose signature and format were checked and whose payload was parsed, once: the model it
+// claims routes it (to the scheduler and identity it must match) before it is decoded for a caller.
+class OpenedBlob {
+ public:
+  const std::string& model() const;
+
+ private:
+  friend class SessionCodec;
+  OpenedBlob(uint32_t version, std::shared_ptr<const internal_session::OpenedPayload> payload)
+      : version_(version), payload_(std::move(payload)) {}
+  uint32_t version_;
+  std::shared_ptr<const internal_session::OpenedPayload> payload_;
+};
 
 // What a blob must match to be continued here.
 struct ModelIdentity {
@@ -83,8 +104,15 @@ class SessionCodec {
   absl::StatusOr<GenerationState> Decode(const std::string& blob, const ModelIdentity& model,
                                          const std::string& caller) const;
 
-  // The model a blob claims to belong to (after authentication only: no owner or expiry check),
-  // to route it before decoding.
+  // Authenticates a blob and parses its payload (INVALID_ARGUMENT as in the file comment), so that
+  // the model it claims can route it before Decode checks it for a caller: one verification and
+  // one parse per blob, however it is routed.
+  absl::StatusOr<OpenedBlob> Open(const std::string& blob) const;
+  // Decode of an opened blob: the owner, expiry, model, weights and dimensions checks.
+  absl::StatusOr<GenerationState> Decode(const OpenedBlob& blob, const ModelIdentity& model,
+                                         const std::string& caller) const;
+
+  // The model a blob claims to belong to (after authentication only: no owner or expiry check).
   absl::StatusOr<std::string> PeekModel(const std::string& blob) const;
 
   absl::Duration ttl() const { return options_.ttl; }

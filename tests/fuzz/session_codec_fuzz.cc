@@ -1,5 +1,5 @@
-// libFuzzer target: exported session blobs (service/engine/session_codec.h: Decode, PeekModel) and
-// session key files (ParseSessionKeys).
+// libFuzzer target: exported session blobs (service/engine/session_codec.h: Decode, Open,
+// PeekModel) and session key files (ParseSessionKeys).
 //
 // Each input is tried as a blob twice:
 //   1. as it is: the envelope checks (magic, version, length, HMAC) on bytes an attacker sends;
@@ -98,8 +98,16 @@ const tost::model::ModelConfig& Config() {
 void TryBlob(const SessionCodec& codec, const std::string& blob) {
   const ModelIdentity model{&Config(), std::string(32, '\xab')};
   (void)codec.PeekModel(blob);
+  const absl::StatusOr<tost::service::OpenedBlob> opened = codec.Open(blob);
   for (const std::string caller : {tost::service::kAnonymousCaller, "alice"}) {
     const absl::StatusOr<GenerationState> state = codec.Decode(blob, model, caller);
+    // Opening first (as an admission does, to route the blob) decides the same way.
+    TOST_FUZZ_CHECK(opened.ok() || state.status().code() == opened.status().code());
+    if (opened.ok()) {
+      const absl::StatusOr<GenerationState> via_open = codec.Decode(*opened, model, caller);
+      TOST_FUZZ_CHECK(via_open.status().code() == state.status().code());
+      TOST_FUZZ_CHECK(!via_open.ok() || SameState(*via_open, *state));
+    }
     if (!state.ok()) continue;
     TOST_FUZZ_CHECK(state->model == Config().name);
     TOST_FUZZ_CHECK(state->sequence.stats.size() ==

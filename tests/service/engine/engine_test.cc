@@ -424,6 +424,13 @@ TEST_F(EngineTest, AGenerationContinuesThroughASessionAndAnExportedBlob) {
   ASSERT_TRUE(identity.ok());
   const std::string blob = engine->codec().Encode(*stored, *identity, "alice");
   EXPECT_EQ(*engine->codec().PeekModel(blob), "lm");
+  // One lookup gives an admission its scheduler and the identity blobs must match.
+  auto served = engine->Generator("lm");
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->scheduler, *engine->Scheduler("lm"));
+  EXPECT_EQ(served->identity.config, identity->config);
+  EXPECT_EQ(served->identity.weights_sha256, identity->weights_sha256);
+  EXPECT_EQ(engine->Generator("nope").status().code(), absl::StatusCode::kNotFound);
 
   // Another replica with the same model and key.
   FakeClock other_clock;

@@ -192,6 +192,17 @@ TEST_F(SessionCodecTest, RoundTripsEveryField) {
   EXPECT_EQ(back->held_text, "\n");
   EXPECT_EQ(back->utf8_pending, "\xE2");
   EXPECT_EQ(*codec->PeekModel(blob), config.name);
+  // Opened once (authenticated and parsed), it names its model and decodes as the blob does.
+  auto opened = codec->Open(blob);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->model(), config.name);
+  auto from_opened = codec->Decode(*opened, identity, kAnonymousCaller);
+  ASSERT_TRUE(from_opened.ok()) << from_opened.status();
+  EXPECT_EQ(from_opened->sequence.stats, back->sequence.stats);
+  EXPECT_EQ(from_opened->recent_tokens, back->recent_tokens);
+  std::string tampered = blob;
+  tampered[tampered.size() / 2] ^= 1;
+  EXPECT_EQ(codec->Open(tampered).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SessionCodecTest, RefusesTamperedTruncatedForeignAndMismatchedBlobs) {
