@@ -522,15 +522,34 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   return !job.finished;
 }
 
+// One step, in phases: schedule (queue → active), end the interrupted, prefill, decode, record,
+// emit, retire. Each phase is a member below, in that order.
 bool GenerationScheduler::StepOnce() {
-  int64_t prompt_tokens_started = 0;
-  bool admitted = false;
   const absl::Time now = clock_->Now();
+  const Admission admission = Schedule(now);
+  if (active_.empty()) {
+    next_timed_event_ = admission.queued_deadline;
+    return admission.dropped > 0;
+  }
+  EndInterrupted(now);
+  const int64_t stalled = UpdatePauses(now);
+  const PrefillCounts prefill = PrefillChunks();
+  DecodeStep decode = Decode();
+  Record(admission, prefill, decode);
+  for (size_t i = 0; i < decode.jobs.size(); ++i) {
+    EmitToken(*decode.jobs[i], std::move((*decode.drawn)[i]));
+  }
+  const int64_t finished = Retire(admission.queued_deadline, prefill, stalled);
+  return admission.prompt_tokens_started > 0 || prefill.chunks > 0 || !decode.jobs.empty() ||
+         finished > 0 || admission.admitted || admission.dropped > 0;
+}
+
+GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
+  Admission out;
   // Queued jobs past their deadline (or cancelled and not yet taken out by Cancel) give their
   // queue place back now, not when they would have become active.
   std::vector<std::unique_ptr<Job>> dropped;
   std::vector<Job*> admitted_jobs;
-  absl::Time queued_deadline = absl::InfiniteFuture();
   {
     absl::MutexLock lock(&mu_);
     for (auto it = queued_.begin(); it != queued_.end();) {
@@ -539,13 +558,13 @@ bool GenerationScheduler::StepOnce() {
         it = queued_.erase(it);
         --stats_.queued;
       } else {
-        queued_deadline = std::min(queued_deadline, (*it)->request.deadline);
+        out.queued_deadline = std::min(out.queued_deadline, (*it)->request.deadline);
         ++it;
       }
     }
     while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
-      admitted = true;
-      prompt_tokens_started += queued_.front()->prompt_tokens;
+      out.admitted = true;
+      out.prompt_tokens_started += queued_.front()->prompt_tokens;
       admitted_jobs.push_back(queued_.front().get());
       active_.push_back(std::move(queued_.front()));
       queued_.pop_front();
@@ -562,13 +581,13 @@ bool GenerationScheduler::StepOnce() {
              absl::DeadlineExceededError("generation passed its deadline while queued for a slot"));
     }
   }
-  if (active_.empty()) {
-    next_timed_event_ = queued_deadline;
-    return !dropped.empty();
-  }
+  out.dropped = static_cast<int64_t>(dropped.size());
   // active_ never holds more jobs than the pool has rows, so a row is always free here.
   for (Job* job : admitted_jobs) TakeRow(*job);
+  return out;
+}
 
+void GenerationScheduler::EndInterrupted(absl::Time now) {
   for (auto& job : active_) {
     if (!job->handle->cancel_requested() && now < job->request.deadline) continue;
     // gRPC ends a call whose deadline passed by cancelling it, so a cancel at the deadline is the
@@ -582,14 +601,14 @@ bool GenerationScheduler::StepOnce() {
       FinishActive(*job, FinishReason::kCancelled);
     }
   }
-  const int64_t stalled = UpdatePauses(now);
+}
 
-  // Prefill: at most prefill_chunk_tokens prompt tokens per step, shared by the prefilling jobs in
-  // arrival order, so decoders wait at most one chunk and many short prompts start together.
-  int64_t prefill_tokens = 0;
-  int64_t prefill_chunks = 0;
+GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
+  // At most prefill_chunk_tokens prompt tokens per step, shared by the prefilling jobs in arrival
+  // order, so decoders wait at most one chunk and many short prompts start together.
+  PrefillCounts out;
   for (auto& job : active_) {
-    const int64_t budget = options_.prefill_chunk_tokens - prefill_tokens;
+    const int64_t budget = options_.prefill_chunk_tokens - out.tokens;
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
     const size_t remaining = job->to_prefill.size() - job->prefilled;
@@ -611,67 +630,69 @@ bool GenerationScheduler::StepOnce() {
     }
     seq.position += static_cast<int64_t>(n);
     job->prefilled += n;
-    prefill_tokens += static_cast<int64_t>(n);
-    ++prefill_chunks;
+    out.tokens += static_cast<int64_t>(n);
+    ++out.chunks;
   }
+  return out;
+}
 
-  std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
-  int64_t emitted = 0;
-  std::vector<Job*> decoding;
+GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
+  DecodeStep out;
   for (auto& job : active_) {
     if (job->finished || !job->decoding() || job->paused_since != absl::InfiniteFuture()) continue;
     if (job->request.max_new_tokens == 0) {
       FinishActive(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
       continue;
     }
-    decoding.push_back(job.get());
+    out.jobs.push_back(job.get());
   }
-  absl::StatusOr<std::vector<model::DrawnToken>> drawn;
-  if (!decoding.empty()) {
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> rows, positions;
-    std::vector<std::vector<int32_t>> recent(decoding.size());
-    std::vector<model::TokenDraw> draws(decoding.size());
-    for (size_t i = 0; i < decoding.size(); ++i) {
-      const GenerationState& st = decoding[i]->state();
-      tokens.push_back(st.pending_token);
-      rows.push_back(decoding[i]->row);
-      positions.push_back(st.sequence.position);
-      if (st.sampling.repetition_penalty != 1.f) {  // the window matters only to a penalty
-        recent[i].assign(st.recent_tokens.begin(), st.recent_tokens.end());
-      }
-      // The new token sits one past the fed one: its draw is numbered by that position.
-      draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
-                  decoding[i]->request.top_logprobs};
+  if (out.jobs.empty()) return out;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> rows, positions;
+  std::vector<std::vector<int32_t>> recent(out.jobs.size());
+  std::vector<model::TokenDraw> draws(out.jobs.size());
+  for (size_t i = 0; i < out.jobs.size(); ++i) {
+    const GenerationState& st = out.jobs[i]->state();
+    tokens.push_back(st.pending_token);
+    rows.push_back(out.jobs[i]->row);
+    positions.push_back(st.sequence.position);
+    if (st.sampling.repetition_penalty != 1.f) {  // the window matters only to a penalty
+      recent[i].assign(st.recent_tokens.begin(), st.recent_tokens.end());
     }
-    drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
-    if (!drawn.ok()) {
-      for (Job* job : decoding) FinishActive(*job, FinishReason::kCancelled, drawn.status());
-      decoding.clear();
-    } else {
-      for (Job* job : decoding) ++job->state().sequence.position;
-    }
-    if (drawn.ok() && options_.observer != nullptr) {
-      const absl::Time emitted_at = clock_->Now();
-      for (Job* job : decoding) {
-        (job->generated == 0 ? first_token : inter_token)
-            .push_back(emitted_at - (job->generated == 0 ? job->submitted : job->last_token));
-        job->last_token = emitted_at;
-      }
-    }
-    emitted = static_cast<int64_t>(decoding.size());
+    // The new token sits one past the fed one: its draw is numbered by that position.
+    draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
+                out.jobs[i]->request.top_logprobs};
   }
+  out.drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
+  if (!out.drawn.ok()) {
+    for (Job* job : out.jobs) FinishActive(*job, FinishReason::kCancelled, out.drawn.status());
+    out.jobs.clear();
+    return out;
+  }
+  for (Job* job : out.jobs) ++job->state().sequence.position;
+  if (options_.observer != nullptr) {
+    const absl::Time emitted_at = clock_->Now();
+    for (Job* job : out.jobs) {
+      (job->generated == 0 ? out.first_token : out.inter_token)
+          .push_back(emitted_at - (job->generated == 0 ? job->submitted : job->last_token));
+      job->last_token = emitted_at;
+    }
+  }
+  return out;
+}
 
+void GenerationScheduler::Record(const Admission& admission, const PrefillCounts& prefill,
+                                 const DecodeStep& decode) {
   // The step's decode counters and the observer's record are in place before any token of the step
   // is published: a stream can end with its token (and its client read the status or the metrics
   // at once), so counting after the emission would show that client the step before.
-  if (!decoding.empty()) {
+  const auto batch = static_cast<int32_t>(decode.jobs.size());
+  if (batch > 0) {
     absl::MutexLock lock(&mu_);
     ++stats_.decode_steps;
-    stats_.decoded_tokens += static_cast<int64_t>(decoding.size());
-    stats_.max_decode_batch =
-        std::max<int32_t>(stats_.max_decode_batch, static_cast<int32_t>(decoding.size()));
-    ++stats_.decode_batch_histogram[decoding.size()];
+    stats_.decoded_tokens += batch;
+    stats_.max_decode_batch = std::max<int32_t>(stats_.max_decode_batch, batch);
+    ++stats_.decode_batch_histogram[decode.jobs.size()];
     if (std::string mode = pool_->decode_mode(); mode != stats_.decode_mode) {
       stats_.decode_mode = std::move(mode);  // graphs turned off after a failed capture
     }
@@ -679,15 +700,18 @@ bool GenerationScheduler::StepOnce() {
   if (options_.observer != nullptr) {
     GenerationStepRecord record;
     record.model = model_.config().name;
-    record.decode_batch = static_cast<int32_t>(emitted);
-    record.prefill_tokens = prefill_tokens;
-    record.prompt_tokens_started = prompt_tokens_started;
-    record.tokens_emitted = emitted;
-    record.time_to_first_token = first_token;
-    record.inter_token_latency = inter_token;
+    record.decode_batch = batch;
+    record.prefill_tokens = prefill.tokens;
+    record.prompt_tokens_started = admission.prompt_tokens_started;
+    record.tokens_emitted = batch;
+    record.time_to_first_token = decode.first_token;
+    record.inter_token_latency = decode.inter_token;
     options_.observer->OnStep(record);
   }
-  for (size_t i = 0; i < decoding.size(); ++i) EmitToken(*decoding[i], std::move((*drawn)[i]));
+}
+
+int64_t GenerationScheduler::Retire(absl::Time queued_deadline, const PrefillCounts& prefill,
+                                    int64_t stalled) {
   const auto finished =
       std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });
@@ -705,11 +729,10 @@ bool GenerationScheduler::StepOnce() {
   absl::MutexLock lock(&mu_);
   stats_.paused = paused;
   ++stats_.steps;
-  stats_.prefill_chunks += prefill_chunks;
-  stats_.prefill_tokens += prefill_tokens;
+  stats_.prefill_chunks += prefill.chunks;
+  stats_.prefill_tokens += prefill.tokens;
   stats_.stalled_jobs += stalled;
-  return prompt_tokens_started > 0 || prefill_chunks > 0 || !decoding.empty() || finished > 0 ||
-         admitted || !dropped.empty();
+  return finished;
 }
 
 int64_t GenerationScheduler::UpdatePauses(absl::Time now) {

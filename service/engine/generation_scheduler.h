@@ -257,9 +257,37 @@ class GenerationScheduler {
   // Takes `handle`'s job out of the queue (null when it is not queued: already active, finished,
   // or dropped by a step), giving its place back.
   std::unique_ptr<Job> TakeQueued(const GenerationJob* handle);
+  // The phases of StepOnce, in order.
+  struct Admission {
+    bool admitted = false;              // a queued job became active
+    int64_t dropped = 0;                // queued jobs cancelled or past their deadline, ended
+    int64_t prompt_tokens_started = 0;  // the prompt tokens of the jobs admitted
+    absl::Time queued_deadline = absl::InfiniteFuture();  // the earliest of those still queued
+  };
+  struct PrefillCounts {
+    int64_t tokens = 0;
+    int64_t chunks = 0;
+  };
+  struct DecodeStep {
+    std::vector<Job*> jobs;  // decoded this step, in the order of `drawn`
+    absl::StatusOr<std::vector<model::DrawnToken>> drawn;
+    std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
+  };
+  // Drops cancelled and expired queued jobs, admits queued jobs to free places (with their rows).
+  Admission Schedule(absl::Time now);
+  // Ends active jobs that were cancelled or passed their deadline.
+  void EndInterrupted(absl::Time now);
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
+  // Feeds at most prefill_chunk_tokens prompt tokens, shared by the prefilling jobs.
+  PrefillCounts PrefillChunks();
+  // One batched step of every decoding job that is not paused; draws their tokens.
+  DecodeStep Decode();
+  // The step's counters and the observer's record, before any of its tokens is published.
+  void Record(const Admission& admission, const PrefillCounts& prefill, const DecodeStep& decode);
+  // Removes finished jobs and sets when the scheduler must look again; returns how many finished.
+  int64_t Retire(absl::Time queued_deadline, const PrefillCounts& prefill, int64_t stalled);
   // Gives an admitted job a pool row holding its statistics; when the row cannot be written the
   // job finishes with the error.
   void TakeRow(Job& job);
