@@ -1,29 +1,14 @@
 #include "service/heap_trim.h"
 
 #include <malloc.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "absl/time/clock.h"
-
 #include "service/observability/logging.h"
+#include "service/observability/process_memory.h"
 
 namespace tost::service {
-namespace {
-
-// Resident bytes of this process (/proc/self/statm), 0 when unreadable.
-int64_t ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long long size = 0, resident = 0;
-  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
-  return read == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
-}
-
-}  // namespace
 
 HeapTrimmer::HeapTrimmer(absl::Duration interval, int64_t min_free_bytes)
     : min_free_bytes_(min_free_bytes) {
@@ -49,10 +34,10 @@ void HeapTrimmer::Check() {
   // a trim that gave back at least the threshold is logged.
   const int64_t free_bytes = static_cast<int64_t>(mallinfo2().fordblks);
   if (free_bytes > min_free_bytes_) {
-    const int64_t before = ResidentBytes();
+    const int64_t before = ResidentMemoryBytes();
     const absl::Time start = absl::Now();
     malloc_trim(0);
-    const int64_t returned = before - ResidentBytes();
+    const int64_t returned = before - ResidentMemoryBytes();
     if (returned >= min_free_bytes_) {
       Log(LogLevel::kInfo, "returned freed heap memory to the system",
           {{"returned_bytes", returned},

@@ -35,6 +35,7 @@
 #include "service/engine/engine.h"
 #include "service/observability/logging.h"
 #include "service/observability/metrics_http.h"
+#include "service/observability/process_memory.h"
 
 namespace tost::service {
 namespace {
@@ -95,15 +96,6 @@ std::string RpcLabel(const char* method) {
     return name == "Check" || name == "Watch" ? name : "other";
   const auto* desc = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
   return desc != nullptr && desc->FindMethodByName(name) != nullptr ? name : "other";
-}
-
-int64_t ResidentMemoryBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long long size_pages = 0, resident_pages = 0;
-  const int n = std::fscanf(f, "%lld %lld", &size_pages, &resident_pages);
-  std::fclose(f);
-  return n == 2 ? resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 ClientMetric GaugeSample(double value, std::vector<ClientMetric::Label> labels = {}) {
