@@ -39,8 +39,9 @@ INTRO = """\
 Every flag of `tost_server`, as the built binary describes it (`tost_server --helpfull`): first the
 flags defined in `service/server_main.cc`, then the few that Abseil's flag library adds. The ctest
 `serving_flags_doc` regenerates this page from the binary and fails when the committed page
-differs: a flag's help string in `service/server_main.cc` is the one place to change its text. The
-README's "Server flags" section explains the most used flags at more length.
+differs: a flag's help string in `service/server_main.cc` is the one place to change its text.
+[Choosing flags](deploying.md#choosing-flags) explains what the one-line help leaves out, and the
+[README](../README.md) says where the rest of the documentation is.
 
 Flags are given as `--name=value` (`--name` alone sets a bool to true, `--noname` to false), or
 read from files with `--flagfile` (one flag per line, `#` comments), as the Kubernetes manifests do

@@ -38,7 +38,7 @@
 # (the sanitizer options this script sets are printed at its start; TSan reads its suppressions
 # from TSAN_OPTIONS), or `ctest --test-dir build-asan` for the whole asan build, one test at a time.
 #
-# Time on the 2-core CI machine (../shared/tools/fresh-ci; README.md, "Sanitizers"): cold (no
+# Time on the 2-core CI machine (../shared/tools/fresh-ci; docs/testing.md, "Sanitizers"): cold (no
 # ccache, no cached Abseil) asan 335 s, tsan 162 s (Abseil 64 s of it); warm asan 26 s, tsan 6 s.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,5 +1,5 @@
-// Prometheus metrics of the server. Every family is defined in metrics.cc, and the README's
-// metrics table lists the same ones; tests/integration/test_metrics.py
+// Prometheus metrics of the server. Every family is defined in metrics.cc, and the table of
+// docs/metrics.md lists the same ones; tests/integration/test_metrics.py
 // checks both against a real Prometheus server.
 //
 // Where the numbers come from:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Offline checks of the deployment files: docker-compose.yml, deploy/docker, deploy/k8s (kustomize
-base, overlays and components), deploy/prometheus and the README's Deploying section. Nothing here
+base, overlays and components), deploy/prometheus and docs/deploying.md. Nothing here
 needs a network, a Docker engine or a cluster.
 
   check_manifests.py SOURCE_DIR TOST_SERVER --venv DEPLOY_VENV [--only SECTION ...]
@@ -9,7 +9,7 @@ needs a network, a Docker engine or a cluster.
 Sections:
   static   every YAML parses and passes yamllint (.yamllint); no secret is committed, and every file
            a secret is generated from is ignored by git; no reference to a moved path is left.
-  images   the Dockerfiles: pinned bases, COPY sources that exist, the README's install
+  images   the Dockerfiles: pinned bases, COPY sources that exist, the documented install
            (scripts/install-deps.sh, with every file it reads copied first, then make build), a
            non-root USER, a grpc.health.v1 HEALTHCHECK, real flags, the Debian packages of the
            runtime stage cover the libraries tost_server links.
@@ -23,7 +23,8 @@ Sections:
            objects agree: flags (the ConfigMap's flag files as the container reads them) exist and
            are accepted by tost_server, ports, probes, drain vs grace period, secret mounts,
            securityContext, Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric.
-  readme   the Deploying section exists and every deploy path it names exists.
+  docs     docs/deploying.md covers compose, both overlays, load balancing and the offline checks,
+           and every deploy path it names exists.
 
 Flags are checked twice: by name against `tost_server --helpfull`, and by value by starting
 tost_server with them (paths replaced by temporary files, and a model repository that does not
@@ -49,7 +50,7 @@ import tempfile
 import yaml
 
 K8S_VERSION = "1.32.0"
-SECTIONS = ("static", "images", "compose", "k8s", "readme")
+SECTIONS = ("static", "images", "compose", "k8s", "docs")
 # Custom resources and the schema each validates against (relative to SOURCE_DIR).
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "deploy/schemas/servicemonitor-monitoring.coreos.com-v1.json",
@@ -776,7 +777,7 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
 
 
 # --------------------------------------------------------------------------------------------
-# static and README
+# static and docs
 
 def git_tracked(src):
     r = run(["git", "-C", src, "ls-files", "--", "deploy", "docker-compose.yml"])
@@ -840,22 +841,21 @@ def check_static(src, venv):
           stale.stdout.strip().replace("\n", " | "))
 
 
-def check_readme(src):
-    text = open(os.path.join(src, "README.md")).read()
-    m = re.search(r"^## Deploying\n(.*?)(?=^## )", text, re.M | re.S)
-    if not check("README has a '## Deploying' section", m is not None, "no '## Deploying' heading"):
+def check_deploy_doc(src):
+    rel = os.path.join("docs", "deploying.md")
+    if not check(f"{rel} exists", os.path.exists(os.path.join(src, rel)), "no deployment page"):
         return
-    sec = m.group(1)
+    sec = open(os.path.join(src, rel)).read()
     for needle in ("docker compose up", "--profile gpu", "kubectl apply -k deploy/k8s/overlays/cpu",
                    "deploy/k8s/overlays/gpu", "round_robin", "dns:///", "--max_connection_age_ms",
-                   "### Streams that survive the loss of a replica", "tests/integration/test_failover.py",
+                   "sessions.md#streams-that-survive-the-loss-of-a-replica", "tests/integration/test_failover.py",
                    "statically"):
-        check(f"README Deploying mentions {needle}", needle in sec, f"'{needle}' not in the section")
+        check(f"{rel} mentions {needle}", needle in sec, f"'{needle}' not in the page")
     path_re = r"(?<![\w/])((?:deploy|tests|scripts)/[A-Za-z0-9_./+-]*[A-Za-z0-9_]|docker-compose\.yml)"
     for p in sorted(set(re.findall(path_re, sec))):
         if p == "tests/integration/test_failover.py":
             continue  # written by the failover work
-        check(f"README Deploying: {p} exists", os.path.exists(os.path.join(src, p)) or p in secret_inputs(src),
+        check(f"{rel}: {p} exists", os.path.exists(os.path.join(src, p)) or p in secret_inputs(src),
               f"{os.path.join(src, p)} does not exist (and is not a secret input each deployment creates)")
 
 
@@ -882,8 +882,8 @@ def run_checks(src, server_bin, venv, only, only_variants=None):
             for variant, objs in rendered.items():
                 validate_objects(src, venv, variant, objs, work)
                 check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
-        if "readme" in only:
-            check_readme(src)
+        if "docs" in only:
+            check_deploy_doc(src)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{check.passed} passed, {check.failed} failed")

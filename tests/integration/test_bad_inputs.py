@@ -2,7 +2,7 @@
 grpc.health.v1.Health gets hostile requests (string fields that are not UTF-8, bytes that are not a
 protobuf message, empty, oversized, negative and non-finite values, wrong shapes and datatypes,
 unknown models, versions and sessions, missing API keys), and each must be refused with the code
-the README documents and a message that names the field (gRPC's own health service names none).
+docs/api.md documents and a message that names the field (gRPC's own health service names none).
 After each one the server must still report SERVING.
 
 Strings that are not UTF-8 cannot be sent through generated stubs (their serializers refuse to

@@ -3,7 +3,7 @@ tost_server during a classify + generate + sessions load, and its HTTP API must 
 clients saw (tokens received, images sent, requests by method and code, histogram counts, session
 gauges with one active and one idle session, exact state bytes, resident memory). Also:
 `promtool check metrics` on /metrics, `promtool check rules/config` on deploy/prometheus, the
-README's "## Metrics" table against the live families, the Grafana dashboard covering every
+"## Metrics" table of docs/metrics.md against the live families, the Grafana dashboard covering every
 family, and JSON logs with request ids."""
 import json
 import os
@@ -346,11 +346,11 @@ def test_promtool_accepts_metrics_rules_and_config(observed):
 
 
 def documented_families():
-    """(family, type, cuda_only) rows of the metrics table in README.md's "## Metrics" section."""
-    with open(os.path.join(SOURCE_DIR, "README.md"), encoding="utf-8") as f:
+    """(family, type, cuda_only) rows of the metrics table in docs/metrics.md's "## Metrics" section."""
+    with open(os.path.join(SOURCE_DIR, "docs", "metrics.md"), encoding="utf-8") as f:
         text = f.read()
     m = re.search(r"^## Metrics\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert m, "no '## Metrics' section in README.md"
+    assert m, "no '## Metrics' section in docs/metrics.md"
     rows = re.findall(r"^\| `(tost_\w+)` \| (\w+) \|[^|]*\| ([^|]*) \|$", m.group(1), re.M)
     assert rows, "the Metrics section has no table rows"
     return {name: (kind, meaning.strip().startswith("CUDA only")) for name, kind, meaning in rows}
