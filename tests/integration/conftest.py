@@ -1,5 +1,9 @@
 """Fixtures for end-to-end tests: a real tost_server on 127.0.0.1 with a free port, and Python
-gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in requirements.txt)."""
+gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in requirements.txt).
+
+The stubs come from the repository's helper tools/pylib/tost_protos.py, which this file puts on
+sys.path once: every test module imports conftest first, so `import tost_protos` works in them too,
+under ctest or pytest alike."""
 import os
 import re
 import subprocess
@@ -10,6 +14,10 @@ import grpc
 import pytest
 
 SOURCE_DIR = os.environ.get("TOST_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+PYLIB = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "pylib"))
+if PYLIB not in sys.path:
+    sys.path.insert(0, PYLIB)
+import tost_protos  # noqa: E402
 
 
 def _binary(var: str) -> str:
@@ -21,18 +29,8 @@ def _binary(var: str) -> str:
 
 @pytest.fixture(scope="session")
 def proto_modules():
-    """Compiles proto/tost/v1/tost.proto into a temporary package and imports it."""
-    from grpc_tools import protoc
-
-    out = tempfile.mkdtemp(prefix="tost_proto_")
-    proto_dir = os.path.join(SOURCE_DIR, "proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_dir, "tost", "v1", "tost.proto")])
-    assert rc == 0, "protoc failed on tost.proto"
-    sys.path.insert(0, out)
-    from tost.v1 import tost_pb2, tost_pb2_grpc  # noqa: E402
-
-    return tost_pb2, tost_pb2_grpc
+    """(tost_pb2, tost_pb2_grpc), generated from proto/tost/v1/tost.proto (tools/pylib/tost_protos.py)."""
+    return tost_protos.tost()
 
 
 class RunningServer:

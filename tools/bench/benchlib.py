@@ -1,7 +1,8 @@
 """Shared pieces of the performance scripts (tools/bench/*.py, tools/perf_report.py): starting
-tost_server and the Python comparison server on free 127.0.0.1 ports, pinning processes to cores,
-running tost_loadgen, reading resident memory, and writing synthetic model repositories with the
-dims of a shipped model (for contexts the shipped model does not have)."""
+tost_server and the Python comparison server on free 127.0.0.1 ports, the tost.v1 stubs
+(tools/pylib/tost_protos.py), pinning processes to cores, running tost_loadgen, reading resident
+memory, and writing synthetic model repositories with the dims of a shipped model (for contexts the
+shipped model does not have)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,11 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOLS = os.path.join(ROOT, "tools")
+PYLIB = os.path.join(TOOLS, "pylib")
 DEFAULT_BUILD = os.path.join(ROOT, "build")
+if PYLIB not in sys.path:
+    sys.path.insert(0, PYLIB)
+import tost_protos  # noqa: E402
 
 
 def find_binary(build_dir: str, relative: str) -> str:
@@ -124,19 +129,8 @@ def proc_rss_bytes(pid: int) -> int:
 
 
 def proto_modules():
-    """tost.v1 Python stubs, compiled from proto/ into a temporary directory (grpcio-tools)."""
-    from grpc_tools import protoc
-
-    out = tempfile.mkdtemp(prefix="tost_proto_")
-    proto_dir = os.path.join(ROOT, "proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_dir, "tost", "v1", "tost.proto")])
-    if rc != 0:
-        raise RuntimeError("protoc failed on proto/tost/v1/tost.proto")
-    sys.path.insert(0, out)
-    from tost.v1 import tost_pb2, tost_pb2_grpc  # noqa: E402
-
-    return tost_pb2, tost_pb2_grpc
+    """(tost_pb2, tost_pb2_grpc): the tost.v1 Python stubs (tools/pylib/tost_protos.py)."""
+    return tost_protos.tost()
 
 
 def reference():
