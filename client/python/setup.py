@@ -5,8 +5,10 @@ sdist command below) or, in a checkout, from the repository's proto/ (../../prot
 tost_pb2.py, tost_pb2.pyi and tost_pb2_grpc.py go into the build's tost_client/ package (never into
 the source tree, and nothing generated is committed); tost_pb2_grpc's absolute import of
 tost.v1.tost_pb2 is made relative, so the wheel installs no top-level `tost` package. The proto's
-file name stays tost/v1/tost.proto in the descriptor pool.
+file name stays tost/v1/tost.proto in the descriptor pool. protoc is run by the package's own
+tost_client/_stubs.py (loaded by its path: the package is not importable before it is built).
 """
+import importlib.util
 import os
 import re
 import shutil
@@ -36,17 +38,13 @@ def generated() -> dict:
     """{file name: text} of the generated modules (generated once per build process)."""
     if _generated:
         return _generated
-    import grpc_tools  # noqa: PLC0415 - a build requirement
-    from grpc_tools import protoc  # noqa: PLC0415
-
-    root = proto_root()
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    spec = importlib.util.spec_from_file_location("tost_client_build_stubs",
+                                                  os.path.join(HERE, "tost_client", "_stubs.py"))
+    stubs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stubs)
     out = tempfile.mkdtemp(prefix="tost_client_build_")
     try:
-        rc = protoc.main(["protoc", f"-I{root}", f"-I{well_known}", f"--python_out={out}", f"--pyi_out={out}",
-                          f"--grpc_python_out={out}", os.path.join(root, PROTO)])
-        if rc != 0:
-            raise RuntimeError(f"grpc_tools.protoc failed (exit status {rc}) on {os.path.join(root, PROTO)}")
+        stubs.run_protoc(proto_root(), [PROTO], out, pyi=True)  # grpcio-tools: a build requirement
         for name in GENERATED:
             with open(os.path.join(out, "tost", "v1", name), encoding="utf-8") as f:
                 text = f.read()

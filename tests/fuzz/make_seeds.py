@@ -19,9 +19,7 @@ import io
 import json
 import pathlib
 import struct
-import subprocess
 import sys
-import tempfile
 import zlib
 
 import numpy as np
@@ -279,14 +277,12 @@ def gpt2_seeds():
 
 
 # --- protobuf messages ---------------------------------------------------------------------------
-def generated_protos(tmp):
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={ROOT / 'proto'}",
-                    f"--python_out={tmp}", "tost/v1/tost.proto", "tost/v1/session_state.proto",
-                    "kserve/v2/grpc_service.proto"], check=True)
-    sys.path.insert(0, str(tmp))
-    from kserve.v2 import grpc_service_pb2
-    from tost.v1 import session_state_pb2, tost_pb2
-    return tost_pb2, session_state_pb2, grpc_service_pb2
+def generated_protos():
+    """tost.v1, its session state and KServe v2 messages (tools/pylib/tost_protos.py)."""
+    sys.path.insert(0, str(ROOT / "tools" / "pylib"))
+    import tost_protos
+
+    return tost_protos.tost()[0], tost_protos.session_state(), tost_protos.kserve()[0]
 
 
 # Blob layout (service/engine/session_codec.h): "TOSTSESS" | u32 version | u32 payload length |
@@ -443,10 +439,9 @@ def main():
     bpe_seeds()
     inflate_seeds()
     gpt2_seeds()
-    with tempfile.TemporaryDirectory() as tmp:
-        tost_pb2, session_pb2, kserve_pb2 = generated_protos(tmp)
-        session_seeds(session_pb2)
-        request_seeds(tost_pb2, kserve_pb2, pngs, jpgs)
+    tost_pb2, session_pb2, kserve_pb2 = generated_protos()
+    session_seeds(session_pb2)
+    request_seeds(tost_pb2, kserve_pb2, pngs, jpgs)
     total = sum(p.stat().st_size for p in CORPUS.rglob("*") if p.is_file())
     count = sum(1 for p in CORPUS.rglob("*") if p.is_file())
     print(f"make_seeds: {count} seeds, {total} bytes in {CORPUS.relative_to(ROOT)}")

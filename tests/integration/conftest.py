@@ -1,15 +1,21 @@
 """Fixtures for end-to-end tests: a real tost_server on 127.0.0.1 with a free port, and Python
-gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in requirements.txt)."""
+gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in requirements.txt).
+
+Both come from the repository's helpers in tools/pylib (tost_launch.py, tost_protos.py), which this
+file puts on sys.path once: every test module (and failover_proxy.py) imports conftest first, so
+`import tost_launch` and `import tost_protos` work in them too, under ctest or pytest alike."""
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import grpc
 import pytest
 
 SOURCE_DIR = os.environ.get("TOST_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+PYLIB = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "pylib"))
+if PYLIB not in sys.path:
+    sys.path.insert(0, PYLIB)
+import tost_launch  # noqa: E402
+import tost_protos  # noqa: E402
 
 
 def _binary(var: str) -> str:
@@ -21,52 +27,18 @@ def _binary(var: str) -> str:
 
 @pytest.fixture(scope="session")
 def proto_modules():
-    """Compiles proto/tost/v1/tost.proto into a temporary package and imports it."""
-    from grpc_tools import protoc
-
-    out = tempfile.mkdtemp(prefix="tost_proto_")
-    proto_dir = os.path.join(SOURCE_DIR, "proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_dir, "tost", "v1", "tost.proto")])
-    assert rc == 0, "protoc failed on tost.proto"
-    sys.path.insert(0, out)
-    from tost.v1 import tost_pb2, tost_pb2_grpc  # noqa: E402
-
-    return tost_pb2, tost_pb2_grpc
+    """(tost_pb2, tost_pb2_grpc), generated from proto/tost/v1/tost.proto (tools/pylib/tost_protos.py)."""
+    return tost_protos.tost()
 
 
-class RunningServer:
+class RunningServer(tost_launch.TostServer):
+    """$TOST_SERVER_BIN on `repo` with `extra_args`, on 127.0.0.1 with a free port and metrics port
+    and one intra-op thread, started by the time the constructor returns (its listening line read).
+    Attributes: port, address, metrics_port (None with --metrics_port=-1), proc (the Popen), log (its
+    stderr's file: log.name); stop() returns the exit status. See tools/pylib/tost_launch.py."""
+
     def __init__(self, repo: str, extra_args=()):
-        self.log = tempfile.NamedTemporaryFile(prefix="tost_server_", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(
-            [_binary("TOST_SERVER_BIN"), f"--model_repository={repo}", "--host=127.0.0.1", "--port=0",
-             "--intra_op_threads=1", "--metrics_port=0", "--metrics_address=127.0.0.1", *extra_args],
-            stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on [\d.]+:(\d+)", line)
-        if not m:
-            self.stop()
-            raise RuntimeError(f"tost_server did not start: {line!r}; log: {open(self.log.name).read()}")
-        self.port = int(m.group(1))
-        self.address = f"127.0.0.1:{self.port}"
-        # The metrics endpoint's line follows (absent with --metrics_port=-1).
-        self.metrics_port = None
-        if "--metrics_port=-1" not in extra_args:
-            line = self.proc.stdout.readline()
-            m = re.search(r"metrics on [\d.]+:(\d+)", line)
-            if not m:
-                self.stop()
-                raise RuntimeError(f"tost_server printed no metrics port: {line!r}; log: {open(self.log.name).read()}")
-            self.metrics_port = int(m.group(1))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.returncode
+        super().__init__(repo, list(extra_args), binary=_binary("TOST_SERVER_BIN"))
 
 
 def generator_status(status_response, model):

@@ -78,8 +78,7 @@ class Replica:
         return self.server is not None and self.server.proc.poll() is None
 
     def kill(self):
-        self.server.proc.send_signal(signal.SIGKILL)
-        self.server.proc.wait(timeout=30)
+        self.server.kill()
 
     def terminate(self):
         self.server.proc.send_signal(signal.SIGTERM)
@@ -88,10 +87,7 @@ class Replica:
         return self.server.stop() if self.server is not None else None
 
     def log(self) -> str:
-        if self.server is None:
-            return ""
-        with open(self.server.log.name, errors="replace") as f:
-            return f.read()
+        return self.server.log_text() if self.server is not None else ""
 
 
 class Nginx:

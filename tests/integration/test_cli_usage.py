@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import SOURCE_DIR, _binary
+import tost_launch  # tools/pylib, on sys.path once conftest is imported
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 USAGE, UNREACHABLE, NOT_FOUND, UNAVAILABLE = 2, 3, 4, 5
@@ -174,33 +175,24 @@ def test_a_server_still_loading_is_one_line_and_exit_status_5(tmp_path):
         for name in os.listdir(source):
             if name != "config.json":
                 os.symlink(os.path.join(source, name), d / name)
-    log = tmp_path / "server.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([_binary("TOST_SERVER_BIN"), f"--model_repository={repo}", "--host=127.0.0.1",
-                                 "--port=0", "--metrics_port=-1", "--intra_op_threads=1"],
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
+    # Not waiting for the listening line: that comes once every model has loaded.
+    server = tost_launch.TostServer(str(repo), binary=_binary("TOST_SERVER_BIN"), metrics=False,
+                                    log_path=str(tmp_path / "server.log"), wait=False)
+    with server:
         deadline = time.monotonic() + 60
         port = None
         while port is None:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"no 'loading models' line: {log.read_text()}"
-            m = re.search(r"loading models .*\bport=(\d+)", log.read_text())
+            assert server.alive(), server.log_text()
+            assert time.monotonic() < deadline, f"no 'loading models' line: {server.log_text()}"
+            m = re.search(r"loading models .*\bport=(\d+)", server.log_text())
             port = int(m.group(1)) if m else time.sleep(0.005)
         address = f"127.0.0.1:{port}"
         done = cli("models", f"--server={address}")
         if done.returncode == 0:
-            loaded = len(re.findall(r"model loaded", log.read_text()))
+            loaded = len(re.findall(r"model loaded", server.log_text()))
             pytest.skip(f"the server loaded all {loaded} models before tost_cli's call reached it; "
                         "nothing to observe on this machine")
         assert done.returncode == UNAVAILABLE, (done.returncode, done.stderr)
         assert one_line(done) == (f"tost_cli: the server at {address} is still loading its models; retry in a few "
                                   "seconds (it serves once grpc.health.v1 reports SERVING)")
         assert done.stdout == ""
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, concurrent_generates
+import tost_protos  # tools/pylib, on sys.path once conftest is imported
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
@@ -158,7 +159,7 @@ def test_a_gpu_blob_continues_on_the_cpu(servers, proto_modules):
 def _statistics(blob):
     """The statistics and position a blob carries ("TOSTSESS" | u32 version | u32 length | payload
     | HMAC, the payload a tost.v1.internal.SessionState)."""
-    from tost.v1 import session_state_pb2  # compiled beside tost.proto by the fixture below
+    session_state_pb2 = tost_protos.session_state()
 
     assert blob[:8] == b"TOSTSESS", blob[:8]
     (length,) = struct.unpack_from("<I", blob, 12)
@@ -166,18 +167,7 @@ def _statistics(blob):
     return state.stats, state.position
 
 
-@pytest.fixture(scope="module")
-def session_state_proto(proto_modules):
-    from grpc_tools import protoc
-
-    out = os.path.dirname(os.path.dirname(os.path.dirname(proto_modules[0].__file__)))
-    proto_dir = os.path.join(SOURCE_DIR, "proto")
-    assert protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}",
-                        os.path.join(proto_dir, "tost", "v1", "session_state.proto")]) == 0
-    return out
-
-
-def test_a_gpu_blob_round_trips_its_statistics_byte_for_byte(servers, proto_modules, session_state_proto):
+def test_a_gpu_blob_round_trips_its_statistics_byte_for_byte(servers, proto_modules):
     """The blob format does not depend on the device: a GPU replica's blob imported and exported
     again, on the CPU and on the GPU, carries the same statistics bytes."""
     pb2, _ = proto_modules

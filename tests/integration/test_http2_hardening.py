@@ -27,6 +27,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import SOURCE_DIR, RunningServer, proc_status  # noqa: E402
+import tost_protos  # noqa: E402 - on sys.path once conftest is imported
 
 REPO = os.path.join(SOURCE_DIR, "models")
 CLASSIFY = "/tost.v1.Tost/Classify"
@@ -410,12 +411,7 @@ def test_a_gzip_client_still_works(small_limit_server, proto_modules):
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "flood":
-    from grpc_tools import protoc
-    import tempfile
-    out = tempfile.mkdtemp(prefix="tost_proto_")
-    protoc.main(["protoc", f"-I{SOURCE_DIR}/proto", f"--python_out={out}", f"{SOURCE_DIR}/proto/tost/v1/tost.proto"])
-    sys.path.insert(0, out)
-    from tost.v1 import tost_pb2  # noqa: E402
+    tost_pb2, _ = tost_protos.tost()
     address, pid, seconds, connections = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     r = flood(address, pid, seconds, connections, CLASSIFY, digits_request(tost_pb2).SerializeToString())
     print(json.dumps(r))

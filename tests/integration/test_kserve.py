@@ -3,7 +3,6 @@ tost_server, plus our proto checked message by message against the one tritoncli
 import json
 import os
 import struct
-import tempfile
 import zlib
 
 import grpc
@@ -15,6 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from conftest import SOURCE_DIR, RunningServer
+import tost_protos  # tools/pylib, on sys.path once conftest is imported
 
 MODEL = "tost-digits"
 LM = "tost-austen"
@@ -96,16 +96,10 @@ def test_proto_matches_the_published_spec():
     """Every message, field (name, number, type, label, oneof) and RPC of proto/kserve/v2 equals its
     counterpart in tritonclient's grpc_service.proto descriptor."""
     from google.protobuf import descriptor_pb2
-    from grpc_tools import protoc
 
-    out = tempfile.mkdtemp(prefix="kserve_proto_")
-    proto_dir = os.path.join(SOURCE_DIR, "proto")
-    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}/ds.pb",
-                        os.path.join(proto_dir, "kserve", "v2", "grpc_service.proto")]) == 0
-    fds = descriptor_pb2.FileDescriptorSet()
-    with open(f"{out}/ds.pb", "rb") as f:
-        fds.ParseFromString(f.read())
-    ours = fds.file[0]
+    # Read from the descriptor set: importing our modules would clash with tritonclient's (both
+    # define package `inference`).
+    (ours,) = [f for f in tost_protos.descriptor_set().file if f.name == tost_protos.KSERVE]
     theirs = descriptor_pb2.FileDescriptorProto()
     service_pb2.DESCRIPTOR.CopyToProto(theirs)
     assert ours.package == theirs.package == "inference"

@@ -1,12 +1,12 @@
 """Shared pieces of the performance scripts (tools/bench/*.py, tools/perf_report.py): starting
-tost_server and the Python comparison server on free 127.0.0.1 ports, pinning processes to cores,
-running tost_loadgen, reading resident memory, and writing synthetic model repositories with the
-dims of a shipped model (for contexts the shipped model does not have)."""
+tost_server and the Python comparison server on free 127.0.0.1 ports (tools/pylib/tost_launch.py),
+the tost.v1 stubs (tools/pylib/tost_protos.py), pinning processes to cores, running tost_loadgen,
+reading resident memory, and writing synthetic model repositories with the dims of a shipped model
+(for contexts the shipped model does not have)."""
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +16,12 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOLS = os.path.join(ROOT, "tools")
+PYLIB = os.path.join(TOOLS, "pylib")
 DEFAULT_BUILD = os.path.join(ROOT, "build")
+if PYLIB not in sys.path:
+    sys.path.insert(0, PYLIB)
+import tost_launch  # noqa: E402
+import tost_protos  # noqa: E402
 
 
 def find_binary(build_dir: str, relative: str) -> str:
@@ -42,55 +47,22 @@ def other_cpus(cpu: int) -> List[int]:
     return rest or mine
 
 
-class Process:
-    """A server started on 127.0.0.1 with --port=0 that prints 'listening on HOST:PORT'."""
+class Process(tost_launch.ServerProcess):
+    """A server started on 127.0.0.1 with --port=0 that prints 'listening on HOST:PORT' (the Python
+    comparison server), pinned to `cpus`; its log is removed when its `with` block ends."""
 
     def __init__(self, argv: Sequence[str], name: str, cpus: Optional[Sequence[int]] = None,
-                 env: Optional[Dict[str, str]] = None, ready_pattern: str = r"listening on [\d.]+:(\d+)"):
-        self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"{name}_", suffix=".log", delete=False)
-        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        self.proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     preexec_fn=preexec, env=env)
-        line = self.proc.stdout.readline()
-        m = re.search(ready_pattern, line)
-        if not m:
-            self.stop()
-            raise RuntimeError(f"{name} did not start: expected a line matching {ready_pattern!r}, "
-                               f"got {line!r}; log: {self.log_text()[-2000:]}")
-        self.port = int(m.group(1))
-        self.address = f"127.0.0.1:{self.port}"
-        self.pid = self.proc.pid
-
-    def log_text(self) -> str:
-        with open(self.log.name, errors="replace") as f:
-            return f.read()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        os.unlink(self.log.name)
+                 env: Optional[Dict[str, str]] = None, ready_pattern: str = tost_launch.LISTENING):
+        super().__init__(argv, name=name, ready=ready_pattern, cpus=cpus, env=env, stop_timeout_s=60,
+                         remove_log=True)
 
 
 def start_tost_server(build_dir: str, repo: str, extra_args: Sequence[str] = (),
-                      cpus: Optional[Sequence[int]] = None) -> Process:
-    server = find_binary(build_dir, "service/tost_server")
+                      cpus: Optional[Sequence[int]] = None) -> tost_launch.TostServer:
     # Access logs off: one stderr line per call would measure the logger at high rates.
-    return Process([server, f"--model_repository={repo}", "--host=127.0.0.1", "--port=0",
-                    "--metrics_port=-1", "--log_requests=false", "--intra_op_threads=1",
-                    *extra_args], "tost_server", cpus=cpus)
+    return tost_launch.TostServer(repo, extra_args, binary=find_binary(build_dir, "service/tost_server"),
+                                  metrics=False, log_requests=False, cpus=cpus, stop_timeout_s=60,
+                                  remove_log=True)
 
 
 def run_loadgen(build_dir: str, target: str, args: Sequence[str], cpu: int,
@@ -124,19 +96,8 @@ def proc_rss_bytes(pid: int) -> int:
 
 
 def proto_modules():
-    """tost.v1 Python stubs, compiled from proto/ into a temporary directory (grpcio-tools)."""
-    from grpc_tools import protoc
-
-    out = tempfile.mkdtemp(prefix="tost_proto_")
-    proto_dir = os.path.join(ROOT, "proto")
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_dir, "tost", "v1", "tost.proto")])
-    if rc != 0:
-        raise RuntimeError("protoc failed on proto/tost/v1/tost.proto")
-    sys.path.insert(0, out)
-    from tost.v1 import tost_pb2, tost_pb2_grpc  # noqa: E402
-
-    return tost_pb2, tost_pb2_grpc
+    """(tost_pb2, tost_pb2_grpc): the tost.v1 Python stubs (tools/pylib/tost_protos.py)."""
+    return tost_protos.tost()
 
 
 def reference():

@@ -6,10 +6,14 @@ asked for, no failed ones, consistent percentiles and positive throughputs."""
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
+
+# tools/pylib/tost_launch.py: starting tost_server, waiting for its listening line, stopping it.
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                 "tools", "pylib")))
+import tost_launch  # noqa: E402
 
 
 def check(report: dict, workloads, label: str) -> None:
@@ -42,15 +46,14 @@ def main() -> None:
     ap.add_argument("--loadgen_bin", required=True)
     ap.add_argument("--models", required=True)
     args = ap.parse_args()
-    log = tempfile.NamedTemporaryFile(prefix="loadgen_smoke_server_", suffix=".log", delete=False)
-    server = subprocess.Popen([args.server_bin, f"--model_repository={args.models}", "--host=127.0.0.1",
-                               "--port=0", "--metrics_port=-1", "--log_requests=false"],
-                              stdout=subprocess.PIPE, stderr=log, text=True)
     try:
-        m = re.search(r"listening on [\d.]+:(\d+)", server.stdout.readline())
-        if not m:
-            sys.exit(f"tost_server did not start; log: {open(log.name).read()[-2000:]}")
-        target = f"--target=127.0.0.1:{m.group(1)}"
+        server = tost_launch.TostServer(args.models, binary=args.server_bin, metrics=False, intra_op_threads=None,
+                                        log_requests=False, name="loadgen_smoke_server", stop_timeout_s=60,
+                                        remove_log=True)
+    except tost_launch.StartError as e:
+        sys.exit(str(e))
+    with server:
+        target = f"--target={server.address}"
         npy = os.path.join(args.models, "tost-digits", "samples", "3_0.npy")
         runs = [
             ("closed-loop mix", ["--workload=classify:3,generate:1", "--concurrency=4", "--max_new_tokens=8"],
@@ -72,10 +75,6 @@ def main() -> None:
         r = subprocess.run([args.loadgen_bin, target, "--workload=embed"], capture_output=True, text=True)
         if r.returncode == 0 or "expected \"classify\" or \"generate\"" not in r.stderr:
             sys.exit(f"expected --workload=embed to be refused, got {r.returncode}: {r.stderr}")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        os.unlink(log.name)
     print("loadgen smoke: OK")
 
 
