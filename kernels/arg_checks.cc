@@ -64,31 +64,32 @@ void CheckPositions(const at::Tensor& positions, const char* op, const at::Tenso
               " token(s) exceeds the context length Tmax=", tmax, " of denom_bias");
 }
 
-// A state pool [P, 2D+K] float32 on w's device and slots [B] int64 naming distinct rows of it.
-void CheckSlots(const at::Tensor& slots, const at::Tensor& pool, const at::Tensor& w,
-                const TssaDims& d) {
+// A state pool [P, 2D+K] float32 on w's device and row_ids [B] int64 naming distinct rows of it.
+void CheckRowIds(const at::Tensor& row_ids, const at::Tensor& pool, const at::Tensor& w,
+                 const TssaDims& d) {
   constexpr const char* op = "tssa_step";
   const int64_t width = StateWidth(d.channels, d.heads);
   TORCH_CHECK(pool.dim() == 2 && pool.size(0) >= 1 && pool.size(1) == width, op,
-              ": with slots, state must be a pool [P>=1, 2D+K=", width, "], got shape ",
+              ": with row_ids, state must be a pool [P>=1, 2D+K=", width, "], got shape ",
               pool.sizes());
   TORCH_CHECK(pool.scalar_type() == at::kFloat, op, ": state must be float32, got ",
               pool.scalar_type());
   TORCH_CHECK(pool.device() == w.device(), op, ": state is on ", pool.device(), " but w is on ",
               w.device());
-  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == d.batch, op, ": slots must be [B=", d.batch,
-              "], got shape ", slots.sizes());
-  TORCH_CHECK(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
-              slots.scalar_type());
-  TORCH_CHECK(slots.device().is_cpu() || slots.device() == w.device(), op, ": slots are on ",
-              slots.device(), " but w is on ", w.device());
-  if (!slots.device().is_cpu()) return;  // device slots: guarded by the kernels (see the header)
-  const at::Tensor sorted = std::get<0>(at::sort(slots.contiguous()));
+  TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == d.batch, op,
+              ": row_ids must be [B=", d.batch, "], got shape ", row_ids.sizes());
+  TORCH_CHECK(row_ids.scalar_type() == at::kLong, op, ": row_ids must be int64, got ",
+              row_ids.scalar_type());
+  TORCH_CHECK(row_ids.device().is_cpu() || row_ids.device() == w.device(), op, ": row_ids are on ",
+              row_ids.device(), " but w is on ", w.device());
+  if (!row_ids.device().is_cpu())
+    return;  // device row_ids: guarded by the kernels (see the header)
+  const at::Tensor sorted = std::get<0>(at::sort(row_ids.contiguous()));
   const int64_t* s = sorted.const_data_ptr<int64_t>();
   for (int64_t i = 0; i < d.batch; ++i) {
-    TORCH_CHECK(s[i] >= 0 && s[i] < pool.size(0), op, ": slot ", s[i],
+    TORCH_CHECK(s[i] >= 0 && s[i] < pool.size(0), op, ": row ", s[i],
                 " is outside the state pool's rows [0, ", pool.size(0), ")");
-    TORCH_CHECK(i == 0 || s[i] != s[i - 1], op, ": slot ", s[i],
+    TORCH_CHECK(i == 0 || s[i] != s[i - 1], op, ": row ", s[i],
                 " is named twice; every sequence of a step needs its own row");
   }
 }
@@ -125,15 +126,15 @@ TssaDims CheckCausalArgs(const at::Tensor& w, const at::Tensor& temp, const at::
 
 TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                        const at::Tensor& positions, const at::Tensor& state,
-                       const std::optional<at::Tensor>& slots) {
+                       const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(w.dim() == 2, "tssa_step: w must be [B,D], got shape ", w.sizes());
   CheckFloating(w, "tssa_step");
   TssaDims d{w.size(0), 1, w.size(1), temp.dim() == 1 ? temp.size(0) : 0, 0};
   CheckTemp(temp, "tssa_step", w, d.channels);
   d.head_dim = d.channels / d.heads;
   CheckDenomBias(denom_bias, "tssa_step", w, d.heads);
-  if (slots.has_value()) {
-    CheckSlots(*slots, state, w, d);
+  if (row_ids.has_value()) {
+    CheckRowIds(*row_ids, state, w, d);
   } else {
     CheckState(state, "tssa_step", w, d);
   }

@@ -24,11 +24,11 @@ TssaDims CheckCausalArgs(const at::Tensor& w, const at::Tensor& temp, const at::
                          const std::optional<at::Tensor>& state,
                          const std::optional<at::Tensor>& positions);
 
-// With `slots`, `state` is a pool [P, 2D+K] and slots [B] int64 names each sequence's row: on the
-// host they are checked to be in [0, P) and distinct; on w's device they are not (a host read
+// With `row_ids`, `state` is a pool [P, 2D+K] and row_ids [B] int64 names each sequence's row: on
+// the host they are checked to be in [0, P) and distinct; on w's device they are not (a host read
 // would synchronise): the device kernels guard the range, and distinctness is the caller's.
 TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                        const at::Tensor& positions, const at::Tensor& state,
-                       const std::optional<at::Tensor>& slots = std::nullopt);
+                       const std::optional<at::Tensor>& row_ids = std::nullopt);
 
 }  // namespace tost::kernels

@@ -11,6 +11,6 @@ inline constexpr const char* kTssaCausal =
     "positions=None) -> (Tensor, Tensor)";
 inline constexpr const char* kTssaStep =
     "tssa_step(Tensor w, Tensor temp, Tensor denom_bias, Tensor positions, Tensor(a!) state, "
-    "Tensor? slots=None) -> Tensor";
+    "Tensor? row_ids=None) -> Tensor";
 
 }  // namespace tost::kernels::schemas

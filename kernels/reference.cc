@@ -99,10 +99,10 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w_in, const at:
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots) {
-  CheckStepArgs(w, temp, denom_bias, positions, state, slots);
-  if (slots.has_value()) {
-    const at::Tensor rows = slots->to(state.device());
+                     const std::optional<at::Tensor>& row_ids) {
+  CheckStepArgs(w, temp, denom_bias, positions, state, row_ids);
+  if (row_ids.has_value()) {
+    const at::Tensor rows = row_ids->to(state.device());
     auto [y, state_out] =
         tssa_causal(w.unsqueeze(1), temp, denom_bias, state.index_select(0, rows), positions);
     state.index_copy_(0, rows, state_out);

@@ -24,6 +24,6 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots = std::nullopt);
+                     const std::optional<at::Tensor>& row_ids = std::nullopt);
 
 }  // namespace tost::kernels::reference

@@ -45,8 +45,8 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots) {
-  return StepHandle().call(w, temp, denom_bias, positions, state, slots);
+                     const std::optional<at::Tensor>& row_ids) {
+  return StepHandle().call(w, temp, denom_bias, positions, state, row_ids);
 }
 
 }  // namespace tost::kernels

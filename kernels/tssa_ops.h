@@ -12,8 +12,8 @@
 //                                                                     [B,2D+K])
 //   tssa_step   w [B,D], temp [K], denom_bias [K,Tmax], positions [B] int64,
 //               state [B,2D+K] updated in place                        -> y [B,D]
-//               or, with slots [B] int64 (distinct), state is a pool [P,2D+K] and row slots[b]
-//               is sequence b's, read and updated in place; other rows are untouched
+//               or, with row_ids [B] int64 (distinct), state is a pool [P,2D+K] and the row at
+//               row_ids[b] is sequence b's, read and updated in place; other rows are untouched
 //
 // The state row of one sequence is float32 [S1 (D) | S2 (D) | S3 (K)]:
 //   S1 = Σ w², S2 = Σ Π·w², S3 = Σ Π over the tokens seen so far, channel c of head k at k·p + c.
@@ -40,6 +40,6 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots = std::nullopt);
+                     const std::optional<at::Tensor>& row_ids = std::nullopt);
 
 }  // namespace tost::kernels

@@ -108,11 +108,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session_reap_interval_ms must be >= 1, got ", o.session_reap_interval_ms));
   }
-  if (o.limits.max_images_per_request > o.batching.max_batch_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_batch_size (images per request, ", o.limits.max_images_per_request,
-                     ") must not exceed --max_batch_images (images per batch, ",
-                     o.batching.max_batch_size, "): a request never splits"));
+  if (o.limits.max_images_per_request > o.batching.max_batch_images) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_images_per_request (images per request, ", o.limits.max_images_per_request,
+        ") must not exceed --max_batch_images (images per batch, ", o.batching.max_batch_images,
+        "): a request never splits"));
   }
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));

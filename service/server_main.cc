@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -67,8 +68,15 @@ ABSL_FLAG(int, intra_op_threads, 1,
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: readiness off, in-flight generations get this long to "
           "finish, then end with FINISH_REASON_DRAINED and a resumable state blob");
-ABSL_FLAG(int64_t, max_batch_size, 8,
-          "Most images in one Classify request (at most --max_batch_images)");
+ABSL_FLAG(int64_t, max_images_per_request, 8,
+          "Classification: most images in one Classify or ModelInfer request (at most "
+          "--max_batch_images, since a request is never split across batches)");
+// The old name of --max_images_per_request. It read as the batched forward's size, which is
+// --max_batch_images; accepted so existing deployments keep starting, with a warning.
+ABSL_FLAG(std::optional<int64_t>, max_batch_size, std::nullopt,
+          "Deprecated: the old name of --max_images_per_request (it never set the batch size; "
+          "--max_batch_images does). Accepted with a warning; giving both with different values "
+          "stops the start");
 ABSL_FLAG(int64_t, max_tensor_elements, 64LL << 20, "Most float32 values in one Classify tensor");
 ABSL_FLAG(int64_t, max_image_bytes, 16LL << 20,
           "Most bytes of one encoded PNG/JPEG image (Classify images, KServe BYTES)");
@@ -88,7 +96,8 @@ ABSL_FLAG(int64_t, classify_timeout_us, 10000000,
 ABSL_FLAG(int, max_active_generations, 64,
           "Sequences decoded together per language model (one batched step)");
 ABSL_FLAG(int, max_queued_generations, 256,
-          "Generations admitted and waiting for a slot, per language model");
+          "Generations admitted and waiting to become active (see --max_active_generations), per "
+          "language model");
 ABSL_FLAG(int, prefill_chunk_tokens, 128,
           "Prompt tokens per prefill chunk (interleaved with decode steps)");
 ABSL_FLAG(bool, batch_invariant_decode, false,
@@ -158,7 +167,8 @@ absl::Status CheckNumericFlags() {
        1 << 30, "0 = the kernel's autotuning"},
       {"intra_op_threads", absl::GetFlag(FLAGS_intra_op_threads), 0, 1024, "0 = one per core"},
       {"drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s), 0, kDayS},
-      {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size), 1, 4096},
+      {"max_images_per_request", absl::GetFlag(FLAGS_max_images_per_request), 1, 4096},
+      {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size).value_or(1), 1, 4096},
       {"max_tensor_elements", absl::GetFlag(FLAGS_max_tensor_elements), 1, int64_t{1} << 31},
       {"max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes), 1, int64_t{1} << 31},
       {"max_decoded_pixels", absl::GetFlag(FLAGS_max_decoded_pixels), 1, int64_t{1} << 34},
@@ -226,6 +236,23 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // Debian's Abseil keeps IsSpecifiedOnCommandLine() private: the current name counts as given
+  // when it differs from its default, the old one (optional, no default) when it has a value.
+  const std::optional<int64_t> old_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
+  const int64_t images_per_request_flag = absl::GetFlag(FLAGS_max_images_per_request);
+  const auto images_per_request = tost::service::ResolveRenamedFlag(
+      {"max_images_per_request", images_per_request_flag,
+       absl::GetFlagReflectionHandle(FLAGS_max_images_per_request).CurrentValue() !=
+           absl::GetFlagReflectionHandle(FLAGS_max_images_per_request).DefaultValue(),
+       "max_batch_size", old_images_per_request.value_or(0), old_images_per_request.has_value()});
+  if (!images_per_request.ok()) {
+    std::cerr << "tost_server: " << images_per_request.status().message() << "\n";
+    return 1;
+  }
+  if (!images_per_request->warning.empty()) {
+    tost::service::Log(tost::service::LogLevel::kWarning, images_per_request->warning);
+  }
+
   tost::service::ServerOptions options;
   options.model_repository = absl::GetFlag(FLAGS_model_repository);
   options.host = absl::GetFlag(FLAGS_host);
@@ -245,13 +272,13 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.dtype = absl::GetFlag(FLAGS_dtype);
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.limits.max_images_per_request = absl::GetFlag(FLAGS_max_batch_size);
+  options.limits.max_images_per_request = images_per_request->value;
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   options.limits.image.max_encoded_bytes = absl::GetFlag(FLAGS_max_image_bytes);
   options.limits.image.max_decoded_pixels = absl::GetFlag(FLAGS_max_decoded_pixels);
   options.limits.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   options.limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  options.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_images);
+  options.batching.max_batch_images = absl::GetFlag(FLAGS_max_batch_images);
   options.batching.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   options.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   options.batching.timeout_us = absl::GetFlag(FLAGS_classify_timeout_us);

@@ -286,12 +286,12 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots) {
-  if (!slots.has_value()) return tssa_step_with({}, w, temp, denom_bias, positions, state);
-  CheckStepArgs(w, temp, denom_bias, positions, state, slots);
+                     const std::optional<at::Tensor>& row_ids) {
+  if (!row_ids.has_value()) return tssa_step_with({}, w, temp, denom_bias, positions, state);
+  CheckStepArgs(w, temp, denom_bias, positions, state, row_ids);
   // A pool in host memory: the named rows are gathered, stepped and written back (the copies are
   // a few KB per sequence; the device kernels index the pool in place instead).
-  const at::Tensor rows = slots->to(state.device());
+  const at::Tensor rows = row_ids->to(state.device());
   at::Tensor work = state.index_select(0, rows);
   at::Tensor y = tssa_step_with({}, w, temp, denom_bias, positions, work);
   state.index_copy_(0, rows, work);

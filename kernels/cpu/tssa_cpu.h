@@ -44,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
                                                const std::optional<at::Tensor>& positions);
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
-                     const std::optional<at::Tensor>& slots = std::nullopt);
+                     const std::optional<at::Tensor>& row_ids = std::nullopt);
 
 // The same with explicit options, for tests and benchmarks.
 at::Tensor tssa_with(const CpuKernelOptions& options, const at::Tensor& w, const at::Tensor& temp);

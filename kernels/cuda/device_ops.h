@@ -96,11 +96,11 @@ class DeviceOps {
 
   static at::Tensor TssaStep(const at::Tensor& w_in, const at::Tensor& temp_in,
                              const at::Tensor& denom_bias_in, const at::Tensor& positions_in,
-                             at::Tensor& state, const std::optional<at::Tensor>& slots_in) {
+                             at::Tensor& state, const std::optional<at::Tensor>& row_ids_in) {
     constexpr const char* kOp = Backend::kTssaStep;
-    const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state, slots_in);
+    const TssaDims d = CheckStepArgs(w_in, temp_in, denom_bias_in, positions_in, state, row_ids_in);
     if (UseReference(w_in, d))
-      return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state, slots_in);
+      return reference::tssa_step(w_in, temp_in, denom_bias_in, positions_in, state, row_ids_in);
     const gpu::DType dtype = KernelDType(w_in, kOp);
     const gpu::Dims dims = KernelDims(d, kOp);
     [[maybe_unused]] const auto guard = Backend::Guard(w_in.device());
@@ -111,16 +111,17 @@ class DeviceOps {
     const at::Tensor temp = Float32(temp_in);
     const at::Tensor denom_bias = Float32(denom_bias_in);
     const at::Tensor positions = Positions(positions_in, w.device());
-    // Slots index the pool in place (uploaded like positions when they are on the host).
-    const at::Tensor slots = slots_in.has_value() ? Positions(*slots_in, w.device()) : at::Tensor();
+    // Row ids index the pool in place (uploaded like positions when they are on the host).
+    const at::Tensor row_ids =
+        row_ids_in.has_value() ? Positions(*row_ids_in, w.device()) : at::Tensor();
     // The kernel updates a contiguous state in place; a strided one is updated through a copy.
     at::Tensor st = state.is_contiguous() ? state : state.contiguous();
     Backend::CheckLaunch(
         gpu::LaunchTssaStep(dims, dtype, w.const_data_ptr(), temp.const_data_ptr<float>(),
                             denom_bias.const_data_ptr<float>(), denom_bias.size(1),
                             positions.const_data_ptr<int64_t>(), st.mutable_data_ptr<float>(),
-                            slots.defined() ? slots.const_data_ptr<int64_t>() : nullptr, st.size(0),
-                            y.mutable_data_ptr(), Backend::Stream()),
+                            row_ids.defined() ? row_ids.const_data_ptr<int64_t>() : nullptr,
+                            st.size(0), y.mutable_data_ptr(), Backend::Stream()),
         kOp);
     if (!st.is_same(state)) state.copy_(st);
     return y;
@@ -148,7 +149,7 @@ class DeviceOps {
     return g;
   }
 
-  // Positions (or slots) on the device: host ones (range-checked on the host by the argument
+  // Positions (or row_ids) on the device: host ones (range-checked on the host by the argument
   // checks) are uploaded once, from pinned memory without blocking; device ones are used as they
   // are (the kernels guard their range).
   static at::Tensor Positions(const at::Tensor& positions, const at::Device& device) {

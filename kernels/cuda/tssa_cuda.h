@@ -75,12 +75,12 @@ cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const
                              float* state_out, void* workspace, cudaStream_t stream);
 
 // Causal TSSA decode step (d.tokens must be 1): one token per sequence, updated in place. Without
-// `slots` (null), `state` is [B, 2D+K] and row b is sequence b's; with them, `state` is a pool of
-// `pool_rows` rows and row slots[b] is sequence b's (distinct; a slot outside [0, pool_rows) gets
-// NaN outputs and leaves the pool untouched, never an out-of-range access).
+// `row_ids` (null), `state` is [B, 2D+K] and row b is sequence b's; with them, `state` is a pool of
+// `pool_rows` rows and the row at row_ids[b] is sequence b's (distinct; a row id outside [0,
+// pool_rows) gets NaN outputs and leaves the pool untouched, never an out-of-range access).
 cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp,
                            const float* denom_bias, int64_t tmax, const int64_t* positions,
-                           float* state, const int64_t* slots, int64_t pool_rows, void* y,
+                           float* state, const int64_t* row_ids, int64_t pool_rows, void* y,
                            cudaStream_t stream);
 
 TOST_GPU_BACKEND_NAMESPACE_END

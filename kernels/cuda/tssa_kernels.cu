@@ -589,10 +589,11 @@ __global__ void __launch_bounds__(kRowThreads, CausalApplyMinBlocks(CPT))
 // ---------------------------------------------------------------------------------------------
 // Causal TSSA decode step: one block per sequence, its state row updated in place.
 
-// The rows the step reads and updates: row b of `rows` for sequence b, or row slots[b] of a pool.
+// The rows the step reads and updates: row b of `rows` for sequence b, or the row at row_ids[b] of
+// a pool.
 struct StepRows {
-  float* rows;           // [pool_rows][2D+K]
-  const int64_t* slots;  // [B] or null
+  float* rows;             // [pool_rows][2D+K]
+  const int64_t* row_ids;  // [B] or null
   int64_t pool_rows;
 };
 
@@ -613,9 +614,9 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
   const int warp = tid / kWarpSize;
   const int nwarps = nt / kWarpSize;
   T* yrow = y + static_cast<int64_t>(b) * D;
-  // Device slots are unchecked like positions: a slot outside the pool gets NaN and touches
+  // Device row_ids are unchecked like positions: a row id outside the pool gets NaN and touches
   // nothing (the test is uniform over the block, so every thread returns before any barrier).
-  const int64_t row = state.slots != nullptr ? state.slots[b] : b;
+  const int64_t row = state.row_ids != nullptr ? state.row_ids[b] : b;
   if (row < 0 || row >= state.pool_rows) {
     for (int c = tid; c < D; c += nt) yrow[c] = FromFloat<T>(__int_as_float(0x7fc00000));
     return;
@@ -1031,13 +1032,13 @@ cudaError_t LaunchTssaCausal(const Dims& d, const Plan& plan, DType dtype, const
 
 cudaError_t LaunchTssaStep(const Dims& d, DType dtype, const void* w, const float* temp,
                            const float* denom_bias, int64_t tmax, const int64_t* positions,
-                           float* state_rows, const int64_t* slots, int64_t pool_rows, void* y,
+                           float* state_rows, const int64_t* row_ids, int64_t pool_rows, void* y,
                            cudaStream_t stream) {
   if (UnsupportedReason(d) != nullptr || d.tokens != 1 || d.batch < 1 || d.channels < 1 ||
-      positions == nullptr || (slots == nullptr && pool_rows != d.batch) || pool_rows < 1) {
+      positions == nullptr || (row_ids == nullptr && pool_rows != d.batch) || pool_rows < 1) {
     return cudaErrorInvalidValue;
   }
-  const StepRows state{state_rows, slots, pool_rows};
+  const StepRows state{state_rows, row_ids, pool_rows};
   switch (dtype) {
     case DType::kFloat32:
       return LaunchStepT<float>(d, w, temp, denom_bias, tmax, positions, state, y, stream);

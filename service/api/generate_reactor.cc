@@ -155,7 +155,7 @@ absl::Status GenerateReactor::Admit() {
   }
   // A place first: a full or draining scheduler refuses before the prompt (up to a MiB) is
   // tokenised.
-  TOST_ASSIGN_OR_RETURN(GenerationScheduler::Slot slot, scheduler->Reserve());
+  TOST_ASSIGN_OR_RETURN(GenerationScheduler::Reservation reservation, scheduler->Reserve());
   const bool fresh = request.session_id().empty() && request.state().empty();
   if (fresh) {
     state = scheduler->NewState(SamplingFromProto(request.sampling()));
@@ -181,7 +181,7 @@ absl::Status GenerateReactor::Admit() {
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);
-  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(slot), std::move(job_request)));
+  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(reservation), std::move(job_request)));
   return absl::OkStatus();
 }
 

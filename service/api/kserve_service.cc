@@ -398,12 +398,13 @@ absl::Status KServeService::Infer(const inference::ModelInferRequest& req, absl:
   // the place before any payload is touched, so a full queue costs the server nothing.
   TOST_ASSIGN_OR_RETURN(const int64_t images, DeclaredImages(in, cfg));
   TOST_RETURN_IF_ERROR(CheckImageCount(images, cfg, limits_, "inputs[0].shape[0]"));
-  TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, classifier.Reserve(images));
+  TOST_ASSIGN_OR_RETURN(DynamicBatcher::Reservation reservation, classifier.Reserve(images));
   TOST_ASSIGN_OR_RETURN(std::vector<float> pixels, in.name() == kKServeImageInput
                                                        ? FloatInput(req, images, cfg, limits_)
                                                        : EncodedInput(req, images, cfg, limits_));
-  TOST_ASSIGN_OR_RETURN(const std::vector<float> logits,
-                        classifier.Classify(std::move(slot), std::move(pixels), images, deadline));
+  TOST_ASSIGN_OR_RETURN(
+      const std::vector<float> logits,
+      classifier.Classify(std::move(reservation), std::move(pixels), images, deadline));
   TOST_ASSIGN_OR_RETURN(const std::vector<float> probs, SoftmaxRows(logits, images, cfg));
   const int64_t n = cfg.vision.num_classes;
 

@@ -61,9 +61,9 @@ absl::StatusOr<int64_t> ImagesInTensorShape(absl::Span<const int64_t> shape, boo
 absl::Status CheckImageCount(int64_t images, const model::ModelConfig& model,
                              const ServiceLimits& limits, const std::string& field) {
   if (images >= 1 && images <= limits.max_images_per_request) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": model ", model.name, " takes 1 to ",
-                                                 limits.max_images_per_request,
-                                                 " images per request, got ", images));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": model ", model.name, " takes 1 to ", limits.max_images_per_request,
+                   " images per request (--max_images_per_request), got ", images));
 }
 
 absl::StatusOr<std::vector<float>> FloatTensorToPixels(const FloatTensorView& tensor,

@@ -31,8 +31,8 @@
 namespace tost::service {
 
 struct ServiceLimits {
-  // Images per classification request (--max_batch_size); never more than the dynamic batcher's
-  // images per batch (--max_batch_images), since a request is never split.
+  // Images per classification request (--max_images_per_request); never more than the dynamic
+  // batcher's images per batch (--max_batch_images), since a request is never split.
   int64_t max_images_per_request = 8;
   int64_t max_tensor_elements = 64LL << 20;  // floats per classification request
   int64_t max_prompt_bytes = 1 << 20;        // bytes (or token ids) per Generate prompt

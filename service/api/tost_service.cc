@@ -103,7 +103,7 @@ grpc::Status TostService::Classify(grpc::ServerContextBase* context,
                                                                                : "tensor.shape"));
     // Membership requests hold the place while they run, though they run outside the batcher, so
     // that they too are refused when the queue is full or the server drains.
-    TOST_ASSIGN_OR_RETURN(DynamicBatcher::Slot slot, classifier.Reserve(images));
+    TOST_ASSIGN_OR_RETURN(DynamicBatcher::Reservation reservation, classifier.Reserve(images));
 
     std::vector<float> pixels;
     if (encoded) {
@@ -133,8 +133,8 @@ grpc::Status TostService::Classify(grpc::ServerContextBase* context,
       }
       logits = std::move(explained.logits);
     } else {
-      TOST_ASSIGN_OR_RETURN(logits, classifier.Classify(std::move(slot), std::move(pixels), images,
-                                                        RequestDeadline(*context)));
+      TOST_ASSIGN_OR_RETURN(logits, classifier.Classify(std::move(reservation), std::move(pixels),
+                                                        images, RequestDeadline(*context)));
     }
     TOST_ASSIGN_OR_RETURN(const std::vector<float> probabilities, SoftmaxRows(logits, images, cfg));
 
@@ -217,7 +217,12 @@ grpc::Status TostService::ServerStatus(grpc::ServerContextBase* context,
     out->set_model(g.model);
     out->set_active(g.scheduler.active);
     out->set_queued(g.scheduler.queued);
+    out->set_max_active(g.max_active);
+    // Still filled for clients written before max_active existed.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     out->set_free_slots(std::max(0, g.max_active - g.scheduler.active));
+#pragma GCC diagnostic pop
     out->set_state_bytes_per_session(g.state_bytes_per_session);
     out->set_decode_steps(g.scheduler.decode_steps);
     out->set_decoded_tokens(g.scheduler.decoded_tokens);

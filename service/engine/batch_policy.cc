@@ -44,14 +44,14 @@ BatchAction BatchPolicy::NextAction(absl::Time now, absl::Span<const QueuedReque
     }
     OpenBatch& batch = *it;
     if (batch.full) continue;  // waits for a later batch of its resolution
-    if (batch.images + request.images > max_batch_size_) {
+    if (batch.images + request.images > max_batch_images_) {
       // Never split a request and never skip ahead of it: it starts the next batch.
       batch.full = true;
       continue;
     }
     batch.images += request.images;
     batch.members.push_back(i);
-    if (batch.images == max_batch_size_) batch.full = true;
+    if (batch.images == max_batch_images_) batch.full = true;
   }
 
   // `open` is ordered by its oldest request's arrival, so the first ready batch is the oldest one.

@@ -8,8 +8,8 @@
 //    statistics are sums over all tokens of an image and padding would change them.
 //  - A request is never split across batches.
 //  - Per resolution, the open batch is the longest arrival-order prefix of that resolution's
-//    requests whose images fit in max_batch_size. It closes on size when it is exactly full or the
-//    next request of its resolution would not fit (that request starts the next batch), and on
+//    requests whose images fit in max_batch_images. It closes on size when it is exactly full or
+//    the next request of its resolution would not fit (that request starts the next batch), and on
 //    delay when its oldest request has waited max_queue_delay. Once closed it is removed from the
 //    queue by the caller and so never reopens.
 //  - Several ready batches: the one whose oldest request arrived first runs first.
@@ -36,7 +36,7 @@ struct ImageResolution {
 
 // What the policy needs to know about one queued request.
 struct QueuedRequestInfo {
-  int64_t images = 1;  // the request's batch count, 1 <= images <= max_batch_size
+  int64_t images = 1;  // the request's batch count, 1 <= images <= max_batch_images
   ImageResolution resolution;
   absl::Time enqueued;                           // when the batcher accepted it
   absl::Time deadline = absl::InfiniteFuture();  // expires at or after this instant
@@ -64,20 +64,20 @@ struct BatchAction {
 
 class BatchPolicy {
  public:
-  // max_batch_size >= 1 images, max_queue_delay >= 0 (the batcher's factory validates both).
-  BatchPolicy(int64_t max_batch_size, absl::Duration max_queue_delay)
-      : max_batch_size_(max_batch_size), max_queue_delay_(max_queue_delay) {}
+  // max_batch_images >= 1 images, max_queue_delay >= 0 (the batcher's factory validates both).
+  BatchPolicy(int64_t max_batch_images, absl::Duration max_queue_delay)
+      : max_batch_images_(max_batch_images), max_queue_delay_(max_queue_delay) {}
 
   // `queue` is in arrival order. `flush` closes every open batch regardless of size and delay.
   // Deterministic: equal inputs give equal outputs.
   BatchAction NextAction(absl::Time now, absl::Span<const QueuedRequestInfo> queue,
                          bool flush = false) const;
 
-  int64_t max_batch_size() const { return max_batch_size_; }
+  int64_t max_batch_images() const { return max_batch_images_; }
   absl::Duration max_queue_delay() const { return max_queue_delay_; }
 
  private:
-  int64_t max_batch_size_;
+  int64_t max_batch_images_;
   absl::Duration max_queue_delay_;
 };
 

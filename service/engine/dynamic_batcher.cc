@@ -38,18 +38,18 @@ std::vector<float> BatchInput::ConcatenatedInput() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Slot
+// Reservation
 
-DynamicBatcher::Slot& DynamicBatcher::Slot::operator=(Slot&& other) noexcept {
+DynamicBatcher::Reservation& DynamicBatcher::Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
-    if (batcher_ != nullptr) batcher_->ReleaseSlot();
+    if (batcher_ != nullptr) batcher_->ReleaseReservation();
     batcher_ = std::exchange(other.batcher_, nullptr);
   }
   return *this;
 }
 
-DynamicBatcher::Slot::~Slot() {
-  if (batcher_ != nullptr) batcher_->ReleaseSlot();
+DynamicBatcher::Reservation::~Reservation() {
+  if (batcher_ != nullptr) batcher_->ReleaseReservation();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,9 +61,9 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     return absl::InvalidArgumentError("dynamic batcher: model_name must name the model; was empty");
   }
   const std::string prefix = ModelPrefix(options.model_name);
-  if (options.max_batch_size < 1) {
+  if (options.max_batch_images < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "max_batch_size must be at least 1 image; was ", options.max_batch_size));
+        prefix, "max_batch_images must be at least 1 image; was ", options.max_batch_images));
   }
   if (options.max_queue_delay_us < 0) {
     return absl::InvalidArgumentError(
@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
 DynamicBatcher::DynamicBatcher(const DynamicBatcherOptions& options, RunBatchFn run_batch_fn,
                                Clock* clock)
     : options_(options),
-      policy_(options.max_batch_size, absl::Microseconds(options.max_queue_delay_us)),
+      policy_(options.max_batch_images, absl::Microseconds(options.max_queue_delay_us)),
       timeout_(options.timeout_us > 0 ? absl::Microseconds(options.timeout_us)
                                       : absl::InfiniteDuration()),
       clock_(clock),
@@ -142,11 +142,11 @@ void DynamicBatcher::Shutdown(ShutdownMode mode) {
 // Admission
 
 absl::Status DynamicBatcher::ValidateBatch(int64_t batch) const {
-  if (batch < 1 || batch > options_.max_batch_size) {
+  if (batch < 1 || batch > options_.max_batch_images) {
     return absl::InvalidArgumentError(
         absl::StrCat(ModelPrefix(options_.model_name), "request batch must be 1..",
-                     options_.max_batch_size, " images (max_batch_size); was ", batch,
-                     batch > options_.max_batch_size ? "; split the request" : ""));
+                     options_.max_batch_images, " images (max_batch_images); was ", batch,
+                     batch > options_.max_batch_images ? "; split the request" : ""));
   }
   return absl::OkStatus();
 }
@@ -160,21 +160,21 @@ absl::Status DynamicBatcher::ShuttingDownStatus() const {
 
 absl::Status DynamicBatcher::QueueFullLocked() {
   ++counters_.rejected_queue_full;
-  // The queue empties in about one batch delay plus one compute time per max_batch_size images
+  // The queue empties in about one batch delay plus one compute time per max_batch_images images
   // ahead; before any batch has run only the delay is known.
   const int64_t batches_ahead = std::max<int64_t>(
-      1, (queued_images_ + options_.max_batch_size - 1) / options_.max_batch_size);
+      1, (queued_images_ + options_.max_batch_images - 1) / options_.max_batch_images);
   const absl::Duration hint =
       std::max(absl::Milliseconds(1),
                policy_.max_queue_delay() + average_compute_ * static_cast<double>(batches_ahead));
-  const int64_t waiting = static_cast<int64_t>(queue_.size()) + reserved_slots_;
+  const int64_t waiting = static_cast<int64_t>(queue_.size()) + reserved_requests_;
   return absl::ResourceExhaustedError(absl::StrCat(
       ModelPrefix(options_.model_name), "classification queue is full: ", waiting,
       " requests waiting (max_queue_size ", options_.max_queue_size, "); retry after about ",
       absl::ToInt64Milliseconds(absl::Ceil(hint, absl::Milliseconds(1))), " ms"));
 }
 
-absl::StatusOr<DynamicBatcher::Slot> DynamicBatcher::Reserve(int64_t batch) {
+absl::StatusOr<DynamicBatcher::Reservation> DynamicBatcher::Reserve(int64_t batch) {
   if (absl::Status status = ValidateBatch(batch); !status.ok()) return status;
   absl::Status refusal;
   BatchDropReason reason = BatchDropReason::kQueueFull;
@@ -183,37 +183,39 @@ absl::StatusOr<DynamicBatcher::Slot> DynamicBatcher::Reserve(int64_t batch) {
     if (stopping_) {
       refusal = ShuttingDownStatus();
       reason = BatchDropReason::kShutdown;
-    } else if (static_cast<int64_t>(queue_.size()) + reserved_slots_ >= options_.max_queue_size) {
+    } else if (static_cast<int64_t>(queue_.size()) + reserved_requests_ >=
+               options_.max_queue_size) {
       refusal = QueueFullLocked();
     } else {
-      ++reserved_slots_;
-      return Slot(this);
+      ++reserved_requests_;
+      return Reservation(this);
     }
   }
   NotifyDropped(reason, batch);
   return refusal;
 }
 
-void DynamicBatcher::ReleaseSlot() {
+void DynamicBatcher::ReleaseReservation() {
   absl::MutexLock lock(&mu_);
-  --reserved_slots_;
+  --reserved_requests_;
 }
 
 absl::Status DynamicBatcher::Submit(BatchRequest request) {
   return Enqueue(std::move(request), nullptr);
 }
 
-absl::Status DynamicBatcher::Submit(Slot slot, BatchRequest request) {
-  if (slot.batcher_ != this) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ModelPrefix(options_.model_name),
-        "Submit expected a slot reserved from this model's batcher; got an empty or foreign slot"));
+absl::Status DynamicBatcher::Submit(Reservation reservation, BatchRequest request) {
+  if (reservation.batcher_ != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ModelPrefix(options_.model_name),
+                     "Submit expected a reservation reserved from this model's batcher; got an "
+                     "empty or foreign reservation"));
   }
-  // On any error `slot` gives its place back when it goes out of scope.
-  return Enqueue(std::move(request), &slot);
+  // On any error `reservation` gives its place back when it goes out of scope.
+  return Enqueue(std::move(request), &reservation);
 }
 
-absl::Status DynamicBatcher::Enqueue(BatchRequest request, Slot* slot) {
+absl::Status DynamicBatcher::Enqueue(BatchRequest request, Reservation* reservation) {
   const std::string prefix = ModelPrefix(options_.model_name);
   if (absl::Status status = ValidateBatch(request.batch); !status.ok()) return status;
   if (request.resolution.height < 1 || request.resolution.width < 1) {
@@ -242,14 +244,14 @@ absl::Status DynamicBatcher::Enqueue(BatchRequest request, Slot* slot) {
                                                          absl::FormatDuration(now - deadline),
                                                          " before it reached the batch queue"));
       reason = BatchDropReason::kDeadlineExceeded;
-    } else if (slot == nullptr &&
-               static_cast<int64_t>(queue_.size()) + reserved_slots_ >= options_.max_queue_size) {
+    } else if (reservation == nullptr && static_cast<int64_t>(queue_.size()) + reserved_requests_ >=
+                                             options_.max_queue_size) {
       refusal = QueueFullLocked();
     } else {
-      if (slot != nullptr) {
+      if (reservation != nullptr) {
         // The reserved place becomes the queued request's place.
-        slot->batcher_ = nullptr;
-        --reserved_slots_;
+        reservation->batcher_ = nullptr;
+        --reserved_requests_;
       }
       queue_info_.push_back(QueuedRequestInfo{request.batch, request.resolution, now, deadline});
       queued_images_ += request.batch;
@@ -450,7 +452,7 @@ DynamicBatcherStats DynamicBatcher::stats() const {
   DynamicBatcherStats stats = counters_;
   stats.queued_requests = static_cast<int64_t>(queue_.size());
   stats.queued_images = queued_images_;
-  stats.reserved_slots = reserved_slots_;
+  stats.reserved_requests = reserved_requests_;
   stats.shutting_down = stopping_;
   return stats;
 }

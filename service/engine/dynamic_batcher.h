@@ -1,23 +1,24 @@
 // Per-model dynamic batcher for classification.
 //
 // Requests (each one or more images of one resolution) queue up; a worker thread groups requests of
-// equal resolution into batches of at most `max_batch_size` images and calls the run function once
-// per batch, then hands each request its own rows of the result. A batch closes when it is full (or
-// the next request of its resolution would overflow it) or when its oldest request has waited
-// `max_queue_delay_us`; a closed batch never reopens. The decision is BatchPolicy::NextAction
-// (service/engine/batch_policy.h), a pure function of (now, queue); this class adds the queue, the
-// lock, the thread, admission control, deadlines, result routing and observability.
+// equal resolution into batches of at most `max_batch_images` images and calls the run function
+// once per batch, then hands each request its own rows of the result. A batch closes when it is
+// full (or the next request of its resolution would overflow it) or when its oldest request has
+// waited `max_queue_delay_us`; a closed batch never reopens. The decision is
+// BatchPolicy::NextAction (service/engine/batch_policy.h), a pure function of (now, queue); this
+// class adds the queue, the lock, the thread, admission control, deadlines, result routing and
+// observability.
 //
 // Contract:
 //  - Submit() never blocks on batching or compute: it validates, checks room and queues. It returns
 //    OK iff it took the request, and then `done` is called exactly once (on the worker thread, or
 //    on the thread calling Shutdown). On error `done` is never called: the status is the answer.
-//    INVALID_ARGUMENT  batch outside 1..max_batch_size, bad resolution, no `done`
+//    INVALID_ARGUMENT  batch outside 1..max_batch_images, bad resolution, no `done`
 //    RESOURCE_EXHAUSTED  max_queue_size requests already waiting; the message has a retry hint
 //    DEADLINE_EXCEEDED  the request's deadline has already passed
 //    UNAVAILABLE  Shutdown() has begun
 //  - Reserve() decides admission before the caller does any work (decoding images): it holds one
-//    queue place until the slot is submitted or dropped.
+//    queue place until the reservation is submitted or dropped.
 //  - A request still queued at its deadline completes with DEADLINE_EXCEEDED and is not run. A
 //    request that has started running is not interrupted.
 //  - The run function gets the requests of one batch (one resolution, arrival order) and returns
@@ -127,7 +128,7 @@ struct DynamicBatcherOptions {
   // Names the model in every error message and BatchRecord. Required.
   std::string model_name;
   // Images per batch (the model's forward batch). A request with more images is refused.
-  int64_t max_batch_size = 8;
+  int64_t max_batch_images = 8;
   // How long the oldest queued request may wait for its batch to fill, in microseconds. 0 runs
   // every request at once (batching then happens only while a batch is running).
   int64_t max_queue_delay_us = 2'000;
@@ -148,7 +149,7 @@ struct DynamicBatcherOptions {
 struct DynamicBatcherStats {
   int64_t queued_requests = 0;  // waiting, not yet in a batch
   int64_t queued_images = 0;
-  int64_t reserved_slots = 0;  // Reserve()d but not yet submitted
+  int64_t reserved_requests = 0;  // Reserve()d but not yet submitted
   int64_t batches_run = 0;
   int64_t images_run = 0;
   int64_t rejected_queue_full = 0;
@@ -166,21 +167,21 @@ class DynamicBatcher {
  public:
   // A queue place held by Reserve() for one request. Move-only; dropping it unused gives the place
   // back. Must not outlive its batcher.
-  class Slot {
+  class Reservation {
    public:
-    Slot(Slot&& other) noexcept : batcher_(std::exchange(other.batcher_, nullptr)) {}
-    Slot& operator=(Slot&& other) noexcept;
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
-    ~Slot();
+    Reservation(Reservation&& other) noexcept : batcher_(std::exchange(other.batcher_, nullptr)) {}
+    Reservation& operator=(Reservation&& other) noexcept;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation();
 
    private:
     friend class DynamicBatcher;
-    explicit Slot(DynamicBatcher* batcher) : batcher_(batcher) {}
+    explicit Reservation(DynamicBatcher* batcher) : batcher_(batcher) {}
     DynamicBatcher* batcher_;
   };
 
-  // INVALID_ARGUMENT for an empty model name, max_batch_size < 1, max_queue_delay_us < 0,
+  // INVALID_ARGUMENT for an empty model name, max_batch_images < 1, max_queue_delay_us < 0,
   // max_queue_size < 1, timeout_us < 0, an empty run function. A null clock means RealClock::Get().
   // `clock` is not owned and must outlive the batcher.
   static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(
@@ -194,11 +195,11 @@ class DynamicBatcher {
 
   // Admission only: validates `batch` and takes a queue place, so a caller can refuse before
   // decoding. Errors as Submit's.
-  absl::StatusOr<Slot> Reserve(int64_t batch);
+  absl::StatusOr<Reservation> Reserve(int64_t batch);
 
   // Queues `request` (see the contract above). The second form uses a place taken by Reserve().
   absl::Status Submit(BatchRequest request);
-  absl::Status Submit(Slot slot, BatchRequest request);
+  absl::Status Submit(Reservation reservation, BatchRequest request);
 
   // Submit and block until the result. Not for use without the worker thread (it would never run).
   absl::StatusOr<std::vector<float>> SubmitAndWait(BatchRequest request);
@@ -237,9 +238,9 @@ class DynamicBatcher {
   // The status Submit/Reserve return when the queue has no room (counts the refusal).
   absl::Status QueueFullLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ShuttingDownStatus() const;
-  // `slot`: the place Reserve() took for this request, or null to take one now.
-  absl::Status Enqueue(BatchRequest request, Slot* slot);
-  void ReleaseSlot();
+  // `reservation`: the place Reserve() took for this request, or null to take one now.
+  absl::Status Enqueue(BatchRequest request, Reservation* reservation);
+  void ReleaseReservation();
   void NotifyDropped(BatchDropReason reason, int64_t images) const;
 
   Work TakeWorkLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -260,7 +261,7 @@ class DynamicBatcher {
   std::vector<QueuedRequestInfo> queue_info_ ABSL_GUARDED_BY(mu_);
   std::vector<BatchRequest> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_images_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t reserved_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reserved_requests_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Exponential moving average of the run function's duration, for the retry hint.
   absl::Duration average_compute_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();

@@ -119,14 +119,13 @@ absl::StatusOr<Engine::ServedGenerator> Engine::Generator(const std::string& nam
                          ModelIdentity{&m->generator->config(), m->weights_sha256}};
 }
 
-absl::StatusOr<DynamicBatcher::Slot> ServedClassifier::Reserve(int64_t images) const {
+absl::StatusOr<DynamicBatcher::Reservation> ServedClassifier::Reserve(int64_t images) const {
   return batcher_->Reserve(images);
 }
 
-absl::StatusOr<std::vector<float>> ServedClassifier::Classify(DynamicBatcher::Slot slot,
-                                                              std::vector<float> pixels,
-                                                              int64_t images,
-                                                              absl::Time deadline) const {
+absl::StatusOr<std::vector<float>> ServedClassifier::Classify(
+    DynamicBatcher::Reservation reservation, std::vector<float> pixels, int64_t images,
+    absl::Time deadline) const {
   const model::VisionConfig& v = model_->config().vision;
   absl::Notification done;
   absl::StatusOr<std::vector<float>> result;
@@ -139,7 +138,7 @@ absl::StatusOr<std::vector<float>> ServedClassifier::Classify(DynamicBatcher::Sl
     result = std::move(rows);
     done.Notify();
   };
-  TOST_RETURN_IF_ERROR(batcher_->Submit(std::move(slot), std::move(request)));
+  TOST_RETURN_IF_ERROR(batcher_->Submit(std::move(reservation), std::move(request)));
   done.WaitForNotification();
   return result;
 }

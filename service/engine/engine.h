@@ -79,9 +79,10 @@ class ServedClassifier {
   // refused (RESOURCE_EXHAUSTED with a retry hint; UNAVAILABLE while draining) before the caller
   // decodes anything: Reserve a place for `images`, then Classify with it, which waits for the
   // batch and returns this request's logits [images, num_classes].
-  absl::StatusOr<DynamicBatcher::Slot> Reserve(int64_t images) const;
-  absl::StatusOr<std::vector<float>> Classify(DynamicBatcher::Slot slot, std::vector<float> pixels,
-                                              int64_t images, absl::Time deadline) const;
+  absl::StatusOr<DynamicBatcher::Reservation> Reserve(int64_t images) const;
+  absl::StatusOr<std::vector<float>> Classify(DynamicBatcher::Reservation reservation,
+                                              std::vector<float> pixels, int64_t images,
+                                              absl::Time deadline) const;
 
  private:
   friend class Engine;

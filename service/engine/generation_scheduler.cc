@@ -256,15 +256,16 @@ absl::Status GenerationScheduler::CheckState(const GenerationState& st) const {
   return absl::OkStatus();
 }
 
-GenerationScheduler::Slot& GenerationScheduler::Slot::operator=(Slot&& other) noexcept {
+GenerationScheduler::Reservation& GenerationScheduler::Reservation::operator=(
+    Reservation&& other) noexcept {
   if (this != &other) {
-    Slot dropped(std::move(*this));
+    Reservation dropped(std::move(*this));
     scheduler_ = std::exchange(other.scheduler_, nullptr);
   }
   return *this;
 }
 
-GenerationScheduler::Slot::~Slot() {
+GenerationScheduler::Reservation::~Reservation() {
   if (scheduler_ == nullptr) return;
   absl::MutexLock lock(&scheduler_->mu_);
   --scheduler_->reserved_;
@@ -279,11 +280,11 @@ absl::Status GenerationScheduler::Refuse(GenerationRefusal reason) {
         absl::StrCat("model ", name, " is draining: retry on another replica"));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "model ", name, ": all ", options_.max_active_jobs, " generation slots and ",
+      "model ", name, ": all ", options_.max_active_jobs, " active generations and ",
       options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
 }
 
-absl::StatusOr<GenerationScheduler::Slot> GenerationScheduler::Reserve() {
+absl::StatusOr<GenerationScheduler::Reservation> GenerationScheduler::Reserve() {
   GenerationRefusal refusal;
   {
     absl::MutexLock lock(&mu_);
@@ -295,7 +296,7 @@ absl::StatusOr<GenerationScheduler::Slot> GenerationScheduler::Reserve() {
     } else {
       ++reserved_;
       stats_.reserved = reserved_;
-      return Slot(this);
+      return Reservation(this);
     }
   }
   return Refuse(refusal);
@@ -303,15 +304,15 @@ absl::StatusOr<GenerationScheduler::Slot> GenerationScheduler::Reserve() {
 
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     GenerationRequest request) {
-  absl::StatusOr<Slot> slot = Reserve();
-  if (!slot.ok()) return slot.status();
-  return Submit(*std::move(slot), std::move(request));
+  absl::StatusOr<Reservation> reservation = Reserve();
+  if (!reservation.ok()) return reservation.status();
+  return Submit(*std::move(reservation), std::move(request));
 }
 
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
-    Slot slot, GenerationRequest request) {
-  if (slot.scheduler_ != this) {
-    return absl::InvalidArgumentError("generation slot reserved on another scheduler");
+    Reservation reservation, GenerationRequest request) {
+  if (reservation.scheduler_ != this) {
+    return absl::InvalidArgumentError("a generation reservation taken on another scheduler");
   }
   const model::LanguageConfig& c = model_.config().language;
   const std::string& name = model_.config().name;
@@ -370,8 +371,8 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
 
   {
     absl::MutexLock lock(&mu_);
-    // The place is this job's now: the slot no longer gives it back.
-    slot.scheduler_ = nullptr;
+    // The place is this job's now: the reservation no longer gives it back.
+    reservation.scheduler_ = nullptr;
     --reserved_;
     stats_.reserved = reserved_;
     if (admitting_ && !stopping_) {
@@ -578,7 +579,8 @@ GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
       Finish(*job, FinishReason::kCancelled);
     } else {
       Finish(*job, FinishReason::kCancelled,
-             absl::DeadlineExceededError("generation passed its deadline while queued for a slot"));
+             absl::DeadlineExceededError(
+                 "generation passed its deadline while queued to become active"));
     }
   }
   out.dropped = static_cast<int64_t>(dropped.size());

@@ -1,17 +1,18 @@
 // Continuous-batching generation for one language model.
 //
-// Each scheduler step: (1) drops cancelled, past-deadline and drained jobs, freeing their slots at
-// once; (2) feeds at most `prefill_chunk_tokens` prompt tokens (split over the prefilling jobs in
-// arrival order, tssa_causal continuing each one's state), so a long prompt never stalls the
-// decoders for more than a chunk; (3) runs one batched decode step
-// (GenerativeModel::Step) for every decoding job, samples per job and publishes each token to its
-// job at once. Jobs join and leave between steps.
+// Each scheduler step: (1) drops cancelled, past-deadline and drained jobs, freeing their active
+// places at once; (2) feeds at most `prefill_chunk_tokens` prompt tokens (split over the prefilling
+// jobs in arrival order, tssa_causal continuing each one's state), so a long prompt never stalls
+// the decoders for more than a chunk; (3) runs one batched decode step (GenerativeModel::Step) for
+// every decoding job, samples per job and publishes each token to its job at once. Jobs join and
+// leave between steps.
 //
 // Jobs are handed to callers as GenerationJob handles: the front end takes their events (notified
 // by a listener) and writes them to its stream, so a slow client never blocks the step loop. Flow
 // control is per job: a job whose consumer has not taken `max_buffered_tokens` published tokens is
-// paused (it keeps its slot and state but is left out of decode steps) until the consumer catches
-// up; a job paused for `stream_stall_timeout` is cancelled, its final state kept like any other.
+// paused (it keeps its active place and state but is left out of decode steps) until the consumer
+// catches up; a job paused for `stream_stall_timeout` is cancelled, its final state kept like any
+// other.
 //
 // Thread-safety: Submit/Cancel/Drain/stats may be called from any thread; StepOnce runs on the
 // scheduler's own thread after Start(), or on the test's thread when Start() is never called.
@@ -89,8 +90,8 @@ class GenerationJob {
   // another listener (or null) returns only once no call of the previous one is in progress, so a
   // consumer can clear it and then be destroyed.
   void SetListener(absl::AnyInvocable<void()> listener);
-  // Asks the scheduler to stop this job. A job still queued for a slot gives its place back at
-  // once: it is taken out of the queue and its final event is published on the calling thread
+  // Asks the scheduler to stop this job. A job still queued to become active gives its place back
+  // at once: it is taken out of the queue and its final event is published on the calling thread
   // (listener included) before Cancel returns, so a burst of reset streams never holds places
   // while the scheduler is busy with a step. An active job is dropped at the start of the next
   // step (the step in progress may be using its state).
@@ -130,7 +131,7 @@ struct GenerationStepRecord {
   std::string_view model;
   int32_t decode_batch = 0;           // sequences in this step's batched decode (0: none)
   int64_t prefill_tokens = 0;         // prompt tokens fed by prefill chunks in this step
-  int64_t prompt_tokens_started = 0;  // prompt tokens of the jobs that got a slot in this step
+  int64_t prompt_tokens_started = 0;  // prompt tokens of the jobs that became active in this step
   int64_t tokens_emitted = 0;         // tokens published to jobs in this step
   // One entry per job whose first token this step emitted: from Submit to that token.
   absl::Span<const absl::Duration> time_to_first_token;
@@ -141,7 +142,7 @@ struct GenerationStepRecord {
 // Called on the step loop's thread after each step that did work; must be cheap and thread-safe.
 // Why Submit refused a job before any model work.
 enum class GenerationRefusal {
-  kQueueFull,  // every slot and queue place taken (RESOURCE_EXHAUSTED)
+  kQueueFull,  // every active place and queue place taken (RESOURCE_EXHAUSTED)
   kDraining,   // the scheduler stopped admitting (UNAVAILABLE)
 };
 
@@ -155,7 +156,7 @@ class GenerationObserver {
 
 struct GenerationSchedulerOptions {
   int32_t max_active_jobs = 64;   // jobs prefilling or decoding at once
-  int32_t max_queued_jobs = 256;  // jobs admitted but waiting for a slot
+  int32_t max_queued_jobs = 256;  // jobs admitted but waiting to become active
   // Prompt tokens fed per scheduler step, over all prefilling jobs.
   int32_t prefill_chunk_tokens = 128;
   // Bit-identical results under any load: decode rows computed independently, and every prompt
@@ -206,28 +207,30 @@ class GenerationScheduler {
   // A place among the admitted jobs, taken before the caller does any work on its request (a
   // prompt of up to a MiB is tokenised only once it holds one). Move-only; dropping it unused gives
   // the place back.
-  class Slot {
+  class Reservation {
    public:
-    Slot(Slot&& other) noexcept : scheduler_(std::exchange(other.scheduler_, nullptr)) {}
-    Slot& operator=(Slot&& other) noexcept;
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
-    ~Slot();
+    Reservation(Reservation&& other) noexcept
+        : scheduler_(std::exchange(other.scheduler_, nullptr)) {}
+    Reservation& operator=(Reservation&& other) noexcept;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation();
 
    private:
     friend class GenerationScheduler;
-    explicit Slot(GenerationScheduler* scheduler) : scheduler_(scheduler) {}
+    explicit Reservation(GenerationScheduler* scheduler) : scheduler_(scheduler) {}
     GenerationScheduler* scheduler_ = nullptr;
   };
-  // RESOURCE_EXHAUSTED (with a retry hint) when every slot and queue place is taken or reserved,
-  // UNAVAILABLE once draining: Submit's refusals, decided before any work.
-  absl::StatusOr<Slot> Reserve();
+  // RESOURCE_EXHAUSTED (with a retry hint) when every active place and queue place is taken or
+  // reserved, UNAVAILABLE once draining: Submit's refusals, decided before any work.
+  absl::StatusOr<Reservation> Reserve();
   // Submits with a place taken by Reserve(); errors as Submit's.
-  absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(Slot slot, GenerationRequest request);
+  absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(Reservation reservation,
+                                                        GenerationRequest request);
 
   // Admits a job or refuses it before any model work: INVALID_ARGUMENT for a bad request,
-  // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every slot
-  // and queue place is taken, UNAVAILABLE once draining.
+  // OUT_OF_RANGE past the context length, RESOURCE_EXHAUSTED (with a retry hint) when every active
+  // place and queue place is taken, UNAVAILABLE once draining.
   absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(GenerationRequest request);
 
   // Runs the step loop on an owned thread until Shutdown().
@@ -314,7 +317,7 @@ class GenerationScheduler {
   bool admitting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
-  int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Slots not yet submitted
+  int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Reservations not yet submitted
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;

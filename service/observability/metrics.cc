@@ -179,7 +179,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
       const std::vector<ClientMetric::Label> labels = {{"model", c.model},
                                                        {"workload", "classify"}};
       depth.push_back(GaugeSample(
-          static_cast<double>(c.batcher.queued_requests + c.batcher.reserved_slots), labels));
+          static_cast<double>(c.batcher.queued_requests + c.batcher.reserved_requests), labels));
       capacity.push_back(GaugeSample(static_cast<double>(c.max_queue_size), labels));
     }
     for (const GeneratorStats& g : stats.generators) {
@@ -188,10 +188,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
       depth.push_back(GaugeSample(static_cast<double>(g.scheduler.queued), labels));
       capacity.push_back(GaugeSample(static_cast<double>(g.max_queued), labels));
     }
-    out.push_back(MakeFamily(
-        "tost_queue_depth",
-        "Requests waiting: classification requests for a batch, generations for a decode slot",
-        MetricType::Gauge, std::move(depth)));
+    out.push_back(MakeFamily("tost_queue_depth",
+                             "Requests waiting: classification requests for a batch, generations "
+                             "waiting to become active",
+                             MetricType::Gauge, std::move(depth)));
     out.push_back(MakeFamily("tost_queue_capacity",
                              "Queue places; more waiting requests are refused (queue_full)",
                              MetricType::Gauge, std::move(capacity)));

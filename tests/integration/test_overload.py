@@ -2,7 +2,7 @@
 RESOURCE_EXHAUSTED before any work, the accepted requests finish within their deadlines, and the
 server's memory stays bounded.
 
-The server gets small queues (8 classification places; 4 generation slots and 4 queue places), so
+The server gets small queues (8 classification places; 4 active generations and 4 queue places), so
 the burst meets full queues at once. The sustainable rate of each model is measured first, on this
 machine, by closed-loop clients that keep every place busy; the burst then offers ten times that
 rate for one second. The counters say whether a refused request ran: images batched and prompt

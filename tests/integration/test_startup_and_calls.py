@@ -35,6 +35,7 @@ BAD_FLAGS = [
     ("--max_new_tokens=-1", "[1, "),
     ("--max_prompt_bytes=-1", "[1, "),
     ("--max_tensor_elements=-1", "[1, "),
+    ("--max_images_per_request=-1", "[1, "),
     ("--max_batch_size=-1", "[1, "),
     ("--drain_timeout_s=-1", "[0, "),
     ("--keepalive_time_ms=-1", "[1, "),
@@ -70,6 +71,36 @@ def test_every_bad_flag_is_listed_at_once():
     code, err = _run_server("--max_new_tokens=0", "--max_queue_size=0")
     assert code == 1
     assert "--max_new_tokens=0" in err and "--max_queue_size=0" in err, err
+
+
+def test_the_renamed_images_per_request_flag_keeps_its_old_name_with_a_warning(proto_modules):
+    """--max_batch_size is the old name of --max_images_per_request: alone it still sets the limit
+    (and the log says what to write instead); given beside the new name with another value, the
+    start is refused, since which one was meant is unknowable."""
+    pb2, pb2_grpc = proto_modules
+    code, err = _run_server("--max_batch_size=2", "--max_images_per_request=3")
+    assert code == 1, err
+    assert "--max_batch_size=2 and --max_images_per_request=3 disagree" in err, err
+    assert "loading models" not in err, err
+
+    old_name = RunningServer(MODELS, ["--max_batch_size=2"])
+    try:
+        x = np.zeros((3, 1, 32, 32), np.float32)
+        with grpc.insecure_channel(old_name.address) as channel:
+            stub = pb2_grpc.TostStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Classify(pb2.ClassifyRequest(
+                    model="tost-digits", tensor=pb2.FloatTensor(shape=list(x.shape), raw=x.tobytes())), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "1 to 2 images per request (--max_images_per_request), got 3" in refused.value.details()
+            two = stub.Classify(pb2.ClassifyRequest(
+                model="tost-digits", tensor=pb2.FloatTensor(shape=[2, 1, 32, 32], raw=x[:2].tobytes())), timeout=30)
+            assert len(two.results) == 2
+    finally:
+        old_name.stop()
+    with open(old_name.log.name) as f:
+        log = f.read()
+    assert "--max_batch_size is deprecated" in log and "write --max_images_per_request=2 instead" in log, log
 
 
 def test_a_second_server_on_a_port_in_use_refuses_to_start(proto_modules):

@@ -36,14 +36,14 @@ def test_256_streams_all_admitted_run_on_fewer_than_64_threads(proto_modules):
                     sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300)
                     for i in range(256)]
                 # Nothing is read yet: the 64 active streams pause after their buffered tokens and
-                # the 192 others wait for a slot, so all 256 are in flight at once.
+                # the 192 others wait to become active, so all 256 are in flight at once.
                 deadline = time.monotonic() + 60
                 while True:
                     g = generator(await stub.ServerStatus(pb2.ServerStatusRequest()))
                     if (g.active, g.queued) == (64, 192) or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.05)
-                assert (g.active, g.queued) == (64, 192)
+                assert (g.active, g.queued, g.max_active) == (64, 192, 64)
                 busy_threads = server_threads(srv.proc.pid)
 
                 async def read(call):

@@ -469,21 +469,21 @@ TEST(TssaCpuOps, ActiveIsaFollowsLibTorch) {
   }
 }
 
-// tost::tssa_step on the CPU with slots: a pool in host memory, the named rows stepped and written
-// back, the others untouched; bad slots refused naming the problem.
-TEST(TssaCpuOps, StepWithSlotsUpdatesOnlyTheNamedRowsOfThePool) {
+// tost::tssa_step on the CPU with row_ids: a pool in host memory, the named rows stepped and
+// written back, the others untouched; bad row_ids refused naming the problem.
+TEST(TssaCpuOps, StepWithRowIdsUpdatesOnlyTheNamedRowsOfThePool) {
   at::manual_seed(151);
   const int64_t B = 2, P = 5, D = 24, K = 4, tmax = 16;
   const at::Tensor w = at::randn({B, D});
   const at::Tensor temp = at::rand({K}) + 0.5;
   const at::Tensor db = 0.1 * at::randn({K, tmax});
   const at::Tensor positions = at::tensor(std::vector<int64_t>{3, 9});
-  const at::Tensor slots = at::tensor(std::vector<int64_t>{4, 1});
+  const at::Tensor row_ids = at::tensor(std::vector<int64_t>{4, 1});
   const at::Tensor before = at::rand({P, StateWidth(D, K)}) * 5 + 0.5;
   at::Tensor pool = before.clone();
   at::Tensor pool_ref = before.clone();
-  const at::Tensor y = tssa_step(w, temp, db, positions, pool, slots);
-  const at::Tensor y_ref = reference::tssa_step(w, temp, db, positions, pool_ref, slots);
+  const at::Tensor y = tssa_step(w, temp, db, positions, pool, row_ids);
+  const at::Tensor y_ref = reference::tssa_step(w, temp, db, positions, pool_ref, row_ids);
   EXPECT_TRUE(at::allclose(y, y_ref, 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(pool, pool_ref, 1e-5, 1e-6));
   for (const int64_t untouched : {0, 2, 3})
@@ -491,15 +491,15 @@ TEST(TssaCpuOps, StepWithSlotsUpdatesOnlyTheNamedRowsOfThePool) {
   EXPECT_FALSE(at::equal(pool[4], before[4]));
   try {
     tssa_step(w, temp, db, positions, pool, at::tensor(std::vector<int64_t>{1, 1}));
-    ADD_FAILURE() << "a repeated slot was accepted";
+    ADD_FAILURE() << "a repeated row id was accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("slot 1 is named twice"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("row 1 is named twice"), std::string::npos) << e.what();
   }
   try {
     tssa_step(w, temp, db, positions, pool, at::tensor(std::vector<int64_t>{0, 5}));
-    ADD_FAILURE() << "a slot outside the pool was accepted";
+    ADD_FAILURE() << "a row id outside the pool was accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("slot 5 is outside the state pool's rows [0, 5)"),
+    EXPECT_NE(std::string(e.what()).find("row 5 is outside the state pool's rows [0, 5)"),
               std::string::npos)
         << e.what();
   }

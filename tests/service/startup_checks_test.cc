@@ -32,6 +32,34 @@ TEST(FlagRanges, EveryFlagOutOfRangeIsNamedAsTypedWithItsRange) {
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("--port")));
 }
 
+TEST(RenamedFlag, TheCurrentNameWinsWhenTheOldOneIsAbsent) {
+  const auto r = ResolveRenamedFlag({"new_name", 4, true, "old_name", 8, false});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->value, 4);
+  EXPECT_EQ(r->warning, "");
+  const auto defaults = ResolveRenamedFlag({"new_name", 8, false, "old_name", 8, false});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->warning, "");
+}
+
+TEST(RenamedFlag, TheOldNameAloneIsTakenWithAWarningNamingTheNewOne) {
+  const auto r = ResolveRenamedFlag({"new_name", 8, false, "old_name", 3, true});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->value, 3);
+  EXPECT_THAT(r->warning, HasSubstr("--old_name is deprecated"));
+  EXPECT_THAT(r->warning, HasSubstr("write --new_name=3 instead"));
+}
+
+TEST(RenamedFlag, BothNamesAgreeingIsAcceptedAndDisagreeingStopsTheStart) {
+  const auto same = ResolveRenamedFlag({"new_name", 3, true, "old_name", 3, true});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->value, 3);
+  const auto differ = ResolveRenamedFlag({"new_name", 4, true, "old_name", 3, true});
+  EXPECT_EQ(differ.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(differ.status().message(), HasSubstr("--old_name=3 and --new_name=4 disagree"));
+  EXPECT_THAT(differ.status().message(), HasSubstr("give only --new_name"));
+}
+
 // A listener like gRPC's (SO_REUSEPORT) on a loopback port; returns its port, or 0.
 int ListenWithReusePort(int& fd) {
   fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

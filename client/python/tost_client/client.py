@@ -305,7 +305,7 @@ class Client(_Base):
         self._unary(self.stub.CloseSession, tost_pb2.SessionRef(session_id=session_id), timeout_s)
 
     def server_status(self, *, timeout_s: Optional[float] = None) -> tost_pb2.ServerStatusResponse:
-        """Capacity and drain state: free generation slots, queue depth, session headroom."""
+        """Capacity and drain state: free active-generation places, queue depth, session headroom."""
         return self._unary(self.stub.ServerStatus, tost_pb2.ServerStatusRequest(), timeout_s)
 
     def list_models(self, *, timeout_s: Optional[float] = None) -> List[tost_pb2.ModelStatus]:

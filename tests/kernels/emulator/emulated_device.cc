@@ -100,13 +100,13 @@ std::tuple<at::Tensor, at::Tensor> TssaCausal(const at::Tensor& w, const at::Ten
 
 at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                     const at::Tensor& positions, at::Tensor& state,
-                    const std::optional<at::Tensor>& slots) {
+                    const std::optional<at::Tensor>& row_ids) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("tost_emulated::tssa_step", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&)>();
-  return op.call(w, temp, denom_bias, positions, state, slots);
+  return op.call(w, temp, denom_bias, positions, state, row_ids);
 }
 
 }  // namespace tost::kernels::testing

@@ -264,21 +264,21 @@ TEST_F(EmulatorTest, DevicePositionsOutOfRangeGiveNaNNotAnOutOfBoundsRead) {
   EXPECT_TRUE(emu::TakeReports().empty());
 }
 
-// Slots on the device are not checked by the host either: a slot outside the pool gets NaN and
+// Row ids on the device are not checked by the host either: a row id outside the pool gets NaN and
 // the pool is untouched (ASan would report a write past it).
-TEST_F(EmulatorTest, DeviceSlotsOutOfThePoolGiveNaNAndTouchNothing) {
+TEST_F(EmulatorTest, DeviceRowIdsOutOfThePoolGiveNaNAndTouchNothing) {
   const int64_t B = 3, P = 4, D = 40, K = 8;
   const Case c = MakeCase(B, 0, D, K);
   at::Tensor pool = MakeCase(P, 0, D, K).state.clone();
   const at::Tensor before = pool.clone();
   const std::vector<int64_t> positions = {1, 2, 3};
-  const std::vector<int64_t> slots = {1, P, 0};  // the second is one past the pool
+  const std::vector<int64_t> row_ids = {1, P, 0};  // the second is one past the pool
   at::Tensor y = at::empty_like(c.w);
   ASSERT_EQ(
       gpu::LaunchTssaStep(gpu::Dims{B, 1, D, K}, gpu::DType::kFloat32, c.w.const_data_ptr(),
                           c.temp.const_data_ptr<float>(), c.denom_bias.const_data_ptr<float>(),
                           c.denom_bias.size(1), positions.data(), pool.mutable_data_ptr<float>(),
-                          slots.data(), P, y.mutable_data_ptr(), nullptr),
+                          row_ids.data(), P, y.mutable_data_ptr(), nullptr),
       cudaSuccess)
       << emu::LastLaunchReport();
   EXPECT_TRUE(y[0].isfinite().all().item<bool>());

@@ -21,8 +21,8 @@ std::tuple<at::Tensor, at::Tensor> TssaCausal(const at::Tensor& w, const at::Ten
 }
 at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                     const at::Tensor& positions, at::Tensor& state,
-                    const std::optional<at::Tensor>& slots) {
-  return tssa_step(w, temp, denom_bias, positions, state, slots);
+                    const std::optional<at::Tensor>& row_ids) {
+  return tssa_step(w, temp, denom_bias, positions, state, row_ids);
 }
 
 }  // namespace tost::kernels::testing

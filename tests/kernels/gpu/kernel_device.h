@@ -26,6 +26,6 @@ std::tuple<at::Tensor, at::Tensor> TssaCausal(const at::Tensor& w, const at::Ten
                                               const std::optional<at::Tensor>& positions);
 at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                     const at::Tensor& positions, at::Tensor& state,
-                    const std::optional<at::Tensor>& slots = std::nullopt);
+                    const std::optional<at::Tensor>& row_ids = std::nullopt);
 
 }  // namespace tost::kernels::testing

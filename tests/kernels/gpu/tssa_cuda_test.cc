@@ -431,32 +431,33 @@ TEST(TssaStepCuda, UpdatesStridedStateInPlace) {
   ExpectClose(cache, cache_ref, kStateTol, "state cache after tssa_step");
 }
 
-// With slots, the state is a pool: row slots[b] is sequence b's, read and updated in place, and
-// every other row is left exactly as it was (what a device-resident slot pool relies on).
-TEST(TssaStepCuda, SlotsIndexAPoolInPlace) {
+// With row_ids, the state is a pool: the row at row_ids[b] is sequence b's, read and updated in
+// place, and every other row is left exactly as it was (what a device-resident state pool relies
+// on).
+TEST(TssaStepCuda, RowIdsIndexAPoolInPlace) {
   TOST_REQUIRE_DEVICE();
   const int64_t B = 3, P = 7, D = kEmulated ? 40 : 384, K = 8, tmax = 32;
   const Inputs in = MakeInputs({B, D}, K, tmax, at::kFloat, 141);
   const at::Tensor positions = at::tensor(std::vector<int64_t>{4, 0, 17});
-  const at::Tensor slots = at::tensor(std::vector<int64_t>{5, 0, 3});
+  const at::Tensor row_ids = at::tensor(std::vector<int64_t>{5, 0, 3});
   at::Tensor pool_ref = MakeState(P, D, K, 142);
   at::Tensor pool = Cuda(pool_ref);
   const at::Tensor before = pool_ref.clone();
   const at::Tensor y_ref =
-      reference::tssa_step(in.w, in.temp, in.denom_bias, positions, pool_ref, slots);
-  const at::Tensor y =
-      TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), pool, Cuda(slots));
-  ExpectClose(y, y_ref, YTol(at::kFloat), "tssa_step y with slots");
-  ExpectClose(pool, pool_ref, kStateTol, "state pool with slots");
-  // The reference with slots equals stepping the gathered rows without them.
-  at::Tensor rows = before.index_select(0, slots);
+      reference::tssa_step(in.w, in.temp, in.denom_bias, positions, pool_ref, row_ids);
+  const at::Tensor y = TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions),
+                                pool, Cuda(row_ids));
+  ExpectClose(y, y_ref, YTol(at::kFloat), "tssa_step y with row_ids");
+  ExpectClose(pool, pool_ref, kStateTol, "state pool with row_ids");
+  // The reference with row_ids equals stepping the gathered rows without them.
+  at::Tensor rows = before.index_select(0, row_ids);
   const at::Tensor y_rows = reference::tssa_step(in.w, in.temp, in.denom_bias, positions, rows);
   EXPECT_TRUE(at::equal(y_rows, y_ref));
-  EXPECT_TRUE(at::equal(rows, pool_ref.index_select(0, slots)));
+  EXPECT_TRUE(at::equal(rows, pool_ref.index_select(0, row_ids)));
   for (const int64_t untouched : {1, 2, 4, 6}) {
     EXPECT_TRUE(at::equal(pool.to(at::kCPU)[untouched], before[untouched])) << "row " << untouched;
   }
-  // Host slots are checked: a repeated or out-of-range slot is refused before any work.
+  // Host row_ids are checked: a repeated or out-of-range row id is refused before any work.
   EXPECT_THROW(TssaStep(Cuda(in.w), Cuda(in.temp), Cuda(in.denom_bias), Cuda(positions), pool,
                         at::tensor(std::vector<int64_t>{5, 0, 5})),
                c10::Error);

@@ -101,7 +101,7 @@ class DynamicBatcherTest : public ::testing::Test {
   static DynamicBatcherOptions ManualOptions() {
     DynamicBatcherOptions options;
     options.model_name = "tost-tiny";
-    options.max_batch_size = 4;
+    options.max_batch_images = 4;
     options.max_queue_delay_us = 2'000;
     options.max_queue_size = 8;
     options.timeout_us = 0;
@@ -176,8 +176,8 @@ TEST_F(DynamicBatcherTest, CreateRejectsInvalidOptions) {
   options.model_name = "";
   expect_invalid(options, "model_name");
   options = ManualOptions();
-  options.max_batch_size = 0;
-  expect_invalid(options, "max_batch_size");
+  options.max_batch_images = 0;
+  expect_invalid(options, "max_batch_images");
   options = ManualOptions();
   options.max_queue_delay_us = -1;
   expect_invalid(options, "max_queue_delay_us");
@@ -285,7 +285,7 @@ TEST_F(DynamicBatcherTest, RefusesARequestLargerThanMaxBatchSizeBeforeQueueing) 
   const absl::Status status = batcher->Submit(Req(0, 5));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("tost-tiny"));
-  EXPECT_THAT(status.message(), HasSubstr("max_batch_size"));
+  EXPECT_THAT(status.message(), HasSubstr("max_batch_images"));
   EXPECT_THAT(status.message(), HasSubstr("was 5"));
   EXPECT_EQ(batcher->stats().queued_requests, 0);
   EXPECT_EQ(batcher->Reserve(0).status().code(), absl::StatusCode::kInvalidArgument);
@@ -321,24 +321,24 @@ TEST_F(DynamicBatcherTest, FullQueueIsResourceExhaustedWithARetryHint) {
   EXPECT_EQ(outcome(2).calls, 0);
 }
 
-TEST_F(DynamicBatcherTest, ReservedSlotsCountAgainstTheQueueBeforeAnyWork) {
+TEST_F(DynamicBatcherTest, ReservationsCountAgainstTheQueueBeforeAnyWork) {
   DynamicBatcherOptions options = ManualOptions();
   options.max_queue_size = 2;
   auto batcher = Make(options);
-  absl::StatusOr<DynamicBatcher::Slot> first = batcher->Reserve(1);
+  absl::StatusOr<DynamicBatcher::Reservation> first = batcher->Reserve(1);
   ASSERT_TRUE(first.ok()) << first.status();
   {
-    absl::StatusOr<DynamicBatcher::Slot> second = batcher->Reserve(2);
+    absl::StatusOr<DynamicBatcher::Reservation> second = batcher->Reserve(2);
     ASSERT_TRUE(second.ok()) << second.status();
-    EXPECT_EQ(batcher->stats().reserved_slots, 2);
+    EXPECT_EQ(batcher->stats().reserved_requests, 2);
     EXPECT_EQ(batcher->Reserve(1).status().code(), absl::StatusCode::kResourceExhausted);
     EXPECT_EQ(batcher->Submit(Req(0)).code(), absl::StatusCode::kResourceExhausted);
   }  // `second` is dropped unused: its place comes back.
-  EXPECT_EQ(batcher->stats().reserved_slots, 1);
+  EXPECT_EQ(batcher->stats().reserved_requests, 1);
   ASSERT_TRUE(batcher->Submit(std::move(first).value(), Req(1)).ok());
   ASSERT_TRUE(batcher->Submit(Req(2)).ok());
   const DynamicBatcherStats stats = batcher->stats();
-  EXPECT_EQ(stats.reserved_slots, 0);
+  EXPECT_EQ(stats.reserved_requests, 0);
   EXPECT_EQ(stats.queued_requests, 2);
 
   clock_.Advance(absl::Milliseconds(2));
@@ -494,7 +494,7 @@ TEST(DynamicBatcherThreadTest, ConcurrentSubmittersEachGetTheirOwnRows) {
   constexpr int kRequestsPerThread = 40;
   DynamicBatcherOptions options;
   options.model_name = "tost-tiny";
-  options.max_batch_size = 8;
+  options.max_batch_images = 8;
   options.max_queue_delay_us = 500;
   options.max_queue_size = kThreads * kRequestsPerThread;
   options.timeout_us = 0;
@@ -534,7 +534,7 @@ TEST(DynamicBatcherThreadTest, ConcurrentSubmittersEachGetTheirOwnRows) {
   EXPECT_LE(stats.batches_run, kThreads * kRequestsPerThread);
   int64_t recorded_images = 0;
   for (const BatchRecord& record : observer.batches()) {
-    EXPECT_LE(record.images, options.max_batch_size);
+    EXPECT_LE(record.images, options.max_batch_images);
     recorded_images += record.images;
   }
   EXPECT_EQ(recorded_images, images_sent.load());
@@ -547,7 +547,7 @@ TEST(DynamicBatcherThreadTest, ConcurrentSubmittersEachGetTheirOwnRows) {
 TEST(DynamicBatcherThreadTest, ShutdownDrainsTheQueueWithoutWaitingForTheDelay) {
   DynamicBatcherOptions options;
   options.model_name = "tost-tiny";
-  options.max_batch_size = 8;
+  options.max_batch_images = 8;
   options.max_queue_delay_us = 60'000'000;  // a minute: the test would time out if drain waited
   auto created = DynamicBatcher::Create(options, FakeModel, nullptr);
   ASSERT_TRUE(created.ok()) << created.status();

@@ -50,13 +50,13 @@ class Classification {
             result_ = vit.status();
             return;
           }
-          auto slot = vit->Reserve(images);
-          if (!slot.ok()) {
-            result_ = slot.status();
+          auto reservation = vit->Reserve(images);
+          if (!reservation.ok()) {
+            result_ = reservation.status();
             return;
           }
-          result_ =
-              vit->Classify(*std::move(slot), std::move(pixels), images, absl::InfiniteFuture());
+          result_ = vit->Classify(*std::move(reservation), std::move(pixels), images,
+                                  absl::InfiniteFuture());
         }) {}
   ~Classification() {
     if (thread_.joinable()) thread_.join();
@@ -204,7 +204,7 @@ TEST_F(EngineTest, CreateRefusesInconsistentModelsAndInvalidOptions) {
   bad_sessions.sessions.max_sessions = 0;
   EXPECT_EQ(code(Models(), bad_sessions, &clock_), kInvalid);
   EngineOptions bad_batching = Unthreaded();
-  bad_batching.batching.max_batch_size = 0;
+  bad_batching.batching.max_batch_images = 0;
   EXPECT_EQ(code(Models(), bad_batching, &clock_), kInvalid);
 
   std::vector<ModelEntry> twins = Models();
@@ -229,7 +229,7 @@ TEST_F(EngineTest, CreateRefusesInconsistentModelsAndInvalidOptions) {
 // threads' timing.
 TEST_F(EngineTest, ConcurrentClassificationsShareOneCallOfTheModel) {
   EngineOptions o;
-  o.batching.max_batch_size = 4;
+  o.batching.max_batch_images = 4;
   o.batching.max_queue_delay_us = 600'000'000;
   o.batching.timeout_us = 60'000'000;  // a bug fails after a minute instead of hanging
   auto engine = Make(o, RealClock::Get());
@@ -266,7 +266,7 @@ TEST_F(EngineTest, AFullQueueIsRefusedBeforeAnyWork) {
   o.batching.max_queue_size = 2;
   auto engine = Make(o);
   ASSERT_NE(engine, nullptr);
-  std::optional<DynamicBatcher::Slot> first, second;
+  std::optional<DynamicBatcher::Reservation> first, second;
   {
     auto s1 = engine->Classifier("vit")->Reserve(1);
     auto s2 = engine->Classifier("vit")->Reserve(1);
@@ -279,7 +279,7 @@ TEST_F(EngineTest, AFullQueueIsRefusedBeforeAnyWork) {
   EXPECT_THAT(refused.status().message(), HasSubstr("retry"));
   EXPECT_THAT(vit_.batch_sizes(), IsEmpty());
   EXPECT_EQ(engine->Stats().classifiers.at(0).batcher.rejected_queue_full, 1);
-  EXPECT_EQ(engine->Stats().classifiers.at(0).batcher.reserved_slots, 2);
+  EXPECT_EQ(engine->Stats().classifiers.at(0).batcher.reserved_requests, 2);
 
   first.reset();  // an unused reservation gives its place back
   EXPECT_TRUE(engine->Classifier("vit")->Reserve(1).ok());
