@@ -97,8 +97,13 @@ def declared_types(source_path: str) -> dict[str, str]:
     with open(source_path, encoding="utf-8") as f:
         source = f.read()
     types = {}
-    for cxx_type, name in re.findall(r"ABSL_FLAG\(\s*([\w:]+)\s*,\s*(\w+)\s*,", source):
-        types[name] = TYPE_NAMES.get(cxx_type, cxx_type)
+    # std::optional<T>: a flag that may hold no value (shown as "T, optional").
+    for cxx_type, name in re.findall(r"ABSL_FLAG\(\s*([\w:<>]+)\s*,\s*(\w+)\s*,", source):
+        optional = re.fullmatch(r"std::optional<([\w:]+)>", cxx_type)
+        if optional:
+            types[name] = TYPE_NAMES.get(optional.group(1), optional.group(1)) + ", optional"
+        else:
+            types[name] = TYPE_NAMES.get(cxx_type, cxx_type)
     return types
 
 
