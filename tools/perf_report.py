@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs every performance measurement of DESIGN §8 twice and reports the spread between the runs:
+"""Runs every performance measurement (targets P1–P6, docs/performance.md) twice and reports the spread between the runs:
 
   P1, P2  tssa_bench (kernel and layer benchmarks; its stdout is parsed into JSON)
   P4      tost_generation_bench --positions=... (decode latency vs position, ToST vs KV cache; also

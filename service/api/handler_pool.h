@@ -4,7 +4,7 @@
 // call a thread at once: it starts one more whenever none is idle (up to `max_threads`; past that,
 // calls wait in order, at most `max_queued` of them, and Schedule refuses more). Unlike the
 // synchronous server (Debian's gRPC 1.51), it does not stall: that server held unary calls ~100 ms
-// every 1.1 s, whatever the load (README, Performance). A thread idle for `idle_timeout` exits, so
+// every 1.1 s, whatever the load. A thread idle for `idle_timeout` exits, so
 // the threads a burst started (and their stacks) do not stay once it is over.
 #pragma once
 

@@ -13,7 +13,7 @@
 // batch would hold one and throttle every stream, so unary handlers run on this service's
 // HandlerPool, which gives each call a thread as gRPC's synchronous server did. They do not run on
 // the synchronous server itself: with Debian's gRPC 1.51 it held every unary call about 100 ms
-// once every 1.1 s, at any load, which alone broke the classification p99 (README, Performance).
+// once every 1.1 s, at any load, which alone broke the classification p99.
 //
 // Method names come from the protobuf service descriptor, and each registration checks the
 // request and response types against it, so a handler cannot serve the wrong method.
