@@ -35,10 +35,4 @@ std::string EscapeInvalidUtf8(std::string_view text);
 // `status` with its message passed through EscapeInvalidUtf8 (the same status when it is valid).
 absl::Status WithUtf8Message(const absl::Status& status);
 
-// INVALID_ARGUMENT when the JSON text `text` holds invalid UTF-8: the message names `source`,
-// the byte offset (line and column too) and where in the document it is (the field whose value
-// or key holds it, e.g. lm.tokenizer.type or labels[3]). OK for valid UTF-8; whether the JSON
-// parses is left to the parser.
-absl::Status CheckJsonUtf8(std::string_view text, const std::string& source);
-
 }  // namespace tost::model

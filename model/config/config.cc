@@ -6,6 +6,7 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
+#include "model/config/json_utf8.h"
 
 namespace tost::model {
 namespace {

@@ -13,6 +13,7 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
+#include "model/config/json_utf8.h"
 
 namespace tost::model {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/utf8.h"
+#include "model/config/json_utf8.h"
 
 namespace tost::model {
 namespace {

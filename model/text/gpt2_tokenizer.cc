@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "base/utf8.h"
+#include "model/config/json_utf8.h"
 
 namespace tost::model {
 namespace {
