@@ -1,6 +1,8 @@
 #include "model/device/decode_graphs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
 
 #include "absl/strings/str_cat.h"
 #include "model/device/device_failure.h"

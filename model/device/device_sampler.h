@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "absl/types/span.h"
 #include "model/sampling/sampler.h"

@@ -5,7 +5,19 @@
 #include <initializer_list>
 #include <optional>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
 

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <utility>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
 
 namespace tost::model {
 

@@ -2,7 +2,20 @@
 
 #include <cmath>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/conv2d.h>
+#include <ATen/ops/floor_divide.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/stack.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
 

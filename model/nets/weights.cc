@@ -1,6 +1,8 @@
 #include "model/nets/weights.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
 
 #include <cstring>
 

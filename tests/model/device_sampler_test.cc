@@ -8,6 +8,9 @@
 #include <random>
 #include <vector>
 
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
