@@ -19,12 +19,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_util.h"
 #include "client/cli_args.h"
 #include "client/membership_png.h"
 #include "client/npy.h"
-#include "model/file_util.h"
+#include "imaging/image_decode.h"
 #include "proto/grpc_code_name.h"
-#include "service/api/image_decode.h"
 #include "tost/v1/tost.grpc.pb.h"
 
 // One-line meanings: `tost_cli COMMAND --help` prints them (client/cli_args.cc); what needs more

@@ -32,8 +32,8 @@ import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TOP_LEVEL = ("model", "service", "kernels", "tests", "tools", "scripts", "docs", "deploy",
-             "client", "proto", "cmake", "models")
+TOP_LEVEL = ("base", "imaging", "model", "service", "kernels", "tests", "tools", "scripts", "docs",
+             "deploy", "client", "proto", "cmake", "models")
 
 # Named on purpose although no checkout has them: path -> why.
 ALLOWED: dict[str, str] = {

@@ -96,17 +96,17 @@ cxxflags="-std=c++20 -O1 -g -fno-omit-frame-pointer $sanitize -I$repo -isystem $
 
 # --- build graph -----------------------------------------------------------------------------------
 # Sources each target links besides its own tests/fuzz/<name>_fuzz.cc. Everything fuzzed is
-# LibTorch-free (model/safetensors.cc included: only nlohmann-json and Abseil).
+# LibTorch-free (model/config/safetensors.cc included: only nlohmann-json and Abseil).
 declare -A deps=(
   [npy]="client/npy.cc"
-  [image_decode]="service/api/image_decode.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc"
-  [safetensors]="model/safetensors.cc model/file_util.cc model/utf8.cc"
-  [config]="model/config.cc model/device.cc model/file_util.cc model/utf8.cc"
-  [session_codec]="service/engine/session_codec.cc model/sampler.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc gen/tost/v1/session_state.pb.cc"
-  [bpe_tokenizer]="model/bpe_tokenizer.cc model/utf8.cc"
-  [gpt2_tokenizer]="model/gpt2_tokenizer.cc model/utf8.cc"
+  [image_decode]="imaging/image_decode.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
+  [safetensors]="model/config/safetensors.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
+  [config]="model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
+  [session_codec]="service/engine/session_codec.cc model/sampling/sampler.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc gen/tost/v1/session_state.pb.cc"
+  [bpe_tokenizer]="model/text/bpe_tokenizer.cc base/utf8.cc model/config/json_utf8.cc"
+  [gpt2_tokenizer]="model/text/gpt2_tokenizer.cc base/utf8.cc model/config/json_utf8.cc"
   [inflate]="service/api/inflate.cc"
-  [request_input]="service/api/request_input.cc service/api/image_decode.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
+  [request_input]="service/api/request_input.cc imaging/image_decode.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
 )
 protos=(tost/v1/session_state tost/v1/tost kserve/v2/grpc_service)
 gen_headers=""

@@ -5,10 +5,11 @@
 # clang's sanitizers already run in scripts/run-fuzzers.sh):
 #
 #   asan  -DTOST_SANITIZE=address,undefined (-fno-sanitize-recover=all: the first report ends the
-#         process): the model core's tests (config, safetensors, tokenizers, sampler), image
-#         decoding's, the engine's (tost_engine_tests), and the committed fuzz seeds replayed
-#         through every fuzz target (tests/sanitize: npy, image decoding, safetensors, config.json,
-#         session blobs, both tokenizers, the request input layer). Leaks are reported too.
+#         process): the LibTorch-free libraries' tests (tost_torch_free_tests: base/, config,
+#         safetensors, tokenizers, sampler, image decoding), the engine's (tost_engine_tests), and
+#         the committed fuzz seeds replayed through every fuzz target (tests/sanitize: npy, image
+#         decoding, safetensors, config.json, session blobs, both tokenizers, the request input
+#         layer). Leaks are reported too.
 #   tsan  -DTOST_SANITIZE=thread: the engine's tests (dynamic batcher, generation scheduler,
 #         session store and codec on the fake models of tests/service/engine), repeated, shuffled.
 #         Debian's Abseil is not instrumented (its absl::Mutex is invisible to TSan, so everything
@@ -153,9 +154,8 @@ run_one() {
 
 asan_tests() {
   local d=$asan_dir status=0
-  run_one "$d" tost_model_core_tests "$d/tests/model/tost_model_core_tests" --gtest_brief=1 \
+  run_one "$d" tost_torch_free_tests "$d/tests/tost_torch_free_tests" --gtest_brief=1 \
     --gtest_filter='-Parity*' || status=1
-  run_one "$d" tost_imaging_tests "$d/tests/service/tost_imaging_tests" --gtest_brief=1 || status=1
   run_one "$d" tost_engine_tests "$d/tests/service/tost_engine_tests" --gtest_brief=1 || status=1
   # Every fuzz target's replay (tests/sanitize/CMakeLists.txt) over its committed seeds.
   local replay t

@@ -15,11 +15,11 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
-#include "model/device.h"
-#include "model/device_memory.h"
-#include "model/file_util.h"
-#include "model/status_macros.h"
-#include "model/torch_threads.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "model/config/device.h"
+#include "model/device/device_memory.h"
+#include "model/nets/torch_threads.h"
 #include "service/loading_responder.h"
 #include "service/observability/logging.h"
 #include "service/port_probe.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Byte-level BPE tokenizer "tost-bpe-v1": trainer, encoder and file format.
 
-The server's C++ tokenizer (model/bpe_tokenizer.cc) implements the same encoding; the two are held
+The server's C++ tokenizer (model/text/bpe_tokenizer.cc) implements the same encoding; the two are held
 equal by the fixtures tools/make_parity_fixtures.py writes and tests/model/text_test.cc checks.
 
 Why BPE for a "byte-level" LM: causal TSSA mixes tokens only through running second moments over

@@ -366,7 +366,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def tokenizer_section(tok) -> Dict[str, Any]:
-    """config.json's "tokenizer" object for the server (model/config.cc)."""
+    """config.json's "tokenizer" object for the server (model/config/config.cc)."""
     if isinstance(tok, bpe.Tokenizer):
         return {"type": "bpe", "file": "tokenizer.json", "eos_token_id": tok.eot_id}
     return {"type": "byte", "eos_token_id": tok.eot_id}

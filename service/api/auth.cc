@@ -6,8 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "model/file_util.h"
-#include "model/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "service/engine/session_codec.h"
 
 namespace tost::service {

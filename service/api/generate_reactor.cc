@@ -20,7 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "service/api/before_handler.h"
 #include "service/api/generation_request.h"
 #include "service/api/grpc_status.h"

@@ -1,7 +1,7 @@
 #include "service/api/generation_request.h"
 
 #include "absl/strings/str_cat.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tost::service {
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/config.h"
-#include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "model/config/config.h"
+#include "model/sampling/sampler.h"
+#include "model/text/tokenizer.h"
 #include "service/api/request_input.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/generation_state.h"

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kserve/v2/grpc_service.grpc.pb.h"
-#include "model/status_macros.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"
 #include "service/api/request_input.h"

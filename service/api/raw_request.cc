@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/stubs/logging.h"
-#include "model/status_macros.h"
 #include "service/api/before_handler.h"
 #include "service/api/inflate.h"
 #include "service/engine/client_text.h"

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tost::service {
 namespace {

@@ -25,8 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "model/config.h"
-#include "service/api/image_decode.h"
+#include "imaging/image_decode.h"
+#include "model/config/config.h"
 
 namespace tost::service {
 

@@ -2,7 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "service/api/generation_request.h"
 #include "service/api/grpc_status.h"
 #include "service/api/tost_service.h"

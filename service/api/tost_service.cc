@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "service/api/classify_tensor_view.h"
 #include "service/api/grpc_status.h"
 #include "service/api/request_deadline.h"

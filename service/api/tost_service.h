@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "model/device_memory.h"
+#include "model/device/device_memory.h"
 #include "service/api/auth.h"
 #include "service/api/raw_service.h"
 #include "service/api/request_input.h"

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tost::service {
 

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "model/config.h"
+#include "model/config/config.h"
 #include "service/engine/clock.h"
 #include "service/engine/dynamic_batcher.h"
 #include "service/engine/generation_scheduler.h"

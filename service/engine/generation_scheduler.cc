@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "model/status_macros.h"
-#include "model/tokenizer.h"
+#include "base/status_macros.h"
+#include "model/text/tokenizer.h"
 #include "service/engine/text_stream.h"
 
 namespace tost::service {

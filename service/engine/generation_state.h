@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "model/sampler.h"
-#include "model/sequence_state.h"
+#include "model/sampling/sampler.h"
+#include "model/state/sequence_state.h"
 
 namespace tost::service {
 

@@ -14,11 +14,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "model/config.h"
-#include "model/sampler.h"
-#include "model/sequence_state.h"
-#include "model/state_pool.h"
-#include "model/tokenizer.h"
+#include "model/config/config.h"
+#include "model/sampling/sampler.h"
+#include "model/state/sequence_state.h"
+#include "model/state/state_pool.h"
+#include "model/text/tokenizer.h"
 
 namespace tost::service {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "model/text/tokenizer.h"
 
 namespace tost::service {
 

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "model/device_memory.h"
+#include "model/device/device_memory.h"
 #include "proto/grpc_code_name.h"
 #include "service/api/before_handler.h"
 #include "service/engine/engine.h"

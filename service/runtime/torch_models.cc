@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "model/status_macros.h"
-#include "model/utf8.h"
+#include "base/status_macros.h"
+#include "base/utf8.h"
 #include "service/runtime/warmup.h"
 
 namespace tost::service {

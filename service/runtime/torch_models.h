@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/model_repository.h"
+#include "model/nets/model_repository.h"
 #include "service/engine/engine.h"
 
 namespace tost::service {

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "model/model_repository.h"
+#include "model/nets/model_repository.h"
 
 namespace tost::service {
 

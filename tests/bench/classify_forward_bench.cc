@@ -25,12 +25,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "model/config.h"
-#include "model/device.h"
-#include "model/device_memory.h"
-#include "model/torch_device.h"
-#include "model/torch_threads.h"
-#include "model/vision_model.h"
+#include "model/config/config.h"
+#include "model/config/device.h"
+#include "model/device/device_memory.h"
+#include "model/nets/torch_device.h"
+#include "model/nets/torch_threads.h"
+#include "model/nets/vision_model.h"
 #include "tests/bench/device_bandwidth.h"
 
 ABSL_FLAG(std::string, model_dir, "models/tost-digits", "Vision model directory");

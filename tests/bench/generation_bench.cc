@@ -28,13 +28,13 @@
 #include <c10/core/InferenceMode.h>
 #include <grpcpp/grpcpp.h>
 
-#include "model/device.h"
-#include "model/device_memory.h"
-#include "model/language_model.h"
-#include "model/safetensors.h"
-#include "model/tensor_list.h"
-#include "model/torch_device.h"
-#include "model/torch_threads.h"
+#include "model/config/device.h"
+#include "model/config/safetensors.h"
+#include "model/config/tensor_list.h"
+#include "model/device/device_memory.h"
+#include "model/nets/language_model.h"
+#include "model/nets/torch_device.h"
+#include "model/nets/torch_threads.h"
 #include "tests/bench/device_bandwidth.h"
 #include "tost/v1/tost.grpc.pb.h"
 

@@ -15,7 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "model/sampler.h"
+#include "model/sampling/sampler.h"
 
 namespace {
 

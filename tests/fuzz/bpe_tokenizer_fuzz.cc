@@ -1,4 +1,4 @@
-// libFuzzer target: the "tost-bpe-v1" tokenizer (model/bpe_tokenizer.h).
+// libFuzzer target: the "tost-bpe-v1" tokenizer (model/text/bpe_tokenizer.h).
 //
 // Input without a NUL byte: text, encoded with the shipped tost-austen tokenizer
 // (models/tost-austen/tokenizer.json). Input with one: tokenizer.json text, NUL, text; the file
@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/bpe_tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
+#include "model/text/bpe_tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

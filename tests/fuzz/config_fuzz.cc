@@ -1,12 +1,12 @@
-// libFuzzer target: config.json (model/config.h, ParseModelConfig). A config that parses is one
-// the server builds a model from: its invariants must hold and the sizes derived from it must be
-// computable. Its strings and any error's message reach proto3 strings (ListModels, load errors),
-// so both must be valid UTF-8 whatever bytes the file holds.
+// libFuzzer target: config.json (model/config/config.h, ParseModelConfig). A config that parses is
+// one the server builds a model from: its invariants must hold and the sizes derived from it must
+// be computable. Its strings and any error's message reach proto3 strings (ListModels, load
+// errors), so both must be valid UTF-8 whatever bytes the file holds.
 #include <cstdint>
 #include <string>
 
-#include "model/config.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
+#include "model/config/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

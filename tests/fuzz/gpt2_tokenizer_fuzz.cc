@@ -1,4 +1,4 @@
-// libFuzzer target: the GPT-2 tokenizer (model/gpt2_tokenizer.h): its files and its encoding.
+// libFuzzer target: the GPT-2 tokenizer (model/text/gpt2_tokenizer.h): its files and its encoding.
 //
 // Input without a NUL byte: text, encoded by the tokenizer built from the test fixtures
 // (tests/model/fixtures/gpt2) in both file forms, encoder.json + vocab.bpe and gpt2.tiktoken.
@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/gpt2_tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
+#include "model/text/gpt2_tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target: PNG and JPEG decoding and preprocessing (service/api/image_decode.h) on
+// libFuzzer target: PNG and JPEG decoding and preprocessing (imaging/image_decode.h) on
 // arbitrary bytes, as a Classify request's `images` or a KServe BYTES input carries them: the
 // header read, the decode to RGB (checked against the header), preprocessing to a downscaled
 // RGB model input, and DecodeAndPreprocess to a non-square gray one (tiny seed images are
@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/config.h"
-#include "service/api/image_decode.h"
+#include "imaging/image_decode.h"
+#include "model/config/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

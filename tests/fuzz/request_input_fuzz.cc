@@ -20,7 +20,7 @@
 
 #include "absl/types/span.h"
 #include "kserve/v2/grpc_service.pb.h"
-#include "model/config.h"
+#include "model/config/config.h"
 #include "service/api/classify_tensor_view.h"
 #include "service/api/request_input.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -1,6 +1,6 @@
-// libFuzzer target: the safetensors reader (model/safetensors.h, SafetensorsFile::Parse; the file
-// is torch-free: only the weight loaders that use it include ATen). Every tensor of a file that
-// parses must view exactly shape × dtype-size bytes inside the file: they are read here, so
+// libFuzzer target: the safetensors reader (model/config/safetensors.h, SafetensorsFile::Parse; the
+// file is torch-free: only the weight loaders that use it include ATen). Every tensor of a file
+// that parses must view exactly shape × dtype-size bytes inside the file: they are read here, so
 // AddressSanitizer reports a view that reaches outside. No two tensors may share a byte, and
 // names, metadata and error messages must be valid UTF-8 (they reach messages and logs).
 #include <algorithm>
@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "model/safetensors.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
+#include "model/config/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

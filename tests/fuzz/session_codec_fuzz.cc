@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "model/config.h"
+#include "model/config/config.h"
 #include "service/engine/clock.h"
 #include "service/engine/session_codec.h"
 #include "tests/fuzz/fuzz_util.h"

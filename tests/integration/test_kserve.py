@@ -40,7 +40,7 @@ def encode_png(pixels: np.ndarray) -> bytes:
 
 
 def reference_preprocess(rgb: np.ndarray, mode="bilinear") -> np.ndarray:
-    """The documented pipeline (service/api/image_decode.h) for the gray digits model: BT.601 luma
+    """The documented pipeline (imaging/image_decode.h) for the gray digits model: BT.601 luma
     in the 16-bit fixed point of PIL/libjpeg, /255, antialiased bilinear resize (torch),
     (x - mean) / std."""
     v, pre, _ = _vision()

@@ -7,7 +7,7 @@
 // would produce; LM: denom_bias ignored).
 #include <filesystem>
 
-#include "model/model_repository.h"
+#include "model/nets/model_repository.h"
 #include "tests/model/test_util.h"
 
 namespace tost::model {

@@ -1,13 +1,16 @@
 // The batched draw on the logits' device against DrawTokens, the host reference. On the CPU the
 // two sum in the same order, so every drawn id must agree; the alternatives' logprobs are summed
 // in another order (a tree reduction) and agree to float rounding.
-#include "model/device_sampler.h"
+#include "model/device/device_sampler.h"
 
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 

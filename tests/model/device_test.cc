@@ -1,14 +1,14 @@
 // --device/--dtype and config.json "serving": parsing and resolution against the CUDA devices the
-// process sees (model/device.h). Torch-free.
-#include "model/device.h"
+// process sees (model/config/device.h). Torch-free.
+#include "model/config/device.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "model/config.h"
-#include "model/decode_buckets.h"
+#include "model/config/config.h"
+#include "model/config/decode_buckets.h"
 
 namespace tost::model {
 namespace {

@@ -2,7 +2,7 @@
 // files in GPT-2's formats with a small merge table (tools/gpt2_fixtures.py; the real files cannot
 // be fetched here) and the pieces and ids both references give for each case. Both file forms the
 // server loads (encoder.json + vocab.bpe, and a tiktoken rank file) must give exactly those.
-#include "model/gpt2_tokenizer.h"
+#include "model/text/gpt2_tokenizer.h"
 
 #include <chrono>
 #include <memory>
@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "model/config.h"
-#include "model/file_util.h"
-#include "model/tokenizer.h"
+#include "base/file_util.h"
+#include "model/config/config.h"
+#include "model/text/tokenizer.h"
 
 namespace tost::model {
 namespace {

@@ -13,9 +13,9 @@
 
 #include <gtest/gtest.h>
 
-#include "model/file_util.h"
-#include "model/model_repository.h"
-#include "model/utf8.h"
+#include "base/file_util.h"
+#include "base/utf8.h"
+#include "model/nets/model_repository.h"
 
 namespace tost::model {
 namespace {

@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model/file_util.h"
-#include "model/model_repository.h"
+#include "base/file_util.h"
+#include "model/nets/model_repository.h"
 #include "tests/model/test_util.h"
 
 namespace tost::model {

@@ -4,7 +4,7 @@
 // wrong TSSA (softmax over tokens); the same check must reject it, which shows the test can fail.
 #include <filesystem>
 
-#include "model/model_repository.h"
+#include "model/nets/model_repository.h"
 #include "tests/model/test_util.h"
 
 namespace tost::model {

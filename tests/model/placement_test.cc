@@ -1,7 +1,7 @@
-// Models placed by a Placement (model/device.h): the shipped models in bfloat16 and float16 agree
-// with float32 (the dtype path that serves on CUDA, exercised here on the CPU, where LibTorch runs
-// both precisions), and a model whose config.json asks for a CUDA device the process does not see
-// fails alone while the rest of the repository loads.
+// Models placed by a Placement (model/config/device.h): the shipped models in bfloat16 and float16
+// agree with float32 (the dtype path that serves on CUDA, exercised here on the CPU, where LibTorch
+// runs both precisions), and a model whose config.json asks for a CUDA device the process does not
+// see fails alone while the rest of the repository loads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "model/language_model.h"
-#include "model/model_repository.h"
-#include "model/vision_model.h"
+#include "model/nets/language_model.h"
+#include "model/nets/model_repository.h"
+#include "model/nets/vision_model.h"
 
 namespace tost::model {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "model/config/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/safetensors.h"
+#include "model/config/safetensors.h"
 
 namespace tost::model::testing {
 

@@ -10,11 +10,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "model/bpe_tokenizer.h"
-#include "model/config.h"
-#include "model/file_util.h"
-#include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "base/file_util.h"
+#include "model/config/config.h"
+#include "model/sampling/sampler.h"
+#include "model/text/bpe_tokenizer.h"
+#include "model/text/tokenizer.h"
 #include "tests/model/test_util.h"
 
 namespace tost::model {

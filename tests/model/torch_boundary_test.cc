@@ -1,6 +1,6 @@
 // GuardTorch, the one place LibTorch exceptions become statuses: each kind of c10 error maps to the
 // code a client can act on, naming the model and the operation.
-#include "model/torch_boundary.h"
+#include "model/nets/torch_boundary.h"
 
 #include <gtest/gtest.h>
 

@@ -27,9 +27,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "model/config.h"
-#include "model/sequence_state.h"
-#include "model/tokenizer.h"
+#include "model/config/config.h"
+#include "model/state/sequence_state.h"
+#include "model/text/tokenizer.h"
 #include "service/engine/model_interface.h"
 
 namespace tost::service::testing {

@@ -1,0 +1,348 @@
+#include "model/config/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/utf8.h"
+#include "model/config/json_utf8.h"
+
+namespace tost::model {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(const std::string& source, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+}
+
+// The largest size any dimension of a model may have (2^20).
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
+
+// Reads a positive integer field `key` of object `obj` (path `where` for messages).
+absl::StatusOr<int64_t> PositiveInt(const json& obj, const char* key, const std::string& where,
+                                    std::optional<int64_t> fallback = std::nullopt) {
+  if (!obj.contains(key)) {
+    if (fallback) return *fallback;
+    return Invalid(where, absl::StrCat("missing required integer field \"", key, "\""));
+  }
+  const json& v = obj.at(key);
+  if (!v.is_number_integer()) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be an integer, got ", v.dump()));
+  }
+  // Bounded so that no product of sizes the loader and the kernels form can overflow.
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{kMaxDimension}
+                        ? kMaxDimension + 1
+                        : v.get<int64_t>();
+  if (x <= 0 || x > kMaxDimension) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be in [1, ", kMaxDimension,
+                                       "], got ", v.dump()));
+  }
+  return x;
+}
+
+absl::StatusOr<std::vector<float>> FloatList(const json& obj, const char* key,
+                                             const std::string& where, size_t expected,
+                                             float fallback) {
+  if (!obj.contains(key)) return std::vector<float>(expected, fallback);
+  const json& v = obj.at(key);
+  if (!v.is_array() || v.size() != expected) {
+    return Invalid(where, absl::StrCat("field \"", key, "\" must be a list of ", expected,
+                                       " numbers, got ", v.dump()));
+  }
+  std::vector<float> out;
+  for (const json& e : v) {
+    if (!e.is_number())
+      return Invalid(where, absl::StrCat("field \"", key, "\" holds a non-number: ", e.dump()));
+    out.push_back(e.get<float>());
+  }
+  return out;
+}
+
+absl::StatusOr<VisionConfig> ParseVision(const json& root, const std::string& source) {
+  if (!root.contains("vision") || !root["vision"].is_object()) {
+    return Invalid(source, "architecture tost_vision needs a \"vision\" object");
+  }
+  const json& v = root["vision"];
+  const std::string where = source + " [vision]";
+  VisionConfig c;
+  TOST_ASSIGN_OR_RETURN(c.embed_dim, PositiveInt(v, "embed_dim", where));
+  TOST_ASSIGN_OR_RETURN(c.depth, PositiveInt(v, "depth", where));
+  TOST_ASSIGN_OR_RETURN(c.num_heads, PositiveInt(v, "num_heads", where));
+  TOST_ASSIGN_OR_RETURN(c.mlp_ratio, PositiveInt(v, "mlp_ratio", where, 4));
+  TOST_ASSIGN_OR_RETURN(c.patch_size, PositiveInt(v, "patch_size", where));
+  TOST_ASSIGN_OR_RETURN(c.in_chans, PositiveInt(v, "in_chans", where, 3));
+  TOST_ASSIGN_OR_RETURN(c.num_classes, PositiveInt(v, "num_classes", where));
+  TOST_ASSIGN_OR_RETURN(c.cls_attn_layers, PositiveInt(v, "cls_attn_layers", where, 2));
+  TOST_ASSIGN_OR_RETURN(c.image_height, PositiveInt(v, "image_height", where));
+  TOST_ASSIGN_OR_RETURN(c.image_width, PositiveInt(v, "image_width", where));
+  if (c.embed_dim % c.num_heads != 0) {
+    return Invalid(where, absl::StrCat("embed_dim ", c.embed_dim,
+                                       " must be divisible by num_heads ", c.num_heads));
+  }
+  if (c.patch_size < 2 || (c.patch_size & (c.patch_size - 1)) != 0) {
+    return Invalid(where,
+                   absl::StrCat("patch_size must be a power of two >= 2, got ", c.patch_size));
+  }
+  if (c.embed_dim % (int64_t{1} << (c.stem_stages() - 1)) != 0) {
+    return Invalid(where,
+                   absl::StrCat("embed_dim ", c.embed_dim, " must be divisible by 2^(stages-1) = ",
+                                int64_t{1} << (c.stem_stages() - 1), " for a ", c.stem_stages(),
+                                "-stage stem (patch_size ", c.patch_size, ")"));
+  }
+  if (root.contains("labels")) {
+    const json& labels = root["labels"];
+    if (!labels.is_array() || static_cast<int64_t>(labels.size()) != c.num_classes) {
+      return Invalid(
+          source,
+          absl::StrCat("\"labels\" must be a list of num_classes=", c.num_classes, " strings"));
+    }
+    for (const json& l : labels) {
+      if (!l.is_string())
+        return Invalid(source, absl::StrCat("\"labels\" holds a non-string: ", l.dump()));
+      c.labels.push_back(l.get<std::string>());
+    }
+  } else {
+    for (int64_t i = 0; i < c.num_classes; ++i) c.labels.push_back(std::to_string(i));
+  }
+  const json pre = root.value("preprocess", json::object());
+  TOST_ASSIGN_OR_RETURN(c.mean, FloatList(pre, "mean", source + " [preprocess]", c.in_chans, 0.f));
+  TOST_ASSIGN_OR_RETURN(c.std, FloatList(pre, "std", source + " [preprocess]", c.in_chans, 1.f));
+  for (float s : c.std) {
+    if (!(s > 0)) return Invalid(source, "preprocess.std entries must be > 0");
+  }
+  return c;
+}
+
+absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string& source) {
+  if (!root.contains("lm") || !root["lm"].is_object()) {
+    return Invalid(source, "architecture tost_lm needs an \"lm\" object");
+  }
+  const json& v = root["lm"];
+  const std::string where = source + " [lm]";
+  LanguageConfig c;
+  TOST_ASSIGN_OR_RETURN(c.n_layer, PositiveInt(v, "n_layer", where));
+  TOST_ASSIGN_OR_RETURN(c.n_head, PositiveInt(v, "n_head", where));
+  TOST_ASSIGN_OR_RETURN(c.n_embd, PositiveInt(v, "n_embd", where));
+  TOST_ASSIGN_OR_RETURN(c.context_length, PositiveInt(v, "context_length", where));
+  TOST_ASSIGN_OR_RETURN(c.vocab_size, PositiveInt(v, "vocab_size", where));
+  TOST_ASSIGN_OR_RETURN(c.mlp_ratio, PositiveInt(v, "mlp_ratio", where, 4));
+  if (v.contains("bias")) {
+    if (!v["bias"].is_boolean()) return Invalid(where, "field \"bias\" must be true or false");
+    c.bias = v["bias"].get<bool>();
+  }
+  if (c.n_embd % c.n_head != 0) {
+    return Invalid(where,
+                   absl::StrCat("n_embd ", c.n_embd, " must be divisible by n_head ", c.n_head));
+  }
+  const json tok = root.value("tokenizer", json::object({{"type", "byte"}}));
+  if (!tok.is_object())
+    return Invalid(source, absl::StrCat("field \"tokenizer\" must be an object, got ", tok.dump()));
+  if (!tok.value("type", json("byte")).is_string()) {
+    return Invalid(source, "tokenizer.type must be a string");
+  }
+  c.tokenizer = tok.value("type", std::string("byte"));
+  if (c.tokenizer != "byte" && c.tokenizer != "bpe" && c.tokenizer != "gpt2" &&
+      c.tokenizer != "none") {
+    return Invalid(
+        source,
+        absl::StrCat("tokenizer.type must be \"byte\", \"bpe\", \"gpt2\" or \"none\", got \"",
+                     c.tokenizer, "\""));
+  }
+  // A plain file name: a config must not make the server read outside its model directory.
+  auto file_field = [&](const char* field, const std::string& fallback,
+                        std::string* out) -> absl::Status {
+    const json value = tok.value(field, json(fallback));
+    *out = value.is_string() ? value.get<std::string>() : std::string();
+    if (out->empty() || out->find('/') != std::string::npos ||
+        out->find('\\') != std::string::npos || *out == "." || *out == "..") {
+      return Invalid(source, absl::StrCat("tokenizer.", field,
+                                          " must be a file name inside the model directory, got ",
+                                          value.dump()));
+    }
+    return absl::OkStatus();
+  };
+  const json eos = tok.value("eos_token_id", json());
+  if (!eos.is_null() && !eos.is_number_integer()) {
+    return Invalid(source,
+                   absl::StrCat("tokenizer.eos_token_id must be an integer, got ", eos.dump()));
+  }
+  if (c.tokenizer == "byte" || c.tokenizer == "bpe") {
+    if (c.vocab_size < 257) {
+      return Invalid(where,
+                     absl::StrCat("vocab_size must be >= 257 (256 bytes and end-of-text) for "
+                                  "the ",
+                                  c.tokenizer, " tokenizer, got ", c.vocab_size,
+                                  "; a model without a text vocabulary takes tokenizer "
+                                  "{\"type\": \"none\"}"));
+    }
+    if (c.tokenizer == "bpe")
+      TOST_RETURN_IF_ERROR(file_field("file", "tokenizer.json", &c.tokenizer_file));
+    c.eos_token_id = eos.is_null() ? 256 : eos.get<int64_t>();
+    if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be a special id in [256, ",
+                                          c.vocab_size, "), got ", c.eos_token_id));
+    }
+  } else if (c.tokenizer == "gpt2") {
+    if (tok.contains("ranks_file")) {
+      if (tok.contains("encoder_file") || tok.contains("merges_file")) {
+        return Invalid(source,
+                       "tokenizer: give ranks_file (tiktoken) or encoder_file and "
+                       "merges_file (encoder.json, vocab.bpe), not both");
+      }
+      TOST_RETURN_IF_ERROR(file_field("ranks_file", "", &c.tokenizer_ranks_file));
+    } else {
+      TOST_RETURN_IF_ERROR(file_field("encoder_file", "encoder.json", &c.tokenizer_encoder_file));
+      TOST_RETURN_IF_ERROR(file_field("merges_file", "vocab.bpe", &c.tokenizer_merges_file));
+    }
+    // GPT-2's end of text; the tokenizer's files are checked against it when they load.
+    c.eos_token_id = eos.is_null() ? 50256 : eos.get<int64_t>();
+    if (c.eos_token_id < 256 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be in [256, ", c.vocab_size,
+                                          ") for the gpt2 tokenizer, got ", c.eos_token_id));
+    }
+  } else {  // none
+    c.eos_token_id = eos.is_null() ? -1 : eos.get<int64_t>();
+    if (c.eos_token_id < -1 || c.eos_token_id >= c.vocab_size) {
+      return Invalid(source, absl::StrCat("tokenizer.eos_token_id must be -1 (none) or an id in "
+                                          "[0, ",
+                                          c.vocab_size, "), got ", c.eos_token_id));
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+const char* ArchitectureName(Architecture a) {
+  return a == Architecture::kVision ? "tost_vision" : "tost_lm";
+}
+
+const char* WeightDtypeName(WeightDtype d) {
+  switch (d) {
+    case WeightDtype::kFloat32:
+      return "float32";
+    case WeightDtype::kFloat16:
+      return "float16";
+    case WeightDtype::kBFloat16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+int64_t VisionConfig::stem_stages() const {
+  int64_t s = 0;
+  for (int64_t p = patch_size; p > 1; p >>= 1) ++s;
+  return s;
+}
+
+int64_t VisionConfig::tokens() const {
+  int64_t h = image_height, w = image_width;
+  for (int64_t i = 0; i < stem_stages(); ++i) {
+    h = (h + 1) / 2;  // 3x3, stride 2, pad 1
+    w = (w + 1) / 2;
+  }
+  return h * w;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
+  // Before parsing: the parser refuses invalid UTF-8 too, but its message quotes the bytes raw,
+  // and says neither the offset nor the field.
+  TOST_RETURN_IF_ERROR(CheckJsonUtf8(json_text, source));
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {  // a syntax error, or a number out of double's range
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
+  }
+  if (!root.is_object()) return Invalid(source, "top level must be a JSON object");
+  try {
+    ModelConfig cfg;
+    const json format = root.value("format_version", json(1));
+    if (!format.is_number_integer() || format.get<int64_t>() != 1) {
+      return Invalid(source, absl::StrCat("format_version must be 1, got ", format.dump()));
+    }
+    if (!root.contains("name") || !root["name"].is_string() ||
+        root["name"].get<std::string>().empty()) {
+      return Invalid(source, "missing non-empty string field \"name\"");
+    }
+    cfg.name = root["name"].get<std::string>();
+    if (root.contains("version")) {
+      cfg.version =
+          root["version"].is_string() ? root["version"].get<std::string>() : root["version"].dump();
+    }
+    const std::string arch = root.value("architecture", std::string());
+    if (arch == "tost_vision") {
+      cfg.architecture = Architecture::kVision;
+    } else if (arch == "tost_lm") {
+      cfg.architecture = Architecture::kLanguage;
+    } else {
+      return Invalid(source,
+                     absl::StrCat("\"architecture\" must be \"tost_vision\" or \"tost_lm\", got \"",
+                                  arch, "\""));
+    }
+    const std::string dtype = root.value("dtype", std::string("float32"));
+    if (dtype == "float32") {
+      cfg.dtype = WeightDtype::kFloat32;
+    } else if (dtype == "float16") {
+      cfg.dtype = WeightDtype::kFloat16;
+    } else if (dtype == "bfloat16") {
+      cfg.dtype = WeightDtype::kBFloat16;
+    } else {
+      return Invalid(source, absl::StrCat("\"dtype\" must be float32, float16 or bfloat16, got \"",
+                                          dtype, "\""));
+    }
+    cfg.trained = root.value("trained", false);
+    if (root.contains("serving")) {
+      const json& serving = root["serving"];
+      if (!serving.is_object()) {
+        return Invalid(source, absl::StrCat("\"serving\" must be an object with optional "
+                                            "\"device\" and \"dtype\", got ",
+                                            Utf8Prefix(serving.dump(), 64)));
+      }
+      for (const auto& [key, value] : serving.items()) {
+        if (key != "device" && key != "dtype") {
+          return Invalid(source, absl::StrCat("\"serving\" has an unknown key \"",
+                                              Utf8Prefix(key, 64), "\" (expected device, dtype)"));
+        }
+        if (!value.is_string()) {
+          return Invalid(source, absl::StrCat("serving.", key, " must be a string, got ",
+                                              Utf8Prefix(value.dump(), 64)));
+        }
+      }
+      if (serving.contains("device")) {
+        absl::StatusOr<DeviceSpec> device =
+            ParseDeviceSpec(serving["device"].get<std::string>(), "serving.device");
+        if (!device.ok()) return Invalid(source, std::string(device.status().message()));
+        cfg.serving_device = *device;
+      }
+      if (serving.contains("dtype")) {
+        absl::StatusOr<ComputeDtype> dtype =
+            ParseComputeDtype(serving["dtype"].get<std::string>(), "serving.dtype");
+        if (!dtype.ok()) return Invalid(source, std::string(dtype.status().message()));
+        cfg.serving_dtype = *dtype;
+      }
+    }
+    cfg.provenance_json = root.contains("provenance") ? root["provenance"].dump() : "{}";
+    if (cfg.architecture == Architecture::kVision) {
+      TOST_ASSIGN_OR_RETURN(cfg.vision, ParseVision(root, source));
+    } else {
+      TOST_ASSIGN_OR_RETURN(cfg.language, ParseLanguage(root, source));
+    }
+    return cfg;
+  } catch (const json::exception& e) {
+    // Type errors (e.g. "trained": "yes") surface here with the field nlohmann names.
+    return Invalid(source, absl::StrCat("malformed field: ", EscapeInvalidUtf8(e.what())));
+  }
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  TOST_ASSIGN_OR_RETURN(std::string text,
+                        ReadRegularFile(path, kMaxConfigFileBytes, "config file"));
+  return ParseModelConfig(text, path);
+}
+
+}  // namespace tost::model
