@@ -43,8 +43,8 @@ uint64_t PrefixStateCache::Extend(uint64_t hash, int32_t token) {
 int64_t PrefixStateCache::EntryBytes(size_t text_bytes, size_t tokens, size_t floats) {
   // The entry, its list node and its hash-table slot, and what its vectors and strings hold.
   constexpr size_t kBookkeeping = 2 * sizeof(void*) + sizeof(uint64_t) + sizeof(Lru::iterator);
-  return static_cast<int64_t>(sizeof(Entry) + kBookkeeping + text_bytes +
-                              tokens * sizeof(int32_t) + floats * sizeof(float));
+  return static_cast<int64_t>(sizeof(Entry) + kBookkeeping + text_bytes + tokens * sizeof(int32_t) +
+                              floats * sizeof(float));
 }
 
 void PrefixStateCache::Erase(Lru::iterator it) {

@@ -166,7 +166,7 @@ class PrefixSchedulerTest : public ::testing::Test {
     scheduler_ = *std::move(s);
   }
   Turn Generate(const std::vector<int32_t>& prompt, int32_t max_new, const std::string& owner = "a",
-               PrefixCacheUse use = PrefixCacheUse::kLookupAndInsert) {
+                PrefixCacheUse use = PrefixCacheUse::kLookupAndInsert) {
     Turn out;
     GenerationRequest r;
     model::SamplingParams p;
@@ -201,8 +201,8 @@ class PrefixSchedulerTest : public ::testing::Test {
     return out;
   }
   // The same request on a fresh scheduler without a cache: what a cold prefill gives.
-  Turn Cold(FakeLanguageOptions lm, GenerationSchedulerOptions o, const std::vector<int32_t>& prompt,
-           int32_t max_new) {
+  Turn Cold(FakeLanguageOptions lm, GenerationSchedulerOptions o,
+            const std::vector<int32_t>& prompt, int32_t max_new) {
     auto keep_lm = std::move(lm_);
     auto keep_cache = std::move(cache_);
     auto keep_scheduler = std::move(scheduler_);
@@ -258,12 +258,14 @@ TEST_F(PrefixSchedulerTest, AWhollyCachedPromptStillFeedsItsLastTokenAndDrawsThe
   // An entry holding every prompt token is never taken: there would be no token left to feed,
   // and a state keeps no logits to draw from. A shorter one is.
   const std::vector<int32_t> q = Text("a fresh prompt");
-  cache_->Insert({"fake-lm", std::string(32, 'w'), "a"}, q, [&] {
-    model::SequenceState s = lm_->NewSequence();
-    for (int32_t t : q) lm_->Feed(t, s);
-    return s;
-  }(),
-                 false);
+  cache_->Insert(
+      {"fake-lm", std::string(32, 'w'), "a"}, q,
+      [&] {
+        model::SequenceState s = lm_->NewSequence();
+        for (int32_t t : q) lm_->Feed(t, s);
+        return s;
+      }(),
+      false);
   const Turn fresh = Generate(q, 5);
   EXPECT_LT(fresh.cached_tokens, static_cast<int32_t>(q.size()));
   EXPECT_EQ(fresh.tokens, Cold({}, {}, q, 5).tokens);
