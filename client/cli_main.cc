@@ -580,9 +580,10 @@ int Generate(const Target& target) {
       printer.Token(msg.token());
     } else if (msg.has_final()) {
       printer.Final(msg.final());
-      std::fprintf(stderr, "[finish: %s, prompt tokens %d, generated %d]\n",
+      std::fprintf(stderr, "[finish: %s, prompt tokens %d (%d cached), generated %d]\n",
                    tost::v1::FinishReason_Name(msg.final().finish_reason()).c_str(),
-                   msg.final().prompt_tokens(), msg.final().generated_tokens());
+                   msg.final().prompt_tokens(), msg.final().cached_tokens(),
+                   msg.final().generated_tokens());
     }
   }
   grpc::Status s = reader->Finish();

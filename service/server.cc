@@ -240,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   engine_options.batching.observer = server->metrics_.get();
   engine_options.sessions = options.sessions;
   engine_options.sessions.observer = server->metrics_.get();
+  engine_options.prefix_cache = options.prefix_cache;
   TOST_ASSIGN_OR_RETURN(server->engine_,
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));

@@ -55,6 +55,7 @@ struct ServerOptions {
   GenerationSchedulerOptions generation;  // per language model
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)
   SessionStoreOptions sessions;
+  PrefixCacheOptions prefix_cache;
   std::string session_key_file;  // key or key list for state blobs; empty = random per process
   std::string api_keys_file;     // "name key" lines; empty = no API keys
   std::string tls_cert_file;     // PEM certificate chain; with tls_key_file turns TLS on

@@ -111,6 +111,10 @@ ABSL_FLAG(int64_t, max_sessions, 4096,
           "Server-held sessions at once (LRU eviction of idle ones beyond)");
 ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20,
           "Bytes of session state held at once (LRU eviction beyond)");
+ABSL_FLAG(int64_t, prefix_cache_bytes, 64LL << 20,
+          "Bytes of the prefix-state cache: sequence statistics at exact prompt and reply ends, "
+          "so a client resending a conversation prefills only its new tokens (per owner; LRU "
+          "beyond); 0 disables it");
 ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
 ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it "
@@ -187,6 +191,8 @@ absl::Status CheckNumericFlags() {
       {"max_sessions", absl::GetFlag(FLAGS_max_sessions), 1, int64_t{1} << 32},
       {"session_budget_bytes", absl::GetFlag(FLAGS_session_budget_bytes), 1, int64_t{1} << 48},
       {"session_idle_timeout_s", absl::GetFlag(FLAGS_session_idle_timeout_s), 1, 365 * kDayS},
+      {"prefix_cache_bytes", absl::GetFlag(FLAGS_prefix_cache_bytes), 0, int64_t{1} << 48,
+       "0 = no prefix cache"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
        "0 = blobs do not expire"},
       {"heap_trim_interval_ms", absl::GetFlag(FLAGS_heap_trim_interval_ms), 0, 3'600'000,
@@ -291,6 +297,7 @@ int main(int argc, char** argv) {
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.sessions.max_state_bytes = absl::GetFlag(FLAGS_session_budget_bytes);
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
+  options.prefix_cache.max_bytes = absl::GetFlag(FLAGS_prefix_cache_bytes);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);

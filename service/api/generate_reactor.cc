@@ -181,6 +181,10 @@ absl::Status GenerateReactor::Admit() {
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);
+  // A fresh state may start from the caller's longest cached prefix; a session or a blob brings
+  // its own state, and only stores what it reaches.
+  job_request.owner = owner;
+  job_request.prefix_cache = fresh ? PrefixCacheUse::kLookupAndInsert : PrefixCacheUse::kInsert;
   TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(reservation), std::move(job_request)));
   return absl::OkStatus();
 }
@@ -221,6 +225,7 @@ absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::Gene
   auto* f = msg.mutable_final();
   f->set_finish_reason(ToProto(event.finish_reason));
   f->set_prompt_tokens(event.prompt_tokens);
+  f->set_cached_tokens(event.cached_tokens);
   f->set_generated_tokens(event.generated_tokens);
   f->set_text(event.final_text);
   f->set_session_id(request_.session_id());

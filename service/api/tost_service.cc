@@ -231,6 +231,12 @@ grpc::Status TostService::ServerStatus(grpc::ServerContextBase* context,
     out->set_stalled_streams(g.scheduler.stalled_jobs);
     out->set_state_pool_bytes(g.scheduler.state_pool_bytes);
     out->set_decode_mode(g.scheduler.decode_mode);
+    out->set_prefill_tokens(g.scheduler.prefill_tokens);
+    out->set_prefix_cache_lookups(g.prefix_cache.lookups);
+    out->set_prefix_cache_hits(g.prefix_cache.hits);
+    out->set_prefix_cache_hit_tokens(g.prefix_cache.hit_tokens);
+    out->set_prefix_cache_entries(g.prefix_cache.entries);
+    out->set_prefix_cache_bytes(g.prefix_cache.bytes);
   }
   if (device_memory_) {
     for (const model::DeviceMemoryStats& d : device_memory_()) {

@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   if (clock == nullptr) return absl::InvalidArgumentError("Engine needs a clock");
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(options.sessions));
+  TOST_RETURN_IF_ERROR(ValidatePrefixCacheOptions(options.prefix_cache));
   for (const ModelEntry& m : models) {
     if (!m.load_status.ok()) continue;
     if ((m.classifier == nullptr) == (m.generator == nullptr)) {
@@ -28,8 +29,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
           m.weights_sha256.size(), " bytes"));
     }
   }
-  std::unique_ptr<Engine> engine(
-      new Engine(std::move(models), options.sessions, std::move(codec), clock));
+  std::unique_ptr<Engine> engine(new Engine(std::move(models), options.sessions,
+                                            options.prefix_cache, std::move(codec), clock));
   if (engine->by_name_.size() != engine->models_.size()) {
     return absl::InvalidArgumentError("two models of the repository share one name");
   }
@@ -37,7 +38,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
     if (!m.load_status.ok()) continue;
     if (m.generator != nullptr) {
       TOST_ASSIGN_OR_RETURN(auto scheduler,
-                            GenerationScheduler::Create(*m.generator, options.generation, clock));
+                            GenerationScheduler::Create(
+                                *m.generator, options.generation, clock,
+                                PrefixCacheBinding{&engine->prefix_cache_, m.weights_sha256}));
       if (options.start_threads) scheduler->Start();
       engine->schedulers_[m.name] = std::move(scheduler);
     } else {
@@ -59,9 +62,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   return engine;
 }
 
-Engine::Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions, SessionCodec codec,
-               Clock* clock)
-    : models_(std::move(models)), sessions_(sessions, clock), codec_(std::move(codec)) {
+Engine::Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions,
+               PrefixCacheOptions prefix_cache, SessionCodec codec, Clock* clock)
+    : models_(std::move(models)),
+      prefix_cache_(prefix_cache),
+      sessions_(sessions, clock),
+      codec_(std::move(codec)) {
   for (size_t i = 0; i < models_.size(); ++i) by_name_[models_[i].name] = i;
 }
 
@@ -173,6 +179,7 @@ EngineStats Engine::Stats() const {
     g.max_active = scheduler->options().max_active_jobs;
     g.max_queued = scheduler->options().max_queued_jobs;
     g.state_bytes_per_session = static_cast<int64_t>(scheduler->NewState({}).ByteSize());
+    g.prefix_cache = prefix_cache_.stats(name);
     out.generators.push_back(std::move(g));
   }
   for (const auto& [name, batcher] : batchers_) {
@@ -181,6 +188,7 @@ EngineStats Engine::Stats() const {
   out.sessions = sessions_.stats();
   out.session_budget_bytes = sessions_.options().max_state_bytes;
   out.max_sessions = sessions_.options().max_sessions;
+  out.prefix_cache_budget_bytes = prefix_cache_.options().max_bytes;
   return out;
 }
 

@@ -22,6 +22,7 @@
 #include "service/engine/dynamic_batcher.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/model_interface.h"
+#include "service/engine/prefix_cache.h"
 #include "service/engine/session_codec.h"
 #include "service/engine/session_store.h"
 
@@ -42,6 +43,8 @@ struct EngineOptions {
   GenerationSchedulerOptions generation;  // per language model (observer: shared, not owned)
   DynamicBatcherOptions batching;         // per classifier; model_name is filled in per model
   SessionStoreOptions sessions;
+  // One cache for all language models (its byte bound is shared); every key names its model.
+  PrefixCacheOptions prefix_cache;
   // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
   bool start_threads = true;
 };
@@ -53,6 +56,7 @@ struct GeneratorStats {
   int32_t max_active = 0;
   int32_t max_queued = 0;
   int64_t state_bytes_per_session = 0;
+  PrefixCacheModelStats prefix_cache;
 };
 struct ClassifierStats {
   std::string model;
@@ -66,6 +70,7 @@ struct EngineStats {
   SessionStoreStats sessions;
   int64_t session_budget_bytes = 0;  // SessionStoreOptions::max_state_bytes
   int64_t max_sessions = 0;
+  int64_t prefix_cache_budget_bytes = 0;  // PrefixCacheOptions::max_bytes (0: disabled)
 };
 
 // A served classifier and its dynamic batcher: what one Engine::Classifier() lookup gives a front
@@ -124,6 +129,7 @@ class Engine {
   absl::StatusOr<ServedGenerator> Generator(const std::string& name) const;
 
   SessionStore& sessions() { return sessions_; }
+  PrefixStateCache& prefix_cache() { return prefix_cache_; }
   const SessionCodec& codec() const { return codec_; }
 
   // The first half of a drain: new generations are refused (UNAVAILABLE), queued classification
@@ -141,12 +147,14 @@ class Engine {
   void ReapIdleSessions() { sessions_.ReapIdle(); }
 
  private:
-  Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions, SessionCodec codec,
-         Clock* clock);
+  Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions,
+         PrefixCacheOptions prefix_cache, SessionCodec codec, Clock* clock);
   absl::StatusOr<const ModelEntry*> FindServed(const std::string& name) const;
 
   const std::vector<ModelEntry> models_;
   std::map<std::string, size_t> by_name_;
+  // Before the schedulers: they use it until they are destroyed.
+  PrefixStateCache prefix_cache_;
   std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
   std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
   SessionStore sessions_;

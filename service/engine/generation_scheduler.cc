@@ -127,6 +127,18 @@ struct GenerationScheduler::Job {
   GenerationState& state() { return request.state; }
   bool decoding() const { return prefilled == to_prefill.size(); }
 
+  // The prefix cache. `history` holds every token the sequence has consumed since position 0 and
+  // then its pending one (the prompt, then each drawn token), kept only while the job may insert
+  // (it started at position 0); `cache_scope` is set then too.
+  std::vector<int32_t> history;
+  std::optional<PrefixCacheScope> cache_scope;
+  bool cache_lookup = false;  // a fresh state: start from the longest cached prefix
+  // Every cut of the statistics so far fell on a multiple of prefill_chunk_tokens from position
+  // 0 (no decode step has fed a token yet): the states it reaches at those multiples are what a
+  // cold prefill computes.
+  bool on_grid = false;
+  int32_t cached_tokens = 0;
+
   // Its row of the scheduler's state pool while active (-1: none). While it holds one, the row
   // is the truth and request.state.sequence.stats is stale; position stays current.
   int64_t row = -1;
@@ -175,7 +187,8 @@ absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions
 }
 
 absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create(
-    const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock) {
+    const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock,
+    PrefixCacheBinding prefix_cache) {
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options));
   if (clock == nullptr) return absl::InvalidArgumentError("GenerationScheduler needs a clock");
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<model::StatePool> pool,
@@ -187,15 +200,17 @@ absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create
         pool->floats_per_row(), " floats, expected ", options.max_active_jobs, " of ", width));
   }
   return std::unique_ptr<GenerationScheduler>(
-      new GenerationScheduler(model, options, clock, std::move(pool)));
+      new GenerationScheduler(model, options, clock, std::move(pool), std::move(prefix_cache)));
 }
 
 GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
                                          GenerationSchedulerOptions options, Clock* clock,
-                                         std::unique_ptr<model::StatePool> pool)
+                                         std::unique_ptr<model::StatePool> pool,
+                                         PrefixCacheBinding prefix_cache)
     : model_(model),
       options_(options),
       clock_(clock),
+      prefix_cache_(std::move(prefix_cache)),
       doorbell_(std::make_shared<GenerationJob::Doorbell>()),
       owner_(std::make_shared<GenerationJob::Owner>()),
       pool_(std::move(pool)) {
@@ -364,6 +379,15 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   feed.pop_back();
   job->to_prefill = std::move(feed);
   for (int32_t t : request.prompt) st.Remember(t);
+  if (prefix_cache_.cache != nullptr && prefix_cache_.cache->enabled() &&
+      request.prefix_cache != PrefixCacheUse::kOff && job->before.sequence.position == 0 &&
+      job->before.pending_token < 0) {
+    // Only a state that starts at position 0 knows every token its statistics will hold.
+    job->history = request.prompt;
+    job->cache_scope = PrefixCacheScope{name, prefix_cache_.weights_sha256, request.owner};
+    job->cache_lookup = request.prefix_cache == PrefixCacheUse::kLookupAndInsert;
+    job->on_grid = true;
+  }
   job->text = std::make_unique<TextStream>(st.stop_strings, st.utf8_pending, st.held_text);
   job->request = std::move(request);
   if (options_.observer != nullptr) job->submitted = clock_->Now();
@@ -385,7 +409,47 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
+void GenerationScheduler::LookUpPrefix(Job& job) {
+  // At least the last prompt token is left to feed: a state holds statistics, not the logits its
+  // next token is drawn from, so that token is fed by the job's first decode step as in a cold run.
+  const auto max_tokens = static_cast<int64_t>(job.history.size()) - 1;
+  std::optional<PrefixCacheHit> hit = prefix_cache_.cache->Lookup(
+      *job.cache_scope, job.history, max_tokens, /*on_grid_only=*/options_.batch_invariant);
+  if (!hit.has_value()) return;
+  // to_prefill is the prompt but its last token (the state was fresh): skip what the cache holds.
+  job.to_prefill.erase(job.to_prefill.begin(), job.to_prefill.begin() + hit->tokens);
+  job.state().sequence = std::move(hit->state);
+  job.on_grid = hit->on_grid;
+  job.cached_tokens = static_cast<int32_t>(hit->tokens);
+}
+
+void GenerationScheduler::InsertPrefix(Job& job, bool on_grid) {
+  const int64_t position = job.state().sequence.position;
+  model::SequenceState state;
+  state.position = position;
+  state.stats.resize(job.state().sequence.stats.size());
+  // The row is the truth while the job is active; a failed copy only loses a cache entry.
+  if (!pool_->Load(job.row, absl::MakeSpan(state.stats)).ok()) return;
+  prefix_cache_.cache->Insert(*job.cache_scope, absl::MakeConstSpan(job.history.data(), position),
+                              state, on_grid);
+}
+
+void GenerationScheduler::CheckpointPrefill(Job& job) {
+  const int64_t chunk = options_.prefill_chunk_tokens;
+  const int64_t position = job.state().sequence.position;
+  if (position % chunk != 0) job.on_grid = false;
+  if (job.on_grid) {
+    const int64_t k = position / chunk;
+    const bool last = static_cast<int64_t>(job.to_prefill.size() - job.prefilled) < chunk;
+    if ((k & (k - 1)) == 0 || last) InsertPrefix(job, /*on_grid=*/true);
+  } else if (job.decoding() && !options_.batch_invariant) {
+    // The prompt's end, off the grid: a repeated prompt (another seed, a retry) starts here.
+    InsertPrefix(job, /*on_grid=*/false);
+  }
+}
+
 void GenerationScheduler::TakeRow(Job& job) {
+  if (job.cache_lookup) LookUpPrefix(job);
   job.row = free_rows_.back();
   free_rows_.pop_back();
   absl::Status stored = pool_->Store(job.row, job.state().sequence.stats);
@@ -405,6 +469,14 @@ void GenerationScheduler::ReleaseRow(Job& job) {
 }
 
 void GenerationScheduler::FinishActive(Job& job, FinishReason reason, absl::Status status) {
+  // The end of a generation: its statistics hold the prompt and every drawn token but the last
+  // (pending, never fed), which the next call of a resent conversation starts from. Off the grid
+  // (a decode step cuts after each token), so batch-invariant lookups never take it.
+  const bool failed = !status.ok() && status.code() != absl::StatusCode::kCancelled;
+  if (job.cache_scope.has_value() && job.row >= 0 && job.decoding() && !job.row_lost && !failed &&
+      !options_.batch_invariant && job.generated > 0) {
+    InsertPrefix(job, /*on_grid=*/false);
+  }
   ReleaseRow(job);
   if (job.row_lost && status.ok()) {
     status = absl::InternalError(absl::StrCat("model ", model_.config().name,
@@ -453,6 +525,7 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   }
   GenerationState& st = job.state();
   e.prompt_tokens = job.prompt_tokens;
+  e.cached_tokens = job.cached_tokens;
   if (job.request.persistent) {
     st.utf8_pending = job.text->utf8_pending();
     st.held_text = job.text->held();
@@ -481,6 +554,10 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   }
   const int32_t token = drawn.id;
   st.pending_token = token;
+  if (job.cache_scope.has_value()) {
+    job.history.push_back(token);
+    job.on_grid = false;  // its first decode step fed a token alone
+  }
   st.Remember(token);
   ++st.generated_tokens;
   ++job.generated;
@@ -614,16 +691,20 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
     const size_t remaining = job->to_prefill.size() - job->prefilled;
+    model::SequenceState& seq = job->state().sequence;
     size_t n = std::min<size_t>(budget, remaining);
     if (options_.batch_invariant) {
       // A prefill's statistics depend (in their last bits) on how the prompt is cut into chunks,
-      // so here a prompt is always cut the same way, into prefill_chunk_tokens pieces from its
-      // start, whatever else is prefilling: a piece that does not fit the step's remaining budget
-      // waits for the next step (and the jobs behind it too, keeping arrival order).
-      n = std::min<size_t>(options_.prefill_chunk_tokens, remaining);
+      // so here a prompt is always cut the same way whatever else is prefilling: at multiples of
+      // prefill_chunk_tokens counted from position 0, not from where this call started, so the
+      // states a prefill passes through at those multiples are the ones a cold prefill of any
+      // longer prompt computes (what the prefix cache may hand out). A piece that does not fit
+      // the step's remaining budget waits for the next step (and the jobs behind it too, keeping
+      // arrival order).
+      const int64_t chunk = options_.prefill_chunk_tokens;
+      n = std::min<size_t>(static_cast<size_t>(chunk - seq.position % chunk), remaining);
       if (static_cast<int64_t>(n) > budget) break;
     }
-    model::SequenceState& seq = job->state().sequence;
     auto logits = model_.Prefill(absl::MakeConstSpan(job->to_prefill.data() + job->prefilled, n),
                                  *pool_, job->row, seq.position, static_cast<int64_t>(n));
     if (!logits.ok()) {
@@ -634,6 +715,7 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     job->prefilled += n;
     out.tokens += static_cast<int64_t>(n);
     ++out.chunks;
+    if (job->cache_scope.has_value()) CheckpointPrefill(*job);
   }
   return out;
 }
@@ -685,10 +767,15 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
 
 void GenerationScheduler::Record(const Admission& admission, const PrefillCounts& prefill,
                                  const DecodeStep& decode) {
-  // The step's decode counters and the observer's record are in place before any token of the step
-  // is published: a stream can end with its token (and its client read the status or the metrics
-  // at once), so counting after the emission would show that client the step before.
+  // The step's prefill and decode counters and the observer's record are in place before any token
+  // of the step is published: a stream can end with its token (and its client read the status or
+  // the metrics at once), so counting after the emission would show that client the step before.
   const auto batch = static_cast<int32_t>(decode.jobs.size());
+  if (prefill.chunks > 0) {
+    absl::MutexLock lock(&mu_);
+    stats_.prefill_chunks += prefill.chunks;
+    stats_.prefill_tokens += prefill.tokens;
+  }
   if (batch > 0) {
     absl::MutexLock lock(&mu_);
     ++stats_.decode_steps;
@@ -731,8 +818,6 @@ int64_t GenerationScheduler::Retire(absl::Time queued_deadline, const PrefillCou
   absl::MutexLock lock(&mu_);
   stats_.paused = paused;
   ++stats_.steps;
-  stats_.prefill_chunks += prefill.chunks;
-  stats_.prefill_tokens += prefill.tokens;
   stats_.stalled_jobs += stalled;
   return finished;
 }

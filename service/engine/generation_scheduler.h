@@ -38,6 +38,7 @@
 #include "service/engine/clock.h"
 #include "service/engine/generation_state.h"
 #include "service/engine/model_interface.h"
+#include "service/engine/prefix_cache.h"
 
 namespace tost::service {
 
@@ -64,8 +65,21 @@ struct GenerationEvent {
   absl::Status status;  // non-OK: the job failed (e.g. an internal model error)
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
+  // Of prompt_tokens, those whose statistics came from the prefix-state cache (not prefilled).
+  int32_t cached_tokens = 0;
   int32_t generated_tokens = 0;
   std::string final_text;  // text released at the end (one-shot generations only)
+};
+
+// How a request uses the engine's prefix-state cache (PrefixStateCache).
+enum class PrefixCacheUse {
+  kOff,
+  // Stores the states this job reaches, when it knows every token they hold (it started at
+  // position 0): what a call continuing a session or a blob asks for, as it brings its own state.
+  kInsert,
+  // Also starts a fresh state (position 0, no pending token) from the longest cached prefix of
+  // its prompt; a state that is not fresh is only inserted from.
+  kLookupAndInsert,
 };
 
 struct GenerationRequest {
@@ -77,6 +91,10 @@ struct GenerationRequest {
   int32_t snapshot_every = 0;   // publish the state every k tokens (0: only at the end)
   bool persistent = false;      // the state outlives this call: keep withheld text in it
   absl::Time deadline = absl::InfiniteFuture();
+  // The caller's identity (Authenticator::Identify): the prefix-cache entries this job reads and
+  // creates are its own; kAnonymousCaller when authentication is off (one shared scope).
+  std::string owner;
+  PrefixCacheUse prefix_cache = PrefixCacheUse::kLookupAndInsert;
 };
 
 class GenerationJob {
@@ -160,7 +178,8 @@ struct GenerationSchedulerOptions {
   // Prompt tokens fed per scheduler step, over all prefilling jobs.
   int32_t prefill_chunk_tokens = 128;
   // Bit-identical results under any load: decode rows computed independently, and every prompt
-  // prefilled in the same pieces (prefill_chunk_tokens from its start) whatever shares the step.
+  // prefilled in the same pieces (cut at multiples of prefill_chunk_tokens from position 0)
+  // whatever shares the step; prefix-cache hits only on states a cold prefill computes too.
   bool batch_invariant = false;
   // Tokens a job may have published and its consumer not yet taken; at this many it is paused.
   int32_t max_buffered_tokens = 8;
@@ -190,10 +209,17 @@ struct GenerationSchedulerStats {
   std::string decode_mode;       // model::StatePool::decode_mode(), as of the last decode step
 };
 
+// The engine's prefix-state cache as one model's scheduler uses it.
+struct PrefixCacheBinding {
+  PrefixStateCache* cache = nullptr;  // not owned, outlives the scheduler; null: no cache
+  std::string weights_sha256;         // the model's, part of every key (raw 32 bytes)
+};
+
 class GenerationScheduler {
  public:
   static absl::StatusOr<std::unique_ptr<GenerationScheduler>> Create(
-      const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock);
+      const GenerativeModel& model, GenerationSchedulerOptions options, Clock* clock,
+      PrefixCacheBinding prefix_cache = {});
   ~GenerationScheduler();
 
   // A fresh state for this model with the given sampling parameters.
@@ -255,7 +281,8 @@ class GenerationScheduler {
   friend class GenerationJob;
   struct Job;
   GenerationScheduler(const GenerativeModel& model, GenerationSchedulerOptions options,
-                      Clock* clock, std::unique_ptr<model::StatePool> pool);
+                      Clock* clock, std::unique_ptr<model::StatePool> pool,
+                      PrefixCacheBinding prefix_cache);
   void Loop();
   // Takes `handle`'s job out of the queue (null when it is not queued: already active, finished,
   // or dropped by a step), giving its place back.
@@ -296,6 +323,15 @@ class GenerationScheduler {
   void TakeRow(Job& job);
   // Copies the job's row back into its state (when its prompt was fed whole) and frees the row.
   void ReleaseRow(Job& job);
+  // Prefix cache: starts an admitted job from the longest cached prefix of its prompt (before its
+  // row is written), and stores the statistics its row holds now (the first `position` tokens of
+  // its history; copied from the row).
+  void LookUpPrefix(Job& job);
+  void InsertPrefix(Job& job, bool on_grid);
+  // After a prefill chunk: stores the state on the grid (at prefill_chunk_tokens · 2^k, and at the
+  // last multiple the prompt reaches: O(log) entries per prompt, not one per chunk, as each entry
+  // holds its whole key), or at the prompt's end.
+  void CheckpointPrefill(Job& job);
   // Ends an active job: its place goes back before its final event is published, so a client
   // that hears the end and at once sends its next request is not refused for its own old place.
   void FinishActive(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
@@ -311,6 +347,7 @@ class GenerationScheduler {
   const GenerativeModel& model_;
   const GenerationSchedulerOptions options_;
   Clock* const clock_;
+  const PrefixCacheBinding prefix_cache_;
 
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Job>> queued_ ABSL_GUARDED_BY(mu_);

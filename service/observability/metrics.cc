@@ -174,6 +174,37 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
         {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
          CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
+    std::vector<ClientMetric> lookups, hits, hit_tokens, entries, bytes, evictions;
+    for (const GeneratorStats& g : stats.generators) {
+      const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
+      const PrefixCacheModelStats& p = g.prefix_cache;
+      lookups.push_back(CounterSample(static_cast<double>(p.lookups), labels));
+      hits.push_back(CounterSample(static_cast<double>(p.hits), labels));
+      hit_tokens.push_back(CounterSample(static_cast<double>(p.hit_tokens), labels));
+      evictions.push_back(CounterSample(static_cast<double>(p.evictions), labels));
+      entries.push_back(GaugeSample(static_cast<double>(p.entries), labels));
+      bytes.push_back(GaugeSample(static_cast<double>(p.bytes), labels));
+    }
+    out.push_back(MakeFamily("tost_prefix_cache_lookups_total",
+                             "Fresh-state generations that looked up the prefix-state cache",
+                             MetricType::Counter, std::move(lookups)));
+    out.push_back(MakeFamily("tost_prefix_cache_hits_total",
+                             "Prefix-state cache lookups that found a cached prefix",
+                             MetricType::Counter, std::move(hits)));
+    out.push_back(MakeFamily("tost_prefix_cache_hit_tokens_total",
+                             "Prompt tokens served from the prefix-state cache (not prefilled)",
+                             MetricType::Counter, std::move(hit_tokens)));
+    out.push_back(MakeFamily("tost_prefix_cache_evictions_total",
+                             "Prefix-state cache entries evicted (least recently used) for room",
+                             MetricType::Counter, std::move(evictions)));
+    out.push_back(MakeFamily("tost_prefix_cache_entries", "Prefix-state cache entries held",
+                             MetricType::Gauge, std::move(entries)));
+    out.push_back(MakeFamily("tost_prefix_cache_bytes",
+                             "Bytes the prefix-state cache holds (statistics, keys, bookkeeping)",
+                             MetricType::Gauge, std::move(bytes)));
+    out.push_back(MakeFamily(
+        "tost_prefix_cache_budget_bytes", "Prefix-state cache byte budget (--prefix_cache_bytes)",
+        MetricType::Gauge, {GaugeSample(static_cast<double>(stats.prefix_cache_budget_bytes))}));
     std::vector<ClientMetric> depth, capacity;
     for (const ClassifierStats& c : stats.classifiers) {
       const std::vector<ClientMetric::Label> labels = {{"model", c.model},
@@ -226,6 +257,7 @@ struct Metrics::Impl {
   struct GenerateSeries {
     Histogram* batch = nullptr;
     Counter* prompt_tokens = nullptr;
+    Counter* prefill_tokens = nullptr;
     Counter* generated_tokens = nullptr;
     Histogram* ttft = nullptr;
     Histogram* itl = nullptr;
@@ -265,6 +297,11 @@ struct Metrics::Impl {
                                        .Name("tost_prompt_tokens_total")
                                        .Help("Prompt tokens of the generations that started")
                                        .Register(*registry);
+  Family<Counter>& prefill_tokens =
+      BuildCounter()
+          .Name("tost_prefill_tokens_total")
+          .Help("Prompt tokens fed by prefill chunks (not those the prefix-state cache served)")
+          .Register(*registry);
   Family<Counter>& generated_tokens = BuildCounter()
                                           .Name("tost_generated_tokens_total")
                                           .Help("Tokens generated and sent to streams")
@@ -383,6 +420,7 @@ struct Metrics::Impl {
     GenerateSeries s;
     s.batch = &batch_size.Add({{"model", name}, {"workload", "generate"}}, kBatchBuckets);
     s.prompt_tokens = &prompt_tokens.Add({{"model", name}});
+    s.prefill_tokens = &prefill_tokens.Add({{"model", name}});
     s.generated_tokens = &generated_tokens.Add({{"model", name}});
     s.ttft = &ttft.Add({{"model", name}}, kTtftBuckets);
     s.itl = &itl.Add({{"model", name}}, kItlBuckets);
@@ -467,6 +505,8 @@ void Metrics::OnStep(const GenerationStepRecord& record) {
   if (record.decode_batch > 0) s.batch->Observe(record.decode_batch);
   if (record.prompt_tokens_started > 0)
     s.prompt_tokens->Increment(static_cast<double>(record.prompt_tokens_started));
+  if (record.prefill_tokens > 0)
+    s.prefill_tokens->Increment(static_cast<double>(record.prefill_tokens));
   if (record.tokens_emitted > 0)
     s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
   for (absl::Duration d : record.time_to_first_token) s.ttft->Observe(absl::ToDoubleSeconds(d));

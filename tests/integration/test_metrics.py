@@ -215,11 +215,13 @@ def observed(proto_modules, tmp_path_factory):
 
         # Two sessions; b's Generate waits behind the blockers (one slot, one prompt token per
         # step), so b stays checked out (active) for seconds while a stays idle.
-        # Blockers: prompt-only generations; one timed alone sizes how many fill ACTIVE_WINDOW_S.
-        blocker = pb2.GenerateRequest(model=LM, prompt_tokens=pb2.TokenIds(ids=[122] * BLOCKER_PROMPT),
-                                      max_new_tokens=1)
+        # Blockers: prompt-only generations; one timed alone sizes how many fill ACTIVE_WINDOW_S. Each
+        # starts with its own token: a prompt sent before would come from the prefix-state cache.
+        def blocker(i):
+            return pb2.GenerateRequest(model=LM, prompt_tokens=pb2.TokenIds(ids=[100 + i] + [122] * (BLOCKER_PROMPT - 1)),
+                                       max_new_tokens=1)
         started = time.time()
-        generate(blocker)
+        generate(blocker(0))
         blocker_count = max(4, min(200, int(ACTIVE_WINDOW_S / (time.time() - started)) + 1))
         per_session = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0].state_bytes_per_session
         a = stub.CreateSession(pb2.CreateSessionRequest(model=LM))
@@ -227,12 +229,12 @@ def observed(proto_modules, tmp_path_factory):
         assert a.state_bytes == b.state_bytes == per_session
         done_blockers = []
 
-        def run_blocker():
-            generate(blocker)
+        def run_blocker(i):
+            generate(blocker(i))
             with lock:
                 done_blockers.append(1)
 
-        blockers = [threading.Thread(target=run_blocker) for _ in range(blocker_count)]
+        blockers = [threading.Thread(target=run_blocker, args=(i + 1,)) for i in range(blocker_count)]
         for t in blockers:
             t.start()
         deadline = time.time() + 30

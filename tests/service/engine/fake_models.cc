@@ -51,6 +51,11 @@ void FakeLanguageModel::Feed(int32_t token, model::SequenceState& state) const {
   ++state.position;
 }
 
+void FakeLanguageModel::Cut(model::SequenceState& state) const {
+  if (!options_.cut_sensitive || state.stats.empty()) return;
+  state.stats[0] = static_cast<float>((static_cast<int64_t>(state.stats[0]) * 7 + 3) % kModulus);
+}
+
 std::vector<float> FakeLanguageModel::Logits(const model::SequenceState& state) const {
   uint64_t h = SplitMix64(static_cast<uint64_t>(state.position));
   for (float s : state.stats) h = SplitMix64(h ^ static_cast<uint64_t>(static_cast<int64_t>(s)));
@@ -93,7 +98,10 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const i
                                               tokens.size(), " tokens exceeds the context of ",
                                               options_.context_length));
   }
-  for (int32_t t : tokens) Feed(t, state);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    Feed(tokens[i], state);
+    if ((i + 1) % static_cast<size_t>(chunk_tokens) == 0 || i + 1 == tokens.size()) Cut(state);
+  }
   return Logits(state);
 }
 
@@ -124,6 +132,7 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Step(
   out.reserve(tokens.size() * options_.vocab_size);
   for (size_t b = 0; b < tokens.size(); ++b) {
     Feed(tokens[b], *states[b]);
+    Cut(*states[b]);
     const std::vector<float> row = Logits(*states[b]);
     out.insert(out.end(), row.begin(), row.end());
   }

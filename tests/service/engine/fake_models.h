@@ -46,6 +46,12 @@ struct FakeLanguageOptions {
   // Once a sequence has consumed this many tokens the model all but certainly says end of text
   // (-1: never), so a test reaches FinishReason kEos when it wants to and never otherwise.
   int64_t eos_at_position = -1;
+  // A real model's statistics depend in their last bits on where a prompt was cut into prefill
+  // chunks (a cut reorders float additions), and a decode step feeds its token like a prefill cut
+  // after it. With this set the fake does the same, exaggerated: each piece of a Prefill (at most
+  // chunk_tokens) and each Step row ends by folding a mark into the statistics, so two states
+  // hold the same bits only if their tokens were cut at the same positions.
+  bool cut_sensitive = false;
 };
 
 class FakeLanguageModel final : public GenerativeModel {
@@ -81,6 +87,8 @@ class FakeLanguageModel final : public GenerativeModel {
   std::vector<float> Logits(const model::SequenceState& state) const;
   // Folds one token into `state` as Prefill and Step do (no checks).
   void Feed(int32_t token, model::SequenceState& state) const;
+  // The end of a prefill piece or a step with cut_sensitive (nothing without).
+  void Cut(model::SequenceState& state) const;
 
   // Every later Prefill or Step call fails with `status` (OK: stop failing), before touching any
   // state.

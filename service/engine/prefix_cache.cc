@@ -1,0 +1,148 @@
+#include "service/engine/prefix_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tost::service {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+absl::Status ValidatePrefixCacheOptions(const PrefixCacheOptions& o) {
+  if (o.max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_cache_bytes must be >= 0 (0 disables the cache), got ", o.max_bytes));
+  }
+  return absl::OkStatus();
+}
+
+std::string PrefixStateCache::ScopeKey(const PrefixCacheScope& scope) {
+  return absl::StrCat(scope.model, absl::string_view("\0", 1), scope.weights_sha256,
+                      absl::string_view("\0", 1), scope.owner);
+}
+
+uint64_t PrefixStateCache::ScopeHash(const std::string& scope_key) {
+  uint64_t h = Mix(scope_key.size());
+  for (unsigned char c : scope_key) h = Mix(h ^ c);
+  return h;
+}
+
+uint64_t PrefixStateCache::Extend(uint64_t hash, int32_t token) {
+  return Mix(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 1 | 1));
+}
+
+int64_t PrefixStateCache::EntryBytes(size_t text_bytes, size_t tokens, size_t floats) {
+  // The entry, its list node and its hash-table slot, and what its vectors and strings hold.
+  constexpr size_t kBookkeeping = 2 * sizeof(void*) + sizeof(uint64_t) + sizeof(Lru::iterator);
+  return static_cast<int64_t>(sizeof(Entry) + kBookkeeping + text_bytes + tokens * sizeof(int32_t) +
+                              floats * sizeof(float));
+}
+
+void PrefixStateCache::Erase(Lru::iterator it) {
+  PrefixCacheModelStats& m = per_model_[it->model];
+  --m.entries;
+  m.bytes -= it->bytes;
+  bytes_ -= it->bytes;
+  by_hash_.erase(it->hash);
+  lru_.erase(it);
+}
+
+std::optional<PrefixCacheHit> PrefixStateCache::Lookup(const PrefixCacheScope& scope,
+                                                       absl::Span<const int32_t> tokens,
+                                                       int64_t max_tokens, bool on_grid_only) {
+  if (!enabled()) return std::nullopt;
+  const std::string scope_key = ScopeKey(scope);
+  const int64_t n = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
+  // Hashes of every allowed prefix length, computed once outside the lock: O(prompt length).
+  std::vector<uint64_t> hashes(n > 0 ? n : 0);
+  uint64_t h = ScopeHash(scope_key);
+  for (int64_t i = 0; i < n; ++i) hashes[i] = h = Extend(h, tokens[i]);
+
+  absl::MutexLock lock(&mu_);
+  PrefixCacheModelStats& m = per_model_[scope.model];
+  ++m.lookups;
+  for (int64_t len = n; len >= 1; --len) {
+    auto found = by_hash_.find(hashes[len - 1]);
+    if (found == by_hash_.end()) continue;
+    const Entry& e = *found->second;
+    if (static_cast<int64_t>(e.tokens.size()) != len || e.scope != scope_key ||
+        !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) {
+      continue;  // a collision of two keys' hashes: a miss, never another sequence's state
+    }
+    if (on_grid_only && !e.on_grid) continue;
+    lru_.splice(lru_.end(), lru_, found->second);
+    ++m.hits;
+    m.hit_tokens += len;
+    return PrefixCacheHit{len, e.state, e.on_grid};
+  }
+  return std::nullopt;
+}
+
+void PrefixStateCache::Insert(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+                              const model::SequenceState& state, bool on_grid) {
+  if (!enabled() || tokens.empty() || state.position != static_cast<int64_t>(tokens.size())) return;
+  Entry e;
+  e.scope = ScopeKey(scope);
+  e.hash = ScopeHash(e.scope);
+  for (int32_t t : tokens) e.hash = Extend(e.hash, t);
+  e.model = scope.model;
+  e.on_grid = on_grid;
+  e.bytes = EntryBytes(e.scope.size() + e.model.size(), tokens.size(), state.stats.size());
+  if (e.bytes > options_.max_bytes) return;
+
+  absl::MutexLock lock(&mu_);
+  if (auto found = by_hash_.find(e.hash); found != by_hash_.end()) {
+    Entry& old = *found->second;
+    const bool same_key = old.scope == e.scope && old.tokens.size() == tokens.size() &&
+                          std::equal(old.tokens.begin(), old.tokens.end(), tokens.begin());
+    if (same_key) {
+      if (on_grid && !old.on_grid) {
+        old.state = state;
+        old.on_grid = true;
+      }
+      lru_.splice(lru_.end(), lru_, found->second);
+      return;
+    }
+    Erase(found->second);  // a collision: the newer key takes the slot
+  }
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.state = state;
+  PrefixCacheModelStats& m = per_model_[scope.model];
+  ++m.inserts;
+  ++m.entries;
+  m.bytes += e.bytes;
+  bytes_ += e.bytes;
+  const uint64_t hash = e.hash;
+  by_hash_[hash] = lru_.insert(lru_.end(), std::move(e));
+  while (bytes_ > options_.max_bytes && !lru_.empty()) {
+    ++per_model_[lru_.front().model].evictions;
+    Erase(lru_.begin());
+  }
+}
+
+PrefixCacheModelStats PrefixStateCache::stats(const std::string& model) const {
+  absl::MutexLock lock(&mu_);
+  auto it = per_model_.find(model);
+  return it == per_model_.end() ? PrefixCacheModelStats{} : it->second;
+}
+
+int64_t PrefixStateCache::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+int64_t PrefixStateCache::entries() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(lru_.size());
+}
+
+}  // namespace tost::service

@@ -1,0 +1,140 @@
+// The prefix-state cache: sequence statistics at exact token positions, so that a stateless client
+// resending a conversation (prompt = earlier prompt + earlier reply + new text) pays only for the
+// new tokens. A ToST sequence's whole memory is its fixed-size statistics, so a checkpoint at any
+// position costs the same few KB; nothing is kept per token.
+//
+// An entry maps (scope, token ids) to the model::SequenceState whose statistics are exactly those
+// of feeding these tokens from position 0: key length == state.position. A GenerationState's
+// pending token is not part of it (it was sampled, never fed: the next call feeds it), and neither
+// are sampling parameters, stop conditions or withheld text, which come from each request.
+//
+// Scope: the model's name and the SHA-256 of its weights (a model reloaded with other weights
+// never meets its old statistics), and the owner (the caller identity of Authenticator::Identify:
+// an API key's name or a client certificate's identity). An owner sees only its own entries;
+// without authentication every caller is kAnonymousCaller and they share one scope.
+//
+// Lookup finds the longest cached prefix. Keys are found by hashes of prefixes, not by a trie: the
+// lookup hashes the prompt once (a running 64-bit hash over the scope and each token, O(prompt
+// length)) and probes one hash table from the longest allowed length down, so it costs O(prompt
+// length) whatever the number of entries; the entry found is then compared token by token (a hash
+// collision is a miss, never another sequence's state). A trie would share the tokens of common
+// prefixes, but its per-token nodes would outweigh the few-KB states it indexes; here each entry
+// holds its own key, counted in its bytes.
+//
+// Bounds: `max_bytes` over all entries of all models, each counted by what it really holds (its
+// statistics, its key tokens, its scope and bookkeeping); least recently used entries (by lookup
+// hit or insertion) are evicted first.
+//
+// Exactness: the statistics of a prefill depend in their last bits on where the prompt was cut
+// into chunks (a cut reorders float additions), and a decode step feeds a token as a prefill cut
+// after it. An entry is "on the grid" when its statistics come from prefill chunks cut only at
+// multiples of the scheduler's prefill_chunk_tokens from position 0 and its length is such a
+// multiple: a cold prefill of any longer prompt computes exactly these bits on its way, so
+// continuing from it is bit-identical. Lookups that need that guarantee (batch-invariant serving)
+// accept only such entries; others take any entry.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "model/sequence_state.h"
+
+namespace tost::service {
+
+struct PrefixCacheOptions {
+  // Bytes of all entries together (statistics, keys, bookkeeping); 0 disables the cache.
+  int64_t max_bytes = 256LL << 20;
+};
+
+absl::Status ValidatePrefixCacheOptions(const PrefixCacheOptions& o);
+
+// Whose entries a lookup may see and an insertion creates.
+struct PrefixCacheScope {
+  std::string model;
+  std::string weights_sha256;  // raw bytes, as ModelEntry holds it
+  std::string owner;           // Authenticator::Identify's caller identity
+};
+
+struct PrefixCacheHit {
+  int64_t tokens = 0;  // the cached prefix's length: state.position
+  model::SequenceState state;
+  bool on_grid = false;  // see the file comment
+};
+
+// Per model (metrics, ServerStatus).
+struct PrefixCacheModelStats {
+  int64_t lookups = 0;
+  int64_t hits = 0;
+  int64_t hit_tokens = 0;  // prompt tokens served from the cache (sum of hits' lengths)
+  int64_t inserts = 0;
+  int64_t evictions = 0;  // entries removed to make room
+  int64_t entries = 0;
+  int64_t bytes = 0;
+};
+
+class PrefixStateCache {
+ public:
+  explicit PrefixStateCache(PrefixCacheOptions options) : options_(options) {}
+  PrefixStateCache(const PrefixStateCache&) = delete;
+  PrefixStateCache& operator=(const PrefixStateCache&) = delete;
+
+  bool enabled() const { return options_.max_bytes > 0; }
+  const PrefixCacheOptions& options() const { return options_; }
+
+  // The state of the longest cached prefix of `tokens` no longer than `max_tokens` tokens (and at
+  // least one token), in `scope`; with `on_grid_only`, only entries on the grid. Counted as a
+  // lookup (and a hit) of scope.model. nullopt when nothing matches or the cache is disabled.
+  std::optional<PrefixCacheHit> Lookup(const PrefixCacheScope& scope,
+                                       absl::Span<const int32_t> tokens, int64_t max_tokens,
+                                       bool on_grid_only);
+
+  // Stores `state`, the statistics of feeding exactly `tokens` from position 0
+  // (state.position == tokens.size(), at least one token), evicting least recently used entries
+  // for room. An entry already held for the same key is refreshed; a state on the grid replaces
+  // one that is not (it serves every lookup), never the reverse. Ignored when disabled, when the
+  // entry alone exceeds max_bytes, or when the state does not match its key's length.
+  void Insert(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+              const model::SequenceState& state, bool on_grid);
+
+  PrefixCacheModelStats stats(const std::string& model) const;
+  int64_t bytes() const;
+  int64_t entries() const;
+
+ private:
+  struct Entry {
+    uint64_t hash = 0;
+    std::string scope;  // model \0 weights \0 owner
+    std::string model;
+    std::vector<int32_t> tokens;
+    model::SequenceState state;
+    bool on_grid = false;
+    int64_t bytes = 0;
+  };
+  using Lru = std::list<Entry>;  // front: least recently used
+
+  static std::string ScopeKey(const PrefixCacheScope& scope);
+  static uint64_t ScopeHash(const std::string& scope_key);
+  static uint64_t Extend(uint64_t hash, int32_t token);
+  static int64_t EntryBytes(size_t text_bytes, size_t tokens, size_t floats);
+  void Erase(Lru::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PrefixCacheOptions options_;
+  mutable absl::Mutex mu_;
+  Lru lru_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lru::iterator> by_hash_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, PrefixCacheModelStats, std::less<>> per_model_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tost::service
