@@ -48,7 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "model/sequence_state.h"
+#include "model/state/sequence_state.h"
 
 namespace tost::service {
 
