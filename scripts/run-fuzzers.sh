@@ -27,7 +27,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 all_targets=(npy image_decode safetensors config session_codec bpe_tokenizer gpt2_tokenizer
-             request_input inflate)
+             request_input inflate openai_request)
 
 out=build-fuzz
 max_time=30
@@ -106,6 +106,7 @@ declare -A deps=(
   [bpe_tokenizer]="model/bpe_tokenizer.cc model/utf8.cc"
   [gpt2_tokenizer]="model/gpt2_tokenizer.cc model/utf8.cc"
   [inflate]="service/api/inflate.cc"
+  [openai_request]="service/openai/request.cc service/openai/chat_template.cc service/openai/error.cc service/openai/response.cc service/engine/text_stream.cc model/tokenizer.cc model/bpe_tokenizer.cc model/gpt2_tokenizer.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc"
   [request_input]="service/api/request_input.cc service/api/image_decode.cc model/config.cc model/device.cc model/file_util.cc model/utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
 )
 protos=(tost/v1/session_state tost/v1/tost kserve/v2/grpc_service)
