@@ -27,7 +27,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 all_targets=(npy image_decode safetensors config session_codec bpe_tokenizer gpt2_tokenizer
-             request_input inflate)
+             request_input inflate openai_request)
 
 out=build-fuzz
 max_time=30
@@ -107,6 +107,7 @@ declare -A deps=(
   [gpt2_tokenizer]="model/text/gpt2_tokenizer.cc base/utf8.cc model/config/json_utf8.cc"
   [inflate]="service/api/inflate.cc"
   [request_input]="service/api/request_input.cc imaging/image_decode.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
+  [openai_request]="service/openai/request.cc service/openai/chat_template.cc service/openai/error.cc service/openai/response.cc service/engine/text_stream.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
 )
 protos=(tost/v1/session_state tost/v1/tost kserve/v2/grpc_service)
 gen_headers=""

@@ -1,5 +1,9 @@
 #include "model/config/config.h"
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -213,7 +217,103 @@ absl::StatusOr<LanguageConfig> ParseLanguage(const json& root, const std::string
   return c;
 }
 
+// "chat_template": {"system": ..., "user": ..., "assistant": ..., "generation_prompt": ...,
+// "stop": [...]}; `where` prefixes every message.
+absl::StatusOr<ChatTemplate> ParseChatTemplateJson(const json& v, const std::string& where) {
+  if (!v.is_object()) {
+    return Invalid(where,
+                   absl::StrCat("chat_template must be an object, got ", Utf8Prefix(v.dump(), 64)));
+  }
+  static constexpr const char* kKeys[] = {"system", "user", "assistant", "generation_prompt",
+                                          "stop"};
+  for (const auto& item : v.items()) {
+    if (std::find(std::begin(kKeys), std::end(kKeys), item.key()) == std::end(kKeys)) {
+      return Invalid(where,
+                     absl::StrCat("chat_template has an unknown key \"", Utf8Prefix(item.key(), 64),
+                                  "\" (expected system, user, assistant, "
+                                  "generation_prompt, stop)"));
+    }
+  }
+  auto text = [&](const char* key) -> absl::StatusOr<std::string> {
+    const json& t = v.at(key);
+    if (!t.is_string()) {
+      return Invalid(where, absl::StrCat("chat_template.", key, ": expected a string, got ",
+                                         Utf8Prefix(t.dump(), 64)));
+    }
+    std::string s = t.get<std::string>();
+    if (s.size() > kMaxChatTemplateTextBytes) {
+      return Invalid(where, absl::StrCat("chat_template.", key, ": at most ",
+                                         kMaxChatTemplateTextBytes, " bytes, got ", s.size()));
+    }
+    return s;
+  };
+  constexpr std::string_view kPlaceholder = "{content}";
+  auto turn = [&](const char* key) -> absl::StatusOr<ChatTemplate::Turn> {
+    TOST_ASSIGN_OR_RETURN(std::string s, text(key));
+    const size_t at = s.find(kPlaceholder);
+    if (at == std::string::npos || s.find(kPlaceholder, at + 1) != std::string::npos) {
+      return Invalid(where, absl::StrCat("chat_template.", key,
+                                         ": expected exactly one \"{content}\" (where the "
+                                         "message goes), got ",
+                                         Utf8Prefix(json(s).dump(), 64)));
+    }
+    return ChatTemplate::Turn{s.substr(0, at), s.substr(at + kPlaceholder.size())};
+  };
+  ChatTemplate t;
+  for (const char* required : {"user", "assistant"}) {
+    if (!v.contains(required)) {
+      return Invalid(where, absl::StrCat("chat_template.", required,
+                                         ": missing (a string holding \"{content}\")"));
+    }
+  }
+  TOST_ASSIGN_OR_RETURN(t.user, turn("user"));
+  TOST_ASSIGN_OR_RETURN(t.assistant, turn("assistant"));
+  if (v.contains("system")) {
+    TOST_ASSIGN_OR_RETURN(t.system, turn("system"));
+  }
+  if (v.contains("generation_prompt")) {
+    TOST_ASSIGN_OR_RETURN(t.generation_prompt, text("generation_prompt"));
+    if (t.generation_prompt.find(kPlaceholder) != std::string::npos) {
+      return Invalid(where,
+                     "chat_template.generation_prompt: expected no \"{content}\" (it opens the "
+                     "reply, which has no content yet)");
+    }
+  }
+  if (v.contains("stop")) {
+    const json& stop = v.at("stop");
+    if (!stop.is_array() || stop.size() > kMaxChatTemplateStops) {
+      return Invalid(where, absl::StrCat("chat_template.stop: expected a list of at most ",
+                                         kMaxChatTemplateStops, " strings, got ",
+                                         Utf8Prefix(stop.dump(), 64)));
+    }
+    for (size_t i = 0; i < stop.size(); ++i) {
+      const json& e = stop[i];
+      if (!e.is_string() || e.get_ref<const std::string&>().empty() ||
+          e.get_ref<const std::string&>().size() > kMaxChatTemplateStopBytes) {
+        return Invalid(
+            where,
+            absl::StrCat("chat_template.stop[", i, "]: expected a string of 1 to ",
+                         kMaxChatTemplateStopBytes, " bytes, got ", Utf8Prefix(e.dump(), 64)));
+      }
+      t.stop.push_back(e.get<std::string>());
+    }
+  }
+  return t;
+}
+
 }  // namespace
+
+absl::StatusOr<ChatTemplate> ParseChatTemplate(const std::string& json_text,
+                                               const std::string& source) {
+  TOST_RETURN_IF_ERROR(CheckJsonUtf8(json_text, source));
+  json v;
+  try {
+    v = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return Invalid(source, absl::StrCat("not valid JSON: ", EscapeInvalidUtf8(e.what())));
+  }
+  return ParseChatTemplateJson(v, source);
+}
 
 const char* ArchitectureName(Architecture a) {
   return a == Architecture::kVision ? "tost_vision" : "tost_lm";
@@ -330,6 +430,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
       TOST_ASSIGN_OR_RETURN(cfg.vision, ParseVision(root, source));
     } else {
       TOST_ASSIGN_OR_RETURN(cfg.language, ParseLanguage(root, source));
+    }
+    if (root.contains("chat_template")) {
+      if (cfg.architecture != Architecture::kLanguage) {
+        return Invalid(source,
+                       "chat_template: only a tost_lm model takes one (it renders chats "
+                       "into prompts)");
+      }
+      TOST_ASSIGN_OR_RETURN(cfg.chat_template,
+                            ParseChatTemplateJson(root["chat_template"], source));
     }
     return cfg;
   } catch (const json::exception& e) {

@@ -60,6 +60,29 @@ struct LanguageConfig {
   int64_t state_floats_per_layer() const { return 2 * n_embd + n_head; }
 };
 
+// How a chat (a list of role-tagged messages) becomes a prompt, for the OpenAI-compatible chat
+// endpoint: config.json "chat_template" (format in docs/models.md). Not Jinja, which no C++ library
+// in Debian implements: each role's turn is `prefix + content + suffix`, the turns in order, then
+// `generation_prompt` opens the reply. A message's content is inserted as is, never re-read.
+struct ChatTemplate {
+  struct Turn {
+    std::string prefix;  // the role's template text before "{content}"
+    std::string suffix;  // and after it
+  };
+  std::optional<Turn> system;  // absent: the model takes no system messages
+  Turn user;
+  Turn assistant;
+  std::string generation_prompt;  // appended after the last turn: where the reply starts
+  // Stop strings every chat request gets (the end of a turn), before the request's own.
+  std::vector<std::string> stop;
+};
+
+// Bounds on a chat template: its stop strings join a request's (at most 4) in a state that holds
+// at most 16 (service/engine/generation_state.h), each of at most 256 bytes.
+inline constexpr size_t kMaxChatTemplateStops = 8;
+inline constexpr size_t kMaxChatTemplateStopBytes = 256;
+inline constexpr size_t kMaxChatTemplateTextBytes = 4096;  // per template string
+
 struct ModelConfig {
   std::string name;
   std::string version = "1";
@@ -71,9 +94,15 @@ struct ModelConfig {
   // this model (model/config/device.h). "dtype" above is the weight file's dtype, not this.
   std::optional<DeviceSpec> serving_device;
   std::optional<ComputeDtype> serving_dtype;
-  VisionConfig vision;      // when architecture == kVision
-  LanguageConfig language;  // when architecture == kLanguage
+  VisionConfig vision;                        // when architecture == kVision
+  LanguageConfig language;                    // when architecture == kLanguage
+  std::optional<ChatTemplate> chat_template;  // tost_lm only; absent: no chat endpoint
 };
+
+// Parses a "chat_template" object's JSON text (ParseModelConfig does it for config.json; exposed
+// for tests and for the fuzzer). Errors name `source`, the key, what was expected and what came.
+absl::StatusOr<ChatTemplate> ParseChatTemplate(const std::string& json_text,
+                                               const std::string& source);
 
 // Parses and validates config.json text. `source` names the file in every error message.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,

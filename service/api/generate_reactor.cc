@@ -11,7 +11,6 @@
 // The method is raw (RawService): the reactor parses the request's bytes itself, so a request
 // protobuf refuses ends with INVALID_ARGUMENT naming the field, and serialises each message it
 // writes.
-#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -157,27 +156,11 @@ absl::Status GenerateReactor::Admit() {
   // tokenised.
   TOST_ASSIGN_OR_RETURN(GenerationScheduler::Reservation reservation, scheduler->Reserve());
   const bool fresh = request.session_id().empty() && request.state().empty();
-  if (fresh) {
-    state = scheduler->NewState(SamplingFromProto(request.sampling()));
-  } else if (request.has_sampling()) {
-    state.sampling = SamplingFromProto(request.sampling());
-  }
-  if (request.has_stop() || fresh) TOST_RETURN_IF_ERROR(ApplyStop(request.stop(), state));
-  // 0 asks for the default, which never exceeds the server's ceiling.
-  const int32_t max_new = request.max_new_tokens() == 0
-                              ? std::min(limits_.default_max_new_tokens, limits_.max_new_tokens)
-                              : request.max_new_tokens();
-  if (max_new < 0 || max_new > limits_.max_new_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be in [0, ", limits_.max_new_tokens, "], got ", max_new));
-  }
-  GenerationRequest job_request;
-  TOST_ASSIGN_OR_RETURN(job_request.prompt,
-                        PromptTokens(request, scheduler->model().tokenizer(), limits_));
-  job_request.state = std::move(state);
-  job_request.max_new_tokens = max_new;
-  job_request.top_logprobs = request.top_logprobs();
-  job_request.snapshot_every = request.state_every_tokens();
+  TOST_ASSIGN_OR_RETURN(const GenerationInput input, GenerationInputFromProto(request));
+  TOST_ASSIGN_OR_RETURN(
+      GenerationRequest job_request,
+      BuildGenerationRequest(input, *scheduler,
+                             fresh ? std::nullopt : std::make_optional(std::move(state)), limits_));
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);

@@ -1,6 +1,5 @@
 #include "service/api/generation_request.h"
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace tost::service {
@@ -36,42 +35,34 @@ model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p) {
 }
 
 absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st) {
-  // Counts only, before copying: the limits themselves are GenerationScheduler::CheckState's.
-  if (static_cast<size_t>(stop.stop_size()) > kMaxStopStrings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stop: at most ", kMaxStopStrings, " strings, got ", stop.stop_size()));
-  }
-  if (static_cast<size_t>(stop.stop_token_ids_size()) > kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ", kMaxStopTokenIds,
-                                                   " ids, got ", stop.stop_token_ids_size()));
-  }
+  TOST_RETURN_IF_ERROR(CheckStopCounts(stop.stop_size(), stop.stop_token_ids_size()));
   st.stop_strings.assign(stop.stop().begin(), stop.stop().end());
   st.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
-                                                  const model::Tokenizer& tokenizer,
-                                                  const ServiceLimits& limits) {
+absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::GenerateRequest& req) {
+  GenerationInput in;
+  const bool fresh = req.session_id().empty() && req.state().empty();
+  if (fresh || req.has_stop()) {
+    // Counted before copying, so that a request with a million stop strings copies none of them.
+    TOST_RETURN_IF_ERROR(CheckStopCounts(req.stop().stop_size(), req.stop().stop_token_ids_size()));
+    in.stop.emplace();
+    in.stop->strings.assign(req.stop().stop().begin(), req.stop().stop().end());
+    in.stop->token_ids.assign(req.stop().stop_token_ids().begin(),
+                              req.stop().stop_token_ids().end());
+  }
   if (req.has_prompt_tokens()) {
-    if (req.prompt_tokens().ids_size() > limits.max_prompt_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_tokens holds ", req.prompt_tokens().ids_size(),
-                       " ids, more than the limit of ", limits.max_prompt_bytes));
-    }
-    return std::vector<int32_t>(req.prompt_tokens().ids().begin(), req.prompt_tokens().ids().end());
+    in.prompt_tokens = absl::MakeConstSpan(req.prompt_tokens().ids().data(),
+                                           static_cast<size_t>(req.prompt_tokens().ids_size()));
+  } else {
+    in.prompt_text = req.prompt_bytes();
   }
-  if (static_cast<int64_t>(req.prompt_bytes().size()) > limits.max_prompt_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_bytes holds ", req.prompt_bytes().size(),
-                                                   " bytes, more than the limit of ",
-                                                   limits.max_prompt_bytes));
-  }
-  if (!req.prompt_bytes().empty() && !tokenizer.encodes_text()) {
-    return absl::FailedPreconditionError(
-        "prompt_bytes: this model has no text tokenizer (config.json tokenizer.type \"none\"): "
-        "send the prompt as prompt_tokens");
-  }
-  return tokenizer.Encode(req.prompt_bytes());
+  if (fresh || req.has_sampling()) in.sampling = SamplingFromProto(req.sampling());
+  in.max_new_tokens = req.max_new_tokens();
+  in.top_logprobs = req.top_logprobs();
+  in.snapshot_every = req.state_every_tokens();
+  return in;
 }
 
 void FillSessionInfo(const std::string& id, const GenerationState& st,

@@ -1,6 +1,6 @@
 // Turning tost.v1 generation messages into engine requests and back: sampling parameters, stop
 // conditions, prompts, finish reasons and session descriptions. Shared by Generate and the session
-// RPCs.
+// RPCs. The checks themselves are protocol-neutral (generation_input.h): this file only converts.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include "model/config/config.h"
 #include "model/sampling/sampler.h"
 #include "model/text/tokenizer.h"
+#include "service/api/generation_input.h"
 #include "service/api/request_input.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/generation_state.h"
@@ -28,12 +29,12 @@ model::SamplingParams SamplingFromProto(const tost::v1::SamplingParams& p);
 // copying them; their contents (lengths, vocabulary) are GenerationScheduler::CheckState's.
 absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st);
 
-// The prompt as token ids (prompt_tokens as given, prompt_bytes through the tokenizer), at most
-// limits.max_prompt_bytes of either. FAILED_PRECONDITION for text sent to a model without a text
-// tokenizer.
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const tost::v1::GenerateRequest& req,
-                                                  const model::Tokenizer& tokenizer,
-                                                  const ServiceLimits& limits);
+// The request as the protocol-neutral GenerationInput, with the proto's defaults made explicit: a
+// fresh generation (no session_id, no state) always gets the request's sampling parameters and
+// stop conditions (proto defaults included), a continued one only those the request sets. Refuses
+// more stop strings or ids than a state may hold (CheckStopCounts) before copying any; called once
+// the request holds a place in the scheduler, like the rest of BuildGenerationRequest's checks.
+absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::GenerateRequest& req);
 
 void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info);
 

@@ -426,6 +426,47 @@ def inflate_seeds():
     write(t, "not_compressed.bin", bytes([1 | limit_64k, 5]) + text[:40])
 
 
+# --- OpenAI-compatible request bodies -------------------------------------------------------------
+def openai_request_seeds():
+    # First byte: the endpoint (even: /v1/completions, odd: /v1/chat/completions).
+    def seed(name, endpoint, body):
+        if not isinstance(body, bytes):
+            body = json.dumps(body).encode("utf-8")
+        write("openai_request", name, bytes([endpoint]) + body)
+
+    completion = {"model": "tost-austen", "prompt": "It is a truth", "max_tokens": 16}
+    seed("completion_minimal", 0, completion)
+    seed("completion_full", 0, {
+        **completion, "temperature": 0.7, "top_p": 0.9, "seed": -3, "stop": ["\n", "."],
+        "logprobs": 2, "n": 2, "stream": True, "stream_options": {"include_usage": True},
+        "echo": False, "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {},
+        "user": "u", "best_of": 2, "suffix": "", "return_state": True, "unknown": [1, {"a": 2}]})
+    seed("completion_tokens", 0, {"model": "m", "prompt": [73, 116, 32, 2047], "stop": "x"})
+    seed("completion_token_batch", 0, {"model": "m", "prompt": [[1, 2], [3]]})
+    seed("completion_string_batch", 0, {"model": "m", "prompt": ["a", "b"]})
+    seed("completion_session", 0, {"model": "m", "prompt": " more", "session_id": "s-1"})
+    seed("completion_state", 0, {"model": "m", "prompt": "", "state": "AAECAwQ=", "return_state": True})
+    seed("completion_refused", 0, {"model": "m", "prompt": "x", "echo": True, "logprobs": 21})
+    seed("completion_utf8", 0, {"model": "m", "prompt": "h\u00e9\u20ac\U0001f600", "stop": "\u20ac"})
+    seed("completion_bad_utf8", 0, b'{"model": "m", "prompt": "\xc3("}')
+    chat = {"model": "tost-austen", "messages": [
+        {"role": "system", "content": "A drawing room."},
+        {"role": "user", "content": "Is he not handsome?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "He is."}]},
+        {"role": "user", "content": "And his friend?"}]}
+    seed("chat_minimal", 1, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+    seed("chat_full", 1, {
+        **chat, "max_completion_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 3,
+        "stream": True, "stream_options": {"include_usage": True}, "stop": ["!"], "n": 3,
+        "tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
+    seed("chat_refused_role", 1, {"model": "m", "messages": [{"role": "robot", "content": "x"}]})
+    seed("chat_refused_part", 1, {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    seed("chat_refused_tools", 1, {**chat, "tools": [{"type": "function"}],
+                                   "response_format": {"type": "json_object"}})
+    seed("chat_session", 1, {**chat, "session_id": "s", "n": 2})
+
+
 def main():
     # Inputs that once crashed a parser (regression-*, added by hand after the fix) are kept.
     if CORPUS.exists():
@@ -438,6 +479,7 @@ def main():
     config_seeds()
     bpe_seeds()
     inflate_seeds()
+    openai_request_seeds()
     gpt2_seeds()
     tost_pb2, session_pb2, kserve_pb2 = generated_protos()
     session_seeds(session_pb2)

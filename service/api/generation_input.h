@@ -1,0 +1,84 @@
+// The protocol-neutral half of turning a generation request into an engine job: what a front end
+// asks of one generation (prompt, sampling, stop conditions, token counts) in no protocol's types,
+// and the checks and conversions every front end applies to it against the server's limits and
+// the model's tokenizer. tost.v1 Generate (generation_request.h converts its proto) and the
+// OpenAI-compatible API (service/openai) both go through BuildGenerationRequest, so both refuse
+// the same input with the same words; each passes the names its own request gives the fields.
+//
+// Neither gRPC nor LibTorch: it links the engine and the shared input limits only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/sampling/sampler.h"
+#include "service/api/request_input.h"
+#include "service/engine/generation_scheduler.h"
+#include "service/engine/generation_state.h"
+
+namespace tost::service {
+
+struct StopInput {
+  std::vector<std::string> strings;
+  std::vector<int32_t> token_ids;
+};
+
+// One generation as a front end asks for it. The prompt is a view into the front end's request
+// (which may be as large as the request limit; it is copied only once its size has been checked):
+// the front end keeps it alive until BuildGenerationRequest returns.
+struct GenerationInput {
+  // The prompt: token ids when set, else `prompt_text` through the model's tokenizer.
+  std::optional<absl::Span<const int32_t>> prompt_tokens;
+  std::string_view prompt_text;
+  // Unset: a continued state keeps its own (a fresh state gets model::SamplingParams' defaults).
+  std::optional<model::SamplingParams> sampling;
+  // Unset: a continued state keeps its own (a fresh state gets none).
+  std::optional<StopInput> stop;
+  int32_t max_new_tokens = 0;  // 0: the server's default (ServiceLimits::default_max_new_tokens)
+  int32_t top_logprobs = 0;    // per token, the n most likely alternatives
+  int32_t snapshot_every = 0;  // publish the state every k tokens (0: only at the end)
+};
+
+// How the front end's request names the fields, for error messages.
+struct GenerationFieldNames {
+  std::string max_new_tokens = "max_new_tokens";
+  std::string prompt_tokens = "prompt_tokens";
+  std::string prompt_text = "prompt_bytes";
+  std::string stop = "stop";
+  std::string stop_token_ids = "stop_token_ids";
+};
+
+// INVALID_ARGUMENT when a request carries more stop strings or ids than a state may hold: checked
+// on the counts alone, before a front end copies any of them.
+absl::Status CheckStopCounts(size_t strings, size_t token_ids,
+                             const GenerationFieldNames& names = {});
+
+// Copies the stop conditions into `st`, refusing more strings or ids than a state may hold before
+// copying them; their contents (lengths, vocabulary) are GenerationScheduler::CheckState's.
+absl::Status ApplyStopInput(const StopInput& stop, GenerationState& st,
+                            const GenerationFieldNames& names = {});
+
+// The prompt as token ids, at most limits.max_prompt_bytes of either form. FAILED_PRECONDITION for
+// text sent to a model without a text tokenizer.
+absl::StatusOr<std::vector<int32_t>> PromptTokenIds(const GenerationInput& in,
+                                                    const model::Tokenizer& tokenizer,
+                                                    const ServiceLimits& limits,
+                                                    const GenerationFieldNames& names = {});
+
+// The engine job for `in`, once the front end holds a place in the scheduler (Reserve: a full
+// scheduler refuses before the prompt is tokenised). `continued` is the state of a session or a
+// state blob being continued; nullopt starts a fresh one. Checks, in order: the stop counts, the
+// max_new_tokens range [0, limits.max_new_tokens], the prompt's size. The state's own contents are
+// left to Submit (CheckState). The caller sets `persistent` and `deadline`.
+absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& in,
+                                                         const GenerationScheduler& scheduler,
+                                                         std::optional<GenerationState> continued,
+                                                         const ServiceLimits& limits,
+                                                         const GenerationFieldNames& names = {});
+
+}  // namespace tost::service

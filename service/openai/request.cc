@@ -1,0 +1,504 @@
+#include "service/openai/request.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/utf8.h"
+#include "service/engine/client_text.h"
+#include "service/openai/error.h"
+
+namespace tost::service::openai {
+namespace {
+
+using nlohmann::json;
+
+// What a JSON value is, for "expected ..., got ..." messages. Never dumps an array or an object:
+// a client's value may be megabytes deep.
+std::string Got(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return v.get<bool>() ? "true" : "false";
+    case json::value_t::string:
+      return absl::StrCat("a string (", QuoteClientText(v.get_ref<const std::string&>()), ")");
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return absl::StrCat("an integer (", v.dump(), ")");
+    case json::value_t::number_float:
+      return absl::StrCat("a number (", v.dump(), ")");
+    case json::value_t::array:
+      return absl::StrCat("an array of ", v.size(), " element(s)");
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a value of another type";
+  }
+}
+
+absl::Status Expected(absl::string_view field, absl::string_view what, const json& got) {
+  return FieldError(field, absl::StrCat("expected ", what, ", got ", Got(got)));
+}
+
+// A JSON integer in [lo, hi].
+absl::StatusOr<int64_t> Int(const json& v, absl::string_view field, int64_t lo, int64_t hi) {
+  const std::string what = absl::StrCat("an integer in [", lo, ", ", hi, "]");
+  if (!v.is_number_integer()) return Expected(field, what, v);
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Expected(field, what, v);
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return Expected(field, what, v);
+  return x;
+}
+
+absl::StatusOr<double> Number(const json& v, absl::string_view field, double lo, double hi) {
+  const std::string what = absl::StrCat("a number in [", lo, ", ", hi, "]");
+  if (!v.is_number()) return Expected(field, what, v);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) return Expected(field, what, v);
+  return x;
+}
+
+absl::StatusOr<bool> Bool(const json& v, absl::string_view field) {
+  if (!v.is_boolean()) return Expected(field, "true or false", v);
+  return v.get<bool>();
+}
+
+absl::StatusOr<std::string> String(const json& v, absl::string_view field) {
+  if (!v.is_string()) return Expected(field, "a string", v);
+  return v.get<std::string>();
+}
+
+// The field's value, or null when absent: OpenAI's clients send null for "not set".
+const json& Field(const json& body, const char* key) {
+  static const json kNull;
+  auto it = body.find(key);
+  return it == body.end() ? kNull : *it;
+}
+
+absl::Status Unsupported(absl::string_view field, absl::string_view why, const json& got) {
+  return FieldError(field,
+                    absl::StrCat("not supported by this server (", why, "), got ", Got(got)));
+}
+
+// A token id list: integers in [0, 2^31).
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& v, absl::string_view field) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    TOST_ASSIGN_OR_RETURN(int64_t id, Int(v[i], absl::StrCat(field, "[", i, "]"), 0,
+                                          std::numeric_limits<int32_t>::max()));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+absl::Status ParsePrompt(const json& v, OpenAiRequest& r) {
+  constexpr absl::string_view kWhat =
+      "a string, an array of token ids, or an array holding one of either";
+  if (v.is_null())
+    return FieldError("prompt", "missing: expected a string or an array of token ids");
+  if (v.is_string()) {
+    r.prompt_text = v.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) return Expected("prompt", kWhat, v);
+  if (v.empty() || v[0].is_number()) {
+    TOST_ASSIGN_OR_RETURN(r.prompt_tokens, TokenIds(v, "prompt"));
+    return absl::OkStatus();
+  }
+  if (!v[0].is_string() && !v[0].is_array()) return Expected("prompt[0]", kWhat, v[0]);
+  if (v.size() > 1) {
+    return FieldError("prompt",
+                      absl::StrCat("batch prompts are not supported: expected one prompt (a "
+                                   "string or an array of token ids), got an array of ",
+                                   v.size(), " prompts; send one request per prompt"));
+  }
+  if (v[0].is_string()) {
+    r.prompt_text = v[0].get<std::string>();
+    return absl::OkStatus();
+  }
+  TOST_ASSIGN_OR_RETURN(r.prompt_tokens, TokenIds(v[0], "prompt[0]"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MessageContent(const json& v, const std::string& field) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array())
+    return Expected(field, "a string or an array of {\"type\": \"text\"} parts", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& part = v[i];
+    const std::string at = absl::StrCat(field, "[", i, "]");
+    if (!part.is_object())
+      return Expected(at, "an object {\"type\": \"text\", \"text\": ...}", part);
+    const json& type = Field(part, "type");
+    if (!type.is_string() || type.get_ref<const std::string&>() != "text") {
+      if (type.is_string()) {
+        return FieldError(absl::StrCat(at, ".type"),
+                          absl::StrCat("expected \"text\" (the only content this server's models "
+                                       "take), got ",
+                                       Got(type)));
+      }
+      return Expected(absl::StrCat(at, ".type"), "\"text\"", type);
+    }
+    TOST_ASSIGN_OR_RETURN(std::string part_text,
+                          String(Field(part, "text"), absl::StrCat(at, ".text")));
+    text += part_text;
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
+  if (v.is_null()) return FieldError("messages", "missing: expected an array of messages");
+  if (!v.is_array() || v.empty()) return Expected("messages", "a non-empty array of messages", v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& m = v[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Expected(at, "an object {\"role\", \"content\"}", m);
+    const json& role = Field(m, "role");
+    ChatMessage msg;
+    const std::string* name = role.is_string() ? &role.get_ref<const std::string&>() : nullptr;
+    // "developer" is OpenAI's newer name for the system role.
+    if (name != nullptr && (*name == "system" || *name == "developer")) {
+      msg.role = ChatRole::kSystem;
+    } else if (name != nullptr && *name == "user") {
+      msg.role = ChatRole::kUser;
+    } else if (name != nullptr && *name == "assistant") {
+      msg.role = ChatRole::kAssistant;
+    } else {
+      return Expected(absl::StrCat(at, ".role"),
+                      "one of \"system\", \"developer\", \"user\", \"assistant\"", role);
+    }
+    for (const char* tool_key : {"tool_calls", "function_call"}) {
+      const json& t = Field(m, tool_key);
+      if (!t.is_null() && !(t.is_array() && t.empty())) {
+        return Unsupported(absl::StrCat(at, ".", tool_key), "no tool calling", t);
+      }
+    }
+    TOST_ASSIGN_OR_RETURN(msg.content, MessageContent(Field(m, "content"), at + ".content"));
+    r.messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& v, OpenAiRequest& r) {
+  if (v.is_null()) return absl::OkStatus();
+  std::vector<std::string> stop;
+  auto one = [&](const json& s, const std::string& field) -> absl::Status {
+    if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
+        s.get_ref<const std::string&>().size() > kMaxStopBytes) {
+      return Expected(field, absl::StrCat("a string of 1 to ", kMaxStopBytes, " bytes"), s);
+    }
+    stop.push_back(s.get<std::string>());
+    return absl::OkStatus();
+  };
+  if (v.is_string()) {
+    TOST_RETURN_IF_ERROR(one(v, "stop"));
+  } else if (v.is_array()) {
+    if (v.size() > static_cast<size_t>(kMaxStop)) {
+      return Expected("stop",
+                      absl::StrCat("a string or an array of at most ", kMaxStop, " strings"), v);
+    }
+    for (size_t i = 0; i < v.size(); ++i)
+      TOST_RETURN_IF_ERROR(one(v[i], absl::StrCat("stop[", i, "]")));
+  } else {
+    return Expected("stop", absl::StrCat("a string or an array of at most ", kMaxStop, " strings"),
+                    v);
+  }
+  r.stop = std::move(stop);
+  return absl::OkStatus();
+}
+
+absl::Status ParseLogprobs(const json& body, OpenAiRequest& r) {
+  const json& logprobs = Field(body, "logprobs");
+  if (r.endpoint == Endpoint::kCompletions) {
+    if (logprobs.is_null()) return absl::OkStatus();
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(logprobs, "logprobs", 0, kMaxTopLogprobs));
+    r.logprobs = static_cast<int32_t>(n);
+    return absl::OkStatus();
+  }
+  bool wanted = false;
+  if (!logprobs.is_null()) {
+    TOST_ASSIGN_OR_RETURN(wanted, Bool(logprobs, "logprobs"));
+  }
+  const json& top = Field(body, "top_logprobs");
+  int64_t n = 0;
+  if (!top.is_null()) {
+    TOST_ASSIGN_OR_RETURN(n, Int(top, "top_logprobs", 0, kMaxTopLogprobs));
+    if (!wanted) {
+      return FieldError("top_logprobs", absl::StrCat("needs \"logprobs\": true, got ", n,
+                                                     " with logprobs ", Got(logprobs)));
+    }
+  }
+  if (wanted) r.logprobs = static_cast<int32_t>(n);
+  return absl::OkStatus();
+}
+
+absl::Status ParseMaxTokens(const json& body, OpenAiRequest& r) {
+  const json& max_tokens = Field(body, "max_tokens");
+  // Completions has no max_completion_tokens: there it is an unknown field, ignored.
+  static const json kAbsent;
+  const json& max_completion =
+      r.endpoint == Endpoint::kChatCompletions ? Field(body, "max_completion_tokens") : kAbsent;
+  const int64_t hi = std::numeric_limits<int32_t>::max();
+  if (!max_tokens.is_null()) {
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_tokens, "max_tokens", 1, hi));
+    r.max_tokens = static_cast<int32_t>(n);
+  }
+  if (!max_completion.is_null()) {
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_completion, "max_completion_tokens", 1, hi));
+    if (r.max_tokens.has_value() && *r.max_tokens != n) {
+      return FieldError("max_completion_tokens",
+                        absl::StrCat("expected the same value as max_tokens (", *r.max_tokens,
+                                     ") or max_tokens left out, got ", n));
+    }
+    r.max_tokens = static_cast<int32_t>(n);
+    r.max_tokens_field = "max_completion_tokens";
+  }
+  return absl::OkStatus();
+}
+
+// The fields that change what is generated and that this server cannot honour: each is accepted
+// at its default (absent, null, zero, empty, "text") and refused otherwise.
+absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    const json& v = Field(body, key);
+    if (v.is_null()) continue;
+    TOST_ASSIGN_OR_RETURN(double x, Number(v, key, -2.0, 2.0));
+    if (x != 0.0) {
+      return Unsupported(key,
+                         "OpenAI's penalties subtract from a token's logit per occurrence; "
+                         "the model's repetition penalty divides it, which is not the same "
+                         "distribution: send 0",
+                         v);
+    }
+  }
+  {
+    const json& v = Field(body, "logit_bias");
+    if (!v.is_null() && !(v.is_object() && v.empty())) {
+      if (!v.is_object()) return Expected("logit_bias", "an object of token id -> bias", v);
+      return Unsupported("logit_bias", "no logit biases", v);
+    }
+  }
+  for (const char* key : {"tools", "functions"}) {
+    const json& v = Field(body, key);
+    if (!v.is_null() && !(v.is_array() && v.empty())) {
+      if (!v.is_array()) return Expected(key, "an array", v);
+      return Unsupported(key, "no tool calling", v);
+    }
+  }
+  for (const char* key : {"tool_choice", "function_call"}) {
+    const json& v = Field(body, key);
+    if (!v.is_null() && !(v.is_string() && v.get_ref<const std::string&>() == "none")) {
+      return Unsupported(key, "no tool calling; \"none\" is accepted", v);
+    }
+  }
+  {
+    const json& v = Field(body, "response_format");
+    if (!v.is_null()) {
+      if (!v.is_object()) return Expected("response_format", "an object {\"type\": \"text\"}", v);
+      const json& type = Field(v, "type");
+      if (!(type.is_string() && type.get_ref<const std::string&>() == "text")) {
+        return Unsupported("response_format.type", "plain text only; \"text\" is accepted", type);
+      }
+    }
+  }
+  {
+    const json& v = Field(body, "echo");
+    if (!v.is_null()) {
+      TOST_ASSIGN_OR_RETURN(bool echo, Bool(v, "echo"));
+      if (echo) return Unsupported("echo", "the response holds the completion only", v);
+    }
+  }
+  {
+    const json& v = Field(body, "suffix");
+    if (!v.is_null() && !(v.is_string() && v.get_ref<const std::string&>().empty())) {
+      return Unsupported("suffix", "no insertion, completions append only", v);
+    }
+  }
+  {
+    const json& v = Field(body, "best_of");
+    if (!v.is_null()) {
+      TOST_ASSIGN_OR_RETURN(int64_t best_of, Int(v, "best_of", 1, kMaxChoices));
+      if (best_of != r.n) {
+        return Unsupported(
+            "best_of",
+            absl::StrCat("no ranking of choices; best_of equal to n (", r.n, ") is accepted"), v);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, const json& body) {
+  if (!body.is_object()) return Expected("body", "a JSON object", body);
+  OpenAiRequest r;
+  r.endpoint = endpoint;
+  {
+    const json& model = Field(body, "model");
+    if (model.is_null()) return FieldError("model", "missing: expected the name of a model");
+    if (!model.is_string() || model.get_ref<const std::string&>().empty()) {
+      return Expected("model", "a non-empty string", model);
+    }
+    r.model = model.get<std::string>();
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    TOST_RETURN_IF_ERROR(ParsePrompt(Field(body, "prompt"), r));
+  } else {
+    TOST_RETURN_IF_ERROR(ParseMessages(Field(body, "messages"), r));
+  }
+  TOST_RETURN_IF_ERROR(ParseMaxTokens(body, r));
+  if (const json& v = Field(body, "temperature"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(double t, Number(v, "temperature", 0.0, kMaxTemperature));
+    if (t != 0.0 && t < model::kMinTemperature) {
+      return Expected("temperature",
+                      absl::StrCat("0 (greedy) or a number in [", model::kMinTemperature, ", ",
+                                   kMaxTemperature, "]"),
+                      v);
+    }
+    r.temperature = static_cast<float>(t);
+  }
+  if (const json& v = Field(body, "top_p"); !v.is_null()) {
+    if (!v.is_number() || !(v.get<double>() > 0.0 && v.get<double>() <= 1.0)) {
+      return Expected("top_p", "a number in (0, 1]", v);
+    }
+    r.top_p = v.get<float>();
+  }
+  if (const json& v = Field(body, "seed"); !v.is_null()) {
+    // OpenAI's seed is a signed 64-bit integer; the sampler's is its two's-complement bits.
+    TOST_ASSIGN_OR_RETURN(int64_t seed, Int(v, "seed", std::numeric_limits<int64_t>::min(),
+                                            std::numeric_limits<int64_t>::max()));
+    r.seed = static_cast<uint64_t>(seed);
+  }
+  TOST_RETURN_IF_ERROR(ParseStop(Field(body, "stop"), r));
+  TOST_RETURN_IF_ERROR(ParseLogprobs(body, r));
+  if (const json& v = Field(body, "n"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(v, "n", 1, kMaxChoices));
+    r.n = static_cast<int32_t>(n);
+  }
+  if (const json& v = Field(body, "stream"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(r.stream, Bool(v, "stream"));
+  }
+  if (const json& v = Field(body, "stream_options"); !v.is_null()) {
+    if (!v.is_object()) return Expected("stream_options", "an object {\"include_usage\": bool}", v);
+    if (!r.stream) {
+      return FieldError("stream_options", "only with \"stream\": true");
+    }
+    if (const json& u = Field(v, "include_usage"); !u.is_null()) {
+      TOST_ASSIGN_OR_RETURN(r.include_usage, Bool(u, "stream_options.include_usage"));
+    }
+  }
+  if (const json& v = Field(body, "user"); !v.is_null() && !v.is_string()) {
+    return Expected("user", "a string", v);
+  }
+  TOST_RETURN_IF_ERROR(RefuseUnsupported(body, r));
+  if (const json& v = Field(body, "session_id"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(r.session_id, String(v, "session_id"));
+  }
+  if (const json& v = Field(body, "state"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(std::string encoded, String(v, "state"));
+    std::string blob;
+    if (encoded.empty() || !absl::Base64Unescape(encoded, &blob)) {
+      return FieldError("state",
+                        absl::StrCat("expected a state blob in base64 (RFC 4648), got ", Got(v)));
+    }
+    r.state = std::move(blob);
+  }
+  if (!r.session_id.empty() && r.state.has_value()) {
+    return FieldError("state", "set session_id or state, not both");
+  }
+  if (r.n > 1 && !r.session_id.empty()) {
+    return FieldError("n", absl::StrCat("a request continuing a session (session_id) takes n = 1 "
+                                        "(one state to write back), got ",
+                                        r.n));
+  }
+  if (const json& v = Field(body, "return_state"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(r.return_state, Bool(v, "return_state"));
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_view body) {
+  // Before parsing: nlohmann refuses invalid UTF-8 too, but its message quotes the bytes raw and
+  // names neither the offset nor the field.
+  if (absl::Status utf8 = model::CheckJsonUtf8(body, "request body"); !utf8.ok()) {
+    return WithParam(utf8, "body");
+  }
+  // The one place a json exception may surface: parse errors, and any type error a check above
+  // missed (a bug, reported as a bad request rather than a crash).
+  try {
+    json parsed = json::parse(body);
+    return Parse(endpoint, parsed);
+  } catch (const json::exception& e) {
+    return FieldError("body",
+                      absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
+  }
+}
+
+GenerationFieldNames FieldNames(const OpenAiRequest& request) {
+  GenerationFieldNames names;
+  names.max_new_tokens = request.max_tokens_field;
+  names.prompt_tokens = "prompt";
+  names.prompt_text = request.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  names.stop = "stop";
+  names.stop_token_ids = "stop";
+  return names;
+}
+
+absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
+                                                  const model::ModelConfig& config,
+                                                  std::string* prompt_storage) {
+  GenerationInput in;
+  const bool continued = !request.session_id.empty() || request.state.has_value();
+  if (request.endpoint == Endpoint::kChatCompletions) {
+    TOST_ASSIGN_OR_RETURN(*prompt_storage, RenderChat(config, request.messages));
+    in.prompt_text = *prompt_storage;
+    in.stop.emplace();
+    in.stop->strings =
+        ChatStopStrings(*config.chat_template, request.stop.value_or(std::vector<std::string>{}));
+  } else {
+    if (request.prompt_tokens.has_value()) {
+      in.prompt_tokens = absl::MakeConstSpan(*request.prompt_tokens);
+    } else if (request.prompt_text.has_value()) {
+      in.prompt_text = *request.prompt_text;
+    }
+    if (request.stop.has_value() || !continued) {
+      in.stop.emplace();
+      in.stop->strings = request.stop.value_or(std::vector<std::string>{});
+    }
+  }
+  const bool sets_sampling =
+      request.temperature.has_value() || request.top_p.has_value() || request.seed.has_value();
+  if (sets_sampling || !continued) {
+    model::SamplingParams s;  // temperature 1 and top_p 1: OpenAI's defaults too
+    s.temperature = request.temperature.value_or(1.f);
+    s.top_p = request.top_p.value_or(1.f);
+    s.seed = request.seed.value_or(0);
+    in.sampling = s;
+  }
+  in.max_new_tokens = request.max_tokens.value_or(0);
+  in.top_logprobs = EngineTopLogprobs(request);
+  return in;
+}
+
+uint64_t ChoiceSeed(uint64_t seed, int32_t index) {
+  if (index == 0) return seed;
+  // SplitMix64's finaliser over (seed, index): well-separated streams for neighbouring seeds.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace tost::service::openai

@@ -1,0 +1,100 @@
+// The request bodies of the OpenAI-compatible API, POST /v1/completions and
+// POST /v1/chat/completions, parsed and validated into OpenAiRequest, and OpenAiRequest turned into
+// the protocol-neutral GenerationInput that BuildGenerationRequest (service/api/generation_input.h)
+// makes an engine job of. Pure: no HTTP, no gRPC, no LibTorch; fuzzed (tests/fuzz).
+//
+// Every refusal is INVALID_ARGUMENT whose message starts with the field's path ("stop[2]",
+// "messages[1].content[0].type"), says what was expected and what came, and carries the path as
+// the error body's "param" (error.h). Unknown fields are ignored, as OpenAI's servers do; fields
+// this server cannot honour are refused when they ask for anything but their default (docs/api.md
+// lists them).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config/config.h"
+#include "service/api/generation_input.h"
+#include "service/openai/chat_template.h"
+
+namespace tost::service::openai {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+inline constexpr int32_t kMaxStop = 4;          // OpenAI's limit on "stop"
+inline constexpr int32_t kMaxTopLogprobs = 20;  // alternatives per token
+inline constexpr int32_t kMaxChoices = 16;      // "n": each choice is a job in the scheduler
+inline constexpr double kMaxTemperature = 2.0;  // OpenAI's range, [0, 2]
+inline constexpr size_t kMaxStopBytes = 256;    // a state's limit (generation_state.h)
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // /v1/completions: the prompt as text or as token ids (exactly one is set).
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<int32_t>> prompt_tokens;
+  // /v1/chat/completions: the messages, rendered by the model's chat template.
+  std::vector<ChatMessage> messages;
+  // max_tokens or (chat) max_completion_tokens, >= 1; unset: the server's default.
+  std::optional<int32_t> max_tokens;
+  std::string max_tokens_field = "max_tokens";  // which of the two the request used
+  std::optional<float> temperature;             // unset: 1, OpenAI's default
+  std::optional<float> top_p;                   // unset: 1
+  std::optional<uint64_t> seed;                 // unset: 0 (the server is deterministic)
+  // At most kMaxStop, each 1..kMaxStopBytes bytes; unset when the request has no "stop" (null
+  // included), so that a continued generation keeps its state's.
+  std::optional<std::vector<std::string>> stop;
+  // Alternatives per token to report: completions "logprobs", chat "top_logprobs" (with
+  // "logprobs": true). Unset: no logprobs at all; 0: the chosen tokens' only.
+  std::optional<int32_t> logprobs;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // ToST extensions: continue a server-held session, or a state blob (decoded from base64);
+  // return_state asks for each choice's final state as base64.
+  std::string session_id;
+  std::optional<std::string> state;
+  bool return_state = false;
+};
+
+// Parses a request body. The body must be valid UTF-8 (refused with its byte offset) and JSON.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_view body);
+inline absl::StatusOr<OpenAiRequest> ParseCompletionRequest(std::string_view body) {
+  return ParseOpenAiRequest(Endpoint::kCompletions, body);
+}
+inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view body) {
+  return ParseOpenAiRequest(Endpoint::kChatCompletions, body);
+}
+
+// How BuildGenerationRequest's errors name this request's fields.
+GenerationFieldNames FieldNames(const OpenAiRequest& request);
+
+// The alternatives per token to ask the engine for. The engine reports a token's alternatives, not
+// the chosen token's own log-probability: asking for the most it gives makes the chosen token one
+// of them whenever it is among the 20 most likely (always under greedy decoding). The responses
+// show `logprobs` of them.
+inline int32_t EngineTopLogprobs(const OpenAiRequest& request) {
+  return request.logprobs.has_value() ? kMaxTopLogprobs : 0;
+}
+
+// The request as a GenerationInput for `config`'s model: the chat rendered through its template
+// (its stop strings first), the sampling parameters with OpenAI's defaults, the stop strings. The
+// input's prompt is a view into `request` or, for a chat, into `*prompt_storage`, which holds the
+// rendered prompt: both must outlive the input. A continued generation (session_id or state) keeps
+// its state's sampling parameters unless the request sets one of temperature, top_p and seed (then
+// the others take their defaults), and its stop strings unless the request sets "stop" (a chat
+// always sets its template's). A continued chat renders only the messages it sends: the earlier
+// turns are in the state already.
+absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
+                                                  const model::ModelConfig& config,
+                                                  std::string* prompt_storage);
+
+// The seed of choice `index` of a request with n > 1 (whose choices fork one state after the
+// prompt, and would otherwise draw the same tokens): choice 0 keeps the request's seed.
+uint64_t ChoiceSeed(uint64_t seed, int32_t index);
+
+}  // namespace tost::service::openai

@@ -1,0 +1,103 @@
+// The response side of the OpenAI-compatible API: the JSON of non-streamed completions and chat
+// completions, the server-sent-event chunks of streamed ones, and GET /v1/models, all built from
+// the engine's GenerationEvents. Pure: no HTTP, no gRPC, no LibTorch.
+//
+// How a front end drives it, per request (choices 0..n-1 are one engine job each):
+//   - each kToken event of choice i: AddToken(i, event.token) (non-streamed) or
+//     Token(i, event.token), whose chunks it writes as they come (streamed);
+//   - each choice's kFinished event: Finish(i, event, state_blob), where state_blob is the encoded
+//     final state (SessionCodec::Encode) when the request set return_state, else empty. A failed or
+//     cancelled job returns its status instead: the front end answers with OpenAiErrorBody (or, in
+//     a stream already begun, writes ErrorEvent) and stops;
+//   - at the end: Body() (non-streamed), or End() (streamed: the usage chunk when asked, then
+//     "data: [DONE]").
+// Every text this writes is valid UTF-8: generated text comes from the engine's TextStream
+// (service/engine/text_stream.h), which releases complete characters only, and the bytes of a
+// token that splits a character are written with \xNN escapes in the logprobs' "token" strings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "model/text/tokenizer.h"
+#include "service/engine/engine.h"
+#include "service/engine/generation_scheduler.h"
+#include "service/openai/request.h"
+
+namespace tost::service::openai {
+
+// What every response and chunk of one request repeats.
+struct ResponseMeta {
+  std::string id;       // ResponseId(...)
+  int64_t created = 0;  // Unix seconds
+  std::string model;    // the model that served it
+};
+
+// "cmpl-<unique>" or "chatcmpl-<unique>", as OpenAI's ids look.
+std::string ResponseId(Endpoint endpoint, std::string_view unique);
+
+// OpenAI's finish_reason: "stop" (a stop string or id, end of text), "length" (max_tokens or the
+// context window), and "drained" (a ToST value: the server shut down mid-generation; return_state
+// or the session holds the state to resume from). "cancelled" is never written: Finish refuses.
+const char* FinishReasonString(FinishReason reason);
+
+// The chosen token's log-probability when the engine did not report it (not among the 20 most
+// likely): OpenAI's own value for "very unlikely".
+inline constexpr double kUnlikelyLogprob = -9999.0;
+
+class ResponseBuilder {
+ public:
+  // `request` and `tokenizer` (the model's, for the alternatives' bytes) outlive the builder.
+  ResponseBuilder(const OpenAiRequest& request, ResponseMeta meta,
+                  const model::Tokenizer& tokenizer);
+  ~ResponseBuilder();
+
+  // Prompt tokens the engine found cached (prompt_tokens_details.cached_tokens); 0 by default.
+  void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
+
+  // Non-streamed: record, then Body() once every choice finished.
+  void AddToken(int32_t index, const TokenEvent& token);
+  absl::Status Finish(int32_t index, const GenerationEvent& finished,
+                      std::string_view state_blob = {});
+  std::string Body() const;
+
+  // Streamed: each returns the SSE bytes to write ("" when there is nothing to send yet). A chat
+  // choice's first chunk carries delta.role "assistant".
+  std::string Token(int32_t index, const TokenEvent& token);
+  absl::StatusOr<std::string> FinishChunk(int32_t index, const GenerationEvent& finished,
+                                          std::string_view state_blob = {});
+  std::string End() const;
+
+ private:
+  struct Choice;
+  Choice& At(int32_t index);
+  nlohmann::json Envelope(const char* object) const;
+  nlohmann::json Usage() const;
+  nlohmann::json TokenLogprobs(Choice& c, const TokenEvent& token) const;
+  nlohmann::json ChoiceLogprobs(const Choice& c) const;
+
+  const OpenAiRequest& request_;
+  const ResponseMeta meta_;
+  const model::Tokenizer& tokenizer_;
+  std::vector<Choice> choices_;
+  int64_t cached_tokens_ = 0;
+};
+
+// "data: <json>\n\n".
+std::string SseEvent(const nlohmann::json& data);
+// An error in a stream already begun: "data: {"error": {...}}\n\n" (OpenAiErrorBody's shape).
+std::string ErrorEvent(const absl::Status& status, std::string_view param = "");
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created": 0,
+// "owned_by": "tost-serve", "tost": {"version", "context_length", "chat"}}]}, the served language
+// models only: every model listed can serve /v1/completions (and /v1/chat/completions when "chat"
+// is true). Classifiers are the tost.v1 and KServe APIs' and would only fail here.
+std::string ModelsListBody(const std::vector<ModelEntry>& models);
+
+}  // namespace tost::service::openai

@@ -1,0 +1,284 @@
+// Response JSON, SSE chunks and the model list of the OpenAI-compatible API, against literal
+// expected documents (parsed back and compared as JSON), and the UTF-8 safety of streamed chunks
+// when tokens split characters.
+#include "service/openai/response.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_split.h"
+#include "base/utf8.h"
+#include "model/text/tokenizer.h"
+#include "service/engine/text_stream.h"
+
+namespace tost::service::openai {
+namespace {
+
+using nlohmann::json;
+
+const model::ByteTokenizer kBytes(260, 256);
+const ResponseMeta kMeta{"cmpl-1", 1700000000, "lm"};
+
+OpenAiRequest Parsed(Endpoint endpoint, const std::string& body) {
+  auto r = ParseOpenAiRequest(endpoint, body);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : OpenAiRequest{};
+}
+
+TokenEvent Tok(char c, std::vector<std::pair<int32_t, float>> top = {}) {
+  TokenEvent t;
+  t.id = static_cast<unsigned char>(c);
+  t.bytes = std::string(1, c);
+  t.text = t.bytes;
+  t.top_logprobs = std::move(top);
+  return t;
+}
+
+GenerationEvent Final(FinishReason reason, int32_t prompt, int32_t generated,
+                      std::string final_text = "") {
+  GenerationEvent e;
+  e.kind = GenerationEvent::Kind::kFinished;
+  e.finish_reason = reason;
+  e.prompt_tokens = prompt;
+  e.generated_tokens = generated;
+  e.final_text = std::move(final_text);
+  return e;
+}
+
+// The data: payloads of an SSE byte string, checking the framing.
+std::vector<std::string> Events(const std::string& sse) {
+  std::vector<std::string> out;
+  if (sse.empty()) return out;
+  EXPECT_EQ(sse.substr(sse.size() - 2), "\n\n");
+  for (absl::string_view e : absl::StrSplit(sse.substr(0, sse.size() - 2), "\n\n")) {
+    EXPECT_TRUE(absl::StartsWith(e, "data: ")) << e;
+    out.emplace_back(e.substr(6));
+  }
+  return out;
+}
+
+TEST(OpenAiResponse, CompletionBody) {
+  const OpenAiRequest r = Parsed(Endpoint::kCompletions, R"({"model": "lm", "prompt": "x"})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  b.AddToken(0, Tok('H'));
+  b.AddToken(0, Tok('i'));
+  ASSERT_TRUE(b.Finish(0, Final(FinishReason::kLength, 3, 2, "!")).ok());
+  b.set_cached_tokens(1);
+  EXPECT_EQ(json::parse(b.Body()), json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "lm",
+    "choices": [{"index": 0, "text": "Hi!", "logprobs": null, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+              "prompt_tokens_details": {"cached_tokens": 1}}})"));
+}
+
+TEST(OpenAiResponse, CompletionLogprobsAndStateAndChoices) {
+  const OpenAiRequest r =
+      Parsed(Endpoint::kCompletions,
+             R"({"model": "lm", "prompt": "x", "logprobs": 1, "n": 2, "return_state": true})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  b.AddToken(0, Tok('a', {{'a', -0.5f}, {'b', -1.5f}}));
+  b.AddToken(0, Tok('c', {{'d', -0.25f}}));  // the chosen token is not among those reported
+  b.AddToken(1, Tok('b', {{'a', -0.5f}, {'b', -1.5f}}));
+  ASSERT_TRUE(b.Finish(1, Final(FinishReason::kEos, 4, 1), "\x01\x02").ok());
+  ASSERT_TRUE(b.Finish(0, Final(FinishReason::kStop, 4, 2), "\xff").ok());
+  EXPECT_EQ(json::parse(b.Body()), json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "lm",
+    "choices": [
+      {"index": 0, "text": "ac", "finish_reason": "stop", "state": "/w==",
+       "logprobs": {"tokens": ["a", "c"], "token_logprobs": [-0.5, -9999.0],
+                    "top_logprobs": [{"a": -0.5}, {"d": -0.25}], "text_offset": [0, 1]}},
+      {"index": 1, "text": "b", "finish_reason": "stop", "state": "AQI=",
+       "logprobs": {"tokens": ["b"], "token_logprobs": [-1.5],
+                    "top_logprobs": [{"a": -0.5}], "text_offset": [0]}}],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+              "prompt_tokens_details": {"cached_tokens": 0}}})"));
+}
+
+TEST(OpenAiResponse, ChatBodyWithLogprobs) {
+  const OpenAiRequest r = Parsed(Endpoint::kChatCompletions, R"({"model": "lm",
+      "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1,
+      "session_id": "s1"})");
+  ResponseBuilder b(r, {"chatcmpl-1", 5, "lm"}, kBytes);
+  b.AddToken(0, Tok('O', {{'O', -0.125f}, {'K', -2.f}}));
+  ASSERT_TRUE(b.Finish(0, Final(FinishReason::kContext, 2, 1)).ok());
+  EXPECT_EQ(json::parse(b.Body()), json::parse(R"({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 5, "model": "lm",
+    "session_id": "s1",
+    "choices": [{"index": 0, "finish_reason": "length",
+      "message": {"role": "assistant", "content": "O", "refusal": null},
+      "logprobs": {"refusal": null, "content": [{"token": "O", "logprob": -0.125, "bytes": [79],
+        "top_logprobs": [{"token": "O", "logprob": -0.125, "bytes": [79]}]}]}}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3,
+              "prompt_tokens_details": {"cached_tokens": 0}}})"));
+}
+
+TEST(OpenAiResponse, FailedAndCancelledChoicesReturnTheirStatus) {
+  const OpenAiRequest r = Parsed(Endpoint::kCompletions, R"({"model": "lm", "prompt": "x"})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  GenerationEvent failed = Final(FinishReason::kLength, 1, 0);
+  failed.status = absl::DeadlineExceededError("past its deadline");
+  EXPECT_EQ(b.Finish(0, failed).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b.Finish(0, Final(FinishReason::kCancelled, 1, 0)).code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(b.FinishChunk(0, failed).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(OpenAiResponse, FinishReasons) {
+  EXPECT_STREQ(FinishReasonString(FinishReason::kStop), "stop");
+  EXPECT_STREQ(FinishReasonString(FinishReason::kEos), "stop");
+  EXPECT_STREQ(FinishReasonString(FinishReason::kLength), "length");
+  EXPECT_STREQ(FinishReasonString(FinishReason::kContext), "length");
+  EXPECT_STREQ(FinishReasonString(FinishReason::kDrained), "drained");
+  EXPECT_EQ(ResponseId(Endpoint::kChatCompletions, "ab"), "chatcmpl-ab");
+  EXPECT_EQ(ResponseId(Endpoint::kCompletions, "ab"), "cmpl-ab");
+}
+
+TEST(OpenAiStream, ChatChunks) {
+  const OpenAiRequest r = Parsed(Endpoint::kChatCompletions, R"({"model": "lm",
+      "messages": [{"role": "user", "content": "x"}], "stream": true,
+      "stream_options": {"include_usage": true}})");
+  ResponseBuilder b(r, {"chatcmpl-9", 7, "lm"}, kBytes);
+  std::vector<std::string> events = Events(b.Token(0, Tok('H')));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(json::parse(events[0]), json::parse(R"({"id": "chatcmpl-9",
+      "object": "chat.completion.chunk", "created": 7, "model": "lm", "usage": null,
+      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "H"}, "logprobs": null,
+                   "finish_reason": null}]})"));
+  events = Events(b.Token(0, Tok('i')));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"], json::parse(R"({"content": "i"})"));
+  TokenEvent held = Tok('x');
+  held.text.clear();  // a token whose text the engine holds back
+  EXPECT_EQ(b.Token(0, held), "");
+  auto fin = b.FinishChunk(0, Final(FinishReason::kStop, 1, 3, "x"));
+  ASSERT_TRUE(fin.ok()) << fin.status();
+  events = Events(*fin);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(json::parse(events[0]), json::parse(R"({"id": "chatcmpl-9",
+      "object": "chat.completion.chunk", "created": 7, "model": "lm", "usage": null,
+      "choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": null,
+                   "finish_reason": "stop"}]})"));
+  const std::string end = b.End();
+  events = Events(end);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(json::parse(events[0]), json::parse(R"({"id": "chatcmpl-9",
+      "object": "chat.completion.chunk", "created": 7, "model": "lm", "choices": [],
+      "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4,
+                "prompt_tokens_details": {"cached_tokens": 0}}})"));
+  EXPECT_EQ(events[1], "[DONE]");
+  EXPECT_TRUE(absl::EndsWith(end, "data: [DONE]\n\n"));
+}
+
+TEST(OpenAiStream, ChatChoiceWithNoTokensStillSaysItsRole) {
+  const OpenAiRequest r = Parsed(Endpoint::kChatCompletions, R"({"model": "lm",
+      "messages": [{"role": "user", "content": "x"}], "stream": true, "n": 2})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  auto fin = b.FinishChunk(1, Final(FinishReason::kEos, 1, 0));
+  ASSERT_TRUE(fin.ok());
+  const json chunk = json::parse(Events(*fin)[0]);
+  EXPECT_EQ(chunk["choices"][0], json::parse(R"({"index": 1,
+      "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "stop"})"));
+  EXPECT_FALSE(chunk.contains("usage"));
+  EXPECT_EQ(b.End(), "data: [DONE]\n\n");
+}
+
+TEST(OpenAiStream, CompletionChunksWithLogprobsAndState) {
+  const OpenAiRequest r = Parsed(Endpoint::kCompletions, R"({"model": "lm", "prompt": "x",
+      "stream": true, "logprobs": 0, "return_state": true})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  std::vector<std::string> events = Events(b.Token(0, Tok('a', {{'a', -0.5f}})));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(json::parse(events[0]), json::parse(R"({"id": "cmpl-1", "object": "text_completion",
+      "created": 1700000000, "model": "lm",
+      "choices": [{"index": 0, "text": "a", "finish_reason": null,
+        "logprobs": {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{}],
+                     "text_offset": [0]}}]})"));
+  auto fin = b.FinishChunk(0, Final(FinishReason::kDrained, 1, 1), "ST");
+  ASSERT_TRUE(fin.ok());
+  EXPECT_EQ(json::parse(Events(*fin)[0])["choices"][0], json::parse(R"({"index": 0, "text": "",
+      "logprobs": null, "finish_reason": "drained", "state": "U1Q="})"));
+  EXPECT_EQ(b.End(), "data: [DONE]\n\n");
+}
+
+// Byte-level tokens that split characters: every chunk is valid UTF-8 JSON, the text reassembles
+// exactly, and the logprobs' token strings escape the partial bytes.
+TEST(OpenAiStream, ChunksAreValidUtf8WhenTokensSplitCharacters) {
+  const OpenAiRequest r = Parsed(Endpoint::kChatCompletions, R"({"model": "lm",
+      "messages": [{"role": "user", "content": "x"}], "stream": true, "logprobs": true})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  const std::string text = "h\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80!";  // hé€😀!
+  TextStream stream({});
+  std::string streamed;
+  for (char c : text) {
+    TokenEvent t;
+    t.id = static_cast<unsigned char>(c);
+    t.bytes = std::string(1, c);
+    t.text = stream.Push(t.bytes).text;  // what the scheduler publishes for this token
+    t.top_logprobs = {{t.id, -1.f}};
+    for (const std::string& e : Events(b.Token(0, t))) {
+      EXPECT_EQ(model::FirstInvalidUtf8(e), std::nullopt) << e;
+      const json chunk = json::parse(e);
+      streamed += chunk["choices"][0]["delta"]["content"].get<std::string>();
+      const json& lp = chunk["choices"][0]["logprobs"]["content"][0];
+      EXPECT_EQ(lp["bytes"], json::array({static_cast<int>(static_cast<unsigned char>(c))}));
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        EXPECT_TRUE(absl::StartsWith(lp["token"].get<std::string>(), "\\x")) << lp;
+      }
+    }
+  }
+  EXPECT_EQ(streamed, text);
+  // An engine text with invalid bytes (never published, but the chunk stays valid either way).
+  TokenEvent bad = Tok('z');
+  bad.text = "\xff";
+  const std::string chunk = b.Token(0, bad);
+  EXPECT_EQ(model::FirstInvalidUtf8(chunk), std::nullopt);
+  EXPECT_NO_THROW(json::parse(Events(chunk)[0]));
+}
+
+TEST(OpenAiStream, TextOffsetsCountCharacters) {
+  const OpenAiRequest r =
+      Parsed(Endpoint::kCompletions, R"({"model": "lm", "prompt": "x", "logprobs": 0})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  for (char c : std::string("a\xc3\xa9z")) b.AddToken(0, Tok(c));
+  ASSERT_TRUE(b.Finish(0, Final(FinishReason::kLength, 1, 4)).ok());
+  EXPECT_EQ(json::parse(b.Body())["choices"][0]["logprobs"]["text_offset"],
+            json::parse("[0, 1, 1, 2]"));
+}
+
+TEST(OpenAiStream, ErrorEvent) {
+  const std::string e = ErrorEvent(absl::ResourceExhaustedError("full"), "");
+  EXPECT_EQ(json::parse(Events(e)[0]), json::parse(R"({"error": {"message": "full",
+      "type": "rate_limit_error", "param": null, "code": "resource_exhausted"}})"));
+}
+
+TEST(OpenAiModels, ListsServedLanguageModels) {
+  std::vector<ModelEntry> models(4);
+  models[0].name = "austen";
+  models[0].config.architecture = model::Architecture::kLanguage;
+  models[0].config.version = "7";
+  models[0].config.language.context_length = 1024;
+  models[0].config.chat_template = model::ChatTemplate{};
+  models[0].generator = reinterpret_cast<const GenerativeModel*>(&models);  // only compared to null
+  models[1].name = "digits";                                                // a classifier
+  models[1].config.architecture = model::Architecture::kVision;
+  models[2].name = "broken";  // did not load
+  models[2].config.architecture = model::Architecture::kLanguage;
+  models[2].load_status = absl::InternalError("no weights");
+  models[3].name = "plain";
+  models[3].config.architecture = model::Architecture::kLanguage;
+  models[3].config.language.context_length = 64;
+  models[3].generator = models[0].generator;
+  EXPECT_EQ(json::parse(ModelsListBody(models)), json::parse(R"({"object": "list", "data": [
+      {"id": "austen", "object": "model", "created": 0, "owned_by": "tost-serve",
+       "tost": {"version": "7", "context_length": 1024, "chat": true}},
+      {"id": "plain", "object": "model", "created": 0, "owned_by": "tost-serve",
+       "tost": {"version": "1", "context_length": 64, "chat": false}}]})"));
+}
+
+}  // namespace
+}  // namespace tost::service::openai
