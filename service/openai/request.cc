@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
+#include "model/config/json_utf8.h"
 #include "service/engine/client_text.h"
 #include "service/openai/error.h"
 

@@ -1,4 +1,4 @@
-// config.json "chat_template": its parsing and refusals (model/config.cc), the template shipped
+// config.json "chat_template": its parsing and refusals (model/config/config.cc), the template shipped
 // with models/tost-austen, and rendering a chat with it.
 #include "service/openai/chat_template.h"
 
