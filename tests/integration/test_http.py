@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -191,32 +192,59 @@ def test_tls_and_mutual_tls_with_the_grpc_ports_files(pki):
 
 def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modules):
     pb2, pb2_grpc = proto_modules
-    s = RunningServer(MODELS, ["--drain_timeout_s=3"])
+    # One generation at a time and a dozen queued (about half a second each): the drain waits its
+    # full 3 s for them, so what the HTTP port answers meanwhile is the drain's doing.
+    s = RunningServer(MODELS, ["--drain_timeout_s=3", "--max_active_generations=1"])
     try:
         with grpc.insecure_channel(s.address) as channel:
             stub = pb2_grpc.TostStub(channel)
-            # A generation whose client reads one token and then nothing keeps the drain going.
-            stream = stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"It is",
-                                                       max_new_tokens=4096), timeout=60)
-            next(stream)
-            # A keep-alive connection opened before the signal.
+            first_tokens = threading.Barrier(13)
+
+            def generate():
+                stream = stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"It is",
+                                                           max_new_tokens=1000), timeout=60)
+                try:
+                    first_tokens.wait(timeout=30)
+                    for _ in stream:
+                        pass
+                except (grpc.RpcError, threading.BrokenBarrierError):
+                    pass
+
+            clients = [threading.Thread(target=generate, daemon=True) for _ in range(12)]
+            for c in clients:
+                c.start()
+            first_tokens.wait(timeout=30)
+            # Every call admitted (one active, the rest queued) before the signal: one sent after
+            # it would be refused, and the drain end early.
+            queued = 'tost_queue_depth{model="tost-austen",workload="generate"} '
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics", timeout=10).read().decode()
+                depth = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(queued)]
+                if depth and depth[0] >= 8:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the generations were not queued")
             kept = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=10)
             kept.request("GET", "/v1/health/ready")
-            assert kept.getresponse().read() and True
+            assert kept.getresponse().status == 200
             start = time.monotonic()
             s.proc.send_signal(signal.SIGTERM)
-            deadline = start + 2
             ready = 200
-            while ready == 200 and time.monotonic() < deadline:
+            while ready == 200 and time.monotonic() < start + 1:
                 ready = _request(s.http_port, "GET", "/v1/health/ready")[0]
             assert ready == 503, "readiness did not turn off on SIGTERM"
+            # Still draining a second later: the port serves, ready says 503 and live 200.
+            time.sleep(max(0.0, start + 1.5 - time.monotonic()))
             status, _, body = _request(s.http_port, "GET", "/v1/health/ready")
             assert status == 503 and _error(body)["type"] == "server_error"
             assert _request(s.http_port, "GET", "/v1/health/live")[0] == 200
-            threading.Thread(target=lambda: list(stream), daemon=True).start()
             assert s.proc.wait(timeout=15) == 0
-            assert time.monotonic() - start < 8
+            assert 2.5 < time.monotonic() - start < 8
             kept.close()
+            for c in clients:
+                c.join(timeout=10)
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", s.http_port), timeout=5)
     finally:
