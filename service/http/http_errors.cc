@@ -62,8 +62,8 @@ std::string_view OpenAiErrorType(int http_status) {
   }
 }
 
-std::string OpenAiErrorBody(std::string_view message, std::string_view type,
-                            std::string_view param, std::string_view code) {
+std::string OpenAiErrorBody(std::string_view message, std::string_view type, std::string_view param,
+                            std::string_view code) {
   nlohmann::json error = {{"message", std::string(message)},
                           {"type", std::string(type)},
                           {"param", nullptr},
@@ -96,7 +96,8 @@ HttpResponse ErrorResponse(const absl::Status& status, std::string_view param) {
   HttpResponse r;
   r.status = HttpStatusFor(status.code());
   r.content_type = "application/json";
-  r.body = OpenAiErrorBody(std::string_view(status.message().data(), status.message().size()), OpenAiErrorType(r.status), param,
+  r.body = OpenAiErrorBody(std::string_view(status.message().data(), status.message().size()),
+                           OpenAiErrorType(r.status), param,
                            absl::AsciiStrToLower(absl::StatusCodeToString(status.code())));
   if (r.status == 429) {
     if (const auto seconds = RetryAfterSeconds(status))

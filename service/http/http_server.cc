@@ -63,8 +63,8 @@ HttpResponse DefaultErrorResponse(int status, std::string_view message) {
 // Identity the way gRPC reports a TLS peer: its first DNS subject alternative name, else its
 // common name.
 std::string CertificateIdentity(X509* cert) {
-  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr,
-                                                             nullptr));
+  auto* names =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   std::string identity;
   if (names != nullptr) {
     for (int i = 0; i < sk_GENERAL_NAME_num(names) && identity.empty(); ++i) {
@@ -79,8 +79,8 @@ std::string CertificateIdentity(X509* cert) {
   }
   if (!identity.empty()) return identity;
   char cn[256] = {0};
-  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn,
-                                          sizeof(cn));
+  const int n =
+      X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
   return n > 0 ? std::string(cn, static_cast<size_t>(n)) : std::string();
 }
 
@@ -184,9 +184,9 @@ absl::Status ValidateHttpServerOptions(const HttpServerOptions& o) {
     }
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o.name, " server: tls_cert_file and tls_key_file must be given together, got ",
-        o.tls_cert_file.empty() ? "only tls_key_file" : "only tls_cert_file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.name, " server: tls_cert_file and tls_key_file must be given together, got ",
+                     o.tls_cert_file.empty() ? "only tls_key_file" : "only tls_cert_file"));
   }
   if (o.tls_cert_file.empty() && !o.tls_client_ca_file.empty()) {
     return absl::InvalidArgumentError(
@@ -274,8 +274,8 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
 
  protected:
   std::shared_ptr<HttpExchange> MakeExchange(HttpRequest request) {
-    return std::shared_ptr<HttpExchange>(new HttpExchange(
-        shared_from_this(), std::move(request), core_->options.stream_buffer_bytes));
+    return std::shared_ptr<HttpExchange>(new HttpExchange(shared_from_this(), std::move(request),
+                                                          core_->options.stream_buffer_bytes));
   }
   static void CancelExchange(HttpExchange& e) { e.Cancel(); }
   static void DrainedExchange(HttpExchange& e, size_t bytes) { e.Drained(bytes); }
@@ -309,9 +309,8 @@ HttpExchange::~HttpExchange() {
     r.status = 500;
     r.content_type = "text/plain; charset=utf-8";
     r.body = "the handler ended without an answer\n";
-    connection_->Post([c = connection_.get(), r = std::move(r)]() mutable {
-      c->DoRespond(std::move(r));
-    });
+    connection_->Post(
+        [c = connection_.get(), r = std::move(r)]() mutable { c->DoRespond(std::move(r)); });
   } else if (state == State::kStreaming) {
     connection_->Post([c = connection_.get()] { c->DoFinish(); });
   }
@@ -323,9 +322,8 @@ bool HttpExchange::Respond(HttpResponse response) {
     if (state_ != State::kNew) return false;
     state_ = State::kAnswered;
   }
-  connection_->Post([c = connection_.get(), r = std::move(response)]() mutable {
-    c->DoRespond(std::move(r));
-  });
+  connection_->Post(
+      [c = connection_.get(), r = std::move(response)]() mutable { c->DoRespond(std::move(r)); });
   return true;
 }
 
@@ -419,8 +417,7 @@ void HttpExchange::Drained(size_t bytes) {
 template <class Stream>
 class Connection final : public internal::ConnectionBase {
  public:
-  Connection(std::shared_ptr<HttpServer::Core> core, Strand strand, tcp::socket socket,
-             uint64_t id)
+  Connection(std::shared_ptr<HttpServer::Core> core, Strand strand, tcp::socket socket, uint64_t id)
       : ConnectionBase(core, std::move(strand), id),
         stream_(MakeStream(*core, std::move(socket))) {}
 
@@ -572,8 +569,8 @@ class Connection final : public internal::ConnectionBase {
   void ReadHeader(bool first) {
     phase_ = Phase::kReading;
     parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(
-        std::min<size_t>(core_->options.max_header_bytes, UINT32_MAX)));
+    parser_->header_limit(
+        static_cast<std::uint32_t>(std::min<size_t>(core_->options.max_header_bytes, UINT32_MAX)));
     parser_->body_limit(core_->options.max_body_bytes);
     if (first) {
       Lowest().expires_at(header_deadline_);
@@ -581,10 +578,9 @@ class Connection final : public internal::ConnectionBase {
       Lowest().expires_after(Ms(core_->options.read_header_timeout_ms));
     }
     started_ = absl::Now();
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = Self()](boost::system::error_code ec, size_t) {
-                               self->OnHeader(ec);
-                             });
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = Self()](boost::system::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   // A read that ended without a request: answered with `status` where the client can read it.
@@ -593,8 +589,8 @@ class Connection final : public internal::ConnectionBase {
       Reject(431, absl::StrCat("the request header exceeds ", core_->options.max_header_bytes,
                                " bytes (request line and fields)"));
     } else if (ec == bhttp::error::body_limit) {
-      Reject(413, absl::StrCat("the request body exceeds ", core_->options.max_body_bytes,
-                               " bytes"));
+      Reject(413,
+             absl::StrCat("the request body exceeds ", core_->options.max_body_bytes, " bytes"));
     } else if (ec == beast::error::timeout) {
       DoAbort();  // too slow: nothing to answer
     } else if (ec == bhttp::error::end_of_stream || ec == net::error::eof ||
@@ -602,8 +598,8 @@ class Connection final : public internal::ConnectionBase {
                ec == bhttp::error::partial_message || ec == net::error::bad_descriptor) {
       DoAbort();  // closed before a complete request
     } else {
-      Reject(400, absl::StrCat("expected an HTTP/1.x request, got a malformed one (",
-                               ec.message(), ")"));
+      Reject(400, absl::StrCat("expected an HTTP/1.x request, got a malformed one (", ec.message(),
+                               ")"));
     }
   }
 
@@ -616,8 +612,8 @@ class Connection final : public internal::ConnectionBase {
     auto& req = parser_->get();
     Lowest().expires_after(Ms(core_->options.read_body_timeout_ms));
     if (absl::EqualsIgnoreCase(Absl(req[bhttp::field::expect]), "100-continue")) {
-      auto cont = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
-                                                                       11);
+      auto cont =
+          std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, 11);
       bhttp::async_write(stream_, *cont,
                          [self = Self(), cont](boost::system::error_code ec, size_t) {
                            if (ec) return self->DoAbort();
@@ -673,20 +669,20 @@ class Connection final : public internal::ConnectionBase {
     if (!match.is_public && router.authenticator()) {
       absl::StatusOr<std::string> caller = router.authenticator()(r);
       if (!caller.ok()) {
-        const int status = caller.status().code() == absl::StatusCode::kPermissionDenied ? 403
-                                                                                         : 401;
-        HttpResponse e = core_->Error(
-            status, std::string_view(caller.status().message().data(), caller.status().message().size()));
+        const int status =
+            caller.status().code() == absl::StatusCode::kPermissionDenied ? 403 : 401;
+        HttpResponse e = core_->Error(status, std::string_view(caller.status().message().data(),
+                                                               caller.status().message().size()));
         if (status == 401) e.headers.emplace_back("WWW-Authenticate", "Bearer");
         return Answer(std::move(r), std::move(e));
       }
       r.caller = *std::move(caller);
     }
     if (match.handler == nullptr) {
-      HttpResponse e = match.status == 405
-                           ? core_->Error(405, absl::StrCat(r.path, " takes ", match.allow,
-                                                            ", got ", r.method))
-                           : core_->Error(404, absl::StrCat("no route for ", r.path));
+      HttpResponse e =
+          match.status == 405
+              ? core_->Error(405, absl::StrCat(r.path, " takes ", match.allow, ", got ", r.method))
+              : core_->Error(404, absl::StrCat("no route for ", r.path));
       if (match.status == 405) e.headers.emplace_back("Allow", match.allow);
       return Answer(std::move(r), std::move(e));
     }
@@ -870,9 +866,8 @@ class Connection final : public internal::ConnectionBase {
 
   void Reject(int status, std::string message) {
     HttpRequest r;
-    r.method = parser_ && parser_->is_header_done()
-                   ? std::string(parser_->get().method_string())
-                   : std::string("-");
+    r.method = parser_ && parser_->is_header_done() ? std::string(parser_->get().method_string())
+                                                    : std::string("-");
     r.path = parser_ && parser_->is_header_done() ? std::string(parser_->get().target()) : "-";
     r.path = r.path.substr(0, r.path.find('?'));
     r.request_id = NewRequestId();
@@ -937,23 +932,20 @@ std::vector<std::shared_ptr<internal::ConnectionBase>> HttpServer::Core::Live() 
 void HttpServer::Core::Accept(const std::shared_ptr<Core>& self) {
   if (stopped.load() || draining.load()) return;
   Strand strand = net::make_strand(ioc);
-  acceptor.async_accept(strand,
-                        [self, strand](boost::system::error_code ec, tcp::socket socket) {
-                          if (ec == net::error::operation_aborted || !self->acceptor.is_open())
-                            return;
-                          if (ec) {
-                            // Out of descriptors (or memory): wait a little before the next try.
-                            if (!self->accept_backoff) self->accept_backoff.emplace(self->ioc);
-                            self->accept_backoff->expires_after(kAcceptBackoff);
-                            self->accept_backoff->async_wait([self](boost::system::error_code e) {
-                              if (!e) net::post(self->acceptor.get_executor(),
-                                                [self] { self->Accept(self); });
-                            });
-                            return;
-                          }
-                          self->OnAccepted(self, strand, std::move(socket));
-                          self->Accept(self);
-                        });
+  acceptor.async_accept(strand, [self, strand](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors (or memory): wait a little before the next try.
+      if (!self->accept_backoff) self->accept_backoff.emplace(self->ioc);
+      self->accept_backoff->expires_after(kAcceptBackoff);
+      self->accept_backoff->async_wait([self](boost::system::error_code e) {
+        if (!e) net::post(self->acceptor.get_executor(), [self] { self->Accept(self); });
+      });
+      return;
+    }
+    self->OnAccepted(self, strand, std::move(socket));
+    self->Accept(self);
+  });
 }
 
 void HttpServer::Core::OnAccepted(const std::shared_ptr<Core>& self, Strand strand,
@@ -1039,10 +1031,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     }
     ctx.use_private_key(net::buffer(*key), net::ssl::context::pem, ec);
     if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          o.name, " server: tls_key_file ", o.tls_key_file,
-          ": expected the PEM private key of tls_cert_file, got one OpenSSL refuses: ",
-          ec.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(o.name, " server: tls_key_file ", o.tls_key_file,
+                       ": expected the PEM private key of tls_cert_file, got one OpenSSL refuses: ",
+                       ec.message()));
     }
     if (!o.tls_client_ca_file.empty()) {
       auto ca = model::ReadFileToString(o.tls_client_ca_file);

@@ -42,9 +42,9 @@ namespace tost::http {
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
-  std::string method;  // as sent: "GET", "POST", ...
-  std::string path;    // the target up to '?', as sent (percent-encoding kept)
-  std::string query;   // after the '?', without it; empty if none
+  std::string method;   // as sent: "GET", "POST", ...
+  std::string path;     // the target up to '?', as sent (percent-encoding kept)
+  std::string query;    // after the '?', without it; empty if none
   HttpHeaders headers;  // names lower-cased, in the order sent
   std::string body;
   // The client's x-request-id when valid (service/observability/logging.h: IsValidRequestId),
@@ -152,8 +152,7 @@ struct RouteOptions {
 // starts (HttpServer::Start takes it by value).
 class HttpRouter {
  public:
-  void Handle(std::string method, std::string path, HttpHandler handler,
-              RouteOptions options = {});
+  void Handle(std::string method, std::string path, HttpHandler handler, RouteOptions options = {});
   // Called before every non-public route's handler, and before the 404/405 of an unknown route (so
   // an unauthenticated client learns nothing of what exists): an error (UNAUTHENTICATED: 401,
   // PERMISSION_DENIED: 403) is answered with it; a value is the request's `caller`.
@@ -195,8 +194,8 @@ class HttpObserver {
 
 struct HttpServerOptions {
   std::string address = "0.0.0.0";
-  int port = 8501;   // 0: the kernel picks a free one (HttpServer::port() reports it)
-  int threads = 2;   // running the io_context; owned and joined by the server
+  int port = 8501;            // 0: the kernel picks a free one (HttpServer::port() reports it)
+  int threads = 2;            // running the io_context; owned and joined by the server
   std::string name = "http";  // in log lines and error messages ("metrics", ...)
   size_t max_header_bytes = 16 << 10;  // request line and header fields; beyond: 431
   size_t max_body_bytes = 8 << 20;     // beyond: 413 (checked against Content-Length first)

@@ -215,13 +215,13 @@ TEST(HttpServerTest, AuthenticatesEveryRouteButPublicOnesBeforeSayingWhatExists)
   EXPECT_NE(no_key.find("WWW-Authenticate: Bearer"), std::string::npos);
   EXPECT_TRUE(StartsWith(Exchange(port, "GET /nowhere HTTP/1.0\r\n\r\n"), "HTTP/1.1 401"));
   EXPECT_TRUE(StartsWith(Exchange(port, "GET /health HTTP/1.0\r\n\r\n"), "HTTP/1.1 200"));
-  EXPECT_TRUE(StartsWith(
-      Exchange(port, "GET /private HTTP/1.0\r\nAuthorization: Bearer good\r\n\r\n"),
-      "HTTP/1.1 200"));
+  EXPECT_TRUE(
+      StartsWith(Exchange(port, "GET /private HTTP/1.0\r\nAuthorization: Bearer good\r\n\r\n"),
+                 "HTTP/1.1 200"));
   EXPECT_EQ(*caller, "alice");
-  EXPECT_TRUE(StartsWith(
-      Exchange(port, "GET /nowhere HTTP/1.0\r\nAuthorization: Bearer good\r\n\r\n"),
-      "HTTP/1.1 404"));
+  EXPECT_TRUE(
+      StartsWith(Exchange(port, "GET /nowhere HTTP/1.0\r\nAuthorization: Bearer good\r\n\r\n"),
+                 "HTTP/1.1 404"));
 }
 
 TEST(HttpServerTest, RefusesOversizedHeadersWith431AndBodiesWith413) {
@@ -238,17 +238,16 @@ TEST(HttpServerTest, RefusesOversizedHeadersWith431AndBodiesWith413) {
   EXPECT_TRUE(StartsWith(big_header, "HTTP/1.1 431 Request Header Fields Too Large\r\n"))
       << big_header;
   // Declared too long: refused from the header, before any of the body is read.
-  const std::string declared =
-      Exchange(port, "POST /p HTTP/1.1\r\nContent-Length: 1001\r\n\r\n");
+  const std::string declared = Exchange(port, "POST /p HTTP/1.1\r\nContent-Length: 1001\r\n\r\n");
   EXPECT_TRUE(StartsWith(declared, "HTTP/1.1 413")) << declared;
   // Chunked, found too long as it arrives.
-  const std::string chunked = Exchange(
-      port, absl::StrCat("POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n",
-                         std::string(1000, 'b'), "\r\n1\r\nc\r\n0\r\n\r\n"));
+  const std::string chunked =
+      Exchange(port, absl::StrCat("POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n",
+                                  std::string(1000, 'b'), "\r\n1\r\nc\r\n0\r\n\r\n"));
   EXPECT_TRUE(StartsWith(chunked, "HTTP/1.1 413")) << chunked;
-  const std::string fits =
-      Exchange(port, absl::StrCat("POST /p HTTP/1.0\r\nContent-Length: 1000\r\n\r\n",
-                                  std::string(1000, 'b')));
+  const std::string fits = Exchange(
+      port,
+      absl::StrCat("POST /p HTTP/1.0\r\nContent-Length: 1000\r\n\r\n", std::string(1000, 'b')));
   EXPECT_TRUE(StartsWith(fits, "HTTP/1.1 200")) << fits;
 }
 
@@ -386,7 +385,8 @@ TEST(HttpServerTest, StreamBackpressureBoundsTheBufferAndCancelsOnDisconnect) {
   // Reading lets it go on (once the kernel's buffers, megabytes on loopback, have room again).
   char buf[65536];
   const auto start = SteadyClock::now();
-  while (writer.written.load() <= stalled_at && SteadyClock::now() - start < std::chrono::seconds(5))
+  while (writer.written.load() <= stalled_at &&
+         SteadyClock::now() - start < std::chrono::seconds(5))
     ASSERT_GT(read(fd, buf, sizeof(buf)), 0);
   EXPECT_GT(writer.written.load(), stalled_at);
   EXPECT_LE(writer.max_buffered.load(), kBuffer + kChunk);
@@ -563,8 +563,8 @@ TEST(HttpErrorsTest, MapsStatusesToHttpAndOpenAiShapeWithRetryAfter) {
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInternal), 500);
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kDataLoss), 500);
 
-  const HttpResponse bad = ErrorResponse(absl::InvalidArgumentError("max_tokens: expected > 0"),
-                                         "max_tokens");
+  const HttpResponse bad =
+      ErrorResponse(absl::InvalidArgumentError("max_tokens: expected > 0"), "max_tokens");
   EXPECT_EQ(bad.status, 400);
   const auto j = nlohmann::json::parse(bad.body);
   EXPECT_EQ(j["error"]["message"], "max_tokens: expected > 0");
