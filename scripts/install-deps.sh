@@ -30,6 +30,10 @@ apt_packages=(
   libpng-dev libturbojpeg0-dev libssl-dev nlohmann-json3-dev python3-yaml
   libpcre2-dev  # GPT-2 pre-tokenisation (Unicode properties and look-ahead, which RE2 lacks)
   libboost-context-dev  # fibers of the CUDA kernel emulator (tests/kernels/emulator)
+  # Boost.Beast/Asio (header-only) under the HTTP front end and /metrics (service/http): asynchronous,
+  # a timeout per operation (so slow clients are cut off without a thread each), maintained, and in
+  # Debian. 1.74 is Debian 12's; libboost1.81-dev cannot be installed beside it.
+  libboost1.74-dev
   prometheus
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include "model/config/device.h"
 #include "model/device/device_memory.h"
 #include "model/nets/torch_threads.h"
+#include "service/http/http_errors.h"
 #include "service/loading_responder.h"
 #include "service/observability/logging.h"
 #include "service/port_probe.h"
@@ -117,6 +119,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
   TOST_RETURN_IF_ERROR(ValidateMetricsOptions(o.metrics));
+  if (o.http_port < -1 || o.http_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_port must be in [-1, 65535] (-1: no HTTP front end, 0 picks a free port), got ",
+        o.http_port));
+  }
   return absl::OkStatus();
 }
 
@@ -201,6 +208,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.metrics.port > 0) {
     TOST_RETURN_IF_ERROR(
         CheckPortFree(options.metrics.address, options.metrics.port, "--metrics_port"));
+  }
+  if (options.http_port > 0) {
+    TOST_RETURN_IF_ERROR(CheckPortFree(options.http_address, options.http_port, "--http_port"));
   }
   // The port answers from here on: NOT_SERVING (health) and UNAVAILABLE (everything else) while
   // the models load and warm up.
@@ -297,6 +307,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->metrics_->WatchEngine(server->engine_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
+  TOST_RETURN_IF_ERROR(server->StartHttp(options));
+  server->ready_ = true;
 
   Server* raw = server.get();
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
@@ -305,6 +317,51 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       raw->engine_->ReapIdleSessions();
   });
   return server;
+}
+
+absl::Status Server::StartHttp(const ServerOptions& options) {
+  if (options.http_port < 0) return absl::OkStatus();
+  http::HttpServerOptions o;
+  o.name = "http";
+  o.address = options.http_address;
+  o.port = options.http_port;
+  o.tls_cert_file = options.tls_cert_file;
+  o.tls_key_file = options.tls_key_file;
+  o.tls_client_ca_file = options.tls_client_ca_file;
+  o.log_requests = options.metrics.log_requests;
+  o.error_response = [](int status, std::string_view message) {
+    return http::ErrorResponse(status, message);
+  };
+  http::HttpRouter router;
+  // The probes carry no API key: public, as grpc.health.v1 is.
+  router.Handle("GET", "/v1/health/live",
+                [](std::shared_ptr<http::HttpExchange> exchange) {
+                  exchange->Respond(http::MakeResponse(200, R"({"status":"live"})"));
+                },
+                {.is_public = true});
+  router.Handle(
+      "GET", "/v1/health/ready",
+      [this](std::shared_ptr<http::HttpExchange> exchange) {
+        if (ready_.load()) {
+          exchange->Respond(http::MakeResponse(200, R"({"status":"ready"})"));
+        } else {
+          exchange->Respond(http::ErrorResponse(absl::UnavailableError(
+              "not ready: the server is draining (readiness is on once every model is loaded)")));
+        }
+      },
+      {.is_public = true});
+  router.SetAuthenticator([this](const http::HttpRequest& r) {
+    return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
+                                            .authorization = r.Header("authorization"),
+                                            .tls_identity = r.tls_client_identity});
+  });
+  auto started = http::HttpServer::Start(std::move(o), std::move(router));
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("--http_port/--http_address: ", started.status().message()));
+  }
+  http_ = *std::move(started);
+  return absl::OkStatus();
 }
 
 Server::~Server() { Shutdown(0); }
@@ -317,6 +374,7 @@ void Server::StopBackground() {
 
 void Server::Drain(int drain_timeout_ms) {
   if (server_ == nullptr) return;
+  ready_ = false;
   server_->GetHealthCheckService()->SetServingStatus(false);
   // New generations and classifications are refused (UNAVAILABLE); queued classification requests
   // run now; admitted generations get until the deadline.
@@ -334,14 +392,23 @@ void Server::Drain(int drain_timeout_ms) {
 }
 
 void Server::Shutdown(int grace_ms) {
+  ready_ = false;
   StopBackground();
-  if (server_ == nullptr) return;
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  // The engine first: its jobs end (drained), so the Generate streams finish.
-  if (engine_ != nullptr) engine_->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
-  server_->Wait();
-  server_.reset();
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(grace_ms);
+  // Both front ends stop taking requests now; what is in flight on either gets until `deadline`.
+  if (http_ != nullptr) http_->StartDrain();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    // The engine first: its jobs end (drained), so the Generate streams finish.
+    if (engine_ != nullptr) engine_->Shutdown();
+    server_->Shutdown(absl::ToChronoTime(deadline));
+    server_->Wait();
+    server_.reset();
+  }
+  if (http_ != nullptr) {
+    http_->Drain(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    http_.reset();
+  }
 }
 
 void Server::Wait() {

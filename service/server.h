@@ -1,9 +1,11 @@
 // Wiring: loads the model repository (service/runtime), builds the engine over it
 // (service/engine), puts the tost.v1 and KServe v2 front ends (service/api), grpc.health.v1 and
 // server reflection on one port (0 picks a free one) with the metrics interceptor
-// (service/observability), and drains and shuts down.
+// (service/observability), starts the HTTP front end (service/http) on another, and drains and
+// shuts both down.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "service/api/kserve_service.h"
 #include "service/api/tost_service.h"
 #include "service/engine/engine.h"
+#include "service/http/http_server.h"
 #include "service/observability/metrics.h"
 #include "service/runtime/torch_models.h"
 
@@ -65,6 +68,10 @@ struct ServerOptions {
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
   int64_t session_blob_ttl_s = 0;             // state blobs expire this long after export; 0: never
   MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
+  // The HTTP front end: health routes now, the OpenAI-compatible API on top. Same TLS files and API
+  // keys as the gRPC port. Port 0: a free one; -1: none.
+  std::string http_address = "0.0.0.0";
+  int http_port = 8501;
   // How often the heap's freed memory is checked and, after a burst freed enough, given back to
   // the system (service/heap_trim.h); 0: never.
   int64_t heap_trim_interval_ms = 5'000;
@@ -80,12 +87,14 @@ class Server {
   ~Server();
 
   int port() const { return port_; }
-  int metrics_port() const { return metrics_->port(); }  // 0: no metrics endpoint
+  int metrics_port() const { return metrics_->port(); }                   // 0: no metrics endpoint
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }  // 0: no HTTP front end
   Engine& engine() { return *engine_; }
 
   // Graceful stop: readiness off (health NOT_SERVING), no new generations, in-flight ones get up to
   // `drain_timeout_ms` to finish; those still running then end with FINISH_REASON_DRAINED and their
-  // resumable state; finally the gRPC server stops.
+  // resumable state; finally the gRPC server and the HTTP front end stop (each request in flight on
+  // them gets one more second).
   void Drain(int drain_timeout_ms);
   // Immediate stop (in-flight calls get `grace_ms`).
   void Shutdown(int grace_ms);
@@ -94,6 +103,7 @@ class Server {
  private:
   Server() = default;
   void StopBackground();
+  absl::Status StartHttp(const ServerOptions& options);
 
   std::unique_ptr<Metrics>
       metrics_;  // first: the schedulers and batchers report to it until they die
@@ -104,6 +114,10 @@ class Server {
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // Readiness of the HTTP front end (GET /v1/health/ready), as gRPC health's SERVING: set once
+  // serving, cleared when draining or stopping.
+  std::atomic<bool> ready_{false};
+  std::unique_ptr<http::HttpServer> http_;  // after auth_ and engine_: its routes use them
   absl::Notification stop_reaper_;
   std::thread reaper_;
 };

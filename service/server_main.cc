@@ -1,12 +1,14 @@
-// tost_server: serves every model of a repository over gRPC.
+// tost_server: serves every model of a repository over gRPC, and over HTTP (service/http).
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -136,6 +138,11 @@ ABSL_FLAG(std::string, api_keys_file, "",
 ABSL_FLAG(int, metrics_port, 8502,
           "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
+ABSL_FLAG(int, http_port, 8501,
+          "HTTP front end port (health routes, the OpenAI-compatible API), beside gRPC's; same TLS "
+          "files and API keys (Authorization: Bearer <key>). 0 picks a free port (printed on "
+          "stdout), -1 disables it");
+ABSL_FLAG(std::string, http_address, "0.0.0.0", "Address the HTTP front end listens on");
 ABSL_FLAG(std::string, log_format, "text",
           "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
 ABSL_FLAG(int64_t, heap_trim_interval_ms, 5000,
@@ -143,7 +150,8 @@ ABSL_FLAG(int64_t, heap_trim_interval_ms, 5000,
           "is (after a burst: a flood of reset streams, a surge of large requests), returns it "
           "to the system (malloc_trim); in [0, 3600000], 0 = never");
 ABSL_FLAG(bool, log_requests, true,
-          "One access-log line per RPC (method, code, duration, request id)");
+          "One access-log line per RPC (method, code, duration, request id) and per HTTP request "
+          "(method, path, status, duration, request id)");
 
 namespace {
 
@@ -199,12 +207,21 @@ absl::Status CheckNumericFlags() {
        "0 = never"},
       {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535,
        "-1 = no endpoint, 0 picks a free port"},
+      {"http_port", absl::GetFlag(FLAGS_http_port), -1, 65535,
+       "-1 = no HTTP front end, 0 picks a free port"},
   };
   TOST_RETURN_IF_ERROR(tost::service::CheckFlagRanges(ranges));
-  const int port = absl::GetFlag(FLAGS_port);
-  if (port > 0 && port == absl::GetFlag(FLAGS_metrics_port)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--port and --metrics_port are both ", port, ": give each its own port"));
+  const std::pair<const char*, int> ports[] = {{"port", absl::GetFlag(FLAGS_port)},
+                                               {"metrics_port", absl::GetFlag(FLAGS_metrics_port)},
+                                               {"http_port", absl::GetFlag(FLAGS_http_port)}};
+  for (size_t i = 0; i < std::size(ports); ++i) {
+    for (size_t j = i + 1; j < std::size(ports); ++j) {
+      if (ports[i].second > 0 && ports[i].second == ports[j].second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", ports[i].first, " and --", ports[j].first, " are both ",
+                         ports[i].second, ": give each its own port"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -307,6 +324,8 @@ int main(int argc, char** argv) {
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_address = absl::GetFlag(FLAGS_http_address);
   options.heap_trim_interval_ms = absl::GetFlag(FLAGS_heap_trim_interval_ms);
 
   auto server = tost::service::Server::Start(options);
@@ -321,6 +340,11 @@ int main(int argc, char** argv) {
   if ((*server)->metrics_port() > 0) {
     std::printf("tost_server metrics on %s:%d\n", options.metrics.address.c_str(),
                 (*server)->metrics_port());
+  }
+  // Third; absent with --http_port=-1.
+  if ((*server)->http_port() > 0) {
+    std::printf("tost_server http on %s:%d\n", options.http_address.c_str(),
+                (*server)->http_port());
   }
   std::fflush(stdout);
   const tost::service::HeapTrimmer heap_trimmer(absl::Milliseconds(options.heap_trim_interval_ms));

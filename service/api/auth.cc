@@ -61,10 +61,28 @@ absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
 }
 
 absl::StatusOr<std::string> Authenticator::Identify(const grpc::ServerContextBase& context) const {
+  const std::string api_key = Metadata(context, "x-api-key");
+  const std::string authorization = Metadata(context, "authorization");
+  std::string tls_identity;
+  const auto auth_context = context.auth_context();
+  if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
+    for (const auto& id : auth_context->GetPeerIdentity()) {
+      tls_identity = std::string(id.data(), id.size());
+      break;
+    }
+  }
+  return Identify(CallerCredentials{
+      .api_key = api_key, .authorization = authorization, .tls_identity = tls_identity});
+}
+
+absl::StatusOr<std::string> Authenticator::Identify(const CallerCredentials& credentials) const {
   if (!names_by_key_.empty()) {
-    std::string key = Metadata(context, "x-api-key");
-    const std::string auth = Metadata(context, "authorization");
-    if (key.empty() && absl::StartsWithIgnoreCase(auth, "bearer ")) key = auth.substr(7);
+    std::string_view key = credentials.api_key;
+    const std::string_view auth = credentials.authorization;
+    if (key.empty() &&
+        absl::StartsWithIgnoreCase(absl::string_view(auth.data(), auth.size()), "bearer ")) {
+      key = auth.substr(7);
+    }
     if (key.empty()) {
       return absl::UnauthenticatedError(
           "missing API key: send it in the x-api-key metadata or as authorization: Bearer <key>");
@@ -75,11 +93,7 @@ absl::StatusOr<std::string> Authenticator::Identify(const grpc::ServerContextBas
     }
     return absl::UnauthenticatedError("unknown API key");
   }
-  const auto auth_context = context.auth_context();
-  if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
-    for (const auto& id : auth_context->GetPeerIdentity())
-      return "tls:" + std::string(id.data(), id.size());
-  }
+  if (!credentials.tls_identity.empty()) return "tls:" + std::string(credentials.tls_identity);
   return std::string(kAnonymousCaller);
 }
 

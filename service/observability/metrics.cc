@@ -34,7 +34,6 @@
 #include "service/api/before_handler.h"
 #include "service/engine/engine.h"
 #include "service/observability/logging.h"
-#include "service/observability/metrics_http.h"
 #include "service/observability/process_memory.h"
 
 namespace tost::service {
@@ -329,7 +328,7 @@ struct Metrics::Impl {
   std::map<std::string, GenerateSeries, std::less<>> generate ABSL_GUARDED_BY(mu);
 
   absl::Mutex http_mu;
-  std::unique_ptr<MetricsHttpServer> http ABSL_GUARDED_BY(http_mu);
+  std::unique_ptr<http::HttpServer> http ABSL_GUARDED_BY(http_mu);
 
   // The request series of one rpc label, created on first use so that every call after the first
   // skips the families' label hashing and maps (a flood of reset streams is thousands a second).
@@ -428,6 +427,47 @@ struct Metrics::Impl {
   }
 };
 
+http::HttpServerOptions MetricsHttpOptions(const std::string& address, int port) {
+  http::HttpServerOptions o;
+  o.name = "metrics";
+  o.address = address;
+  o.port = port;
+  o.threads = 1;  // a scrape renders in milliseconds; the others wait on nothing
+  o.max_header_bytes = 8192;
+  o.read_header_timeout_ms = 5'000;
+  o.write_timeout_ms = 10'000;
+  o.max_connections = 64;
+  // Each scrape on its own connection, as Prometheus opens them: nothing to hold between scrapes.
+  o.keep_alive = false;
+  o.log_requests = false;  // a line per scrape would be noise
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
+    std::function<std::string()> render, http::HttpServerOptions options) {
+  http::HttpRouter router;
+  router.Handle("GET", "/metrics",
+                [render = std::move(render)](std::shared_ptr<http::HttpExchange> exchange) {
+                  http::HttpResponse r;
+                  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+                  r.body = render();
+                  exchange->Respond(std::move(r));
+                },
+                {.is_public = true});
+  if (!options.error_response) {
+    options.error_response = [](int status, std::string_view message) {
+      http::HttpResponse r;
+      r.status = status;
+      r.content_type = "text/plain; charset=utf-8";
+      r.body = status == 404
+                   ? "metrics are at /metrics\n"
+                   : absl::StrCat(absl::string_view(message.data(), message.size()), "\n");
+      return r;
+    };
+  }
+  return http::HttpServer::Start(std::move(options), std::move(router));
+}
+
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 
 Metrics::~Metrics() { StopServing(); }
@@ -437,14 +477,15 @@ absl::Status Metrics::Serve(const MetricsOptions& options) {
   absl::MutexLock lock(&impl_->http_mu);
   if (impl_->http != nullptr)
     return absl::FailedPreconditionError("the metrics endpoint is already serving");
-  auto http = MetricsHttpServer::Start(options.address, options.port, [this] { return Render(); });
+  auto http = StartMetricsHttpServer([this] { return Render(); },
+                                     MetricsHttpOptions(options.address, options.port));
   if (!http.ok()) return http.status();
   impl_->http = std::move(*http);
   return absl::OkStatus();
 }
 
 void Metrics::StopServing() {
-  std::unique_ptr<MetricsHttpServer> http;
+  std::unique_ptr<http::HttpServer> http;
   {
     absl::MutexLock lock(&impl_->http_mu);
     http = std::move(impl_->http);

@@ -15,6 +15,7 @@
 // reason, state, workload, device; never a session or request id.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,10 +23,12 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/engine/dynamic_batcher.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/session_store.h"
+#include "service/http/http_server.h"
 
 namespace tost::service {
 
@@ -39,6 +42,22 @@ struct MetricsOptions {
 };
 
 absl::Status ValidateMetricsOptions(const MetricsOptions& options);
+
+// The endpoint Prometheus scrapes: GET (or HEAD) /metrics answers `render()` in the text exposition
+// format, other paths 404, other methods 405, on an HTTP server of service/http.
+//
+// Why not prometheus::Exposer (prometheus-cpp-pull): it runs CivetWeb, whose threads are created
+// with a fixed small stack; in tost_server the loaded libraries' static TLS (LibTorch, ...) exceeds
+// it and pthread_create fails with EINVAL. Nor a thread per connection: a server that times out
+// each read rather than each request lets a few clients trickling a byte at a time hold every
+// thread. The HTTP server's options below give each connection one deadline for its whole request
+// header and another for its whole response, cap connections (dropping a slow sender for a new
+// scrape) and header size, and close each connection after its answer, so no client can keep a
+// scrape from being answered.
+http::HttpServerOptions MetricsHttpOptions(const std::string& address, int port);
+// `render` is called on the server's thread, once per complete GET (or HEAD) /metrics.
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
+    std::function<std::string()> render, http::HttpServerOptions options);
 
 class Metrics final : public BatchObserver, public GenerationObserver, public SessionStoreObserver {
  public:

@@ -373,8 +373,8 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
     const std::string device = "--device=" + args.placement.DeviceString();
     execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0",
-          slots.c_str(), device.c_str(), "--metrics_port=0",
-          static_cast<char*>(nullptr));  // metrics on (as deployed), on a free port
+          slots.c_str(), device.c_str(), "--metrics_port=0", "--http_port=0",
+          static_cast<char*>(nullptr));  // metrics and HTTP on (as deployed), on free ports
     _exit(127);
   }
   close(fds[1]);

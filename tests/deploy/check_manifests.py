@@ -160,7 +160,7 @@ class Server:
                 "session_key_file": self.key, "tls_cert_file": self.cert, "tls_key_file": self.tls_key,
                 "tls_client_ca_file": self.cert, "api_keys_file": self.api_keys}
         argv += [f"--{n}={repl[n]}" for n in PATH_FLAGS if n in eff and (eff[n] or n == "model_repository")]
-        argv += ["--port=0", "--metrics_port=-1"]
+        argv += ["--port=0", "--metrics_port=-1", "--http_port=-1"]
 
         def attempt(extra):
             try:

@@ -32,10 +32,11 @@ def proto_modules():
 
 
 class RunningServer(tost_launch.TostServer):
-    """$TOST_SERVER_BIN on `repo` with `extra_args`, on 127.0.0.1 with a free port and metrics port
-    and one intra-op thread, started by the time the constructor returns (its listening line read).
-    Attributes: port, address, metrics_port (None with --metrics_port=-1), proc (the Popen), log (its
-    stderr's file: log.name); stop() returns the exit status. See tools/pylib/tost_launch.py."""
+    """$TOST_SERVER_BIN on `repo` with `extra_args`, on 127.0.0.1 with a free port, metrics port and
+    HTTP port and one intra-op thread, started by the time the constructor returns (its listening
+    line read). Attributes: port, address, metrics_port (None with --metrics_port=-1), http_port
+    (None with --http_port=-1), proc (the Popen), log (its stderr's file: log.name); stop() returns
+    the exit status. See tools/pylib/tost_launch.py."""
 
     def __init__(self, repo: str, extra_args=()):
         super().__init__(repo, list(extra_args), binary=_binary("TOST_SERVER_BIN"))

@@ -25,7 +25,7 @@ def _cuda_devices() -> int:
 def _run_server(*args, timeout=60):
     return subprocess.run(
         [_binary("TOST_SERVER_BIN"), f"--model_repository={os.path.join(SOURCE_DIR, 'models')}",
-         "--host=127.0.0.1", "--port=0", "--metrics_port=-1", *args],
+         "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=-1", *args],
         capture_output=True, text=True, timeout=timeout)
 
 

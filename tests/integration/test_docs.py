@@ -6,7 +6,8 @@ integration) runs each one against a real tost_server (RunningServer, serving mo
 port) in a scratch copy of the checkout, so nothing is written into the source tree:
 
   - the documented addresses are rewritten: 127.0.0.1:8500 and localhost:8500 to the test server's,
-    127.0.0.1:8502 and localhost:8502 to its metrics endpoint;
+    127.0.0.1:8502 and localhost:8502 to its metrics endpoint, 127.0.0.1:8501 and localhost:8501 to
+    its HTTP front end;
   - build/client/tost_cli there is a wrapper of the built tost_cli that adds --server=<the test
     server> to a command that names none (tost_cli's default is 127.0.0.1:8500), and
     build/service/tost_server the built server;
@@ -41,7 +42,8 @@ BLOCK_TIMEOUT_S = 300
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 # Documented address -> which of the test server's it becomes.
 ADDRESSES = {"127.0.0.1:8500": "grpc", "localhost:8500": "grpc",
-             "127.0.0.1:8502": "metrics", "localhost:8502": "metrics"}
+             "127.0.0.1:8502": "metrics", "localhost:8502": "metrics",
+             "127.0.0.1:8501": "http", "localhost:8501": "http"}
 
 
 def scanned_files():
@@ -194,7 +196,8 @@ def docs_env():
         p = subprocess.run(["python", "-m", "pip", "install", "-q", "./client/python"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
         assert p.returncode == 0, f"installing tost-client into the scratch venv failed:\n{p.stdout}\n{p.stderr}"
-        addresses = {"grpc": server.address, "metrics": f"127.0.0.1:{server.metrics_port}"}
+        addresses = {"grpc": server.address, "metrics": f"127.0.0.1:{server.metrics_port}",
+                     "http": f"127.0.0.1:{server.http_port}"}
         yield {"work": work, "env": env, "scratch": scratch,
                "addresses": {doc: addresses[kind] for doc, kind in ADDRESSES.items()}}
     finally:

@@ -157,7 +157,7 @@ def test_a_repository_that_cannot_be_examined_stops_the_server_with_the_reason(t
     os.symlink(loop, loop)
     result = subprocess.run(
         [_binary("TOST_SERVER_BIN"), f"--model_repository={loop}", "--host=127.0.0.1", "--port=0",
-         "--metrics_port=-1"], capture_output=True, text=True, timeout=60)
+         "--metrics_port=-1", "--http_port=-1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "cannot examine the model repository" in result.stderr, result.stderr
     assert "Too many levels of symbolic links" in result.stderr, result.stderr

@@ -25,7 +25,7 @@ MODELS = os.path.join(SOURCE_DIR, "models")
 def _run_server(*flags, timeout=30):
     """tost_server with `flags` on a free port, expected to stop by itself; (exit code, stderr)."""
     proc = subprocess.run([_binary("TOST_SERVER_BIN"), f"--model_repository={MODELS}", "--host=127.0.0.1",
-                           "--port=0", "--metrics_port=-1", *flags],
+                           "--port=0", "--metrics_port=-1", "--http_port=-1", *flags],
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stderr
 

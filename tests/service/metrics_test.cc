@@ -1,5 +1,5 @@
 // Metrics families fed by their sources (scheduler observer with a fake clock, batch records, RPC
-// outcomes), the structured log format, and the /metrics HTTP endpoint.
+// outcomes), the structured log format, and the /metrics HTTP endpoint (a route on service/http).
 #include "service/observability/metrics.h"
 
 #include <netinet/in.h>
@@ -26,7 +26,6 @@
 #include "service/api/before_handler.h"
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
-#include "service/observability/metrics_http.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
@@ -296,8 +295,9 @@ class Tricklers {
 
 constexpr char kScrape[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
 
-TEST(MetricsHttpServerTest, ServesMetricsOnAFreePortAndNothingElse) {
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+TEST(MetricsHttpTest, ServesMetricsOnAFreePortAndNothingElse) {
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
+                                       MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
   const std::string ok = HttpGet((*server)->port(), kScrape);
@@ -313,20 +313,18 @@ TEST(MetricsHttpServerTest, ServesMetricsOnAFreePortAndNothingElse) {
             0u);
   EXPECT_EQ(HttpGet((*server)->port(), "nonsense\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
   // The same port cannot be bound twice.
-  auto second =
-      MetricsHttpServer::Start("127.0.0.1", (*server)->port(), [] { return std::string(); });
+  auto second = StartMetricsHttpServer([] { return std::string(); },
+                                       MetricsHttpOptions("127.0.0.1", (*server)->port()));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  MetricsHttpServerOptions bad;
+  http::HttpServerOptions bad = MetricsHttpOptions("127.0.0.1", 0);
   bad.max_connections = 0;
-  EXPECT_EQ(MetricsHttpServer::Start(
-                "127.0.0.1", 0, [] { return std::string(); }, bad)
-                .status()
-                .code(),
+  EXPECT_EQ(StartMetricsHttpServer([] { return std::string(); }, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(MetricsHttpServerTest, AnswersARequestThatArrivesInPieces) {
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+TEST(MetricsHttpTest, AnswersARequestThatArrivesInPieces) {
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
+                                       MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   const int fd = Connect((*server)->port());
   // The last cut falls inside the blank line that ends the header.
@@ -343,8 +341,9 @@ TEST(MetricsHttpServerTest, AnswersARequestThatArrivesInPieces) {
 // The acceptance scenario, with real 2 s trickles: 16 clients each sending a byte every 2 s hold
 // connections open (a server that reads one connection at a time would wait on the first for as
 // long as it trickles), and a scrape, at any point of their trickling, answers within 1 s.
-TEST(MetricsHttpServerTest, ScrapeAnswersWithinOneSecondWhileSixteenClientsTrickle) {
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+TEST(MetricsHttpTest, ScrapeAnswersWithinOneSecondWhileSixteenClientsTrickle) {
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
+                                       MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   Tricklers tricklers((*server)->port(), 16, milliseconds(2000));
   // Once between the first bytes and the second, once just after the second (at 2 s).
@@ -361,11 +360,10 @@ TEST(MetricsHttpServerTest, ScrapeAnswersWithinOneSecondWhileSixteenClientsTrick
   for (int fd : tricklers.fds()) EXPECT_TRUE(IsOpen(fd));
 }
 
-TEST(MetricsHttpServerTest, ClosesARequestNotCompleteByItsDeadlineHoweverSteadilyItTrickles) {
-  MetricsHttpServerOptions options;
-  options.request_timeout = absl::Milliseconds(500);
-  auto server = MetricsHttpServer::Start(
-      "127.0.0.1", 0, [] { return std::string("tost_x 1\n"); }, options);
+TEST(MetricsHttpTest, ClosesARequestNotCompleteByItsDeadlineHoweverSteadilyItTrickles) {
+  http::HttpServerOptions options = MetricsHttpOptions("127.0.0.1", 0);
+  options.read_header_timeout_ms = 500;
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); }, options);
   ASSERT_TRUE(server.ok()) << server.status();
   // One sends part of a request line and stops; the other sends a byte every 50 ms, so no single
   // read ever waits long.
@@ -387,8 +385,9 @@ TEST(MetricsHttpServerTest, ClosesARequestNotCompleteByItsDeadlineHoweverSteadil
   EXPECT_EQ(HttpGet((*server)->port(), kScrape).rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
 }
 
-TEST(MetricsHttpServerTest, RefusesAnOversizedHeaderWith431) {
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+TEST(MetricsHttpTest, RefusesAnOversizedHeaderWith431) {
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
+                                       MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string big =
       absl::StrCat("GET /metrics HTTP/1.1\r\nX-Big: ", std::string(16384, 'a'), "\r\n\r\n");
@@ -400,14 +399,16 @@ TEST(MetricsHttpServerTest, RefusesAnOversizedHeaderWith431) {
   EXPECT_EQ(HttpGet((*server)->port(), fits).rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
 }
 
-TEST(MetricsHttpServerTest, ServesManyConcurrentScrapes) {
+TEST(MetricsHttpTest, ServesManyConcurrentScrapes) {
   std::atomic<int> renders = 0;
   // Larger than a socket buffer's first send, so responses go out in several writes.
   const std::string body = absl::StrCat(std::string(256 * 1024, '#'), "\ntost_x 1\n");
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [&] {
-    ++renders;
-    return body;
-  });
+  auto server = StartMetricsHttpServer(
+      [&] {
+        ++renders;
+        return body;
+      },
+      MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   constexpr int kClients = 32;
   constexpr int kScrapesEach = 4;
@@ -429,11 +430,10 @@ TEST(MetricsHttpServerTest, ServesManyConcurrentScrapes) {
   EXPECT_EQ(renders.load(), kClients * kScrapesEach);
 }
 
-TEST(MetricsHttpServerTest, DropsTheOldestSlowConnectionToAcceptOneMoreAtTheCap) {
-  MetricsHttpServerOptions options;
+TEST(MetricsHttpTest, DropsTheOldestSlowConnectionToAcceptOneMoreAtTheCap) {
+  http::HttpServerOptions options = MetricsHttpOptions("127.0.0.1", 0);
   options.max_connections = 4;
-  auto server = MetricsHttpServer::Start(
-      "127.0.0.1", 0, [] { return std::string("tost_x 1\n"); }, options);
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); }, options);
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<int> slow;
   for (int i = 0; i < 4; ++i) {
@@ -451,13 +451,12 @@ TEST(MetricsHttpServerTest, DropsTheOldestSlowConnectionToAcceptOneMoreAtTheCap)
   for (int fd : slow) close(fd);
 }
 
-TEST(MetricsHttpServerTest, CutsOffAClientThatReadsTooSlowlyWithoutDelayingOthers) {
-  MetricsHttpServerOptions options;
-  options.response_timeout = absl::Milliseconds(500);
+TEST(MetricsHttpTest, CutsOffAClientThatReadsTooSlowlyWithoutDelayingOthers) {
+  http::HttpServerOptions options = MetricsHttpOptions("127.0.0.1", 0);
+  options.write_timeout_ms = 500;
   // Far more than the kernel buffers between the server and a client that does not read.
   const std::string body(32 << 20, '#');
-  auto server = MetricsHttpServer::Start(
-      "127.0.0.1", 0, [&] { return body; }, options);
+  auto server = StartMetricsHttpServer([&] { return body; }, options);
   ASSERT_TRUE(server.ok()) << server.status();
   const int stalled = socket(AF_INET, SOCK_STREAM, 0);
   const int small = 4096;
@@ -484,8 +483,9 @@ TEST(MetricsHttpServerTest, CutsOffAClientThatReadsTooSlowlyWithoutDelayingOther
   EXPECT_LT(partial.size(), body.size());
 }
 
-TEST(MetricsHttpServerTest, StopReturnsPromptlyWithTricklingConnectionsOpen) {
-  auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("tost_x 1\n"); });
+TEST(MetricsHttpTest, StopReturnsPromptlyWithTricklingConnectionsOpen) {
+  auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
+                                       MetricsHttpOptions("127.0.0.1", 0));
   ASSERT_TRUE(server.ok()) << server.status();
   Tricklers tricklers((*server)->port(), 16, milliseconds(2000));
   std::this_thread::sleep_for(milliseconds(300));  // accepted, and mid-request

@@ -4,12 +4,14 @@ file, stopped with SIGTERM and then SIGKILL.
 
     import tost_launch
     with tost_launch.TostServer("models", ["--max_active_generations=8"]) as server:
-        ...  # server.address ("127.0.0.1:PORT"), server.port, server.metrics_port, server.pid
+        ...  # server.address ("127.0.0.1:PORT"), server.port, server.metrics_port, server.http_port,
+             # server.pid
     # stopped; server.proc.returncode, server.log_text()
 
 Readiness is the server's own signal: tost_server prints `tost_server listening on HOST:PORT` on
 stdout once every model of its repository is loaded and the port serves, then `tost_server metrics
-on HOST:PORT` when its metrics endpoint is on (service/server_main.cc); nothing else goes to stdout.
+on HOST:PORT` when its metrics endpoint is on and `tost_server http on HOST:PORT` when its HTTP front
+end is (service/server_main.cc), in that order; nothing else goes to stdout.
 Its log (stderr) goes to a file: `log_path`, or a temporary file kept after the server stops (its
 name is `server.log.name`; `remove_log=True` removes it when the `with` block ends).
 """
@@ -27,6 +29,7 @@ from typing import Dict, Optional, Sequence
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 LISTENING = r"listening on [\d.]+:(\d+)"
 METRICS = r"metrics on [\d.]+:(\d+)"
+HTTP = r"http on [\d.]+:(\d+)"
 
 
 class StartError(RuntimeError):
@@ -163,21 +166,24 @@ class ServerProcess:
 
 class TostServer(ServerProcess):
     """tost_server with `repo` as its model repository, on 127.0.0.1 with a free port (--port=0) and,
-    with `metrics`, a free metrics port on 127.0.0.1 (else --metrics_port=-1); `extra_args` come
-    last and win (a fixed --port=N, --metrics_port=-1, ...). `intra_op_threads` (None: the
-    server's default) and `log_requests=False` (no access log line per call) are flags too.
-    metrics_port is None when the metrics endpoint is off. Other keywords: ServerProcess's."""
+    with `metrics`, a free metrics port on 127.0.0.1 (else --metrics_port=-1), and with `http`, a
+    free HTTP front end port on 127.0.0.1 (else --http_port=-1); `extra_args` come last and win (a
+    fixed --port=N, --metrics_port=-1, ...). `intra_op_threads` (None: the server's default) and
+    `log_requests=False` (no access log line per call) are flags too. metrics_port / http_port are
+    None when that endpoint is off. Other keywords: ServerProcess's."""
 
     def __init__(self, repo: str, extra_args: Sequence[str] = (), binary: Optional[str] = None,
                  metrics: bool = True, intra_op_threads: Optional[int] = 1, log_requests: bool = True,
-                 name: str = "tost_server", **kwargs):
+                 name: str = "tost_server", http: bool = True, **kwargs):
         argv = [binary or default_binary(), f"--model_repository={repo}", "--host=127.0.0.1", "--port=0"]
         if intra_op_threads is not None:
             argv.append(f"--intra_op_threads={intra_op_threads}")
         argv += ["--metrics_port=0", "--metrics_address=127.0.0.1"] if metrics else ["--metrics_port=-1"]
+        argv += ["--http_port=0", "--http_address=127.0.0.1"] if http else ["--http_port=-1"]
         if not log_requests:
             argv.append("--log_requests=false")
         self.metrics_port: Optional[int] = None
+        self.http_port: Optional[int] = None
         super().__init__([*argv, *extra_args], name=name, **kwargs)
 
     def wait_ready(self) -> "TostServer":
@@ -185,4 +191,7 @@ class TostServer(ServerProcess):
         # The metrics line follows the listening line (absent with --metrics_port=-1).
         if last_flag(self.argv, "metrics_port") != "-1":
             self.metrics_port = int(self._expect(METRICS, "its metrics line").group(1))
+        # Then the HTTP front end's (absent with --http_port=-1).
+        if last_flag(self.argv, "http_port") != "-1":
+            self.http_port = int(self._expect(HTTP, "its http line").group(1))
         return self
