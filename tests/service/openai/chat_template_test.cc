@@ -1,5 +1,5 @@
-// config.json "chat_template": its parsing and refusals (model/config/config.cc), the template shipped
-// with models/tost-austen, and rendering a chat with it.
+// config.json "chat_template": its parsing and refusals (model/config/config.cc), the template
+// shipped with models/tost-austen, and rendering a chat with it.
 #include "service/openai/chat_template.h"
 
 #include <gmock/gmock.h>
