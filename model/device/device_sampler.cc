@@ -37,7 +37,7 @@ struct HostPlan {
   std::vector<double> params;        // [rows, kColumns]
   std::vector<double> penalised;     // (row, token) pairs: distinct tokens of each row's window
   std::vector<double> sampled_rows;  // rows drawn from a distribution (the rest take the argmax)
-  std::vector<double> logprob_rows;  // rows that asked for alternatives
+  std::vector<double> logprob_rows;  // rows that asked for logprobs (their own, alternatives)
   int64_t top_n = 0;                 // the most alternatives any row asked for
 };
 
@@ -65,8 +65,8 @@ HostPlan PlanDraws(absl::Span<const TokenDraw> draws, int64_t vocab) {
     }
     if (!(p.temperature == 0.f || p.top_k == 1))
       plan.sampled_rows.push_back(static_cast<double>(b));
+    if (draws[b].wants_logprob()) plan.logprob_rows.push_back(static_cast<double>(b));
     if (draws[b].top_logprobs > 0) {
-      plan.logprob_rows.push_back(static_cast<double>(b));
       plan.top_n = std::max<int64_t>(plan.top_n, std::min<int64_t>(draws[b].top_logprobs, vocab));
     }
   }
@@ -173,35 +173,44 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
     ids.index_copy_(0, sampled_ids, order.gather(1, choice).squeeze(1));
   }
 
-  // One result row per draw: [id, first non-finite id, alternatives' ids, their logprobs].
+  // One result row per draw: [id, first non-finite id, the drawn id's logprob, alternatives'
+  // ids, their logprobs].
   const int64_t top_n = plan.top_n;
-  at::Tensor packed =
-      at::zeros({rows, 2 + 2 * top_n}, at::TensorOptions(at::kDouble).device(device));
+  const int64_t width = 3 + 2 * top_n;
+  at::Tensor packed = at::zeros({rows, width}, at::TensorOptions(at::kDouble).device(device));
   packed.select(1, 0).copy_(ids);
   packed.select(1, 1).copy_(nonfinite.squeeze(1));
   if (with_logprobs > 0) {
+    // Logprobs are of the raw logits (the penalty only steers the draw), rounded to float as the
+    // host rounds them.
     const at::Tensor raw = masked.index_select(0, logprob_ids);
     const at::Tensor peak = std::get<0>(raw.max(1, /*keepdim=*/true)).to(at::kDouble);
     const at::Tensor log_z =
         (raw.to(at::kDouble) - peak).exp().sum(1, /*keepdim=*/true).log() + peak;
-    auto [values, order] = at::sort(raw, /*stable=*/true, /*dim=*/1, /*descending=*/true);
-    const at::Tensor logprobs =
-        (values.narrow(1, 0, top_n).to(at::kDouble) - log_z).to(at::kFloat).to(at::kDouble);
-    packed.narrow(1, 2, 2 * top_n)
-        .index_copy_(0, logprob_ids,
-                     at::cat({order.narrow(1, 0, top_n).to(at::kDouble), logprobs}, 1));
+    const auto as_logprob = [&](const at::Tensor& logits) {
+      return (logits.to(at::kDouble) - log_z).to(at::kFloat).to(at::kDouble);
+    };
+    const at::Tensor drawn = raw.gather(1, ids.index_select(0, logprob_ids).unsqueeze(1));
+    std::vector<at::Tensor> columns = {as_logprob(drawn)};
+    if (top_n > 0) {
+      auto [values, order] = at::sort(raw, /*stable=*/true, /*dim=*/1, /*descending=*/true);
+      columns.push_back(order.narrow(1, 0, top_n).to(at::kDouble));
+      columns.push_back(as_logprob(values.narrow(1, 0, top_n)));
+    }
+    packed.narrow(1, 2, width - 2).index_copy_(0, logprob_ids, at::cat(columns, 1));
   }
   const at::Tensor host = packed.to(at::kCPU).contiguous();
   const double* r = host.data_ptr<double>();
-  for (int64_t b = 0; b < rows; ++b, r += 2 + 2 * top_n) {
+  for (int64_t b = 0; b < rows; ++b, r += width) {
     DrawnToken& d = out[b];
     d.nonfinite_id = static_cast<int64_t>(r[1]);
     if (d.nonfinite_id >= 0) continue;
     d.id = static_cast<int32_t>(r[0]);
+    if (draws[b].wants_logprob()) d.logprob = static_cast<float>(r[2]);
     const int64_t n = std::min<int64_t>(draws[b].top_logprobs, top_n);
     for (int64_t j = 0; j < n; ++j) {
-      d.top_logprobs.emplace_back(static_cast<int32_t>(r[2 + j]),
-                                  static_cast<float>(r[2 + top_n + j]));
+      d.top_logprobs.emplace_back(static_cast<int32_t>(r[3 + j]),
+                                  static_cast<float>(r[3 + top_n + j]));
     }
   }
   return out;

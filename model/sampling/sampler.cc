@@ -80,6 +80,33 @@ std::vector<int32_t> CandidatesByLogit(absl::Span<const float> logits, int32_t k
   return order;
 }
 
+// log Σ exp(logit) in double, shifted by the largest logit so that nothing overflows. One
+// function for the alternatives and the drawn token, so that a drawn token among the alternatives
+// reports the very value listed there.
+double LogPartition(absl::Span<const float> logits) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - max_logit);
+  return std::log(z) + max_logit;
+}
+
+float Logprob(float logit, double log_z) { return static_cast<float>(logit - log_z); }
+
+// TopLogprobs with the partition already worked out.
+std::vector<std::pair<int32_t, float>> TopLogprobsGiven(absl::Span<const float> logits, int32_t n,
+                                                        double log_z) {
+  const int32_t v = static_cast<int32_t>(logits.size());
+  n = std::clamp(n, 0, v);
+  std::vector<int32_t> order(v);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int32_t i = 0; i < n; ++i) out.emplace_back(order[i], Logprob(logits[order[i]], log_z));
+  return out;
+}
+
 }  // namespace
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
@@ -161,21 +188,7 @@ int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p,
 }
 
 std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logits, int32_t n) {
-  const int32_t v = static_cast<int32_t>(logits.size());
-  n = std::clamp(n, 0, v);
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double z = 0;
-  for (float l : logits) z += std::exp(static_cast<double>(l) - max_logit);
-  const double log_z = std::log(z) + max_logit;
-  std::vector<int32_t> order(v);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  std::vector<std::pair<int32_t, float>> out;
-  for (int32_t i = 0; i < n; ++i)
-    out.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
-  return out;
+  return TopLogprobsGiven(logits, n, LogPartition(logits));
 }
 
 std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
@@ -200,7 +213,10 @@ std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defin
     if (d.nonfinite_id >= 0) continue;
     const TokenDraw& draw = draws[b];
     d.id = SampleToken(row, draw.params, draw.position, draw.recent);
-    if (draw.top_logprobs > 0) d.top_logprobs = TopLogprobs(row, draw.top_logprobs);
+    if (!draw.wants_logprob()) continue;
+    const double log_z = LogPartition(row);
+    d.logprob = Logprob(row[d.id], log_z);
+    if (draw.top_logprobs > 0) d.top_logprobs = TopLogprobsGiven(row, draw.top_logprobs, log_z);
   }
   return out;
 }

@@ -54,6 +54,10 @@ struct TokenDraw {
   uint64_t position = 0;             // the draw's counter (where the new token sits)
   absl::Span<const int32_t> recent;  // the repetition penalty's window (see SampleToken)
   int32_t top_logprobs = 0;          // alternatives to report, most likely first
+  // Report the drawn token's own logprob (DrawnToken::logprob); top_logprobs > 0 implies it.
+  bool logprobs = false;
+
+  bool wants_logprob() const { return logprobs || top_logprobs > 0; }
 };
 
 // What comes back of one row: all a step needs to leave the device.
@@ -63,6 +67,10 @@ struct DrawnToken {
   // and `top_logprobs` mean nothing: the model overflowed.
   int64_t nonfinite_id = -1;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // log-softmax of the raw logits
+  // The drawn id's log-softmax of the raw logits, normalised as top_logprobs are, when the draw
+  // asked for it (TokenDraw::wants_logprob); 0 otherwise. A sampled token is often not among the
+  // alternatives, so it cannot be looked up there.
+  float logprob = 0.f;
 };
 
 // Draws row b's token from logits [draws.size(), vocab] row-major. Ids at or past

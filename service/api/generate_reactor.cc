@@ -186,6 +186,7 @@ void GenerateReactor::FillEvent(const GenerationEvent& event,
       alt->set_id(id);
       alt->set_logprob(lp);
     }
+    if (event.token.logprob.has_value()) t->set_logprob(*event.token.logprob);
   } else {
     msg.mutable_snapshot()->set_state(engine_.codec().Encode(event.snapshot, identity_, owner_));
     msg.mutable_snapshot()->set_position(event.snapshot.sequence.position);

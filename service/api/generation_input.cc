@@ -88,6 +88,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& 
   request.state = std::move(state);
   request.max_new_tokens = max_new;
   request.top_logprobs = in.top_logprobs;
+  request.logprobs = in.logprobs;
   request.snapshot_every = in.snapshot_every;
   return request;
 }

@@ -41,6 +41,7 @@ struct GenerationInput {
   std::optional<StopInput> stop;
   int32_t max_new_tokens = 0;  // 0: the server's default (ServiceLimits::default_max_new_tokens)
   int32_t top_logprobs = 0;    // per token, the n most likely alternatives
+  bool logprobs = false;       // each token's own logprob; top_logprobs > 0 implies it
   int32_t snapshot_every = 0;  // publish the state every k tokens (0: only at the end)
 };
 

@@ -61,6 +61,7 @@ absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::Generat
   if (fresh || req.has_sampling()) in.sampling = SamplingFromProto(req.sampling());
   in.max_new_tokens = req.max_new_tokens();
   in.top_logprobs = req.top_logprobs();
+  in.logprobs = req.logprobs();
   in.snapshot_every = req.state_every_tokens();
   return in;
 }

@@ -570,6 +570,7 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   const TextStream::Output out = job.text->Push(e.token.bytes);
   e.token.text = out.text;
   e.token.top_logprobs = std::move(drawn.top_logprobs);
+  if (job.request.logprobs || job.request.top_logprobs > 0) e.token.logprob = drawn.logprob;
   job.handle->Publish(std::move(e));
 
   const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
@@ -745,7 +746,7 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
     }
     // The new token sits one past the fed one: its draw is numbered by that position.
     draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
-                out.jobs[i]->request.top_logprobs};
+                out.jobs[i]->request.top_logprobs, out.jobs[i]->request.logprobs};
   }
   out.drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
   if (!out.drawn.ok()) {

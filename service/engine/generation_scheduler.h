@@ -51,6 +51,9 @@ struct TokenEvent {
   std::string text;      // complete characters released by this token (may be empty)
   int64_t position = 0;  // absolute position of this token in the sequence
   std::vector<std::pair<int32_t, float>> top_logprobs;
+  // This token's own log-probability (log-softmax of the raw logits), when the request asked for
+  // logprobs.
+  std::optional<float> logprob;
 };
 
 struct GenerationEvent {
@@ -88,6 +91,7 @@ struct GenerationRequest {
       prompt;  // appended to the sequence; may be empty if state has a pending token
   int32_t max_new_tokens = 64;  // 0: only feed the prompt
   int32_t top_logprobs = 0;     // per token, the n most likely alternatives
+  bool logprobs = false;        // each token's own logprob; top_logprobs > 0 implies it
   int32_t snapshot_every = 0;   // publish the state every k tokens (0: only at the end)
   bool persistent = false;      // the state outlives this call: keep withheld text in it
   absl::Time deadline = absl::InfiniteFuture();

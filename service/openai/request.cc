@@ -489,7 +489,8 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     in.sampling = s;
   }
   in.max_new_tokens = request.max_tokens.value_or(0);
-  in.top_logprobs = EngineTopLogprobs(request);
+  in.logprobs = request.logprobs.has_value();
+  in.top_logprobs = request.logprobs.value_or(0);
   return in;
 }
 

@@ -73,14 +73,6 @@ inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view
 // How BuildGenerationRequest's errors name this request's fields.
 GenerationFieldNames FieldNames(const OpenAiRequest& request);
 
-// The alternatives per token to ask the engine for. The engine reports a token's alternatives, not
-// the chosen token's own log-probability: asking for the most it gives makes the chosen token one
-// of them whenever it is among the 20 most likely (always under greedy decoding). The responses
-// show `logprobs` of them.
-inline int32_t EngineTopLogprobs(const OpenAiRequest& request) {
-  return request.logprobs.has_value() ? kMaxTopLogprobs : 0;
-}
-
 // The request as a GenerationInput for `config`'s model: the chat rendered through its template
 // (its stop strings first), the sampling parameters with OpenAI's defaults, the stop strings. The
 // input's prompt is a view into `request` or, for a chat, into `*prompt_storage`, which holds the
@@ -88,7 +80,8 @@ inline int32_t EngineTopLogprobs(const OpenAiRequest& request) {
 // its state's sampling parameters unless the request sets one of temperature, top_p and seed (then
 // the others take their defaults), and its stop strings unless the request sets "stop" (a chat
 // always sets its template's). A continued chat renders only the messages it sends: the earlier
-// turns are in the state already.
+// turns are in the state already. Logprobs ask the engine for each token's own and for exactly the
+// alternatives the request shows.
 absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
                                                   const model::ModelConfig& config,
                                                   std::string* prompt_storage);

@@ -105,13 +105,9 @@ json ResponseBuilder::Usage() const {
 // lists (streamed chunks repeat them per token, the body has them all).
 json ResponseBuilder::TokenLogprobs(Choice& c, const TokenEvent& token) const {
   const int32_t n = request_.logprobs.value_or(0);
-  double chosen = kUnlikelyLogprob;
-  for (const auto& [id, lp] : token.top_logprobs) {
-    if (id == token.id) {
-      chosen = lp;
-      break;
-    }
-  }
+  // ToGenerationInput asks the engine for every token's own logprob whenever the request wants
+  // logprobs; null would only show a token that came without it.
+  const json chosen = token.logprob.has_value() ? json(*token.logprob) : json(nullptr);
   const size_t shown = std::min(token.top_logprobs.size(), static_cast<size_t>(n));
   int64_t offset = c.chars;
   if (!token.bytes.empty() && IsContinuation(static_cast<unsigned char>(token.bytes[0])))

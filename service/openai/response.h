@@ -46,10 +46,6 @@ std::string ResponseId(Endpoint endpoint, std::string_view unique);
 // or the session holds the state to resume from). "cancelled" is never written: Finish refuses.
 const char* FinishReasonString(FinishReason reason);
 
-// The chosen token's log-probability when the engine did not report it (not among the 20 most
-// likely): OpenAI's own value for "very unlikely".
-inline constexpr double kUnlikelyLogprob = -9999.0;
-
 class ResponseBuilder {
  public:
   // `request` and `tokenizer` (the model's, for the alternatives' bytes) outlive the builder.

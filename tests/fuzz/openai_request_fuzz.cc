@@ -109,6 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     t.bytes = generated.substr(i, 1);
     const TextStream::Output out = text.Push(t.bytes);
     t.text = out.text;
+    t.logprob = -1.f;
     t.top_logprobs = {{t.id, -1.f}, {static_cast<int32_t>((t.id + 1) % 257), -2.f}};
     const int32_t choice = static_cast<int32_t>(i % static_cast<size_t>(r->n));
     whole.AddToken(choice, t);

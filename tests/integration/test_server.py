@@ -101,6 +101,35 @@ def test_generate_streams_token_by_token(stub, proto_modules):
     assert again == [t.id for t in tokens]
 
 
+def test_generate_reports_each_sampled_tokens_own_logprob(stub, proto_modules):
+    """logprobs=True alone gives every token its own logprob; with top_logprobs it is the listed
+    value when the token is among the alternatives, and at most the last of them when it is not."""
+    pb2, _ = proto_modules
+
+    def tokens(**fields):
+        req = pb2.GenerateRequest(model=LM, prompt_bytes=b"It was a truth", max_new_tokens=24,
+                                  sampling=pb2.SamplingParams(temperature=1.5, seed=3), **fields)
+        return [m.token for m in stub.Generate(req) if m.HasField("token")]
+
+    own = tokens(logprobs=True, top_logprobs=0)
+    assert own and all(t.HasField("logprob") and not t.top_logprobs for t in own)
+    assert all(np.isfinite(t.logprob) and t.logprob <= 0 for t in own)
+    listed = tokens(top_logprobs=5)
+    assert [t.id for t in listed] == [t.id for t in own]  # the same seed draws the same tokens
+    # At temperature 1.5 this seed draws tokens on both sides of the top 5 (19 of 24 outside).
+    outside = sum(t.id not in {alt.id for alt in t.top_logprobs} for t in listed)
+    assert 0 < outside < len(listed)
+    for t, alone in zip(listed, own):
+        assert t.HasField("logprob") and len(t.top_logprobs) == 5
+        assert t.logprob == pytest.approx(alone.logprob, abs=1e-5)
+        alternatives = {alt.id: alt.logprob for alt in t.top_logprobs}
+        if t.id in alternatives:
+            assert t.logprob == alternatives[t.id]
+        else:
+            assert t.logprob <= t.top_logprobs[-1].logprob
+    assert not any(t.HasField("logprob") for t in tokens())
+
+
 def test_generate_cancel_mid_stream(stub, proto_modules):
     pb2, _ = proto_modules
     call = stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"abc", max_new_tokens=1000,

@@ -1,6 +1,7 @@
 // The batched draw on the logits' device against DrawTokens, the host reference. On the CPU the
-// two sum in the same order, so every drawn id must agree; the alternatives' logprobs are summed
-// in another order (a tree reduction) and agree to float rounding.
+// two sum in the same order, so every drawn id must agree; the logprobs (the drawn token's and the
+// alternatives') are normalised by a sum in another order (a tree reduction) and agree to float
+// rounding. The device form runs on CPU tensors here.
 #include "model/device/device_sampler.h"
 
 #include <cmath>
@@ -31,6 +32,7 @@ void ExpectSameDraws(const std::vector<DrawnToken>& want, const std::vector<Draw
     EXPECT_EQ(want[b].nonfinite_id, got[b].nonfinite_id) << row;
     if (want[b].nonfinite_id >= 0) continue;
     EXPECT_EQ(want[b].id, got[b].id) << row;
+    EXPECT_NEAR(want[b].logprob, got[b].logprob, 1e-6f * (1.f + std::abs(want[b].logprob))) << row;
     ASSERT_EQ(want[b].top_logprobs.size(), got[b].top_logprobs.size()) << row;
     for (size_t j = 0; j < want[b].top_logprobs.size(); ++j) {
       EXPECT_EQ(want[b].top_logprobs[j].first, got[b].top_logprobs[j].first) << row << " alt " << j;
@@ -52,6 +54,7 @@ TEST(DeviceSampler, DrawsWhatTheHostDrawsForEveryParameterMix) {
   const std::vector<float> penalties = {1.f, 1.3f, 0.7f, 20.f};
   const std::vector<int32_t> alternatives = {0, 1, 5, 300};
   int64_t sampled_rows = 0;
+  int64_t own_logprobs = 0;  // rows asking for the drawn token's logprob without alternatives
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t rows = 1 + static_cast<int64_t>(rng() % 6);
     const int64_t vocab = std::vector<int64_t>{2, 7, 64, 257}[rng() % 4];
@@ -73,7 +76,9 @@ TEST(DeviceSampler, DrawsWhatTheHostDrawsForEveryParameterMix) {
       for (int i = 0; i < 12; ++i) {
         recent[b].push_back(static_cast<int32_t>(rng() % (vocab + 4)) - 2);  // some out of range
       }
-      draws[b] = {p, rng() % 100000, recent[b], alternatives[rng() % alternatives.size()]};
+      const int32_t top_logprobs = alternatives[rng() % alternatives.size()];
+      draws[b] = {p, rng() % 100000, recent[b], top_logprobs, /*logprobs=*/rng() % 2 == 0};
+      own_logprobs += draws[b].wants_logprob() && top_logprobs == 0;
       sampled_rows += p.temperature != 0.f && p.top_k != 1;
     }
     const auto where =
@@ -82,6 +87,7 @@ TEST(DeviceSampler, DrawsWhatTheHostDrawsForEveryParameterMix) {
                     DrawTokensOnDevice(AsTensor(logits, rows), defined, draws), where);
   }
   EXPECT_GT(sampled_rows, 500);  // the mix really exercises the distribution path
+  EXPECT_GT(own_logprobs, 50);
 }
 
 // Many draws from one distribution: the device form's frequencies are the softmax's too (the

@@ -340,6 +340,54 @@ TEST(DrawTokens, EachRowIsTheSampleOfItsOwnLogits) {
   EXPECT_TRUE(drawn[1].top_logprobs.empty());
 }
 
+// The drawn token's own logprob: the listed value when it is among the alternatives, and a
+// finite value below the best alternative when a hot temperature draws an unlikely token.
+TEST(DrawTokens, TheDrawnTokensLogprobIsItsAlternativeOrBelowTheBest) {
+  constexpr int64_t kDefined = 40;
+  std::vector<float> logits;
+  for (int64_t i = 0; i < kDefined; ++i) logits.push_back(-0.25f * static_cast<float>(i));
+  logits.push_back(50.f);  // padded away: neither drawn nor counted in the normalisation
+  double z = 0;
+  for (int64_t i = 0; i < kDefined; ++i) z += std::exp(static_cast<double>(logits[i]));
+  SamplingParams hot;
+  hot.temperature = 4.f;
+  hot.seed = 11;
+  int among = 0, outside = 0;
+  for (uint64_t position = 0; position < 64; ++position) {
+    const TokenDraw with_alternatives{hot, position, {}, 3};
+    const TokenDraw own_only{hot, position, {}, 0, /*logprobs=*/true};
+    const TokenDraw neither{hot, position, {}, 0};
+    std::vector<float> rows = logits;
+    rows.insert(rows.end(), logits.begin(), logits.end());
+    rows.insert(rows.end(), logits.begin(), logits.end());
+    const std::vector<DrawnToken> drawn =
+        DrawTokens(rows, kDefined, std::vector<TokenDraw>{with_alternatives, own_only, neither});
+    const DrawnToken& d = drawn[0];
+    ASSERT_EQ(d.top_logprobs.size(), 3u);
+    EXPECT_NEAR(d.logprob, logits[d.id] - std::log(z), 1e-5) << "position " << position;
+    bool listed = false;
+    for (const auto& [id, lp] : d.top_logprobs) {
+      if (id != d.id) continue;
+      listed = true;
+      EXPECT_EQ(d.logprob, lp) << "position " << position;
+    }
+    if (!listed) {
+      EXPECT_TRUE(std::isfinite(d.logprob)) << "position " << position;
+      EXPECT_LT(d.logprob, d.top_logprobs[0].second) << "position " << position;
+    }
+    (listed ? among : outside) += 1;
+    // Asking for the logprob alone gives the same value, without alternatives.
+    EXPECT_EQ(drawn[1].id, d.id);
+    EXPECT_EQ(drawn[1].logprob, d.logprob);
+    EXPECT_TRUE(drawn[1].top_logprobs.empty());
+    EXPECT_EQ(drawn[2].logprob, 0.f);
+    EXPECT_TRUE(drawn[2].top_logprobs.empty());
+  }
+  // Seed 11 at temperature 4 draws both kinds of token within 64 positions.
+  EXPECT_GT(among, 0);
+  EXPECT_GT(outside, 0);
+}
+
 TEST(DrawTokens, ANonFiniteLogitIsReportedByItsFirstId) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> logits = {0.f, std::nanf(""), inf, inf};  // id 3 padded: not checked

@@ -71,11 +71,12 @@ def generate_request(model: str, prompt: Optional[Prompt] = None, *, max_new_tok
                      repetition_penalty: Optional[float] = None, stop: Iterable[str] = (),
                      stop_token_ids: Iterable[int] = (), session_id: Optional[str] = None,
                      state: Optional[bytes] = None, return_state: bool = False, state_every_tokens: int = 0,
-                     top_logprobs: int = 0) -> tost_pb2.GenerateRequest:
+                     top_logprobs: int = 0, logprobs: bool = False) -> tost_pb2.GenerateRequest:
     """The GenerateRequest of generate()'s arguments. Sampling parameters left None are not sent
     (a session or blob then keeps its stored ones; a fresh prompt decodes greedily)."""
     request = tost_pb2.GenerateRequest(model=model, max_new_tokens=max_new_tokens, return_state=return_state,
-                                       state_every_tokens=state_every_tokens, top_logprobs=top_logprobs)
+                                       state_every_tokens=state_every_tokens, top_logprobs=top_logprobs,
+                                       logprobs=logprobs)
     if isinstance(prompt, str):
         request.prompt_bytes = prompt.encode("utf-8")
     elif isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -262,7 +263,7 @@ class Client(_Base):
         """Streams a generation: iterate the result for the tokens (GeneratedToken: id, text,
         position). prompt: text, bytes or token ids; or a session_id / state blob to continue.
         Other fields (temperature, top_k, top_p, min_p, seed, repetition_penalty, stop,
-        stop_token_ids, session_id, state, return_state, top_logprobs) as in generate_request(),
+        stop_token_ids, session_id, state, return_state, top_logprobs, logprobs) as in generate_request(),
         or a whole `request`.
 
         resumable=True: a ResumableGeneration (tost_client.resumable) that asks for a state blob

@@ -175,7 +175,8 @@ class ResumableGeneration:
         return tost_pb2.GenerateRequest(
             model=self._first.model, state=snapshot.state,
             max_new_tokens=self._first.max_new_tokens - snapshot.committed, return_state=True,
-            state_every_tokens=self._every, top_logprobs=self._first.top_logprobs)
+            state_every_tokens=self._every, top_logprobs=self._first.top_logprobs,
+            logprobs=self._first.logprobs)
 
     def _fail(self, cls, message, code=None):
         return cls(f"{message} (after {self.calls} call(s), {len(self.breaks)} break(s))", self.breaks, code)

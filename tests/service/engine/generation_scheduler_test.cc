@@ -125,6 +125,46 @@ TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
   EXPECT_EQ(c.final->snapshot.generated_tokens, 12);
 }
 
+// Each token's own logprob comes when asked, with or without alternatives, and only then.
+TEST_F(SchedulerTest, EachTokenCarriesItsOwnLogprobWhenAsked) {
+  auto s = Make();
+  std::vector<std::vector<TokenEvent>> events(3);
+  std::vector<std::shared_ptr<GenerationJob>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r = Request(*s, "Hello", 10, /*seed=*/7, /*temperature=*/2.f);
+    r.logprobs = i == 0;
+    r.top_logprobs = i == 1 ? 3 : 0;
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    jobs.push_back(*std::move(job));
+  }
+  int finished = 0;
+  for (int step = 0; step < 1000 && finished < 3; ++step) {
+    s->StepOnce();
+    for (int i = 0; i < 3; ++i) {
+      while (auto e = jobs[i]->TryNext()) {
+        if (e->kind == GenerationEvent::Kind::kToken) events[i].push_back(e->token);
+        finished += e->kind == GenerationEvent::Kind::kFinished;
+      }
+    }
+  }
+  ASSERT_EQ(events[0].size(), 10u);
+  ASSERT_EQ(events[1].size(), 10u);
+  ASSERT_EQ(events[2].size(), 10u);
+  for (size_t t = 0; t < 10; ++t) {
+    // The three jobs share a seed and a prompt, so they draw the same tokens.
+    ASSERT_EQ(events[0][t].id, events[1][t].id);
+    ASSERT_TRUE(events[0][t].logprob.has_value());
+    EXPECT_TRUE(events[0][t].top_logprobs.empty());
+    EXPECT_LE(*events[0][t].logprob, 0.f);
+    ASSERT_TRUE(events[1][t].logprob.has_value());
+    EXPECT_EQ(*events[1][t].logprob, *events[0][t].logprob);
+    EXPECT_EQ(events[1][t].top_logprobs.size(), 3u);
+    EXPECT_FALSE(events[2][t].logprob.has_value());
+    EXPECT_TRUE(events[2][t].top_logprobs.empty());
+  }
+}
+
 TEST_F(SchedulerTest, SixtyFourSessionsShareEachDecodeStep) {
   auto s = Make({.max_active_jobs = 64});
   std::vector<Collected> out(64);

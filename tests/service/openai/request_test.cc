@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "service/engine/generation_scheduler.h"
@@ -284,8 +285,6 @@ TEST(OpenAiRequest, Logprobs) {
               "top_logprobs: needs \"logprobs\": true, got 3 with logprobs null", "top_logprobs");
   ChatRefused(R"(, "logprobs": true, "top_logprobs": 30)",
               "top_logprobs: expected an integer in [0, 20], got an integer (30)", "top_logprobs");
-  EXPECT_EQ(EngineTopLogprobs(Chat(R"(, "logprobs": true)")), 20);
-  EXPECT_EQ(EngineTopLogprobs(Chat("")), 0);
 }
 
 TEST(OpenAiRequest, ChoicesAndStreaming) {
@@ -410,6 +409,7 @@ TEST(OpenAiToGenerationInput, CompletionDefaultsAreOpenAis) {
   EXPECT_TRUE(in->stop->strings.empty());
   EXPECT_EQ(in->max_new_tokens, 0);
   EXPECT_EQ(in->top_logprobs, 0);
+  EXPECT_FALSE(in->logprobs);
 }
 
 TEST(OpenAiToGenerationInput, ContinuedKeepsTheStatesUnlessSet) {
@@ -440,10 +440,28 @@ TEST(OpenAiToGenerationInput, ChatRendersAndMergesStops) {
   EXPECT_EQ(in->prompt_text, storage);
   EXPECT_EQ(in->stop->strings, (std::vector<std::string>{"\nQ:", "!"}));
   EXPECT_EQ(in->sampling->temperature, 0.f);
-  EXPECT_EQ(in->top_logprobs, kMaxTopLogprobs);
+  EXPECT_TRUE(in->logprobs);
+  EXPECT_EQ(in->top_logprobs, 2);
   EXPECT_EQ(in->max_new_tokens, 9);
   EXPECT_EQ(FieldNames(*r).max_new_tokens, "max_completion_tokens");
   EXPECT_EQ(FieldNames(*r).prompt_text, "messages");
+}
+
+// The engine is asked for each token's own logprob and exactly the alternatives shown.
+TEST(OpenAiToGenerationInput, LogprobsAskTheEngineForTheChosenTokensAndTheShownAlternatives) {
+  std::string storage;
+  const auto engine_asks = [&](const OpenAiRequest& r) {
+    auto in = ToGenerationInput(r, ChatModel(), &storage);
+    EXPECT_TRUE(in.ok()) << in.status();
+    return in.ok() ? std::make_pair(in->logprobs, in->top_logprobs) : std::make_pair(false, -1);
+  };
+  EXPECT_EQ(engine_asks(Chat(R"(, "logprobs": true)")), std::make_pair(true, 0));
+  EXPECT_EQ(engine_asks(Chat(R"(, "logprobs": true, "top_logprobs": 3)")), std::make_pair(true, 3));
+  EXPECT_EQ(engine_asks(Chat(R"(, "logprobs": false)")), std::make_pair(false, 0));
+  EXPECT_EQ(engine_asks(Chat("")), std::make_pair(false, 0));
+  EXPECT_EQ(engine_asks(Completion(R"(, "logprobs": 0)")), std::make_pair(true, 0));
+  EXPECT_EQ(engine_asks(Completion(R"(, "logprobs": 5)")), std::make_pair(true, 5));
+  EXPECT_EQ(engine_asks(Completion("")), std::make_pair(false, 0));
 }
 
 TEST(OpenAiToGenerationInput, ChatNeedsATemplate) {

@@ -6,7 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,11 +32,13 @@ OpenAiRequest Parsed(Endpoint endpoint, const std::string& body) {
   return r.ok() ? *r : OpenAiRequest{};
 }
 
-TokenEvent Tok(char c, std::vector<std::pair<int32_t, float>> top = {}) {
+TokenEvent Tok(char c, std::optional<float> logprob = std::nullopt,
+               std::vector<std::pair<int32_t, float>> top = {}) {
   TokenEvent t;
   t.id = static_cast<unsigned char>(c);
   t.bytes = std::string(1, c);
   t.text = t.bytes;
+  t.logprob = logprob;
   t.top_logprobs = std::move(top);
   return t;
 }
@@ -81,16 +85,16 @@ TEST(OpenAiResponse, CompletionLogprobsAndStateAndChoices) {
       Parsed(Endpoint::kCompletions,
              R"({"model": "lm", "prompt": "x", "logprobs": 1, "n": 2, "return_state": true})");
   ResponseBuilder b(r, kMeta, kBytes);
-  b.AddToken(0, Tok('a', {{'a', -0.5f}, {'b', -1.5f}}));
-  b.AddToken(0, Tok('c', {{'d', -0.25f}}));  // the chosen token is not among those reported
-  b.AddToken(1, Tok('b', {{'a', -0.5f}, {'b', -1.5f}}));
+  b.AddToken(0, Tok('a', -0.5f, {{'a', -0.5f}}));
+  b.AddToken(0, Tok('c', -3.75f, {{'d', -0.25f}}));  // not among the alternatives: its own value
+  b.AddToken(1, Tok('b', -1.5f, {{'a', -0.5f}}));
   ASSERT_TRUE(b.Finish(1, Final(FinishReason::kEos, 4, 1), "\x01\x02").ok());
   ASSERT_TRUE(b.Finish(0, Final(FinishReason::kStop, 4, 2), "\xff").ok());
   EXPECT_EQ(json::parse(b.Body()), json::parse(R"({
     "id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "lm",
     "choices": [
       {"index": 0, "text": "ac", "finish_reason": "stop", "state": "/w==",
-       "logprobs": {"tokens": ["a", "c"], "token_logprobs": [-0.5, -9999.0],
+       "logprobs": {"tokens": ["a", "c"], "token_logprobs": [-0.5, -3.75],
                     "top_logprobs": [{"a": -0.5}, {"d": -0.25}], "text_offset": [0, 1]}},
       {"index": 1, "text": "b", "finish_reason": "stop", "state": "AQI=",
        "logprobs": {"tokens": ["b"], "token_logprobs": [-1.5],
@@ -104,7 +108,7 @@ TEST(OpenAiResponse, ChatBodyWithLogprobs) {
       "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1,
       "session_id": "s1"})");
   ResponseBuilder b(r, {"chatcmpl-1", 5, "lm"}, kBytes);
-  b.AddToken(0, Tok('O', {{'O', -0.125f}, {'K', -2.f}}));
+  b.AddToken(0, Tok('O', -0.125f, {{'O', -0.125f}}));
   ASSERT_TRUE(b.Finish(0, Final(FinishReason::kContext, 2, 1)).ok());
   EXPECT_EQ(json::parse(b.Body()), json::parse(R"({
     "id": "chatcmpl-1", "object": "chat.completion", "created": 5, "model": "lm",
@@ -191,7 +195,7 @@ TEST(OpenAiStream, CompletionChunksWithLogprobsAndState) {
   const OpenAiRequest r = Parsed(Endpoint::kCompletions, R"({"model": "lm", "prompt": "x",
       "stream": true, "logprobs": 0, "return_state": true})");
   ResponseBuilder b(r, kMeta, kBytes);
-  std::vector<std::string> events = Events(b.Token(0, Tok('a', {{'a', -0.5f}})));
+  std::vector<std::string> events = Events(b.Token(0, Tok('a', -0.5f)));
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(json::parse(events[0]), json::parse(R"({"id": "cmpl-1", "object": "text_completion",
       "created": 1700000000, "model": "lm",
@@ -219,7 +223,7 @@ TEST(OpenAiStream, ChunksAreValidUtf8WhenTokensSplitCharacters) {
     t.id = static_cast<unsigned char>(c);
     t.bytes = std::string(1, c);
     t.text = stream.Push(t.bytes).text;  // what the scheduler publishes for this token
-    t.top_logprobs = {{t.id, -1.f}};
+    t.logprob = -1.f;
     for (const std::string& e : Events(b.Token(0, t))) {
       EXPECT_EQ(model::FirstInvalidUtf8(e), std::nullopt) << e;
       const json chunk = json::parse(e);
