@@ -32,10 +32,10 @@ absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const s
   };
   if (!session_id.empty()) {
     if (!source.model.empty() && source.model != source.state->model) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          model_field, ": session \"", session_id, "\" belongs to model \"", source.state->model,
-          "\", the request names ", QuoteClientText(source.model), " (leave ", model_field,
-          " empty to continue the session's)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_field, ": session \"", session_id, "\" belongs to model \"",
+                       source.state->model, "\", the request names ", QuoteClientText(source.model),
+                       " (leave ", model_field, " empty to continue the session's)"));
     }
     source.model = source.state->model;
   } else if (!state_blob.empty()) {

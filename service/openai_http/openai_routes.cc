@@ -157,9 +157,9 @@ absl::Status OpenAiCall::Admit() {
     if (choice.sampling.has_value()) {
       choice.sampling->seed = openai::ChoiceSeed(choice.sampling->seed, i);
     }
-    TOST_ASSIGN_OR_RETURN(GenerationRequest job_request,
-                          BuildGenerationRequest(choice, *source_.scheduler, source_.state,
-                                                 limits_, names));
+    TOST_ASSIGN_OR_RETURN(
+        GenerationRequest job_request,
+        BuildGenerationRequest(choice, *source_.scheduler, source_.state, limits_, names));
     job_request.persistent =
         !source_.checked_out.empty() || request_.state.has_value() || request_.return_state;
     // A fresh state may start from the caller's longest cached prefix; a session or a blob brings
@@ -172,7 +172,8 @@ absl::Status OpenAiCall::Admit() {
   meta.id = openai::ResponseId(endpoint_, http_request.request_id);
   meta.created = absl::ToUnixSeconds(absl::Now());
   meta.model = source_.model;
-  builder_ = std::make_unique<openai::ResponseBuilder>(request_, std::move(meta), model.tokenizer());
+  builder_ =
+      std::make_unique<openai::ResponseBuilder>(request_, std::move(meta), model.tokenizer());
   std::vector<std::shared_ptr<GenerationJob>> jobs;
   for (int32_t i = 0; i < request_.n; ++i) {
     auto job = source_.scheduler->Submit(std::move(reservations[i]), std::move(job_requests[i]));
