@@ -456,3 +456,40 @@ def test_batch_invariant_chat_replies_equal_the_uncached_servers():
         # Hits only on the chunk grid: the last multiple of the chunk the previous prompt reached.
         assert t["cached"] == (prev["prompt"] - 1) // CHUNK * CHUNK, (prev, t)
         assert t["prefill"] == t["prompt"] - 1 - t["cached"], t
+
+
+# --- sessions and the drain -----------------------------------------------------------------------
+
+def test_a_session_is_continued_by_its_owner_only(tmp_path):
+    import grpc
+    import tost_protos
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {API_KEY}\nbob {API_KEY[::-1]}\n")
+    pb2, pb2_grpc = tost_protos.tost()
+    with RunningServer(MODELS, [f"--api_keys_file={keys}"]) as s, grpc.insecure_channel(s.address) as ch:
+        session = pb2_grpc.TostStub(ch).CreateSession(pb2.CreateSessionRequest(model=MODEL),
+                                                      metadata=[("x-api-key", API_KEY)], timeout=10)
+        alice, bob = client(s, api_key=API_KEY), client(s, api_key=API_KEY[::-1])
+        first = alice.completions.create(model=MODEL, prompt="It was", max_tokens=3, seed=1,
+                                         extra_body={"session_id": session.session_id})
+        assert first.model_extra["session_id"] == session.session_id
+        with pytest.raises(openai.APIStatusError) as e:
+            bob.completions.create(model=MODEL, prompt="x", max_tokens=3, extra_body={"session_id": session.session_id})
+        assert e.value.status_code in (403, 404), e.value
+        # Bob's refusal left it to alice: continuing it sends only the new text (the rest is in
+        # the session's state).
+        second = alice.completions.create(model=MODEL, prompt=" and", max_tokens=3,
+                                          extra_body={"session_id": session.session_id})
+        assert second.usage.prompt_tokens == 1 and second.choices[0].text
+
+
+def test_a_stream_in_flight_at_a_drain_ends_drained():
+    import signal
+    with RunningServer(MODELS, ["--drain_timeout_s=0"]) as s:
+        stream = client(s).completions.create(model=MODEL, prompt="x", max_tokens=4000, stream=True, stop=[])
+        chunks = iter(stream)
+        assert next(chunks).choices
+        s.proc.send_signal(signal.SIGTERM)
+        reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+        assert reasons[-1] == "drained", reasons[-3:]
+        assert s.proc.wait(timeout=30) == 0
