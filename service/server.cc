@@ -24,6 +24,7 @@
 #include "service/http/http_errors.h"
 #include "service/loading_responder.h"
 #include "service/observability/logging.h"
+#include "service/openai_http/openai_routes.h"
 #include "service/port_probe.h"
 
 namespace tost::service {
@@ -255,6 +256,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));
   server->auth_ = std::move(auth);
+  server->limits_ = options.limits;
   server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
                                                    model::CudaDeviceMemory);
   server->kserve_ = std::make_unique<KServeService>(
@@ -329,6 +331,7 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
   o.tls_key_file = options.tls_key_file;
   o.tls_client_ca_file = options.tls_client_ca_file;
   o.log_requests = options.metrics.log_requests;
+  o.observer = metrics_.get();
   o.error_response = [](int status, std::string_view message) {
     return http::ErrorResponse(status, message);
   };
@@ -350,6 +353,8 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
         }
       },
       {.is_public = true});
+  // The OpenAI-compatible API, on the engine's schedulers (as tost.v1 Generate).
+  AddOpenAiRoutes(*engine_, limits_, router);
   router.SetAuthenticator([this](const http::HttpRequest& r) {
     return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
                                             .authorization = r.Header("authorization"),

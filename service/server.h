@@ -68,8 +68,8 @@ struct ServerOptions {
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
   int64_t session_blob_ttl_s = 0;             // state blobs expire this long after export; 0: never
   MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
-  // The HTTP front end: health routes now, the OpenAI-compatible API on top. Same TLS files and API
-  // keys as the gRPC port. Port 0: a free one; -1: none.
+  // The HTTP front end: health routes and the OpenAI-compatible API (service/openai_http). Same
+  // TLS files and API keys as the gRPC port. Port 0: a free one; -1: none.
   std::string http_address = "0.0.0.0";
   int http_port = 8501;
   // How often the heap's freed memory is checked and, after a burst freed enough, given back to
@@ -110,6 +110,7 @@ class Server {
   std::unique_ptr<LoadedRepository> repository_;  // before engine_: the engine's models live here
   std::unique_ptr<Engine> engine_;
   Authenticator auth_;
+  ServiceLimits limits_;  // the OpenAI routes' (the gRPC services keep their own copy)
   std::unique_ptr<TostService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;

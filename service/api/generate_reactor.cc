@@ -22,11 +22,11 @@
 #include "base/status_macros.h"
 #include "service/api/before_handler.h"
 #include "service/api/generation_request.h"
+#include "service/api/generation_source.h"
 #include "service/api/grpc_status.h"
 #include "service/api/raw_request.h"
 #include "service/api/request_deadline.h"
 #include "service/api/tost_service.h"
-#include "service/engine/client_text.h"
 
 namespace tost::service {
 namespace {
@@ -124,34 +124,14 @@ absl::Status GenerateReactor::Admit() {
   TOST_ASSIGN_OR_RETURN(owner_, auth_.Identify(*context_));
   const std::string& owner = owner_;
   const tost::v1::GenerateRequest& request = request_;
-  if (!request.session_id().empty() && !request.state().empty()) {
-    return absl::InvalidArgumentError("set session_id or state, not both");
-  }
-  // Where the state comes from decides the model when the request leaves it empty. The model is
-  // looked up once, and a blob authenticated and parsed once, whichever way the call comes.
-  GenerationState state;
-  model_name_ = request.model();
-  std::optional<OpenedBlob> blob;
-  if (!request.session_id().empty()) {
-    TOST_ASSIGN_OR_RETURN(state, engine_.sessions().Checkout(request.session_id(), owner));
-    checked_out_ = request.session_id();
-    if (!model_name_.empty() && model_name_ != state.model) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model: session \"", checked_out_, "\" belongs to model \"", state.model,
-                       "\", the request names ", QuoteClientText(model_name_),
-                       " (leave model empty to continue the session's)"));
-    }
-    model_name_ = state.model;
-  } else if (!request.state().empty()) {
-    TOST_ASSIGN_OR_RETURN(blob, engine_.codec().Open(request.state()));
-    if (model_name_.empty()) model_name_ = blob->model();
-  }
-  TOST_ASSIGN_OR_RETURN(Engine::ServedGenerator served, engine_.Generator(model_name_));
-  GenerationScheduler* scheduler = served.scheduler;
-  identity_ = std::move(served.identity);
-  if (blob.has_value()) {
-    TOST_ASSIGN_OR_RETURN(state, engine_.codec().Decode(*blob, identity_, owner));
-  }
+  TOST_ASSIGN_OR_RETURN(GenerationSource source,
+                        ResolveGenerationSource(engine_, owner, request.model(),
+                                                request.session_id(), request.state()));
+  checked_out_ = source.checked_out;
+  model_name_ = source.model;
+  GenerationScheduler* scheduler = source.scheduler;
+  identity_ = std::move(source.identity);
+  GenerationState state = source.state.has_value() ? *std::move(source.state) : GenerationState();
   // A place first: a full or draining scheduler refuses before the prompt (up to a MiB) is
   // tokenised.
   TOST_ASSIGN_OR_RETURN(GenerationScheduler::Reservation reservation, scheduler->Reserve());

@@ -376,6 +376,8 @@ void HttpExchange::Finish() {
   connection_->Post([c = connection_.get()] { c->DoFinish(); });
 }
 
+void HttpExchange::Abort() { connection_->Abort(); }
+
 void HttpExchange::OnCancel(std::function<void()> callback) {
   {
     absl::MutexLock lock(&mu_);

@@ -113,6 +113,9 @@ class HttpExchange {
   void OnWritable(std::function<void()> callback);
   // Ends the stream (the last chunk) after the queued ones.
   void Finish();
+  // Resets the connection, dropping whatever is queued for it, and cancels the exchange: for a
+  // writer that gives up on a client that stopped reading.
+  void Abort();
 
   // True once the client disconnected, a write failed or timed out, or the server stopped.
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }

@@ -313,6 +313,16 @@ struct Metrics::Impl {
                                .Name("tost_inter_token_latency_seconds")
                                .Help("Generate: between consecutive tokens of one stream")
                                .Register(*registry);
+  Family<Counter>& http_requests =
+      BuildCounter()
+          .Name("tost_http_requests_total")
+          .Help("HTTP front end requests answered, by route and HTTP status code")
+          .Register(*registry);
+  Family<Histogram>& http_request_duration =
+      BuildHistogram()
+          .Name("tost_http_request_duration_seconds")
+          .Help("HTTP front end request duration from its complete request to its last byte")
+          .Register(*registry);
   Family<Counter>& rejections = BuildCounter()
                                     .Name("tost_rejections_total")
                                     .Help("Requests refused before any work, by reason")
@@ -512,6 +522,18 @@ void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine
 
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
   impl_->ObserveRpc(*impl_->Rpc(rpc), code, elapsed);
+}
+
+void Metrics::OnRequestStarted(const http::HttpRequest&) {}
+
+void Metrics::OnRequestFinished(const http::HttpRequest& request, int status,
+                                absl::Duration elapsed) {
+  // Routes are the router's fixed paths; anything unmatched shares one label.
+  const std::string route = request.route.empty() ? "other" : request.route;
+  impl_->http_requests.Add({{"route", route}, {"code", absl::StrCat(status)}}).Increment();
+  impl_->http_request_duration.Add({{"route", route}}, kRequestBuckets)
+      .Observe(absl::ToDoubleSeconds(elapsed));
+  if (status == 401) impl_->Reject("unauthenticated");
 }
 
 void Metrics::OnDropped(std::string_view, BatchDropReason reason, int64_t) {

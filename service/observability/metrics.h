@@ -4,7 +4,8 @@
 //
 // Where the numbers come from:
 //  - requests, request latency, rejections and the access log: a gRPC server interceptor (one
-//    place for every RPC of every service, with the status code the client receives);
+//    place for every RPC of every service, with the status code the client receives), and the
+//    HTTP server's HttpObserver for the HTTP front end (route and HTTP status code);
 //  - classification queue/compute time, batch sizes, images: DynamicBatcher's BatchObserver;
 //  - generation batch sizes, prompt/generated tokens, TTFT, inter-token latency: the
 //    GenerationScheduler's GenerationObserver (once per step);
@@ -59,7 +60,10 @@ http::HttpServerOptions MetricsHttpOptions(const std::string& address, int port)
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
     std::function<std::string()> render, http::HttpServerOptions options);
 
-class Metrics final : public BatchObserver, public GenerationObserver, public SessionStoreObserver {
+class Metrics final : public BatchObserver,
+                      public GenerationObserver,
+                      public SessionStoreObserver,
+                      public http::HttpObserver {
  public:
   Metrics();
   ~Metrics() override;
@@ -103,6 +107,11 @@ class Metrics final : public BatchObserver, public GenerationObserver, public Se
   void OnStep(const GenerationStepRecord& record) override;
   void OnRefused(std::string_view model, GenerationRefusal reason) override;
   void OnStoreFull() override;
+  // The HTTP front end (tost_http_requests_total{route,code}, tost_http_request_duration_seconds
+  // {route}): the route is the matched path, "other" for none, so the labels stay bounded.
+  void OnRequestStarted(const http::HttpRequest& request) override;
+  void OnRequestFinished(const http::HttpRequest& request, int status,
+                         absl::Duration elapsed) override;
 
   // The text exposition format, exactly what GET /metrics returns.
   std::string Render() const;

@@ -44,7 +44,9 @@ struct OpenAiRequest {
   std::string max_tokens_field = "max_tokens";  // which of the two the request used
   std::optional<float> temperature;             // unset: 1, OpenAI's default
   std::optional<float> top_p;                   // unset: 1
-  std::optional<uint64_t> seed;                 // unset: 0 (the server is deterministic)
+  // Unset: the HTTP routes draw a random one (unseeded requests vary, as OpenAI's do);
+  // ToGenerationInput alone uses 0.
+  std::optional<uint64_t> seed;
   // At most kMaxStop, each 1..kMaxStopBytes bytes; unset when the request has no "stop" (null
   // included), so that a continued generation keeps its state's.
   std::optional<std::vector<std::string>> stop;
@@ -86,8 +88,8 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
                                                   const model::ModelConfig& config,
                                                   std::string* prompt_storage);
 
-// The seed of choice `index` of a request with n > 1 (whose choices fork one state after the
-// prompt, and would otherwise draw the same tokens): choice 0 keeps the request's seed.
+// The seed of choice `index` of a request with n > 1 (whose choices start from the same prompt,
+// and would otherwise draw the same tokens): choice 0 keeps the request's seed.
 uint64_t ChoiceSeed(uint64_t seed, int32_t index);
 
 }  // namespace tost::service::openai

@@ -91,7 +91,7 @@ json ResponseBuilder::Envelope(const char* object) const {
 json ResponseBuilder::Usage() const {
   int64_t prompt = 0, completion = 0;
   for (const Choice& c : choices_) {
-    // The choices share one prompt (n > 1 forks the state after it).
+    // The choices share one prompt (n > 1 runs one generation per choice on it).
     prompt = std::max(prompt, c.prompt_tokens);
     completion += c.generated_tokens;
   }

@@ -117,6 +117,10 @@ def expand_flags(args, files, where):
     return out, problems
 
 
+# tost_server's --http_port default, for manifests that leave it implicit.
+HTTP_PORT_DEFAULT = "8501"
+
+
 def effective(flags):
     eff = {}
     for name, value, _ in flags:
@@ -349,6 +353,9 @@ def check_images(src, server, compose_images):
         exposed = set(" ".join(df.final("EXPOSE")).split())
         check(f"{rel}: EXPOSE has --port and --metrics_port", {eff.get("port"), eff.get("metrics_port")} <= exposed,
               f"expected {eff.get('port')} and {eff.get('metrics_port')}, EXPOSE has {sorted(exposed)}")
+        check(f"{rel}: EXPOSE has --http_port (the OpenAI-compatible API)",
+              eff.get("http_port", HTTP_PORT_DEFAULT) in exposed,
+              f"expected {eff.get('http_port', HTTP_PORT_DEFAULT)}, EXPOSE has {sorted(exposed)}")
         hc = " ".join(df.final("HEALTHCHECK"))
         hc_cmd = json.loads(hc[hc.index("["):]) if "CMD [" in hc else []
         check(f"{rel}: HEALTHCHECK runs tost_health_check (grpc.health.v1) on --port",
@@ -428,6 +435,8 @@ def check_compose(src, server, venv):
         ports = {p.split(":")[-1] for p in s.get("ports", [])}
         check(f"{where}: publishes --port and --metrics_port", {eff.get("port"), eff.get("metrics_port")} <= ports,
               f"expected container ports {eff.get('port')} and {eff.get('metrics_port')}, got {sorted(ports)}")
+        check(f"{where}: publishes --http_port", eff.get("http_port", HTTP_PORT_DEFAULT) in ports,
+              f"expected container port {eff.get('http_port', HTTP_PORT_DEFAULT)}, got {sorted(ports)}")
         if "gpu" in s.get("profiles", []):
             devs = s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
             check(f"{where}: reserves an NVIDIA GPU",
@@ -657,6 +666,8 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
           f"expected {eff.get('port')}, got {ports.get('grpc')}")
     check(f"{dname}: metrics containerPort is --metrics_port", str(ports.get("metrics")) == eff.get("metrics_port"),
           f"expected {eff.get('metrics_port')}, got {ports.get('metrics')}")
+    check(f"{dname}: http containerPort is --http_port", str(ports.get("http")) == eff.get("http_port", HTTP_PORT_DEFAULT),
+          f"expected {eff.get('http_port', HTTP_PORT_DEFAULT)}, got {ports.get('http')}")
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         p = c.get(probe, {})
         if tls:
@@ -721,6 +732,11 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
             check(f"{n}: port {p['name']} targets a container port", p["targetPort"] in ports
                   or p["targetPort"] in ports.values(), f"targetPort {p['targetPort']}, container ports {ports}")
         check(f"{n}: serves gRPC", any(p["targetPort"] in ("grpc", ports.get("grpc")) for p in s["spec"]["ports"]),
+              f"ports {s['spec']['ports']}")
+    for s in cluster:
+        n = f"{where} Service/{s['metadata']['name']}"
+        check(f"{n}: a port named http serves the HTTP front end",
+              any(p["name"] == "http" and p["targetPort"] in ("http", ports.get("http")) for p in s["spec"]["ports"]),
               f"ports {s['spec']['ports']}")
 
     sm = one("ServiceMonitor")

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -208,6 +209,19 @@ def observed(proto_modules, tmp_path_factory):
             stub.ModelInfo(pb2.ModelInfoRequest(model="no-such-model"))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
+        # The HTTP front end: one completion (the OpenAI-compatible API) and one malformed body.
+        http = f"http://127.0.0.1:{server.http_port}/v1/completions"
+        body = json.dumps({"model": LM, "prompt": "metrics over HTTP", "max_tokens": 4}).encode()
+        with urllib.request.urlopen(urllib.request.Request(http, data=body), timeout=60) as r:
+            usage = json.load(r)["usage"]
+        # Its tokens count in the generation families like a Generate's.
+        seen["tokens"] += usage["completion_tokens"]
+        seen["prompt_tokens"] += usage["prompt_tokens"]
+        seen["streams_with_tokens"] += 1
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(http, data=b"{"), timeout=60)
+        assert refused.value.code == 400
+
         # One-shot generations.
         for i in range(3):
             generate(pb2.GenerateRequest(model=LM, prompt_bytes=f"metrics test {i} ".encode(), max_new_tokens=12,
@@ -325,6 +339,13 @@ def test_prometheus_sees_the_load(observed):
     # The recording rules evaluate in a real Prometheus against these series.
     prom.wait_for([(f'tost:generated_tokens:rate1m{{{lm}}} > bool 0', 1.0),
                    (f'count(tost:time_to_first_token_seconds:p99_5m{{{lm}}})', 1.0)], timeout=30)
+
+
+def test_prometheus_sees_http_requests_by_route_and_code(observed):
+    observed["prom"].wait_for([('tost_http_requests_total{route="/v1/completions",code="200"}', 1.0),
+                               ('tost_http_requests_total{route="/v1/completions",code="400"}', 1.0),
+                               ('tost_http_request_duration_seconds_count{route="/v1/completions"}', 2.0)],
+                              timeout=30)
 
 
 def test_state_bytes_count_active_and_idle_sessions_exactly(observed):

@@ -1,0 +1,36 @@
+// Where a generation's state comes from, resolved the same way by every front end: fresh, a
+// server-held session (checked out for the caller, who must own it), or a state blob (verified and
+// bound to the caller). tost.v1 Generate and the OpenAI-compatible routes both call it, so the
+// owner checks and their refusals are one code path.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "service/engine/engine.h"
+
+namespace tost::service {
+
+struct GenerationSource {
+  std::string model;  // the request's, or the session's / blob's when the request left it empty
+  GenerationScheduler* scheduler = nullptr;
+  ModelIdentity identity;
+  // The state being continued; nullopt for a fresh generation.
+  std::optional<GenerationState> state;
+  // The session checked out (busy) for this call, "" when none: the caller checks its final state
+  // in (SessionStore::Checkin) or releases it (Release) if the call fails before it runs.
+  std::string checked_out;
+};
+
+// Checks out `session_id` or opens `state_blob` (at most one may be set) for `owner`, and looks up
+// the language model: `model`, or the state's when `model` is empty. A session of another model
+// than a non-empty `model` is INVALID_ARGUMENT (naming field `model_field`). On any error nothing
+// stays checked out.
+absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const std::string& owner,
+                                                         const std::string& model,
+                                                         const std::string& session_id,
+                                                         const std::string& state_blob,
+                                                         const std::string& model_field = "model");
+
+}  // namespace tost::service

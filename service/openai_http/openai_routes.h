@@ -1,0 +1,38 @@
+// The OpenAI-compatible API on the HTTP front end: GET /v1/models, POST /v1/completions and
+// POST /v1/chat/completions, mapped onto the engine's generation schedulers (the same ones tost.v1
+// Generate uses; no second queue). The bodies are service/openai's (parsed, rendered, built there);
+// this file is the plumbing between an HttpExchange and GenerationJobs:
+//
+//   parse -> resolve the model and the state (fresh, session_id, or a state blob: the same owner
+//   checks as gRPC, ResolveGenerationSource) -> one scheduler place per choice (429 with
+//   Retry-After when full, 503 while draining) -> build and submit -> consume the jobs' events from
+//   their listeners, holding no thread per request.
+//
+// A non-streamed request collects its events and answers once. A streamed one (stream: true)
+// writes each SSE chunk as its token is produced. When the client reads slower than the server
+// generates, the stream's buffer fills (HttpExchange::HasRoom false) and the call stops taking
+// events until OnWritable: the job's events pile up in the job, and the scheduler pauses it at
+// --max_buffered_tokens and ends it after --stream_stall_timeout_ms; the call then resets the
+// connection (the client is not reading) and checks the session's state in as gRPC does. A client
+// that disconnects cancels its jobs.
+//
+// n > 1: n jobs, one per choice, each with seed ChoiceSeed(seed, i), all prefilling the same
+// prompt; the engine's prefix-state cache makes a repeated prompt cheap for later requests, though
+// not for choices prefilled side by side.
+//
+// An unseeded request is given a random seed (OpenAI's behaviour: unseeded requests vary); a
+// request that sends `seed` is reproducible.
+#pragma once
+
+#include "service/api/request_input.h"
+#include "service/engine/engine.h"
+#include "service/http/http_server.h"
+
+namespace tost::service {
+
+// Adds the three routes to `router`. `engine` and `limits` must outlive the HTTP server. Every
+// route needs the router's authenticator: the request's `caller` owns the sessions, blobs and
+// prefix-cache entries it creates.
+void AddOpenAiRoutes(Engine& engine, const ServiceLimits& limits, http::HttpRouter& router);
+
+}  // namespace tost::service
