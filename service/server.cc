@@ -217,17 +217,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // the models load and warm up.
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
                         LoadingResponder::Start(options.host, options.port, credentials));
+  std::unique_ptr<Server> server(new Server());
+  server->metrics_ = std::make_unique<Metrics>();
+  server->auth_ = std::move(auth);
+  server->limits_ = options.limits;
+  // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
+  // while the models load.
+  TOST_RETURN_IF_ERROR(server->StartHttp(options));
   Log(LogLevel::kInfo, "loading models",
       {{"repository", options.model_repository},
        {"port", loading->port()},
+       {"http_port", server->http_port()},
        {"device", server_placement.DeviceString()},
        {"dtype", model::ComputeDtypeName(server_placement.dtype)},
        {"cuda_devices", serving.cuda_device_count}});
-  std::unique_ptr<Server> server(new Server());
   // Loaded and warmed up before readiness: SERVING only once every model has run once.
   TOST_ASSIGN_OR_RETURN(server->repository_,
                         LoadedRepository::Load(options.model_repository, serving));
-  server->metrics_ = std::make_unique<Metrics>();
   for (const auto& m : server->repository_->models()) {
     if (m.status.ok()) {
       Log(LogLevel::kInfo, "model loaded",
@@ -255,8 +261,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TOST_ASSIGN_OR_RETURN(server->engine_,
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));
-  server->auth_ = std::move(auth);
-  server->limits_ = options.limits;
   server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
                                                    model::CudaDeviceMemory);
   server->kserve_ = std::make_unique<KServeService>(
@@ -309,7 +313,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->metrics_->WatchEngine(server->engine_.get());
   TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
-  TOST_RETURN_IF_ERROR(server->StartHttp(options));
+  server->serving_engine_ = server->engine_.get();
   server->ready_ = true;
 
   Server* raw = server.get();
@@ -349,12 +353,13 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
           exchange->Respond(http::MakeResponse(200, R"({"status":"ready"})"));
         } else {
           exchange->Respond(http::ErrorResponse(absl::UnavailableError(
-              "not ready: the server is draining (readiness is on once every model is loaded)")));
+              "not ready: the server is loading its models or draining (readiness is on once "
+              "every model is loaded and off from the drain's start)")));
         }
       },
       {.is_public = true});
   // The OpenAI-compatible API, on the engine's schedulers (as tost.v1 Generate).
-  AddOpenAiRoutes(*engine_, limits_, router);
+  AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, router);
   router.SetAuthenticator([this](const http::HttpRequest& r) {
     return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
                                             .authorization = r.Header("authorization"),

@@ -118,6 +118,9 @@ class Server {
   // Readiness of the HTTP front end (GET /v1/health/ready), as gRPC health's SERVING: set once
   // serving, cleared when draining or stopping.
   std::atomic<bool> ready_{false};
+  // What the OpenAI routes serve with: null while the models load (they answer 503), the engine
+  // from readiness on.
+  std::atomic<Engine*> serving_engine_{nullptr};
   std::unique_ptr<http::HttpServer> http_;  // after auth_ and engine_: its routes use them
   absl::Notification stop_reaper_;
   std::thread reaper_;

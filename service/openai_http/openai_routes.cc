@@ -325,19 +325,33 @@ void Route(Engine& engine, const ServiceLimits& limits, Endpoint endpoint,
   call->Start();
 }
 
+// The engine, or a 503 answered and null while the models load.
+Engine* EngineOrLoading(const ServingEngine& engine, HttpExchange& exchange) {
+  Engine* e = engine();
+  if (e == nullptr) {
+    exchange.Respond(http::ErrorResponse(absl::UnavailableError(
+        "the server is still loading its models; retry in a few seconds (GET /v1/health/ready "
+        "answers 200 once it serves)")));
+  }
+  return e;
+}
+
 }  // namespace
 
-void AddOpenAiRoutes(Engine& engine, const ServiceLimits& limits, http::HttpRouter& router) {
-  router.Handle("GET", "/v1/models", [&engine](std::shared_ptr<HttpExchange> exchange) {
-    exchange->Respond(http::MakeResponse(200, openai::ModelsListBody(engine.models())));
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, http::HttpRouter& router) {
+  router.Handle("GET", "/v1/models", [engine](std::shared_ptr<HttpExchange> exchange) {
+    if (Engine* e = EngineOrLoading(engine, *exchange))
+      exchange->Respond(http::MakeResponse(200, openai::ModelsListBody(e->models())));
   });
   router.Handle("POST", "/v1/completions",
-                [&engine, &limits](std::shared_ptr<HttpExchange> exchange) {
-                  Route(engine, limits, Endpoint::kCompletions, std::move(exchange));
+                [engine, &limits](std::shared_ptr<HttpExchange> exchange) {
+                  if (Engine* e = EngineOrLoading(engine, *exchange))
+                    Route(*e, limits, Endpoint::kCompletions, std::move(exchange));
                 });
   router.Handle("POST", "/v1/chat/completions",
-                [&engine, &limits](std::shared_ptr<HttpExchange> exchange) {
-                  Route(engine, limits, Endpoint::kChatCompletions, std::move(exchange));
+                [engine, &limits](std::shared_ptr<HttpExchange> exchange) {
+                  if (Engine* e = EngineOrLoading(engine, *exchange))
+                    Route(*e, limits, Endpoint::kChatCompletions, std::move(exchange));
                 });
 }
 

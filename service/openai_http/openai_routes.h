@@ -24,15 +24,21 @@
 // request that sends `seed` is reproducible.
 #pragma once
 
+#include <functional>
+
 #include "service/api/request_input.h"
 #include "service/engine/engine.h"
 #include "service/http/http_server.h"
 
 namespace tost::service {
 
-// Adds the three routes to `router`. `engine` and `limits` must outlive the HTTP server. Every
-// route needs the router's authenticator: the request's `caller` owns the sessions, blobs and
-// prefix-cache entries it creates.
-void AddOpenAiRoutes(Engine& engine, const ServiceLimits& limits, http::HttpRouter& router);
+// The engine once the models are loaded, null before: the HTTP front end listens while they load
+// (as gRPC's loading responder does), and the routes answer 503 until then.
+using ServingEngine = std::function<Engine*()>;
+
+// Adds the three routes to `router`. The engine it returns and `limits` must outlive the HTTP
+// server. Every route needs the router's authenticator: the request's `caller` owns the sessions,
+// blobs and prefix-cache entries it creates.
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, http::HttpRouter& router);
 
 }  // namespace tost::service

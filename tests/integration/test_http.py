@@ -5,6 +5,7 @@ are served, and the drain on SIGTERM."""
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -16,7 +17,8 @@ import urllib.request
 import grpc
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+import tost_launch
+from conftest import SOURCE_DIR, RunningServer, _binary
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 API_KEY = "http-test-key-0123456789"
@@ -249,3 +251,46 @@ def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modul
             socket.create_connection(("127.0.0.1", s.http_port), timeout=5)
     finally:
         s.stop()
+
+
+def test_while_the_models_load_the_port_answers_503_and_live_200(tmp_path):
+    """The HTTP front end listens before the first model loads, as the gRPC port does: liveness
+    200, readiness and the API 503 with a retry hint. A repository of many copies of tost-austen
+    (weights linked, not copied) keeps the server loading; its log names the HTTP port first."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    source = os.path.join(MODELS, "tost-austen")
+    with open(os.path.join(source, "config.json")) as f:
+        config = f.read()
+    for i in range(40):
+        d = repo / f"austen-{i:02d}"
+        d.mkdir()
+        (d / "config.json").write_text(config.replace('"name": "tost-austen"', f'"name": "austen-{i:02d}"'))
+        for name in os.listdir(source):
+            if name != "config.json":
+                os.symlink(os.path.join(source, name), d / name)
+    server = tost_launch.TostServer(str(repo), binary=_binary("TOST_SERVER_BIN"), metrics=False,
+                                    extra_args=["--http_port=0"], log_path=str(tmp_path / "server.log"),
+                                    wait=False)
+    with server:
+        deadline = time.monotonic() + 60
+        port = None
+        while port is None:
+            assert server.alive(), server.log_text()
+            assert time.monotonic() < deadline, f"no 'loading models' line: {server.log_text()}"
+            m = re.search(r"loading models .*\bhttp_port=(\d+)", server.log_text())
+            port = int(m.group(1)) if m else time.sleep(0.005)
+        status, _, _ = _request(port, "GET", "/v1/health/live")
+        assert status == 200
+        ready, _, ready_body = _request(port, "GET", "/v1/health/ready")
+        models, _, models_body = _request(port, "GET", "/v1/models")
+        completion, _, completion_body = _request(
+            port, "POST", "/v1/completions", {"content-type": "application/json"},
+            json.dumps({"model": "austen-00", "prompt": "It was", "max_tokens": 2}))
+        if ready == 200:
+            pytest.skip("the server loaded every model before the first probe; nothing to observe")
+        assert ready == 503, ready_body
+        assert "loading" in _error(ready_body)["message"]
+        for status, body in ((models, models_body), (completion, completion_body)):
+            assert status == 503, body
+            assert "still loading its models" in _error(body)["message"], body
