@@ -9,16 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/split_mix.h"
 
 namespace tost::model {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // CTRL-style penalty: positive logits are divided, negative ones multiplied, once per distinct
 // token.
@@ -140,7 +134,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 }
 
 double CounterUniform(uint64_t seed, uint64_t counter) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (counter * 0xD1B54A32D192ED03ull));
+  const uint64_t bits =
+      base::SplitMix64(base::SplitMix64(seed) ^ (counter * 0xD1B54A32D192ED03ull));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 

@@ -4,18 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/split_mix.h"
 
 namespace tost::service {
-namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 absl::Status ValidatePrefixCacheOptions(const PrefixCacheOptions& o) {
   if (o.max_bytes < 0) {
@@ -31,13 +22,13 @@ std::string PrefixStateCache::ScopeKey(const PrefixCacheScope& scope) {
 }
 
 uint64_t PrefixStateCache::ScopeHash(const std::string& scope_key) {
-  uint64_t h = Mix(scope_key.size());
-  for (unsigned char c : scope_key) h = Mix(h ^ c);
+  uint64_t h = base::SplitMix64(scope_key.size());
+  for (unsigned char c : scope_key) h = base::SplitMix64(h ^ c);
   return h;
 }
 
 uint64_t PrefixStateCache::Extend(uint64_t hash, int32_t token) {
-  return Mix(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 1 | 1));
+  return base::SplitMix64(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 1 | 1));
 }
 
 int64_t PrefixStateCache::EntryBytes(size_t text_bytes, size_t tokens, size_t floats) {

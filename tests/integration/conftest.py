@@ -104,3 +104,22 @@ def channel(server):
 def stub(channel, proto_modules):
     _, tost_pb2_grpc = proto_modules
     return tost_pb2_grpc.TostStub(channel)
+
+
+def slow_loading_repository(tmp_path, copies=40):
+    """A repository of `copies` tost-austen models (austen-00, austen-01, ...; weights linked, not
+    copied) that keeps a server loading for a while: the tests that watch what a server answers
+    before its models are ready start one on it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    source = os.path.join(SOURCE_DIR, "models", "tost-austen")
+    with open(os.path.join(source, "config.json")) as f:
+        config = f.read()
+    for i in range(copies):
+        d = repo / f"austen-{i:02d}"
+        d.mkdir()
+        (d / "config.json").write_text(config.replace('"name": "tost-austen"', f'"name": "austen-{i:02d}"'))
+        for name in os.listdir(source):
+            if name != "config.json":
+                os.symlink(os.path.join(source, name), d / name)
+    return str(repo)

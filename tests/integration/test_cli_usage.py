@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import SOURCE_DIR, _binary
+from conftest import SOURCE_DIR, _binary, slow_loading_repository
 import tost_launch  # tools/pylib, on sys.path once conftest is imported
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -163,20 +163,9 @@ def test_a_server_still_loading_is_one_line_and_exit_status_5(tmp_path):
     model has loaded and warmed up. A repository of many copies of tost-austen (weights linked, not
     copied) keeps it loading for a while; its log names the port before the first model loads, and
     tost_cli is called as soon as it appears."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    source = os.path.join(MODELS, "tost-austen")
-    with open(os.path.join(source, "config.json")) as f:
-        config = f.read()
-    for i in range(40):
-        d = repo / f"austen-{i:02d}"
-        d.mkdir()
-        (d / "config.json").write_text(config.replace('"name": "tost-austen"', f'"name": "austen-{i:02d}"'))
-        for name in os.listdir(source):
-            if name != "config.json":
-                os.symlink(os.path.join(source, name), d / name)
+    repo = slow_loading_repository(tmp_path)
     # Not waiting for the listening line: that comes once every model has loaded.
-    server = tost_launch.TostServer(str(repo), binary=_binary("TOST_SERVER_BIN"), metrics=False,
+    server = tost_launch.TostServer(repo, binary=_binary("TOST_SERVER_BIN"), metrics=False,
                                     log_path=str(tmp_path / "server.log"), wait=False)
     with server:
         deadline = time.monotonic() + 60

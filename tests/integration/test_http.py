@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 import tost_launch
-from conftest import SOURCE_DIR, RunningServer, _binary
+from conftest import SOURCE_DIR, RunningServer, _binary, slow_loading_repository
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 API_KEY = "http-test-key-0123456789"
@@ -257,19 +257,8 @@ def test_while_the_models_load_the_port_answers_503_and_live_200(tmp_path):
     """The HTTP front end listens before the first model loads, as the gRPC port does: liveness
     200, readiness and the API 503 with a retry hint. A repository of many copies of tost-austen
     (weights linked, not copied) keeps the server loading; its log names the HTTP port first."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    source = os.path.join(MODELS, "tost-austen")
-    with open(os.path.join(source, "config.json")) as f:
-        config = f.read()
-    for i in range(40):
-        d = repo / f"austen-{i:02d}"
-        d.mkdir()
-        (d / "config.json").write_text(config.replace('"name": "tost-austen"', f'"name": "austen-{i:02d}"'))
-        for name in os.listdir(source):
-            if name != "config.json":
-                os.symlink(os.path.join(source, name), d / name)
-    server = tost_launch.TostServer(str(repo), binary=_binary("TOST_SERVER_BIN"), metrics=False,
+    repo = slow_loading_repository(tmp_path)
+    server = tost_launch.TostServer(repo, binary=_binary("TOST_SERVER_BIN"), metrics=False,
                                     extra_args=["--http_port=0"], log_path=str(tmp_path / "server.log"),
                                     wait=False)
     with server:

@@ -5,16 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/split_mix.h"
 
 namespace tost::service::testing {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Statistics stay below this prime, so every value and every intermediate product of Feed is an
 // integer a float holds exactly.
@@ -57,11 +51,13 @@ void FakeLanguageModel::Cut(model::SequenceState& state) const {
 }
 
 std::vector<float> FakeLanguageModel::Logits(const model::SequenceState& state) const {
-  uint64_t h = SplitMix64(static_cast<uint64_t>(state.position));
-  for (float s : state.stats) h = SplitMix64(h ^ static_cast<uint64_t>(static_cast<int64_t>(s)));
+  uint64_t h = base::SplitMix64(static_cast<uint64_t>(state.position));
+  for (float s : state.stats)
+    h = base::SplitMix64(h ^ static_cast<uint64_t>(static_cast<int64_t>(s)));
   std::vector<float> logits(options_.vocab_size, -20.f);
   for (int64_t v = 32; v < 127 && v < options_.vocab_size; ++v) {
-    logits[v] = static_cast<float>(SplitMix64(h ^ (static_cast<uint64_t>(v) << 40)) % 1024) / 128;
+    logits[v] =
+        static_cast<float>(base::SplitMix64(h ^ (static_cast<uint64_t>(v) << 40)) % 1024) / 128;
   }
   if (options_.eos_at_position >= 0 && state.position >= options_.eos_at_position &&
       options_.eos_token_id < options_.vocab_size) {
