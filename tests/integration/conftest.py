@@ -5,6 +5,7 @@ Both come from the repository's helpers in tools/pylib (tost_launch.py, tost_pro
 file puts on sys.path once: every test module (and failover_proxy.py) imports conftest first, so
 `import tost_launch` and `import tost_protos` work in them too, under ctest or pytest alike."""
 import os
+import subprocess
 import sys
 
 import grpc
@@ -123,3 +124,23 @@ def slow_loading_repository(tmp_path, copies=40):
             if name != "config.json":
                 os.symlink(os.path.join(source, name), d / name)
     return str(repo)
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A test CA (ca.pem) and certificates it signed, made with the openssl tool: server.pem for
+    localhost and 127.0.0.1, client certificates alice.pem and bob.pem (each with its .key)."""
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=tost-test-ca", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name, ext in (("server", ["-extfile", "san.ext"]), ("alice", []), ("bob", [])):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", *ext, cwd=d)
+    return d

@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.request
@@ -148,24 +147,6 @@ def test_api_keys_guard_every_route_but_health(tmp_path):
         assert _request(port, "GET", "/v1/models", {"Authorization": f"Bearer {API_KEY}"})[0] == 200
     finally:
         assert s.stop() == 0
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-             "-subj", "/CN=tost-test-ca", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name, ext in (("server", ["-extfile", "san.ext"]), ("alice", [])):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "2", *ext, cwd=d)
-    return d
 
 
 def test_tls_and_mutual_tls_with_the_grpc_ports_files(pki):
