@@ -54,7 +54,7 @@ namespace tost::service {
 
 struct PrefixCacheOptions {
   // Bytes of all entries together (statistics, keys, bookkeeping); 0 disables the cache.
-  int64_t max_bytes = 256LL << 20;
+  int64_t max_bytes = 64LL << 20;  // --prefix_cache_bytes's default
 };
 
 absl::Status ValidatePrefixCacheOptions(const PrefixCacheOptions& o);
