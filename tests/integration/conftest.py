@@ -5,8 +5,10 @@ Both come from the repository's helpers in tools/pylib (tost_launch.py, tost_pro
 file puts on sys.path once: every test module (and failover_proxy.py) imports conftest first, so
 `import tost_launch` and `import tost_protos` work in them too, under ctest or pytest alike."""
 import os
+import re
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -144,3 +146,17 @@ def pki(tmp_path_factory):
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.pem", "-days", "2", *ext, cwd=d)
     return d
+
+
+def port_while_loading(server, key="port", timeout_s=60):
+    """The port named `key` (port, http_port) in the 'loading models' line of `server`'s log: a
+    server started with wait=False writes it before its first model loads, when only that line
+    says where it listens."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert server.alive(), server.log_text()
+        m = re.search(rf"loading models .*\b{key}=(\d+)", server.log_text())
+        if m:
+            return int(m.group(1))
+        assert time.monotonic() < deadline, f"no 'loading models' line: {server.log_text()}"
+        time.sleep(0.005)

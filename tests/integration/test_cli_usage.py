@@ -7,12 +7,11 @@ import os
 import re
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from conftest import SOURCE_DIR, _binary, slow_loading_repository
+from conftest import SOURCE_DIR, _binary, port_while_loading, slow_loading_repository
 import tost_launch  # tools/pylib, on sys.path once conftest is imported
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -168,13 +167,7 @@ def test_a_server_still_loading_is_one_line_and_exit_status_5(tmp_path):
     server = tost_launch.TostServer(repo, binary=_binary("TOST_SERVER_BIN"), metrics=False,
                                     log_path=str(tmp_path / "server.log"), wait=False)
     with server:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None:
-            assert server.alive(), server.log_text()
-            assert time.monotonic() < deadline, f"no 'loading models' line: {server.log_text()}"
-            m = re.search(r"loading models .*\bport=(\d+)", server.log_text())
-            port = int(m.group(1)) if m else time.sleep(0.005)
+        port = port_while_loading(server, "port")
         address = f"127.0.0.1:{port}"
         done = cli("models", f"--server={address}")
         if done.returncode == 0:

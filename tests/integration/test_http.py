@@ -5,7 +5,6 @@ are served, and the drain on SIGTERM."""
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import ssl
@@ -17,7 +16,7 @@ import grpc
 import pytest
 
 import tost_launch
-from conftest import SOURCE_DIR, RunningServer, _binary, slow_loading_repository
+from conftest import SOURCE_DIR, RunningServer, _binary, port_while_loading, slow_loading_repository
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 API_KEY = "http-test-key-0123456789"
@@ -243,13 +242,7 @@ def test_while_the_models_load_the_port_answers_503_and_live_200(tmp_path):
                                     extra_args=["--http_port=0"], log_path=str(tmp_path / "server.log"),
                                     wait=False)
     with server:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None:
-            assert server.alive(), server.log_text()
-            assert time.monotonic() < deadline, f"no 'loading models' line: {server.log_text()}"
-            m = re.search(r"loading models .*\bhttp_port=(\d+)", server.log_text())
-            port = int(m.group(1)) if m else time.sleep(0.005)
+        port = port_while_loading(server, "http_port")
         status, _, _ = _request(port, "GET", "/v1/health/live")
         assert status == 200
         ready, _, ready_body = _request(port, "GET", "/v1/health/ready")

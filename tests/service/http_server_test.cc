@@ -21,42 +21,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "service/http/http_errors.h"
+#include "tests/service/socket_test_util.h"
 
 namespace tost::http {
 namespace {
 
+using ::tost::testing::Connect;
+using ::tost::testing::ReadAll;
+using ::tost::testing::SendAll;
+
 using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
-
-int Connect(int port, int receive_buffer = 0) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (receive_buffer > 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
-  return fd;
-}
-
-void SendAll(int fd, const std::string& data) {
-  for (size_t sent = 0; sent < data.size();) {
-    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    ASSERT_GT(n, 0) << strerror(errno);
-    sent += static_cast<size_t>(n);
-  }
-}
-
-std::string ReadAll(int fd) {
-  std::string response;
-  char buf[65536];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
-    response.append(buf, static_cast<size_t>(n));
-  return response;
-}
 
 // Reads until `needle` has arrived (or the connection ends / 10 s pass).
 std::string ReadUntil(int fd, std::string_view needle) {

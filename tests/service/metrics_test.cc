@@ -27,9 +27,14 @@
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "tests/service/engine/fake_models.h"
+#include "tests/service/socket_test_util.h"
 
 namespace tost::service {
 namespace {
+
+using ::tost::testing::Connect;
+using ::tost::testing::ReadAll;
+using ::tost::testing::SendAll;
 
 // The value of the sample line that starts with `series` (name and labels exactly as rendered).
 double Value(const std::string& text, const std::string& series) {
@@ -196,37 +201,6 @@ TEST(MetricsTest, OptionsRejectPortsOutOfRange) {
 
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// A connection to 127.0.0.1:port. Reads give up after 10 s, so a server that never answers fails
-// a test rather than hanging the suite.
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
-  return fd;
-}
-
-void SendAll(int fd, const std::string& data) {
-  for (size_t sent = 0; sent < data.size();) {
-    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    ASSERT_GT(n, 0) << strerror(errno);
-    sent += static_cast<size_t>(n);
-  }
-}
-
-// Everything the server sends until it closes (or resets) the connection.
-std::string ReadAll(int fd) {
-  std::string response;
-  char buf[65536];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
-    response.append(buf, static_cast<size_t>(n));
-  return response;
-}
 
 std::string HttpGet(int port, const std::string& request) {
   const int fd = Connect(port);
