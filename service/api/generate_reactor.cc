@@ -90,7 +90,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   void FillEvent(const GenerationEvent& event, tost::v1::GenerateResponse& msg) const;
   // Handles the job's final event: returns the status the call ends with, and fills `msg` with
   // the final message when there is one to send.
-  absl::Status FinishEvent(GenerationEvent& event, tost::v1::GenerateResponse& msg);
+  absl::Status FinishEvent(GenerationEvent& event, tost::v1::GenerateResponse& msg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the call after the final event, once the session's state is stored (`stored`: the
+  // store's outcome; OK when no session was checked out).
+  void Complete(GenerationEvent event, absl::Status stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSession() {
     if (!checked_out_.empty()) engine_.sessions().Release(checked_out_);
     checked_out_.clear();
@@ -108,7 +112,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   ModelIdentity identity_;
   bool stateless_ = false;
   std::shared_ptr<GenerationJob> job_;
-  std::string checked_out_;  // the session this call holds busy, until its state is checked in
+  // The session this call holds busy, until its state is checked in (cleared by the Pump that takes
+  // the final event, under mu_).
+  std::string checked_out_;
 
   absl::Mutex mu_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
@@ -174,11 +180,6 @@ void GenerateReactor::FillEvent(const GenerationEvent& event,
 }
 
 absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::GenerateResponse& msg) {
-  // The session is free (with its new state) before the client hears the end.
-  if (!checked_out_.empty()) {
-    engine_.sessions().Checkin(checked_out_, event.snapshot);
-    checked_out_.clear();
-  }
   if (!event.status.ok()) return event.status;
   if (event.finish_reason == FinishReason::kCancelled) {
     return absl::CancelledError(absl::StrCat("Generate on model ", model_name_,
@@ -201,7 +202,8 @@ absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::Gene
 }
 
 void GenerateReactor::Pump() {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
+  std::optional<GenerationEvent> final_event;
   if (write_in_flight_ && job_->stalled() && !abandoned_) {
     // The client has read nothing for the stall timeout and the write waits on its flow-control
     // window: cancel the call, so the write fails, the final event is taken (the session gets its
@@ -232,19 +234,40 @@ void GenerateReactor::Pump() {
       return;
     }
     finished_ = true;
-    const absl::Status status = FinishEvent(*event, message_);
-    if (!status.ok()) {
-      Finish(ToGrpcStatus(status));
-    } else if (!broken_.ok()) {
-      Finish(ToGrpcStatus(broken_));
-    } else if (client_gone_) {
-      Finish(ToGrpcStatus(absl::CancelledError(
-          absl::StrCat("Generate on model ", model_name_, ": the client went away"))));
-    } else if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
-      Finish(serialized);
-    } else {
-      StartWriteAndFinish(&written_, grpc::WriteOptions(), grpc::Status::OK);
-    }
+    final_event = std::move(event);
+    break;
+  }
+  if (!final_event.has_value()) return;
+  if (checked_out_.empty()) {
+    Complete(*std::move(final_event), absl::OkStatus());
+    return;
+  }
+  // The session is free (with its new state) before the client hears the end, and the call is
+  // acknowledged only once that state is stored: a shared store writes it on its own thread and
+  // calls back.
+  const std::string session = std::exchange(checked_out_, "");
+  GenerationState state = final_event->snapshot;
+  lock.Release();
+  engine_.sessions().Checkin(session, std::move(state),
+                             [this, event = *std::move(final_event)](absl::Status stored) mutable {
+                               absl::MutexLock relock(&mu_);
+                               Complete(std::move(event), std::move(stored));
+                             });
+}
+
+void GenerateReactor::Complete(GenerationEvent event, absl::Status stored) {
+  const absl::Status status = stored.ok() ? FinishEvent(event, message_) : stored;
+  if (!status.ok()) {
+    Finish(ToGrpcStatus(status));
+  } else if (!broken_.ok()) {
+    Finish(ToGrpcStatus(broken_));
+  } else if (client_gone_) {
+    Finish(ToGrpcStatus(absl::CancelledError(
+        absl::StrCat("Generate on model ", model_name_, ": the client went away"))));
+  } else if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
+    Finish(serialized);
+  } else {
+    StartWriteAndFinish(&written_, grpc::WriteOptions(), grpc::Status::OK);
   }
 }
 

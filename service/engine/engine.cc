@@ -1,5 +1,6 @@
 #include "service/engine/engine.h"
 #include "service/engine/client_text.h"
+#include "service/engine/memory_session_store.h"
 
 #include <utility>
 
@@ -29,8 +30,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
           m.weights_sha256.size(), " bytes"));
     }
   }
-  std::unique_ptr<Engine> engine(new Engine(std::move(models), options.sessions,
-                                            options.prefix_cache, std::move(codec), clock));
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(models), options.prefix_cache, std::move(codec)));
+  if (options.session_store) {
+    const Engine* self = engine.get();
+    TOST_ASSIGN_OR_RETURN(
+        engine->sessions_,
+        options.session_store(SessionStoreContext{
+            .options = options.sessions,
+            .codec = &self->codec_,
+            .identity = [self](const std::string& model) { return self->Identity(model); },
+            .clock = clock}));
+  } else {
+    engine->sessions_ = std::make_unique<MemorySessionStore>(options.sessions, clock);
+  }
   if (engine->by_name_.size() != engine->models_.size()) {
     return absl::InvalidArgumentError("two models of the repository share one name");
   }
@@ -62,12 +75,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   return engine;
 }
 
-Engine::Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions,
-               PrefixCacheOptions prefix_cache, SessionCodec codec, Clock* clock)
-    : models_(std::move(models)),
-      prefix_cache_(prefix_cache),
-      sessions_(sessions, clock),
-      codec_(std::move(codec)) {
+Engine::Engine(std::vector<ModelEntry> models, PrefixCacheOptions prefix_cache, SessionCodec codec)
+    : models_(std::move(models)), prefix_cache_(prefix_cache), codec_(std::move(codec)) {
   for (size_t i = 0; i < models_.size(); ++i) by_name_[models_[i].name] = i;
 }
 
@@ -151,7 +160,7 @@ absl::StatusOr<std::vector<float>> ServedClassifier::Classify(
 
 void Engine::StopAdmitting() {
   draining_.store(true, std::memory_order_relaxed);
-  sessions_.StopAdding();
+  sessions_->StopAdding();
   for (auto& [name, scheduler] : schedulers_) scheduler->StopAdmitting();
   for (auto& [name, batcher] : batchers_) batcher->Shutdown(ShutdownMode::kFinishQueued);
 }
@@ -164,7 +173,7 @@ int32_t Engine::generations_in_flight() const {
 
 void Engine::Shutdown() {
   draining_.store(true, std::memory_order_relaxed);
-  sessions_.StopAdding();
+  sessions_->StopAdding();
   for (auto& [name, scheduler] : schedulers_) scheduler->Shutdown();
   for (auto& [name, batcher] : batchers_) batcher->Shutdown(ShutdownMode::kFailQueued);
 }
@@ -185,9 +194,9 @@ EngineStats Engine::Stats() const {
   for (const auto& [name, batcher] : batchers_) {
     out.classifiers.push_back({name, batcher->stats(), batcher->options().max_queue_size});
   }
-  out.sessions = sessions_.stats();
-  out.session_budget_bytes = sessions_.options().max_state_bytes;
-  out.max_sessions = sessions_.options().max_sessions;
+  out.sessions = sessions_->stats();
+  out.session_budget_bytes = sessions_->options().max_state_bytes;
+  out.max_sessions = sessions_->options().max_sessions;
   out.prefix_cache_budget_bytes = prefix_cache_.options().max_bytes;
   return out;
 }

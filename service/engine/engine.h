@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,10 +40,24 @@ struct ModelEntry {
   model::Placement placement;                   // where it runs (valid when it loaded)
 };
 
+// What a session store backend is built from: the codec and model identities to seal the states
+// it keeps outside this process (a shared store holds blobs as ExportSession writes them, so a
+// compromised store cannot inject state), the clock, and the budget options.
+struct SessionStoreContext {
+  SessionStoreOptions options;
+  const SessionCodec* codec = nullptr;  // the engine's; outlives the store
+  std::function<absl::StatusOr<ModelIdentity>(const std::string& model)> identity;
+  Clock* clock = nullptr;
+};
+using SessionStoreFactory =
+    std::function<absl::StatusOr<std::unique_ptr<SessionStore>>(SessionStoreContext context)>;
+
 struct EngineOptions {
   GenerationSchedulerOptions generation;  // per language model (observer: shared, not owned)
   DynamicBatcherOptions batching;         // per classifier; model_name is filled in per model
   SessionStoreOptions sessions;
+  // Builds the session store; null: MemorySessionStore (this process's memory).
+  SessionStoreFactory session_store;
   // One cache for all language models (its byte bound is shared); every key names its model.
   PrefixCacheOptions prefix_cache;
   // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
@@ -128,7 +143,7 @@ class Engine {
   };
   absl::StatusOr<ServedGenerator> Generator(const std::string& name) const;
 
-  SessionStore& sessions() { return sessions_; }
+  SessionStore& sessions() { return *sessions_; }
   PrefixStateCache& prefix_cache() { return prefix_cache_; }
   const SessionCodec& codec() const { return codec_; }
 
@@ -144,11 +159,10 @@ class Engine {
 
   EngineStats Stats() const;
   // Removes sessions idle past their timeout (the server calls it periodically).
-  void ReapIdleSessions() { sessions_.ReapIdle(); }
+  void ReapIdleSessions() { sessions_->ReapIdle(); }
 
  private:
-  Engine(std::vector<ModelEntry> models, SessionStoreOptions sessions,
-         PrefixCacheOptions prefix_cache, SessionCodec codec, Clock* clock);
+  Engine(std::vector<ModelEntry> models, PrefixCacheOptions prefix_cache, SessionCodec codec);
   absl::StatusOr<const ModelEntry*> FindServed(const std::string& name) const;
 
   const std::vector<ModelEntry> models_;
@@ -157,8 +171,9 @@ class Engine {
   PrefixStateCache prefix_cache_;
   std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
   std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
-  SessionStore sessions_;
   const SessionCodec codec_;
+  // After the codec (a shared store seals with it); before nothing that outlives it.
+  std::unique_ptr<SessionStore> sessions_;
   std::atomic<bool> draining_{false};
 };
 

@@ -1,26 +1,29 @@
 // Server-held generation sessions: an unguessable id → the session's GenerationState, bound to the
-// identity that created it. Bounded by count and by state bytes, with LRU eviction of idle
-// sessions and an idle timeout; every eviction is counted by reason.
+// identity that created it. Two backends implement this interface: MemorySessionStore
+// (service/engine/memory_session_store.h, the default: one process's memory) and the shared store
+// on Redis (service/store/redis_session_store.h), where every replica sharing the store continues
+// every session.
 //
-// A session is "checked out" while a Generate runs on it (busy): it cannot be exported, forked,
-// closed or evicted until it is checked back in with its new state.
+// A session is "checked out" while a Generate runs on it (busy): it cannot be checked out again,
+// exported, forked or closed until it is checked back in with its new state (or released).
+//
+// Threads: every method may be called from any thread. Checkin and Release may be called on the
+// generation scheduler's thread, so they never wait on a network: a remote store finishes them on
+// its own threads and reports through `done`.
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <string>
-#include <unordered_map>
 
-#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "service/engine/clock.h"
 #include "service/engine/generation_state.h"
 
 namespace tost::service {
 
-// Told of each session the store refused for want of room (metrics); called with the store's lock
+// Told of each session a store refused for want of room (metrics); called with the store's lock
 // held, so it must be cheap and must not call back into the store.
 class SessionStoreObserver {
  public:
@@ -29,18 +32,21 @@ class SessionStoreObserver {
 };
 
 struct SessionStoreOptions {
-  int64_t max_sessions = 4096;  // sessions held at once
-  int64_t max_state_bytes =
-      256LL << 20;  // bytes of all sessions' state (GenerationState::ByteSize)
-  absl::Duration idle_timeout = absl::Minutes(30);  // unused this long → evicted
-  SessionStoreObserver* observer = nullptr;         // not owned, outlives the store; may be null
+  // The in-memory store: sessions held at once. The shared store: sessions kept hot in this
+  // replica's memory (the store itself is bounded by its own memory policy).
+  int64_t max_sessions = 4096;
+  // Bytes of those sessions' state (GenerationState::ByteSize), with the same two meanings.
+  int64_t max_state_bytes = 256LL << 20;
+  // Unused this long → evicted (the shared store: expires through the store's TTL).
+  absl::Duration idle_timeout = absl::Minutes(30);
+  SessionStoreObserver* observer = nullptr;  // not owned, outlives the store; may be null
 };
 
 absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o);
 
 struct SessionStoreStats {
-  int64_t sessions = 0;
-  int64_t busy = 0;
+  int64_t sessions = 0;  // held in this replica's memory (the shared store: its hot sessions)
+  int64_t busy = 0;      // checked out by this replica
   int64_t state_bytes = 0;
   int64_t evicted_idle = 0;
   int64_t evicted_lru = 0;
@@ -49,63 +55,54 @@ struct SessionStoreStats {
 // 128 random bits from the OS CSPRNG, hex-encoded.
 std::string NewSessionId();
 
+// The refusal for a session id that is unknown, closed, expired or someone else's: one message and
+// code for all of them, so that ids cannot be probed.
+absl::Status SessionNotFound(const std::string& id);
+
+// What a refused caller wanted of a busy session (the advice differs).
+enum class SessionUse { kGenerate, kRead, kClose };
+// FAILED_PRECONDITION: the session is checked out by a Generate (on any replica of a shared store).
+absl::Status SessionBusy(const std::string& id, SessionUse use);
+
 class SessionStore {
  public:
-  SessionStore(SessionStoreOptions options, Clock* clock) : options_(options), clock_(clock) {}
+  // Gets the outcome of a Checkin: OK once the new state is stored (for a shared store: written
+  // to it, so an acknowledged call survives this replica), or why it was not; the session is then
+  // at its state before the call.
+  using CheckinDone = absl::AnyInvocable<void(absl::Status) &&>;
 
-  // Stores a new session, evicting least recently used idle sessions if the count or byte budget
-  // needs room. RESOURCE_EXHAUSTED (with a retry hint) if busy sessions alone fill the budget;
-  // UNAVAILABLE once StopAdding() was called.
-  absl::StatusOr<std::string> Add(const std::string& owner, GenerationState state);
-  // The process is draining: a session made now would die with it seconds later, so Add refuses
-  // (UNAVAILABLE, "create it on another replica") while the sessions held stay usable for export.
-  void StopAdding();
+  virtual ~SessionStore() = default;
 
-  // Marks the session busy and returns a copy of its state. NOT_FOUND for an unknown id or one
-  // that belongs to someone else (indistinguishable on purpose); FAILED_PRECONDITION when busy.
-  absl::StatusOr<GenerationState> Checkout(const std::string& id, const std::string& owner);
-  // Stores the state produced by the Generate that checked the session out, and frees it.
-  void Checkin(const std::string& id, GenerationState state);
+  // Stores a new session. RESOURCE_EXHAUSTED (with a retry hint) when there is no room;
+  // UNAVAILABLE once StopAdding() was called, or when a shared store cannot be reached.
+  virtual absl::StatusOr<std::string> Add(const std::string& owner, GenerationState state) = 0;
+  // The process is draining: a session made now would die with it seconds later (the in-memory
+  // store), so Add refuses (UNAVAILABLE, "create it on another replica").
+  virtual void StopAdding() = 0;
+
+  // Marks the session busy and returns its state. NOT_FOUND (SessionNotFound) for an unknown id or
+  // one that belongs to someone else; FAILED_PRECONDITION when busy.
+  virtual absl::StatusOr<GenerationState> Checkout(const std::string& id,
+                                                   const std::string& owner) = 0;
+  // Stores the state produced by the Generate that checked the session out, frees it, and calls
+  // `done` (possibly before returning, on this thread; never with a lock of the caller's held by
+  // the store).
+  virtual void Checkin(const std::string& id, GenerationState state, CheckinDone done) = 0;
   // Frees a checked-out session without changing its state (the Generate failed before running).
-  void Release(const std::string& id);
+  virtual void Release(const std::string& id) = 0;
 
-  // A copy of an idle session's state (export, fork).
-  absl::StatusOr<GenerationState> Get(const std::string& id, const std::string& owner);
-  absl::Status Close(const std::string& id, const std::string& owner);
+  // A copy of an idle session's state (export, fork). Codes as Checkout.
+  virtual absl::StatusOr<GenerationState> Get(const std::string& id, const std::string& owner) = 0;
+  virtual absl::Status Close(const std::string& id, const std::string& owner) = 0;
 
   // Evicts sessions idle for longer than idle_timeout. Called periodically by the server.
-  void ReapIdle();
+  virtual void ReapIdle() = 0;
 
-  SessionStoreStats stats() const;
-  const SessionStoreOptions& options() const { return options_; }
+  virtual SessionStoreStats stats() const = 0;
+  virtual const SessionStoreOptions& options() const = 0;
 
- private:
-  struct Entry {
-    std::string owner;
-    GenerationState state;
-    int64_t bytes = 0;
-    bool busy = false;
-    absl::Time last_used;
-    std::list<std::string>::iterator lru;  // position in lru_ (front = least recently used)
-  };
-
-  absl::StatusOr<Entry*> Find(const std::string& id, const std::string& owner)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Touch(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Erase(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts idle LRU sessions until `extra_bytes` more bytes and `extra_sessions` more sessions
-  // fit; false if impossible.
-  bool MakeRoom(int64_t extra_bytes, int64_t extra_sessions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const SessionStoreOptions options_;
-  Clock* const clock_;
-  mutable absl::Mutex mu_;
-  std::unordered_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
-  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t evicted_idle_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t evicted_lru_ ABSL_GUARDED_BY(mu_) = 0;
-  bool adding_ ABSL_GUARDED_BY(mu_) = true;
+  // Checkin, waiting for its outcome: for callers that may block (tests, tools).
+  absl::Status CheckinAndWait(const std::string& id, GenerationState state);
 };
 
 }  // namespace tost::service

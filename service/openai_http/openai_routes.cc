@@ -69,6 +69,8 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   void Pump();
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleEvent(size_t i, GenerationEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A choice's final event, once its session's state (if any) is stored.
+  void FinishChoice(size_t i, GenerationEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClientGone() {
     {
@@ -105,6 +107,13 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   bool awaiting_room_ ABSL_GUARDED_BY(mu_) = false;
   bool cancel_all_ ABSL_GUARDED_BY(mu_) = false;  // set under the lock, done outside it
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // A final event whose session state waits to be checked in (a session call has one choice).
+  struct PendingCheckin {
+    std::string session;
+    size_t choice = 0;
+    GenerationEvent event;
+  };
+  std::optional<PendingCheckin> checkin_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status OpenAiCall::ModelRefusal(absl::Status status) const {
@@ -194,10 +203,12 @@ absl::Status OpenAiCall::Admit() {
 void OpenAiCall::Pump() {
   std::vector<std::shared_ptr<GenerationJob>> dropped;  // destroyed outside the lock
   std::vector<std::shared_ptr<GenerationJob>> cancel;
+  std::optional<PendingCheckin> checkin;
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return;
     PumpLocked();
+    checkin = std::exchange(checkin_, std::nullopt);
     // Cancel() runs outside the lock: a queued job publishes its final event (and calls its
     // listener, which pumps) on the cancelling thread.
     if (cancel_all_) {
@@ -212,6 +223,21 @@ void OpenAiCall::Pump() {
     }
   }
   for (auto& job : cancel) job->Cancel();
+  if (checkin.has_value()) {
+    // Outside the lock: a shared store calls back on its own thread once the state is written,
+    // the in-memory store before Checkin returns.
+    GenerationState state = checkin->event.snapshot;
+    engine_.sessions().Checkin(
+        checkin->session, std::move(state),
+        [self = shared_from_this(), pending = *std::move(checkin)](absl::Status stored) mutable {
+          {
+            absl::MutexLock lock(&self->mu_);
+            if (!stored.ok()) self->SetError(std::move(stored));
+            self->FinishChoice(pending.choice, pending.event);
+          }
+          self->Pump();
+        });
+  }
 }
 
 void OpenAiCall::PumpLocked() {
@@ -267,12 +293,18 @@ void OpenAiCall::HandleEvent(size_t i, GenerationEvent& event) {
     return;
   }
   finished_[i] = true;
-  --remaining_;
-  // The session is free (with its new state) before the client hears the end.
+  // The session is free (with its new state) before the client hears the end, and the choice ends
+  // once that state is stored (Pump checks it in outside the lock).
   if (!source_.checked_out.empty()) {
-    engine_.sessions().Checkin(source_.checked_out, event.snapshot);
-    source_.checked_out.clear();
+    checkin_ = PendingCheckin{std::exchange(source_.checked_out, ""), i, std::move(event)};
+    return;
   }
+  FinishChoice(i, event);
+}
+
+void OpenAiCall::FinishChoice(size_t i, GenerationEvent& event) {
+  const int32_t index = static_cast<int32_t>(i);
+  --remaining_;
   if (i == 0) builder_->set_cached_tokens(event.cached_tokens);
   absl::Status status = event.status;
   if (status.ok() && event.finish_reason == FinishReason::kCancelled) {

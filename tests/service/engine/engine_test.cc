@@ -413,7 +413,7 @@ TEST_F(EngineTest, AGenerationContinuesThroughASessionAndAnExportedBlob) {
   ASSERT_TRUE(j1.ok()) << j1.status();
   auto [part1, end1] = Run(*s, **j1);
   ASSERT_TRUE(end1.has_value());
-  engine->sessions().Checkin(*id, end1->snapshot);
+  ASSERT_TRUE(engine->sessions().CheckinAndWait(*id, end1->snapshot).ok());
   EXPECT_EQ(engine->sessions().stats().busy, 0);
 
   auto stored = engine->sessions().Get(*id, "alice");

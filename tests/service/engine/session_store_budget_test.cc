@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "service/engine/clock.h"
-#include "service/engine/session_store.h"
+#include "service/engine/memory_session_store.h"
 
 namespace tost::service {
 namespace {
@@ -22,14 +22,15 @@ TEST(SessionStoreBudget, ACheckinThatGrowsEvictsIdleSessionsToStayInBudget) {
   FakeClock clock;
   const auto bytes = [](size_t held) { return static_cast<int64_t>(StateOf(held).ByteSize()); };
   // Room for three small sessions, or one grown one and one small.
-  SessionStore store({.max_sessions = 10, .max_state_bytes = 3 * bytes(0) + 8}, &clock);
+  MemorySessionStore store({.max_sessions = 10, .max_state_bytes = 3 * bytes(0) + 8}, &clock);
   auto a = store.Add("u", StateOf(0));
   auto b = store.Add("u", StateOf(0));
   auto c = store.Add("u", StateOf(0));
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   auto st = store.Checkout(*c, "u");
   ASSERT_TRUE(st.ok());
-  store.Checkin(*c, StateOf(bytes(0) - 16));  // grew by about one small session
+  ASSERT_TRUE(
+      store.CheckinAndWait(*c, StateOf(bytes(0) - 16)).ok());  // grew by about one small session
   EXPECT_LE(store.stats().state_bytes, store.options().max_state_bytes);
   EXPECT_EQ(store.stats().evicted_lru, 1);
   EXPECT_EQ(store.Get(*a, "u").status().code(), absl::StatusCode::kNotFound)

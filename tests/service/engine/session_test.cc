@@ -4,8 +4,8 @@
 #include "absl/strings/escaping.h"
 
 #include "service/engine/clock.h"
+#include "service/engine/memory_session_store.h"
 #include "service/engine/session_codec.h"
-#include "service/engine/session_store.h"
 #include "service/engine/text_stream.h"
 #include "tests/service/engine/fake_models.h"
 
@@ -64,7 +64,7 @@ GenerationState SmallState(const std::string& model, int64_t floats) {
 
 TEST(SessionStore, OwnershipBusyAndCheckin) {
   FakeClock clock;
-  SessionStore store({}, &clock);
+  MemorySessionStore store({}, &clock);
   auto id = store.Add("alice", SmallState("m", 8));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->size(), 32u);  // 128 random bits, hex
@@ -75,7 +75,7 @@ TEST(SessionStore, OwnershipBusyAndCheckin) {
   EXPECT_EQ(store.Get(*id, "alice").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store.Close(*id, "alice").code(), absl::StatusCode::kFailedPrecondition);
   st->sequence.position = 40;
-  store.Checkin(*id, *st);
+  ASSERT_TRUE(store.CheckinAndWait(*id, *st).ok());
   EXPECT_EQ(store.Get(*id, "alice")->sequence.position, 40);
   EXPECT_TRUE(store.Close(*id, "alice").ok());
   EXPECT_EQ(store.stats().sessions, 0);
@@ -85,7 +85,7 @@ TEST(SessionStore, OwnershipBusyAndCheckin) {
 TEST(SessionStore, EvictsLeastRecentlyUsedIdleSessionsToFit) {
   FakeClock clock;
   const int64_t one = static_cast<int64_t>(SmallState("m", 8).ByteSize());
-  SessionStore store({.max_sessions = 3, .max_state_bytes = 100 * one}, &clock);
+  MemorySessionStore store({.max_sessions = 3, .max_state_bytes = 100 * one}, &clock);
   auto a = store.Add("u", SmallState("m", 8));
   auto b = store.Add("u", SmallState("m", 8));
   auto c = store.Add("u", SmallState("m", 8));
@@ -101,7 +101,7 @@ TEST(SessionStore, EvictsLeastRecentlyUsedIdleSessionsToFit) {
   EXPECT_EQ(store.stats().state_bytes, 3 * one);
 
   // Byte budget: a store that fits two states refuses a third while both are busy.
-  SessionStore small({.max_sessions = 10, .max_state_bytes = 2 * one}, &clock);
+  MemorySessionStore small({.max_sessions = 10, .max_state_bytes = 2 * one}, &clock);
   auto x = small.Add("u", SmallState("m", 8));
   auto y = small.Add("u", SmallState("m", 8));
   ASSERT_TRUE(small.Checkout(*x, "u").ok() && small.Checkout(*y, "u").ok());
@@ -112,7 +112,7 @@ TEST(SessionStore, EvictsLeastRecentlyUsedIdleSessionsToFit) {
 
 TEST(SessionStore, ADrainingStoreAddsNothingButKeepsWhatItHolds) {
   FakeClock clock;
-  SessionStore store({}, &clock);
+  MemorySessionStore store({}, &clock);
   auto held = store.Add("u", SmallState("m", 8));
   ASSERT_TRUE(held.ok());
   store.StopAdding();
@@ -124,13 +124,13 @@ TEST(SessionStore, ADrainingStoreAddsNothingButKeepsWhatItHolds) {
   EXPECT_TRUE(store.Get(*held, "u").ok());
   auto st = store.Checkout(*held, "u");
   ASSERT_TRUE(st.ok());
-  store.Checkin(*held, *st);
+  ASSERT_TRUE(store.CheckinAndWait(*held, *st).ok());
   EXPECT_TRUE(store.Close(*held, "u").ok());
 }
 
 TEST(SessionStore, IdleSessionsExpireOnTheInjectedClock) {
   FakeClock clock;
-  SessionStore store({.idle_timeout = absl::Minutes(5)}, &clock);
+  MemorySessionStore store({.idle_timeout = absl::Minutes(5)}, &clock);
   auto a = store.Add("u", SmallState("m", 8));
   auto b = store.Add("u", SmallState("m", 8));
   clock.Advance(absl::Minutes(4));
