@@ -38,7 +38,10 @@ TOP_LEVEL = ("base", "imaging", "model", "service", "kernels", "tests", "tools",
 # Named on purpose although no checkout has them: path -> why.
 ALLOWED: dict[str, str] = {
     "deploy/session.key": "a secret each deployment creates for docker compose (.gitignore)",
+    "deploy/redis.password": "a secret each deployment creates for docker compose (.gitignore)",
     "deploy/k8s/base/session.key": "a secret each deployment creates for kustomize (.gitignore)",
+    "deploy/k8s/components/session-store/redis.password":
+        "a secret each deployment creates for kustomize (.gitignore)",
     "cmake/Codegen.cmake": "PyTorch's file, named for the compiler flags copied from it",
 }
 

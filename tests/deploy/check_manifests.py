@@ -15,14 +15,20 @@ Sections:
            runtime stage cover the libraries tost_server links.
   compose  docker-compose.yml against the compose specification's schema (check-jsonschema
            --builtin-schema vendor.compose-spec), and what the schema cannot know: flags, grace
-           period, hardening, the GPU profile's device reservation, paths that exist.
-  k8s      every kustomization (base, overlays/*, each overlay with each component) renders with
-           `kubectl kustomize` from a temporary copy holding freshly generated secret inputs; every
-           rendered built-in object validates with `kubernetes-validate --strict` against Kubernetes
+           period, hardening, the GPU profile's device reservation, paths that exist, and for a
+           server with a shared --session_store, the store service it names (same profile, same
+           password secret, append-only file on a volume, a health check, not published).
+  k8s      every kustomization (base, overlays/*, each overlay with each component it does not
+           already have) renders with `kubectl kustomize` from a temporary copy holding freshly
+           generated secret inputs; every rendered built-in object validates with
+           `kubernetes-validate --strict` against Kubernetes
            K8S_VERSION, every custom resource against its CRD schema in deploy/schemas; and the
            objects agree: flags (the ConfigMap's flag files as the container reads them) exist and
            are accepted by tost_server, ports, probes, drain vs grace period, secret mounts,
-           securityContext, Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric.
+           securityContext, Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric;
+           with a shared --session_store, the StatefulSet it names (one replica, a volume, the
+           append-only file, the same password Secret as the server's, probes, hardening, memory
+           limit vs maxmemory) and the NetworkPolicies between the server and the store.
   docs     docs/deploying.md covers compose, both overlays, load balancing and the offline checks,
            and every deploy path it names exists.
 
@@ -32,7 +38,8 @@ exist, so it stops right after validating them).
 
 --self-test breaks a copy of the tree in several ways (an unknown flag, a bad flag value, a
 too-short grace period, an unknown field in a Deployment, in the ServiceMonitor and in the compose
-file, a COPY of a missing file, a lint error) and fails unless each one is caught.
+file, a COPY of a missing file, a lint error, a session store open to every pod, split over two
+replicas, or without the server's password) and fails unless each one is caught.
 
 Prints one line per check and a closing 'N passed, M failed'; exits 1 on any failure, 77 (ctest's
 skip) when the validators' venv is missing. Runs on Debian's /usr/bin/python3 with python3-yaml."""
@@ -58,7 +65,7 @@ CRD_SCHEMAS = {
 # Flags whose value is a file the server opens: replaced by temporary files when tost_server is
 # started to validate a flag set.
 PATH_FLAGS = ("model_repository", "session_key_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file",
-              "api_keys_file")
+              "api_keys_file", "session_store_password_file")
 SKIP = 77
 
 
@@ -145,6 +152,9 @@ class Server:
         self.api_keys = os.path.join(work, "api_keys")
         with open(self.api_keys, "w") as f:
             f.write("check 0123456789abcdef0123456789abcdef\n")
+        self.store_password = os.path.join(work, "store_password")
+        with open(self.store_password, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
 
     def unknown(self, flags):
         return sorted({n for n, _, _ in flags if n not in self.known and not (
@@ -162,7 +172,8 @@ class Server:
         argv = [self.binary] + [f"--{n}" + ("" if v is None else f"={v}") for n, v, _ in flags]
         repl = {"model_repository": os.path.join(self.work, "no-such-repository"),
                 "session_key_file": self.key, "tls_cert_file": self.cert, "tls_key_file": self.tls_key,
-                "tls_client_ca_file": self.cert, "api_keys_file": self.api_keys}
+                "tls_client_ca_file": self.cert, "api_keys_file": self.api_keys,
+                "session_store_password_file": self.store_password}
         argv += [f"--{n}={repl[n]}" for n in PATH_FLAGS if n in eff and (eff[n] or n == "model_repository")]
         argv += ["--port=0", "--metrics_port=-1", "--http_port=-1"]
 
@@ -428,6 +439,8 @@ def check_compose(src, server, venv):
         check(f"{where}: --session_key_file is one of its secrets",
               key.startswith("/run/secrets/") and key.rsplit("/", 1)[-1] in s.get("secrets", []),
               f"--session_key_file={key}, secrets {s.get('secrets')}")
+        if eff.get("session_store", "memory") != "memory":
+            check_compose_store(where, s, eff, services, doc.get("volumes") or {})
         check(f"{where}: read-only root filesystem with a tmpfs /tmp",
               s.get("read_only") is True and "/tmp" in s.get("tmpfs", []), f"read_only={s.get('read_only')} "
               f"tmpfs={s.get('tmpfs')}")
@@ -466,6 +479,80 @@ def check_compose(src, server, venv):
     return images
 
 
+# A shared --session_store: redis://[user[:password]@]host[:port][/db].
+REDIS_URL = re.compile(r"redis://(?:([^@/]*)@)?(\[[^\]]+\]|[^:/@]+)(?::(\d+))?(?:/(\d+))?$")
+
+
+def store_url(where, url):
+    """(host, port) of a --session_store URL, or None (a failed check)."""
+    m = REDIS_URL.match(url)
+    if not check(f"{where}: --session_store is a redis:// URL", m is not None, f"--session_store={url}"):
+        return None
+    check(f"{where}: the --session_store URL holds no password (--session_store_password_file does)",
+          not (m.group(1) and ":" in m.group(1)), "the URL has user:password@: it shows in the command line")
+    return m.group(2), int(m.group(3) or 6379)
+
+
+def redis_command(cmd):
+    """A redis-server command line (a list, or the shell text that execs it): (its text, the file
+    --requirepass reads with $(cat FILE), or None)."""
+    text = " ".join(cmd) if isinstance(cmd, list) else str(cmd)
+    m = re.search(r'--requirepass\s+"?\$\$?\(cat ([^)\s]+)\)', text)
+    return text, (m.group(1) if m else None)
+
+
+def redis_port(text):
+    m = re.search(r"--port (\d+)", text)
+    return int(m.group(1)) if m else 6379
+
+
+def check_compose_store(where, s, eff, services, volumes):
+    url = store_url(where, eff["session_store"])
+    if url is None:
+        return
+    host, port = url
+    store = services.get(host)
+    if not check(f"{where}: --session_store names a compose service", store is not None,
+                 f"no service {host}; services: {sorted(services)}"):
+        return
+    sn = f"docker-compose.yml service {host}"
+    profiles, store_profiles = set(s.get("profiles", [])), set(store.get("profiles", []))
+    check(f"{where}: its store starts whenever it does (the store's profiles cover its own)",
+          not store_profiles or (profiles and profiles <= store_profiles),
+          f"server profiles {sorted(profiles)}, store profiles {sorted(store_profiles)}")
+    deps = s.get("depends_on", {})
+    deps = {d: {} for d in deps} if isinstance(deps, list) else deps
+    check(f"{where}: waits for its store to be healthy", deps.get(host, {}).get("condition") == "service_healthy",
+          f"depends_on {s.get('depends_on')}")
+    pw = eff.get("session_store_password_file", "")
+    secret = pw.rsplit("/", 1)[-1]
+    check(f"{where}: --session_store_password_file is one of its secrets",
+          pw.startswith("/run/secrets/") and secret in s.get("secrets", []),
+          f"--session_store_password_file={pw}, secrets {s.get('secrets')}")
+    text, reads = redis_command(store.get("command", []))
+    check(f"{sn}: --requirepass reads the server's password secret ({pw})",
+          reads == pw and secret in store.get("secrets", []),
+          f"--requirepass reads {reads}, secrets {store.get('secrets')}")
+    check(f"{sn}: listens on the port the server dials ({port})", redis_port(text) == port,
+          f"redis-server --port {redis_port(text)}")
+    check(f"{sn}: append-only file on (--appendonly yes)", "--appendonly yes" in text, text)
+    check(f"{sn}: --maxmemory with --maxmemory-policy noeviction (no session dropped silently)",
+          re.search(r"--maxmemory \d", text) and "--maxmemory-policy noeviction" in text, text)
+    mounts = [v.split(":") for v in store.get("volumes", []) if isinstance(v, str)]
+    check(f"{sn}: /data on a named volume", any(len(v) >= 2 and v[1] == "/data" and v[0] in volumes for v in mounts),
+          f"volumes {store.get('volumes')}, named volumes {sorted(volumes)}")
+    test = store.get("healthcheck", {}).get("test", [])
+    test = " ".join(test) if isinstance(test, list) else str(test)
+    check(f"{sn}: health check pings with redis-cli and the password", "redis-cli" in test and "ping" in test
+          and pw in test, f"healthcheck test {test}")
+    check(f"{sn}: not published on the host (plaintext: only the servers reach it)", not store.get("ports"),
+          f"ports {store.get('ports')}")
+    user = str(store.get("user", "")).split(":")[0]
+    check(f"{sn}: runs as a non-root user, read-only, all capabilities dropped",
+          user not in ("", "0", "root") and store.get("read_only") is True and "ALL" in store.get("cap_drop", []),
+          f"user={store.get('user')} read_only={store.get('read_only')} cap_drop={store.get('cap_drop')}")
+
+
 # --------------------------------------------------------------------------------------------
 # Kubernetes
 
@@ -486,6 +573,20 @@ def generator_inputs(k8s):
         for gen in doc.get("secretGenerator", []):
             for f in gen.get("files", []):
                 out.append((rel, f.split("=", 1)[-1]))
+    return out
+
+
+def included_components(k8s, rel):
+    """The components a kustomization uses, itself or through the kustomizations it builds on."""
+    path = os.path.join(k8s, rel, "kustomization.yaml")
+    if not os.path.exists(path):
+        return set()
+    doc = yaml.safe_load(open(path)) or {}
+    out = {os.path.normpath(os.path.join(rel, c)) for c in doc.get("components", [])}
+    for r in doc.get("resources", []):
+        d = os.path.normpath(os.path.join(rel, r))
+        if os.path.isdir(os.path.join(k8s, d)):
+            out |= included_components(k8s, d)
     return out
 
 
@@ -512,6 +613,8 @@ def render_variants(src, work, only_variants=None):
     components = [rel for rel, kind, _ in found if kind == "Component"]
     for o in [v for v in variants if v.startswith("overlays" + os.sep)]:
         for c in components:
+            if c in included_components(k8s, o):
+                continue  # overlays/cpu-shared-sessions has the session-store component already
             d = os.path.join(k8s, "variants", f"{os.path.basename(o)}+{os.path.basename(c)}")
             os.makedirs(d)
             with open(os.path.join(d, "kustomization.yaml"), "w") as fh:
@@ -585,6 +688,138 @@ def service_metric_names(src):
             if f.endswith((".cc", ".h")):
                 names |= set(re.findall(r'"(tost_[a-z_]+)"', open(os.path.join(root, f), errors="replace").read()))
     return names
+
+
+def quantity_bytes(q):
+    """A Kubernetes memory quantity (1Gi, 512M, 1073741824) in bytes; 0 when unreadable."""
+    m = re.match(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$", str(q))
+    units = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9,
+             "T": 10**12}
+    return float(m.group(1)) * units[m.group(2)] if m else 0
+
+
+def redis_bytes(number, unit):
+    """Redis' memory units: k, m, g are powers of 1000; kb, mb, gb powers of 1024."""
+    return int(number) * {"": 1, "k": 10**3, "kb": 2**10, "m": 10**6, "mb": 2**20, "g": 10**9,
+                          "gb": 2**30}[(unit or "").lower()]
+
+
+def secret_files(pod, container, sec):
+    """{path in the container: Secret name} of the container's Secret volume mounts."""
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    out = {}
+    for m in container.get("volumeMounts", []):
+        sv = vols.get(m["name"], {}).get("secret")
+        if sv:
+            keys = ([i["path"] for i in sv["items"]] if sv.get("items")
+                    else list(sec.get(sv["secretName"], {}).get("data", {})))
+            for k in keys:
+                out[f"{m['mountPath']}/{k}"] = sv["secretName"]
+    return out
+
+
+def check_k8s_store(where, by_kind, eff, secret_mounts, labels, np, sec):
+    """With a shared --session_store: the StatefulSet it names, and the NetworkPolicies between the
+    server's pods and it. Without one: no store rendered for nobody."""
+    sts = by_kind.get("StatefulSet", [])
+    store = eff.get("session_store", "memory")
+    if store == "memory":
+        check(f"{where}: no session store rendered while --session_store=memory", not sts,
+              f"StatefulSets {[o['metadata']['name'] for o in sts]}")
+        return
+    url = store_url(where, store)
+    if url is None:
+        return
+    host, port = url
+    name = host.split(".")[0]
+    svc = next((s for s in by_kind.get("Service", []) if s["metadata"]["name"] == name), None)
+    if not check(f"{where}: --session_store names a rendered Service ({name})", svc is not None,
+                 f"Services {[s['metadata']['name'] for s in by_kind.get('Service', [])]}"):
+        return
+    sport = next((p for p in svc["spec"]["ports"] if p["port"] == port), None)
+    check(f"{where} Service/{name}: has the port the server dials ({port})", sport is not None,
+          f"ports {svc['spec']['ports']}")
+    st = next((o for o in sts if selects(svc["spec"].get("selector"), o["spec"]["template"]["metadata"]["labels"])),
+              None)
+    if not check(f"{where} Service/{name}: selects the pods of a StatefulSet", st is not None,
+                 f"selector {svc['spec'].get('selector')}, StatefulSets {[o['metadata']['name'] for o in sts]}"):
+        return
+    n = f"{where} StatefulSet/{st['metadata']['name']}"
+    spec, pod = st["spec"], st["spec"]["template"]["spec"]
+    store_labels = spec["template"]["metadata"]["labels"]
+    check(f"{n}: one replica (more pods behind the Service would be separate stores, each with some sessions)",
+          spec.get("replicas", 1) == 1, f"replicas {spec.get('replicas')}")
+    check(f"{n}: governed by the headless Service {name}",
+          spec.get("serviceName") == name and svc["spec"].get("clusterIP") == "None",
+          f"serviceName {spec.get('serviceName')}, clusterIP {svc['spec'].get('clusterIP')}")
+    c = pod["containers"][0]
+    cports = {p["containerPort"]: p.get("name") for p in c.get("ports", [])}
+    text, reads = redis_command(c.get("command", []) + c.get("args", []))
+    listen = redis_port(text)
+    check(f"{n}: Redis listens on a container port ({listen})", listen in cports, f"container ports {cports}")
+    if sport:
+        target = sport.get("targetPort", port)
+        check(f"{where} Service/{name}: port {port} targets Redis' port", target in (listen, cports.get(listen)),
+              f"targetPort {target}, Redis listens on {listen} ({cports.get(listen)})")
+    check(f"{n}: append-only file on (--appendonly yes)", "--appendonly yes" in text, text)
+    claims = {t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", [])}
+    m = re.search(r"--dir (\S+)", text)
+    data = m.group(1) if m else "/data"
+    check(f"{n}: Redis' directory {data} is a volumeClaimTemplate's volume",
+          any(vm["mountPath"] == data and vm["name"] in claims for vm in c.get("volumeMounts", [])),
+          f"mounts {c.get('volumeMounts')}, claim templates {sorted(claims)}")
+    pw = eff.get("session_store_password_file", "")
+    check(f"{where}: --session_store_password_file is a mounted Secret key", pw in secret_mounts,
+          f"--session_store_password_file={pw}, Secret files: {sorted(secret_mounts)}")
+    mine = secret_files(pod, c, sec)
+    check(f"{n}: --requirepass reads the Secret the server's --session_store_password_file comes from",
+          reads in mine and mine[reads] == secret_mounts.get(pw),
+          f"--requirepass reads {reads} ({mine.get(reads)}), the server's password is {secret_mounts.get(pw)}")
+    mm = re.search(r"--maxmemory (\d+)([kmg]b?)?(?:\s|$)", text, re.I)
+    check(f"{n}: --maxmemory with --maxmemory-policy noeviction (no session dropped silently)",
+          mm and "--maxmemory-policy noeviction" in text, text)
+    res = c.get("resources", {})
+    check(f"{n}: requests CPU and memory, limits memory",
+          {"cpu", "memory"} <= set(res.get("requests", {})) and "memory" in res.get("limits", {}), f"resources {res}")
+    if mm and "memory" in res.get("limits", {}):
+        check(f"{n}: memory limit at least twice --maxmemory (an append-only file rewrite forks)",
+              quantity_bytes(res["limits"]["memory"]) >= 2 * redis_bytes(*mm.groups()),
+              f"limit {res['limits']['memory']}, --maxmemory {mm.group(0).strip()}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        cmd = " ".join(c.get(probe, {}).get("exec", {}).get("command", []))
+        check(f"{n}: {probe} pings with redis-cli and the password", "redis-cli" in cmd and "ping" in cmd
+              and bool(reads) and reads in cmd, f"{probe} {c.get(probe)}")
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    check(f"{n}: non-root, seccomp RuntimeDefault (the namespace's restricted Pod Security Standard)",
+          psc.get("runAsNonRoot") is True and psc.get("runAsUser", 0) != 0
+          and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"securityContext {psc}")
+    check(f"{n}: read-only root filesystem, no privilege escalation, all capabilities dropped",
+          csc.get("readOnlyRootFilesystem") is True and csc.get("allowPrivilegeEscalation") is False
+          and "ALL" in csc.get("capabilities", {}).get("drop", []), f"securityContext {csc}")
+
+    # The store holds every session in plaintext connections: only the server's pods reach it, and
+    # the server's policy lets them (and their DNS lookups) out.
+    ports_ok = (listen, cports.get(listen))
+    snp = [x for x in by_kind.get("NetworkPolicy", []) if selects(x["spec"]["podSelector"], store_labels)]
+    if check(f"{where}: one NetworkPolicy selects the store's pods", len(snp) == 1,
+             f"{[x['metadata']['name'] for x in snp]}"):
+        rules = snp[0]["spec"].get("ingress", [])
+        only = "Ingress" in snp[0]["spec"].get("policyTypes", ["Ingress"]) and bool(rules) and all(
+            r.get("from") and all(set(f) == {"podSelector"} and selects(f["podSelector"], labels) for f in r["from"])
+            and r.get("ports") and all(p.get("port") in ports_ok for p in r["ports"]) for r in rules)
+        check(f"{where} NetworkPolicy/{snp[0]['metadata']['name']}: admits tost-serve's pods only, on the store's "
+              "port", only, f"ingress {rules}")
+    if np and "Egress" in np["spec"].get("policyTypes", []):
+        egress = np["spec"].get("egress", [])
+        to_store = any((not r.get("ports") or any(p.get("port") in ports_ok and p.get("protocol", "TCP") == "TCP"
+                                                  for p in r["ports"]))
+                       and (not r.get("to") or any("ipBlock" not in t and "namespaceSelector" not in t
+                                                   and selects(t.get("podSelector"), store_labels) for t in r["to"]))
+                       for r in egress)
+        dns = any(not r.get("ports") or any(p.get("port") == 53 and p.get("protocol", "TCP") == "UDP"
+                                            for p in r["ports"]) for r in egress)
+        check(f"{where} NetworkPolicy/{np['metadata']['name']}: lets the server reach the store and DNS",
+              to_store and dns, f"egress {egress}")
 
 
 def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images):
@@ -720,7 +955,10 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
         check(f"{dname}: the CPU image", dockerfile == os.path.join("deploy", "docker", "Dockerfile"),
               f"{image} builds from {dockerfile}")
 
-    svcs = by_kind.get("Service", [])
+    # The server's Services; a session store's (selecting a StatefulSet's pods) is checked with the store.
+    store_pods = [o["spec"]["template"]["metadata"]["labels"] for o in by_kind.get("StatefulSet", [])]
+    svcs = [s for s in by_kind.get("Service", [])
+            if not any(selects(s["spec"].get("selector"), lb) for lb in store_pods)]
     headless = [s for s in svcs if s["spec"].get("clusterIP") == "None"]
     cluster = [s for s in svcs if s["spec"].get("clusterIP") != "None"]
     check(f"{where}: a headless Service and a ClusterIP Service", len(headless) == 1 and len(cluster) == 1,
@@ -751,7 +989,8 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
                       for s in chosen for p in s["spec"]["ports"]),
                   f"Services {[s['metadata']['name'] for s in chosen]}")
 
-    np = one("NetworkPolicy")
+    np = next((x for x in by_kind.get("NetworkPolicy", []) if selects(x["spec"]["podSelector"], labels)),
+              one("NetworkPolicy"))
     if np:
         n = f"{where} NetworkPolicy/{np['metadata']['name']}"
         check(f"{n}: selects the pods", selects(np["spec"]["podSelector"], labels), f"{np['spec']['podSelector']}")
@@ -759,6 +998,8 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
         for name in ("grpc", "metrics"):
             check(f"{n}: admits the {name} port", name in allowed or ports.get(name) in allowed,
                   f"ingress ports {sorted(map(str, allowed))}")
+
+    check_k8s_store(where, by_kind, eff, secret_mounts, labels, np, sec)
 
     pdb = one("PodDisruptionBudget")
     hpa = one("HorizontalPodAutoscaler")
@@ -840,8 +1081,8 @@ def check_static(src, venv):
     if tracked is None:
         print("NOTE git checks skipped: SOURCE_DIR is not a git work tree")
         return
-    leaked = [t for t in tracked if re.search(r"(\.key|\.pem|\.crt|\.p12)$", t)]
-    check("no key or certificate is committed under deploy/", not leaked, f"tracked: {leaked}")
+    leaked = [t for t in tracked if re.search(r"(\.key|\.pem|\.crt|\.p12|\.password)$", t)]
+    check("no key, certificate or password is committed under deploy/", not leaked, f"tracked: {leaked}")
     for f in sorted(secret_inputs(src)):
         ignored = run(["git", "-C", src, "check-ignore", "-q", "--no-index", f]).returncode == 0
         check(f"secret input {f} is ignored by git", ignored and f not in tracked,
@@ -865,7 +1106,8 @@ def check_deploy_doc(src):
     for needle in ("docker compose up", "--profile gpu", "kubectl apply -k deploy/k8s/overlays/cpu",
                    "deploy/k8s/overlays/gpu", "round_robin", "dns:///", "--max_connection_age_ms",
                    "sessions.md#streams-that-survive-the-loss-of-a-replica", "tests/integration/test_failover.py",
-                   "statically"):
+                   "statically", "--profile shared-sessions", "kubectl apply -k deploy/k8s/overlays/cpu-shared-sessions",
+                   "appendfsync"):
         check(f"{rel} mentions {needle}", needle in sec, f"'{needle}' not in the page")
     path_re = r"(?<![\w/])((?:deploy|tests|scripts)/[A-Za-z0-9_./+-]*[A-Za-z0-9_]|docker-compose\.yml)"
     for p in sorted(set(re.findall(path_re, sec))):
@@ -941,6 +1183,16 @@ MUTATIONS = [
      "COPY requirements.txt requirements-test.txt ./",
      "requirements-deploy.txt is copied before install-deps.sh"),
     ("lint error", "static", "deploy/k8s/base/pdb.yaml", "maxUnavailable: 1", "maxUnavailable: 1   ", "yamllint"),
+    ("session store open to every pod", "k8s:overlays/cpu-shared-sessions",
+     "deploy/k8s/components/session-store/networkpolicy.yaml", "            matchLabels: {app: tost-serve}",
+     "            matchLabels: {}", "admits tost-serve's pods only"),
+    ("session store split over two replicas", "k8s:overlays/cpu-shared-sessions",
+     "deploy/k8s/components/session-store/statefulset.yaml", "  replicas: 1", "  replicas: 2", "one replica"),
+    ("store password file not mounted", "k8s:overlays/cpu-shared-sessions",
+     "deploy/k8s/components/session-store/session-store.flags", "/etc/tost/redis/password", "/etc/tost/redis/passwd",
+     "--session_store_password_file is a mounted Secret key"),
+    ("compose store without the server's password", "compose", "docker-compose.yml",
+     "    secrets: [redis_password]\n", "    secrets: [session_key]\n", "--requirepass reads the server's password"),
 ]
 
 
