@@ -3,7 +3,8 @@
 # machine that has everything does no network work and takes about a second.
 #
 #   Debian packages : compilers' companions (ccache, ninja), gRPC 1.51 + protobuf 3.21, Abseil,
-#                     prometheus-cpp, GoogleTest/Benchmark, image codecs, Prometheus (tests).
+#                     prometheus-cpp, GoogleTest/Benchmark, image codecs, Prometheus (tests),
+#                     Redis and hiredis (the shared session store and its client).
 #   Python packages : requirements.txt into a virtual environment under
 #                     $TOST_DEPS_DIR/py-<hash of requirements.txt> (default TOST_DEPS_DIR=/opt/tost-deps),
 #                     so a fresh clone with the same pins reuses the multi-gigabyte torch wheel;
@@ -36,6 +37,8 @@ apt_packages=(
   libboost1.74-dev
   prometheus
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
+  redis-server  # the shared session store the store tests start on loopback
+  libhiredis-dev  # the client of that store: connections, command encoding, reply parsing
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 
@@ -48,9 +51,10 @@ if ((${#missing[@]})); then
   echo "install-deps: apt packages missing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $sudo_cmd apt-get update -q
-  # prometheus' and nginx's postinst scripts start daemons (nginx on port 80); the tests only need
-  # the binaries and start their own instances, so services are kept from starting while installing
-  # (policy-rc.d exit 101: "action forbidden"), unless the machine already has a policy of its own.
+  # prometheus', nginx's and redis-server's postinst scripts start daemons (nginx on port 80, Redis
+  # on 6379); the tests only need the binaries and start their own instances, so services are kept
+  # from starting while installing (policy-rc.d exit 101: "action forbidden"), unless the machine
+  # already has a policy of its own.
   policy=/usr/sbin/policy-rc.d
   own_policy=0
   if [ ! -e "$policy" ]; then

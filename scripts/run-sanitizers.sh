@@ -6,12 +6,14 @@
 #
 #   asan  -DTOST_SANITIZE=address,undefined (-fno-sanitize-recover=all: the first report ends the
 #         process): the LibTorch-free libraries' tests (tost_torch_free_tests: base/, config,
-#         safetensors, tokenizers, sampler, image decoding), the engine's (tost_engine_tests), and
+#         safetensors, tokenizers, sampler, image decoding), the engine's (tost_engine_tests), the
+#         session store's Redis client's (tost_store_tests, on real redis-server processes), and
 #         the committed fuzz seeds replayed through every fuzz target (tests/sanitize: npy, image
 #         decoding, safetensors, config.json, session blobs, both tokenizers, the request input
 #         layer). Leaks are reported too.
 #   tsan  -DTOST_SANITIZE=thread: the engine's tests (dynamic batcher, generation scheduler,
-#         session store and codec on the fake models of tests/service/engine), repeated, shuffled.
+#         session store and codec on the fake models of tests/service/engine), repeated, shuffled;
+#         the Redis client's (its connection pool under concurrent callers), 3 times, shuffled.
 #         Debian's Abseil is not instrumented (its absl::Mutex is invisible to TSan, so everything
 #         it orders looks racy): this script compiles the same Debian source version (fetched by
 #         scripts/install-deps.sh with apt-get source) with -fsanitize=thread and caches the
@@ -157,6 +159,7 @@ asan_tests() {
   run_one "$d" tost_torch_free_tests "$d/tests/tost_torch_free_tests" --gtest_brief=1 \
     --gtest_filter='-Parity*' || status=1
   run_one "$d" tost_engine_tests "$d/tests/service/tost_engine_tests" --gtest_brief=1 || status=1
+  run_one "$d" tost_store_tests "$d/tests/service/store/tost_store_tests" --gtest_brief=1 || status=1
   # Every fuzz target's replay (tests/sanitize/CMakeLists.txt) over its committed seeds.
   local replay t
   for replay in "$d"/tests/sanitize/*_replay; do
@@ -225,8 +228,13 @@ tsan_abseil() {
 
 tsan_tests() {
   local d=$tsan_dir
+  local status=0
   run_one "$d" tost_engine_tests "$d/tests/service/tost_engine_tests" --gtest_brief=1 \
-    --gtest_repeat="$repeat" --gtest_shuffle
+    --gtest_repeat="$repeat" --gtest_shuffle || status=1
+  # Each repetition starts real redis-server processes: fewer than the engine's.
+  run_one "$d" tost_store_tests "$d/tests/service/store/tost_store_tests" --gtest_brief=1 \
+    --gtest_filter='RedisClient*' --gtest_repeat=3 --gtest_shuffle || status=1
+  return "$status"
 }
 
 t_all=$(date +%s)
@@ -242,7 +250,7 @@ if [ "$only" != asan ]; then
   if stage "tsan: abseil" tsan_abseil &&
      stage "tsan: configure" configure "$tsan_dir" -DTOST_SANITIZE=thread \
        -Dabsl_DIR="$absl_prefix/lib/cmake/absl" &&
-     stage "tsan: build" build "$tsan_dir" tost_engine_tests && ((!build_only)); then
+     stage "tsan: build" build "$tsan_dir" tost_engine_tests tost_store_tests && ((!build_only)); then
     stage "tsan: tests" tsan_tests || true
   fi
 fi

@@ -1,0 +1,67 @@
+// One TCP connection to the store, for RedisClient's pool: hiredis connects it and encodes and
+// parses RESP; the round trips do their own socket I/O (MSG_NOSIGNAL, poll) so that each has one
+// deadline for the whole exchange, and a store that has gone away raises no SIGPIPE.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "service/store/redis_reply.h"
+#include "service/store/redis_url.h"
+
+struct redisContext;
+
+namespace tost::store {
+
+using RedisClock = std::chrono::steady_clock;
+
+// "the session store at redis://...:6379/0 (--session_store)": how every message names the store.
+std::string DescribeStore(const RedisEndpoint& endpoint);
+
+class RedisConnection {
+ public:
+  // Connects within connect_timeout, enables TCP keepalive, then AUTH (when the endpoint has a
+  // password) and SELECT (db != 0) in one round trip within command_timeout. UNAVAILABLE naming
+  // the store on any failure ("authentication failed" when AUTH is refused).
+  static absl::StatusOr<std::unique_ptr<RedisConnection>> Open(const RedisEndpoint& endpoint,
+                                                               absl::Duration connect_timeout,
+                                                               absl::Duration command_timeout);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Sends every command (binary-safe argv, none empty) in one write and reads one reply each, all
+  // before `deadline`. `what` names the exchange in messages (the command's name, never its
+  // arguments). A failure to send or to read (timeout, reset, end of stream, malformed reply) is
+  // UNAVAILABLE and breaks the connection for good: a reply may be half-read, so it is never
+  // reused. Error replies are returned as replies.
+  absl::StatusOr<std::vector<RedisReply>> RoundTrip(
+      absl::Span<const std::vector<std::string>> commands, RedisClock::time_point deadline,
+      absl::string_view what);
+
+  bool healthy() const { return healthy_; }
+  // False when the store closed this idle connection (a restart, its idle timeout, CLIENT KILL) or
+  // sent something unasked: checked before each reuse, so a restarted store costs no failed call.
+  bool StillOpen() const;
+
+ private:
+  RedisConnection(const RedisEndpoint& endpoint, absl::Duration command_timeout,
+                  redisContext* context);
+  absl::Status Broken(absl::string_view what, absl::string_view detail);
+  absl::Status Send(const std::string& bytes, RedisClock::time_point deadline,
+                    absl::string_view what);
+
+  const RedisEndpoint& endpoint_;         // the client's, which outlives its connections
+  const absl::Duration command_timeout_;  // named in the messages of timed-out round trips
+  redisContext* const context_;
+  bool healthy_ = true;
+};
+
+}  // namespace tost::store
