@@ -1,5 +1,9 @@
 #include "service/store/redis_client.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -130,6 +134,35 @@ TEST(RedisClientTest, BinaryStringsIntegersNilAndArraysRoundTrip) {
   EXPECT_TRUE(exec->elements[0].is_nil());
   ASSERT_TRUE(exec->elements[1].is_array());
   EXPECT_EQ(exec->elements[1].elements.at(0).str, "a");
+}
+
+bool HasIpv6Loopback() {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+TEST(RedisClientTest, Ipv6LiteralInTheUrl) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+  RedisServerOptions server_options;
+  server_options.extra_config = {"bind 127.0.0.1 ::1"};
+  auto server = StartServer(server_options);
+  ASSERT_SERVER(server);
+  absl::StatusOr<RedisEndpoint> endpoint =
+      ParseRedisUrl(absl::StrCat("redis://[::1]:", server->port(), "/2"));
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  RedisClientOptions options;
+  options.endpoint = *endpoint;
+  auto client = MakeClient(options);
+  ASSERT_TRUE(client->Command({"SET", "k", "v6"}).ok());
+  absl::StatusOr<RedisReply> info = client->Command({"CLIENT", "INFO"});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_THAT(info->str, AllOf(HasSubstr("addr=[::1]:"), HasSubstr("db=2")));
 }
 
 TEST(RedisClientTest, LargeValuesRoundTrip) {
@@ -399,6 +432,26 @@ TEST(RedisClientTest, RestartedStoreIsReachedAgainWithoutANewClient) {
   ASSERT_TRUE(pong.ok()) << pong.status();
   EXPECT_EQ(observer.reconnects(), 2);
   EXPECT_EQ(observer.failed(), 1);
+}
+
+TEST(RedisClientTest, ConnectionsTheStoreClosedWhileIdleAreReplacedBeforeUse) {
+  auto server = StartServer();
+  ASSERT_SERVER(server);
+  CountingObserver observer;
+  RedisClientOptions options = OptionsFor(*server);
+  options.observer = &observer;
+  auto client = MakeClient(options);
+  ASSERT_TRUE(client->Command({"CLIENT", "SETNAME", "pooled"}).ok());
+  auto admin = MakeClient(OptionsFor(*server));
+  absl::StatusOr<RedisReply> killed = admin->Command({"CLIENT", "KILL", "SKIPME", "yes"});
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->integer, 1);
+
+  absl::StatusOr<RedisReply> name = client->Command({"CLIENT", "GETNAME"});
+  ASSERT_TRUE(name.ok()) << name.status();
+  EXPECT_TRUE(name->is_nil()) << "expected a new connection, got " << name->DebugString();
+  EXPECT_EQ(observer.failed(), 0);
+  EXPECT_EQ(observer.reconnects(), 1);
 }
 
 TEST(RedisClientTest, ConcurrentIncrementsOnABoundedPool) {
