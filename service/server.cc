@@ -26,6 +26,7 @@
 #include "service/observability/logging.h"
 #include "service/openai_http/openai_routes.h"
 #include "service/port_probe.h"
+#include "service/store/redis_session_store.h"
 
 namespace tost::service {
 namespace {
@@ -158,6 +159,28 @@ absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file, int64_t blob
   return codec;
 }
 
+// The session store of --session_store; null for "memory". Checked before any model loads.
+absl::StatusOr<SessionStoreFactory> MakeSessionStore(const ServerOptions& o,
+                                                     store::RedisClientObserver* observer) {
+  if (o.session_store != "memory" && o.session_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--session_store names a shared store, which needs --session_key_file: every replica "
+        "sharing the store must seal and verify its sessions with the same key (a per-process "
+        "random key would make every other replica's sessions unreadable)");
+  }
+  store::SessionStoreFlags flags;
+  flags.url = o.session_store;
+  flags.password_file = o.session_store_password_file;
+  flags.timeout = absl::Milliseconds(o.session_store_timeout_ms);
+  flags.redis.lease = absl::Milliseconds(o.session_lease_ms);
+  flags.redis.key_prefix = o.session_store_key_prefix;
+  flags.observer = observer;
+  if (o.session_store != "memory") {
+    TOST_RETURN_IF_ERROR(store::ValidateRedisSessionStoreOptions(flags.redis, o.sessions));
+  }
+  return store::MakeSessionStoreFactory(flags);
+}
+
 // Plaintext, TLS, or mutual TLS (the client certificate's identity then owns its sessions).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const ServerOptions& o) {
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
@@ -197,6 +220,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                 std::nullopt, serving.cuda_device_count, ""));
   TOST_ASSIGN_OR_RETURN(SessionCodec codec,
                         MakeCodec(options.session_key_file, options.session_blob_ttl_s));
+  auto metrics = std::make_unique<Metrics>();
+  TOST_ASSIGN_OR_RETURN(SessionStoreFactory session_store,
+                        MakeSessionStore(options, metrics.get()));
   Authenticator auth;
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
@@ -218,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
                         LoadingResponder::Start(options.host, options.port, credentials));
   std::unique_ptr<Server> server(new Server());
-  server->metrics_ = std::make_unique<Metrics>();
+  server->metrics_ = std::move(metrics);
   server->auth_ = std::move(auth);
   server->limits_ = options.limits;
   // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
@@ -258,6 +284,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   engine_options.sessions = options.sessions;
   engine_options.sessions.observer = server->metrics_.get();
   engine_options.prefix_cache = options.prefix_cache;
+  engine_options.session_store = std::move(session_store);
   TOST_ASSIGN_OR_RETURN(server->engine_,
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));

@@ -60,9 +60,17 @@ struct ServerOptions {
   SessionStoreOptions sessions;
   PrefixCacheOptions prefix_cache;
   std::string session_key_file;  // key or key list for state blobs; empty = random per process
-  std::string api_keys_file;     // "name key" lines; empty = no API keys
-  std::string tls_cert_file;     // PEM certificate chain; with tls_key_file turns TLS on
-  std::string tls_key_file;      // PEM private key
+  // Where server-held sessions live: "memory" (this process) or
+  // redis://[user:password@]host:port[/db], shared by every replica that names it and has the same
+  // session key (service/store/redis_session_store.h).
+  std::string session_store = "memory";
+  std::string session_store_password_file;   // the store's password, instead of the URL's
+  int64_t session_store_timeout_ms = 1'000;  // connecting to the store, and each command
+  int64_t session_lease_ms = 10'000;         // a dead replica's sessions stay busy this long
+  std::string session_store_key_prefix = "tost:";
+  std::string api_keys_file;  // "name key" lines; empty = no API keys
+  std::string tls_cert_file;  // PEM certificate chain; with tls_key_file turns TLS on
+  std::string tls_key_file;   // PEM private key
   std::string
       tls_client_ca_file;  // PEM CA; when set, clients must present a certificate it signed (mTLS)
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted

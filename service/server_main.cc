@@ -110,9 +110,28 @@ ABSL_FLAG(int, stream_stall_timeout_ms, 30000,
           "A Generate stream whose client has left 8 tokens unread for this long is cancelled, its "
           "state kept for its session; 0 = never");
 ABSL_FLAG(int64_t, max_sessions, 4096,
-          "Server-held sessions at once (LRU eviction of idle ones beyond)");
+          "Server-held sessions at once (LRU eviction of idle ones beyond); with a shared "
+          "--session_store: the sessions kept hot in this replica's memory (the store holds all)");
 ABSL_FLAG(int64_t, session_budget_bytes, 256LL << 20,
-          "Bytes of session state held at once (LRU eviction beyond)");
+          "Bytes of session state held at once (LRU eviction beyond); with a shared "
+          "--session_store: of the sessions kept hot in this replica's memory");
+ABSL_FLAG(std::string, session_store, "memory",
+          "Where server-held sessions live: memory (this process; they end with it) or "
+          "redis://[user:password@]host:port[/db] (Redis 7 or Valkey, shared by every replica "
+          "with the same --session_key_file: any replica continues any session by id, and "
+          "sessions survive restarts)");
+ABSL_FLAG(std::string, session_store_password_file, "",
+          "File holding the session store's password (trailing newline ignored), instead of "
+          "putting it in the --session_store URL");
+ABSL_FLAG(int64_t, session_store_timeout_ms, 1000,
+          "Connecting to the session store, and each command to it: past this a session call "
+          "answers UNAVAILABLE");
+ABSL_FLAG(int64_t, session_lease_ms, 10000,
+          "With a shared --session_store: how long a replica's claim on a session it is "
+          "generating on outlives the replica (renewed while the call runs)");
+ABSL_FLAG(std::string, session_store_key_prefix, "tost:",
+          "With a shared --session_store: the prefix of every key, so deployments can share a "
+          "store");
 ABSL_FLAG(int64_t, prefix_cache_bytes, 64LL << 20,
           "Bytes of the prefix-state cache: sequence statistics at exact prompt and reply ends, "
           "so a client resending a conversation prefills only its new tokens (per owner; LRU "
@@ -199,6 +218,8 @@ absl::Status CheckNumericFlags() {
       {"max_sessions", absl::GetFlag(FLAGS_max_sessions), 1, int64_t{1} << 32},
       {"session_budget_bytes", absl::GetFlag(FLAGS_session_budget_bytes), 1, int64_t{1} << 48},
       {"session_idle_timeout_s", absl::GetFlag(FLAGS_session_idle_timeout_s), 1, 365 * kDayS},
+      {"session_store_timeout_ms", absl::GetFlag(FLAGS_session_store_timeout_ms), 10, 60'000},
+      {"session_lease_ms", absl::GetFlag(FLAGS_session_lease_ms), 100, kDayS * 1000},
       {"prefix_cache_bytes", absl::GetFlag(FLAGS_prefix_cache_bytes), 0, int64_t{1} << 48,
        "0 = no prefix cache"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
@@ -317,6 +338,11 @@ int main(int argc, char** argv) {
   options.prefix_cache.max_bytes = absl::GetFlag(FLAGS_prefix_cache_bytes);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
+  options.session_store = absl::GetFlag(FLAGS_session_store);
+  options.session_store_password_file = absl::GetFlag(FLAGS_session_store_password_file);
+  options.session_store_timeout_ms = absl::GetFlag(FLAGS_session_store_timeout_ms);
+  options.session_lease_ms = absl::GetFlag(FLAGS_session_lease_ms);
+  options.session_store_key_prefix = absl::GetFlag(FLAGS_session_store_key_prefix);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);

@@ -327,6 +327,32 @@ struct Metrics::Impl {
                                     .Name("tost_rejections_total")
                                     .Help("Requests refused before any work, by reason")
                                     .Register(*registry);
+  // The shared session store (--session_store=redis://...): every command, its round trip, and
+  // the connections remade after an error.
+  Family<Counter>& store_commands =
+      BuildCounter()
+          .Name("tost_session_store_commands_total")
+          .Help(
+              "Commands sent to the shared session store, by outcome (ok: answered; error: not "
+              "reached, timed out, or refused)")
+          .Register(*registry);
+  Family<Histogram>& store_latency =
+      BuildHistogram()
+          .Name("tost_session_store_command_duration_seconds")
+          .Help("Round trip of each command (or pipelined batch) to the shared session store")
+          .Register(*registry);
+  Family<Counter>& store_reconnects = BuildCounter()
+                                          .Name("tost_session_store_reconnects_total")
+                                          .Help(
+                                              "Connections to the shared session store made "
+                                              "again after one failed")
+                                          .Register(*registry);
+  Counter& store_ok = store_commands.Add({{"outcome", "ok"}});
+  Counter& store_error = store_commands.Add({{"outcome", "error"}});
+  Histogram& store_duration = store_latency.Add(
+      {}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                      0.05, 0.1, 0.25, 0.5, 1, 2.5});
+  Counter& store_reconnect = store_reconnects.Add({});
   Family<Gauge>& model_info =
       BuildGauge()
           .Name("tost_model_info")
@@ -523,6 +549,13 @@ void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
   impl_->ObserveRpc(*impl_->Rpc(rpc), code, elapsed);
 }
+
+void Metrics::OnCommand(absl::Duration latency, bool ok) {
+  (ok ? impl_->store_ok : impl_->store_error).Increment();
+  impl_->store_duration.Observe(absl::ToDoubleSeconds(latency));
+}
+
+void Metrics::OnReconnect() { impl_->store_reconnect.Increment(); }
 
 void Metrics::OnRequestStarted(const http::HttpRequest&) {}
 

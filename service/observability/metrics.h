@@ -30,6 +30,7 @@
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/session_store.h"
 #include "service/http/http_server.h"
+#include "service/store/redis_client.h"
 
 namespace tost::service {
 
@@ -63,6 +64,7 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
 class Metrics final : public BatchObserver,
                       public GenerationObserver,
                       public SessionStoreObserver,
+                      public store::RedisClientObserver,
                       public http::HttpObserver {
  public:
   Metrics();
@@ -107,6 +109,10 @@ class Metrics final : public BatchObserver,
   void OnStep(const GenerationStepRecord& record) override;
   void OnRefused(std::string_view model, GenerationRefusal reason) override;
   void OnStoreFull() override;
+  // The shared session store's client (tost_session_store_commands_total{outcome},
+  // tost_session_store_command_duration_seconds, tost_session_store_reconnects_total).
+  void OnCommand(absl::Duration latency, bool ok) override;
+  void OnReconnect() override;
   // The HTTP front end (tost_http_requests_total{route,code}, tost_http_request_duration_seconds
   // {route}): the route is the matched path, "other" for none, so the labels stay bounded.
   void OnRequestStarted(const http::HttpRequest& request) override;

@@ -1,0 +1,315 @@
+// The shared session store against a real redis-server: two stores on one Redis are two replicas.
+#include "service/store/redis_session_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "service/engine/clock.h"
+#include "service/engine/session_codec.h"
+#include "tests/service/engine/fake_models.h"
+#include "tests/service/store/redis_server_fixture.h"
+
+namespace tost::store {
+namespace {
+
+using service::GenerationState;
+using service::ModelIdentity;
+using service::SessionCodec;
+using service::SessionStoreContext;
+using ::testing::HasSubstr;
+
+constexpr char kKey[] = "0123456789abcdef-shared-secret";
+
+RedisSessionStoreOptions Lease(absl::Duration lease) {
+  RedisSessionStoreOptions o;
+  o.lease = lease;
+  return o;
+}
+
+service::SessionStoreOptions IdleTimeout(absl::Duration idle) {
+  service::SessionStoreOptions o;
+  o.idle_timeout = idle;
+  return o;
+}
+
+class RedisSessionStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto redis = testing::RedisServerProcess::Start(redis_options_);
+    ASSERT_TRUE(redis.ok()) << redis.status();
+    redis_ = *std::move(redis);
+    auto codec = SessionCodec::Create({kKey});
+    ASSERT_TRUE(codec.ok()) << codec.status();
+    codec_ = std::make_unique<SessionCodec>(*std::move(codec));
+    auto raw = RedisClient::Create(ClientOptions());
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    raw_ = *std::move(raw);
+  }
+
+  RedisClientOptions ClientOptions() const {
+    RedisClientOptions o;
+    o.endpoint.host = "127.0.0.1";
+    o.endpoint.port = redis_->port();
+    o.connect_timeout = absl::Milliseconds(300);
+    o.command_timeout = absl::Milliseconds(300);
+    return o;
+  }
+
+  // A replica: its own client and store on the shared Redis.
+  std::unique_ptr<RedisSessionStore> Replica(RedisSessionStoreOptions options = {},
+                                             service::SessionStoreOptions sessions = {}) {
+    auto client = RedisClient::Create(ClientOptions());
+    EXPECT_TRUE(client.ok()) << client.status();
+    SessionStoreContext context;
+    context.options = sessions;
+    context.codec = codec_.get();
+    context.identity = [this](const std::string& model) -> absl::StatusOr<ModelIdentity> {
+      if (model != lm_.config().name) return absl::NotFoundError("no such model");
+      return ModelIdentity{&lm_.config(), std::string(32, 'w')};
+    };
+    context.clock = &clock_;
+    auto store = RedisSessionStore::Create(std::move(context), *std::move(client), options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return *std::move(store);
+  }
+
+  GenerationState State(int64_t position) const {
+    GenerationState s;
+    s.model = lm_.config().name;
+    s.sequence = lm_.NewSequence();
+    s.sequence.position = position;
+    for (size_t i = 0; i < s.sequence.stats.size(); ++i) s.sequence.stats[i] = 0.25f * i;
+    s.pending_token = 65;
+    s.sampling.seed = 7;
+    return s;
+  }
+
+  testing::RedisServerOptions redis_options_;
+  std::unique_ptr<testing::RedisServerProcess> redis_;
+  std::unique_ptr<SessionCodec> codec_;
+  std::unique_ptr<RedisClient> raw_;
+  service::testing::FakeLanguageModel lm_;
+  service::FakeClock clock_;
+};
+
+TEST_F(RedisSessionStoreTest, EveryReplicaContinuesEverySession) {
+  auto a = Replica();
+  auto b = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+
+  // B checks it out, advances it; A (holding a stale hot copy) reads the new state.
+  auto on_b = b->Checkout(*id, "alice");
+  ASSERT_TRUE(on_b.ok()) << on_b.status();
+  EXPECT_EQ(on_b->sequence.position, 3);
+  EXPECT_EQ(on_b->sequence.stats, State(3).sequence.stats);
+  ASSERT_TRUE(b->CheckinAndWait(*id, State(9)).ok());
+  auto on_a = a->Get(*id, "alice");
+  ASSERT_TRUE(on_a.ok()) << on_a.status();
+  EXPECT_EQ(on_a->sequence.position, 9);
+
+  // And back on A, from its hot copy or the store: the same state either way.
+  auto again = a->Checkout(*id, "alice");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->sequence.position, 9);
+  ASSERT_TRUE(a->CheckinAndWait(*id, State(12)).ok());
+  EXPECT_EQ(b->Get(*id, "alice")->sequence.position, 12);
+
+  ASSERT_TRUE(b->Close(*id, "alice").ok());
+  EXPECT_EQ(a->Get(*id, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RedisSessionStoreTest, AnotherOwnerSeesNotFoundAndTakesNoLease) {
+  auto a = Replica();
+  auto b = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(b->Checkout(*id, "bob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->Get(*id, "bob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->Close(*id, "bob").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->Checkout("0123456789abcdef0123456789abcdef", "alice").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(a->Checkout(*id, "alice").ok());  // bob's tries held nothing
+  a->Release(*id);
+}
+
+TEST_F(RedisSessionStoreTest, OneGenerationAtATimeAcrossReplicas) {
+  auto a = Replica();
+  auto b = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(a->Checkout(*id, "alice").ok());
+  auto second = b->Checkout(*id, "alice");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use by another Generate"));
+  EXPECT_EQ(a->Checkout(*id, "alice").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->Get(*id, "alice").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->Close(*id, "alice").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a->stats().busy, 1);
+  ASSERT_TRUE(a->CheckinAndWait(*id, State(5)).ok());
+  EXPECT_EQ(a->stats().busy, 0);
+  auto now = b->Checkout(*id, "alice");
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->sequence.position, 5);
+  b->Release(*id);
+}
+
+TEST_F(RedisSessionStoreTest, ManyReplicasRacingForOneSessionOneWins) {
+  std::vector<std::unique_ptr<RedisSessionStore>> replicas;
+  for (int i = 0; i < 4; ++i) replicas.push_back(Replica());
+  auto id = replicas[0]->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  std::atomic<int> won{0};
+  std::atomic<int> busy{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      auto s = replicas[i]->Checkout(*id, "alice");
+      if (s.ok()) {
+        ++won;
+      } else if (s.status().code() == absl::StatusCode::kFailedPrecondition) {
+        ++busy;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(busy.load(), 3);
+}
+
+TEST_F(RedisSessionStoreTest, ADeadReplicasLeaseExpiresAndTheSessionIsAtItsLastSavedState) {
+  const RedisSessionStoreOptions short_lease = Lease(absl::Milliseconds(300));
+  auto b = Replica(short_lease);
+  std::string id;
+  {
+    auto a = Replica(short_lease);
+    id = *a->Add("alice", State(3));
+    ASSERT_TRUE(a->Checkout(id, "alice").ok());
+    // `a` goes without checking in or releasing: as a killed replica would (its destructor only
+    // stops its threads).
+  }
+  EXPECT_EQ(b->Checkout(id, "alice").status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<GenerationState> s = b->Checkout(id, "alice");
+  while (!s.ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = b->Checkout(id, "alice");
+  }
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->sequence.position, 3);
+  b->Release(id);
+}
+
+TEST_F(RedisSessionStoreTest, ALeaseHeldLongerThanItsExpiryIsRenewed) {
+  auto a = Replica(Lease(absl::Milliseconds(300)));
+  auto b = Replica(Lease(absl::Milliseconds(300)));
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(a->Checkout(*id, "alice").ok());
+  absl::SleepFor(absl::Seconds(1));  // three leases long: only renewal keeps it
+  EXPECT_EQ(b->Checkout(*id, "alice").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(a->CheckinAndWait(*id, State(4)).ok());
+}
+
+TEST_F(RedisSessionStoreTest, ACheckinAfterTheLeaseWasLostIsAbortedAndWritesNothing) {
+  auto a = Replica();
+  auto b = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(a->Checkout(*id, "alice").ok());
+  // The lease lapses (a replica stalled past it) and another replica takes the session.
+  ASSERT_TRUE(raw_->Command({"DEL", "tost:l:" + *id}).ok());
+  ASSERT_TRUE(b->Checkout(*id, "alice").ok());
+  ASSERT_TRUE(b->CheckinAndWait(*id, State(20)).ok());
+  const absl::Status late = a->CheckinAndWait(*id, State(4));
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
+  EXPECT_THAT(std::string(late.message()), HasSubstr("lease"));
+  EXPECT_EQ(b->Get(*id, "alice")->sequence.position, 20);
+  EXPECT_EQ(a->Get(*id, "alice")->sequence.position, 20);
+}
+
+TEST_F(RedisSessionStoreTest, StateTamperedWithInTheStoreIsRefused) {
+  auto a = Replica();
+  auto b = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *id, "blob", "TOSTSESS forged"}).ok());
+  ASSERT_TRUE(raw_->Command({"HINCRBY", "tost:s:" + *id, "ver", "1"}).ok());
+  auto s = b->Checkout(*id, "alice");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << s.status();
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("failed authentication"));
+  // Refused without keeping the lease (given back by a writer thread, soon after).
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (raw_->Command({"EXISTS", "tost:l:" + *id})->integer != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(raw_->Command({"EXISTS", "tost:l:" + *id})->integer, 0);
+
+  // A blob of another owner swapped in (owner digest left as alice's) is not alice's.
+  auto mallory = a->Add("mallory", State(4));
+  auto blob = raw_->Command({"HGET", "tost:s:" + *mallory, "blob"});
+  ASSERT_TRUE(blob.ok());
+  ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *id, "blob", blob->str}).ok());
+  ASSERT_TRUE(raw_->Command({"HINCRBY", "tost:s:" + *id, "ver", "1"}).ok());
+  EXPECT_EQ(b->Checkout(*id, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RedisSessionStoreTest, IdleSessionsExpireThroughTheStoresTtl) {
+  auto a = Replica(Lease(absl::Milliseconds(100)), IdleTimeout(absl::Milliseconds(400)));
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  auto ttl = raw_->Command({"PTTL", "tost:s:" + *id});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_GT(ttl->integer, 0);
+  EXPECT_LE(ttl->integer, 400);
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_EQ(a->Get(*id, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RedisSessionStoreTest, StoreDownIsUnavailableWithinTheTimeoutNamingTheStore) {
+  auto a = Replica();
+  auto id = a->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  redis_->Pause();
+  absl::Time start = absl::Now();
+  auto add = a->Add("alice", State(1));
+  EXPECT_EQ(add.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(add.status().message()),
+              HasSubstr("127.0.0.1:" + std::to_string(redis_->port())));
+  EXPECT_EQ(a->Checkout(*id, "alice").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  redis_->Resume();
+  auto s = a->Checkout(*id, "alice");
+  ASSERT_TRUE(s.ok()) << s.status();
+
+  // A check-in while the store is down fails (UNAVAILABLE); the session stays at its old state.
+  redis_->Pause();
+  const absl::Status lost = a->CheckinAndWait(*id, State(8));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
+  redis_->Resume();
+  EXPECT_EQ(a->stats().busy, 0);
+}
+
+TEST(RedisSessionStoreOptions, RefusesALeaseLongerThanTheIdleTimeoutAndBadFlags) {
+  const service::SessionStoreOptions sessions = IdleTimeout(absl::Seconds(5));
+  EXPECT_TRUE(ValidateRedisSessionStoreOptions(Lease(absl::Seconds(5)), sessions).ok());
+  EXPECT_FALSE(ValidateRedisSessionStoreOptions(Lease(absl::Seconds(6)), sessions).ok());
+  EXPECT_FALSE(ValidateRedisSessionStoreOptions(Lease(absl::Milliseconds(10)), sessions).ok());
+  SessionStoreFlags no_host;
+  no_host.url = "redis://";
+  EXPECT_FALSE(MakeSessionStoreFactory(no_host).ok());
+  SessionStoreFlags memory_with_password;
+  memory_with_password.password_file = "/x";
+  EXPECT_FALSE(MakeSessionStoreFactory(memory_with_password).ok());
+  auto memory = MakeSessionStoreFactory({});
+  ASSERT_TRUE(memory.ok());
+  EXPECT_FALSE(static_cast<bool>(*memory));
+}
+
+}  // namespace
+}  // namespace tost::store
