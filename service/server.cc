@@ -26,7 +26,7 @@
 #include "service/observability/logging.h"
 #include "service/openai_http/openai_routes.h"
 #include "service/port_probe.h"
-#include "service/store/redis_session_store.h"
+#include "service/store/shared_store_flags.h"
 
 namespace tost::service {
 namespace {
@@ -159,26 +159,28 @@ absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file, int64_t blob
   return codec;
 }
 
-// The session store of --session_store; null for "memory". Checked before any model loads.
-absl::StatusOr<SessionStoreFactory> MakeSessionStore(const ServerOptions& o,
-                                                     store::RedisClientObserver* observer) {
+// The session store of --session_store (null for "memory") and, with a shared store, the shared
+// tier of the prefix-state cache. Checked before any model loads.
+absl::StatusOr<store::SharedStoreFactories> MakeSharedStore(const ServerOptions& o,
+                                                            store::RedisClientObserver* observer) {
   if (o.session_store != "memory" && o.session_key_file.empty()) {
     return absl::InvalidArgumentError(
         "--session_store names a shared store, which needs --session_key_file: every replica "
         "sharing the store must seal and verify its sessions with the same key (a per-process "
         "random key would make every other replica's sessions unreadable)");
   }
-  store::SessionStoreFlags flags;
+  store::SharedStoreFlags flags;
   flags.url = o.session_store;
   flags.password_file = o.session_store_password_file;
   flags.timeout = absl::Milliseconds(o.session_store_timeout_ms);
   flags.redis.lease = absl::Milliseconds(o.session_lease_ms);
   flags.redis.key_prefix = o.session_store_key_prefix;
+  flags.prefix_ttl = o.sessions.idle_timeout;
   flags.observer = observer;
   if (o.session_store != "memory") {
     TOST_RETURN_IF_ERROR(store::ValidateRedisSessionStoreOptions(flags.redis, o.sessions));
   }
-  return store::MakeSessionStoreFactory(flags);
+  return store::MakeSharedStoreFactories(flags);
 }
 
 // Plaintext, TLS, or mutual TLS (the client certificate's identity then owns its sessions).
@@ -221,8 +223,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   TOST_ASSIGN_OR_RETURN(SessionCodec codec,
                         MakeCodec(options.session_key_file, options.session_blob_ttl_s));
   auto metrics = std::make_unique<Metrics>();
-  TOST_ASSIGN_OR_RETURN(SessionStoreFactory session_store,
-                        MakeSessionStore(options, metrics.get()));
+  TOST_ASSIGN_OR_RETURN(store::SharedStoreFactories shared_store,
+                        MakeSharedStore(options, metrics.get()));
   Authenticator auth;
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
@@ -284,7 +286,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   engine_options.sessions = options.sessions;
   engine_options.sessions.observer = server->metrics_.get();
   engine_options.prefix_cache = options.prefix_cache;
-  engine_options.session_store = std::move(session_store);
+  engine_options.session_store = std::move(shared_store.sessions);
+  engine_options.prefix_cache_tier = std::move(shared_store.prefix_tier);
   TOST_ASSIGN_OR_RETURN(server->engine_,
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));

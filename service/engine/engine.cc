@@ -32,6 +32,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   }
   std::unique_ptr<Engine> engine(
       new Engine(std::move(models), options.prefix_cache, std::move(codec)));
+  if (options.prefix_cache_tier && engine->prefix_cache_.enabled()) {
+    TOST_ASSIGN_OR_RETURN(engine->prefix_tier_, options.prefix_cache_tier(&engine->codec_));
+    engine->prefix_cache_.SetSharedTier(engine->prefix_tier_.get());
+  }
   if (options.session_store) {
     const Engine* self = engine.get();
     TOST_ASSIGN_OR_RETURN(
@@ -76,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
 }
 
 Engine::Engine(std::vector<ModelEntry> models, PrefixCacheOptions prefix_cache, SessionCodec codec)
-    : models_(std::move(models)), prefix_cache_(prefix_cache), codec_(std::move(codec)) {
+    : models_(std::move(models)), codec_(std::move(codec)), prefix_cache_(prefix_cache) {
   for (size_t i = 0; i < models_.size(); ++i) by_name_[models_[i].name] = i;
 }
 

@@ -58,6 +58,10 @@ struct EngineOptions {
   SessionStoreOptions sessions;
   // Builds the session store; null: MemorySessionStore (this process's memory).
   SessionStoreFactory session_store;
+  // Builds a tier of the prefix-state cache shared by replicas (sealed with the engine's codec);
+  // null: none.
+  std::function<absl::StatusOr<std::unique_ptr<PrefixCacheTier>>(const SessionCodec* codec)>
+      prefix_cache_tier;
   // One cache for all language models (its byte bound is shared); every key names its model.
   PrefixCacheOptions prefix_cache;
   // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
@@ -167,12 +171,14 @@ class Engine {
 
   const std::vector<ModelEntry> models_;
   std::map<std::string, size_t> by_name_;
+  // First: the shared session store and the shared prefix tier seal with it.
+  const SessionCodec codec_;
+  // Before the cache that offers it entries, and the schedulers that fill the cache.
+  std::unique_ptr<PrefixCacheTier> prefix_tier_;
   // Before the schedulers: they use it until they are destroyed.
   PrefixStateCache prefix_cache_;
   std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
   std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
-  const SessionCodec codec_;
-  // After the codec (a shared store seals with it); before nothing that outlives it.
   std::unique_ptr<SessionStore> sessions_;
   std::atomic<bool> draining_{false};
 };

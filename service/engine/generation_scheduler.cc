@@ -387,6 +387,12 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     job->cache_scope = PrefixCacheScope{name, prefix_cache_.weights_sha256, request.owner};
     job->cache_lookup = request.prefix_cache == PrefixCacheUse::kLookupAndInsert;
     job->on_grid = true;
+    if (job->cache_lookup && prefix_cache_.cache->has_shared_tier()) {
+      // Here, on the submitting thread, since it waits on the network: the scheduler's own
+      // lookup (LookUpPrefix) then finds what it brought.
+      prefix_cache_.cache->Prefetch(*job->cache_scope, job->history, PrefixLookupLimit(*job),
+                                    /*on_grid_only=*/options_.batch_invariant);
+    }
   }
   job->text = std::make_unique<TextStream>(st.stop_strings, st.utf8_pending, st.held_text);
   job->request = std::move(request);
@@ -409,12 +415,16 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   return Refuse(GenerationRefusal::kDraining);  // draining began after the place was reserved
 }
 
-void GenerationScheduler::LookUpPrefix(Job& job) {
+int64_t GenerationScheduler::PrefixLookupLimit(const Job& job) {
   // At least the last prompt token is left to feed: a state holds statistics, not the logits its
   // next token is drawn from, so that token is fed by the job's first decode step as in a cold run.
-  const auto max_tokens = static_cast<int64_t>(job.history.size()) - 1;
-  std::optional<PrefixCacheHit> hit = prefix_cache_.cache->Lookup(
-      *job.cache_scope, job.history, max_tokens, /*on_grid_only=*/options_.batch_invariant);
+  return static_cast<int64_t>(job.history.size()) - 1;
+}
+
+void GenerationScheduler::LookUpPrefix(Job& job) {
+  std::optional<PrefixCacheHit> hit =
+      prefix_cache_.cache->Lookup(*job.cache_scope, job.history, PrefixLookupLimit(job),
+                                  /*on_grid_only=*/options_.batch_invariant);
   if (!hit.has_value()) return;
   // to_prefill is the prompt but its last token (the state was fresh): skip what the cache holds.
   job.to_prefill.erase(job.to_prefill.begin(), job.to_prefill.begin() + hit->tokens);

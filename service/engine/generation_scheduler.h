@@ -332,6 +332,8 @@ class GenerationScheduler {
   // its history; copied from the row).
   void LookUpPrefix(Job& job);
   void InsertPrefix(Job& job, bool on_grid);
+  // The longest prefix of the job's prompt a cached state may cover.
+  static int64_t PrefixLookupLimit(const Job& job);
   // After a prefill chunk: stores the state on the grid (at prefill_chunk_tokens · 2^k, and at the
   // last multiple the prompt reaches: O(log) entries per prompt, not one per chunk, as each entry
   // holds its whole key), or at the prompt's end.

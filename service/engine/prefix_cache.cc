@@ -47,21 +47,20 @@ void PrefixStateCache::Erase(Lru::iterator it) {
   lru_.erase(it);
 }
 
-std::optional<PrefixCacheHit> PrefixStateCache::Lookup(const PrefixCacheScope& scope,
-                                                       absl::Span<const int32_t> tokens,
-                                                       int64_t max_tokens, bool on_grid_only) {
-  if (!enabled()) return std::nullopt;
-  const std::string scope_key = ScopeKey(scope);
-  const int64_t n = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
-  // Hashes of every allowed prefix length, computed once outside the lock: O(prompt length).
+std::vector<uint64_t> PrefixStateCache::PrefixHashes(const std::string& scope_key,
+                                                     absl::Span<const int32_t> tokens, int64_t n) {
+  n = std::min<int64_t>(n, static_cast<int64_t>(tokens.size()));
   std::vector<uint64_t> hashes(n > 0 ? n : 0);
   uint64_t h = ScopeHash(scope_key);
   for (int64_t i = 0; i < n; ++i) hashes[i] = h = Extend(h, tokens[i]);
+  return hashes;
+}
 
-  absl::MutexLock lock(&mu_);
-  PrefixCacheModelStats& m = per_model_[scope.model];
-  ++m.lookups;
-  for (int64_t len = n; len >= 1; --len) {
+PrefixStateCache::Lru::iterator PrefixStateCache::FindLongest(const std::string& scope_key,
+                                                              absl::Span<const int32_t> tokens,
+                                                              const std::vector<uint64_t>& hashes,
+                                                              bool on_grid_only) {
+  for (auto len = static_cast<int64_t>(hashes.size()); len >= 1; --len) {
     auto found = by_hash_.find(hashes[len - 1]);
     if (found == by_hash_.end()) continue;
     const Entry& e = *found->second;
@@ -70,17 +69,65 @@ std::optional<PrefixCacheHit> PrefixStateCache::Lookup(const PrefixCacheScope& s
       continue;  // a collision of two keys' hashes: a miss, never another sequence's state
     }
     if (on_grid_only && !e.on_grid) continue;
-    lru_.splice(lru_.end(), lru_, found->second);
-    ++m.hits;
-    m.hit_tokens += len;
-    return PrefixCacheHit{len, e.state, e.on_grid};
+    return found->second;
   }
-  return std::nullopt;
+  return lru_.end();
+}
+
+std::optional<PrefixCacheHit> PrefixStateCache::Lookup(const PrefixCacheScope& scope,
+                                                       absl::Span<const int32_t> tokens,
+                                                       int64_t max_tokens, bool on_grid_only) {
+  if (!enabled()) return std::nullopt;
+  const std::string scope_key = ScopeKey(scope);
+  // Hashes of every allowed prefix length, computed once outside the lock: O(prompt length).
+  const std::vector<uint64_t> hashes = PrefixHashes(scope_key, tokens, max_tokens);
+
+  absl::MutexLock lock(&mu_);
+  PrefixCacheModelStats& m = per_model_[scope.model];
+  ++m.lookups;
+  auto found = FindLongest(scope_key, tokens, hashes, on_grid_only);
+  if (found == lru_.end()) return std::nullopt;
+  lru_.splice(lru_.end(), lru_, found);
+  const auto len = static_cast<int64_t>(found->tokens.size());
+  ++m.hits;
+  m.hit_tokens += len;
+  return PrefixCacheHit{len, found->state, found->on_grid};
+}
+
+void PrefixStateCache::Prefetch(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+                                int64_t max_tokens, bool on_grid_only) {
+  if (!enabled() || tier_ == nullptr) return;
+  const std::string scope_key = ScopeKey(scope);
+  const std::vector<uint64_t> hashes = PrefixHashes(scope_key, tokens, max_tokens);
+  if (hashes.empty()) return;
+  int64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = FindLongest(scope_key, tokens, hashes, on_grid_only);
+    if (found != lru_.end()) held = static_cast<int64_t>(found->tokens.size());
+  }
+  const auto longest = static_cast<int64_t>(hashes.size());
+  if (held == longest) return;
+  std::optional<PrefixCacheHit> hit = tier_->Fetch(scope, tokens, held, longest, on_grid_only);
+  if (!hit.has_value() || hit->tokens <= held || hit->tokens > longest) return;
+  if (InsertLocal(scope, tokens.first(hit->tokens), hit->state, hit->on_grid)) {
+    absl::MutexLock lock(&mu_);
+    ++per_model_[scope.model].shared_hits;
+  }
 }
 
 void PrefixStateCache::Insert(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
                               const model::SequenceState& state, bool on_grid) {
-  if (!enabled() || tokens.empty() || state.position != static_cast<int64_t>(tokens.size())) return;
+  if (InsertLocal(scope, tokens, state, on_grid) && tier_ != nullptr) {
+    tier_->Publish(scope, tokens, state, on_grid);
+  }
+}
+
+bool PrefixStateCache::InsertLocal(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+                                   const model::SequenceState& state, bool on_grid) {
+  if (!enabled() || tokens.empty() || state.position != static_cast<int64_t>(tokens.size())) {
+    return false;
+  }
   Entry e;
   e.scope = ScopeKey(scope);
   e.hash = ScopeHash(e.scope);
@@ -88,7 +135,7 @@ void PrefixStateCache::Insert(const PrefixCacheScope& scope, absl::Span<const in
   e.model = scope.model;
   e.on_grid = on_grid;
   e.bytes = EntryBytes(e.scope.size() + e.model.size(), tokens.size(), state.stats.size());
-  if (e.bytes > options_.max_bytes) return;
+  if (e.bytes > options_.max_bytes) return false;
 
   absl::MutexLock lock(&mu_);
   if (auto found = by_hash_.find(e.hash); found != by_hash_.end()) {
@@ -96,12 +143,13 @@ void PrefixStateCache::Insert(const PrefixCacheScope& scope, absl::Span<const in
     const bool same_key = old.scope == e.scope && old.tokens.size() == tokens.size() &&
                           std::equal(old.tokens.begin(), old.tokens.end(), tokens.begin());
     if (same_key) {
-      if (on_grid && !old.on_grid) {
+      const bool upgraded = on_grid && !old.on_grid;
+      if (upgraded) {
         old.state = state;
         old.on_grid = true;
       }
       lru_.splice(lru_.end(), lru_, found->second);
-      return;
+      return upgraded;
     }
     Erase(found->second);  // a collision: the newer key takes the slot
   }
@@ -118,6 +166,7 @@ void PrefixStateCache::Insert(const PrefixCacheScope& scope, absl::Span<const in
     ++per_model_[lru_.front().model].evictions;
     Erase(lru_.begin());
   }
+  return true;
 }
 
 PrefixCacheModelStats PrefixStateCache::stats(const std::string& model) const {

@@ -72,11 +72,29 @@ struct PrefixCacheHit {
   bool on_grid = false;  // see the file comment
 };
 
+// A second tier shared by replicas (service/store/redis_prefix_tier.h, on the shared session
+// store): what one replica prefilled is a hit on every other. Its entries are the same (scope,
+// tokens) → state mappings.
+class PrefixCacheTier {
+ public:
+  virtual ~PrefixCacheTier() = default;
+  // The longest entry of `scope` whose tokens are a prefix of `tokens`, longer than `min_tokens`
+  // and at most `max_tokens` long (on the grid only, with `on_grid_only`). Waits for the tier (a
+  // bounded time); nullopt on a miss and on any failure: the tier is a cache.
+  virtual std::optional<PrefixCacheHit> Fetch(const PrefixCacheScope& scope,
+                                              absl::Span<const int32_t> tokens, int64_t min_tokens,
+                                              int64_t max_tokens, bool on_grid_only) = 0;
+  // Offers an entry to the tier. Never waits (it may be dropped).
+  virtual void Publish(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+                       const model::SequenceState& state, bool on_grid) = 0;
+};
+
 // Per model (metrics, ServerStatus).
 struct PrefixCacheModelStats {
   int64_t lookups = 0;
   int64_t hits = 0;
-  int64_t hit_tokens = 0;  // prompt tokens served from the cache (sum of hits' lengths)
+  int64_t shared_hits = 0;  // prefixes fetched from the shared tier into this replica's cache
+  int64_t hit_tokens = 0;   // prompt tokens served from the cache (sum of hits' lengths)
   int64_t inserts = 0;
   int64_t evictions = 0;  // entries removed to make room
   int64_t entries = 0;
@@ -90,6 +108,18 @@ class PrefixStateCache {
   PrefixStateCache& operator=(const PrefixStateCache&) = delete;
 
   bool enabled() const { return options_.max_bytes > 0; }
+
+  // Adds the shared tier (before any other call; not owned, outlives the cache): every Insert is
+  // offered to it, and Prefetch looks there.
+  void SetSharedTier(PrefixCacheTier* tier) { tier_ = tier; }
+  bool has_shared_tier() const { return tier_ != nullptr; }
+
+  // Brings the longest prefix the shared tier holds of `tokens` (within the bounds of Lookup's)
+  // into this cache when it is longer than the longest held here, so that the Lookup that follows
+  // finds it. Waits for the tier: call it where a request may wait (a front end's thread, never
+  // the scheduler's). Counts nothing but the shared hits.
+  void Prefetch(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens, int64_t max_tokens,
+                bool on_grid_only);
   const PrefixCacheOptions& options() const { return options_; }
 
   // The state of the longest cached prefix of `tokens` no longer than `max_tokens` tokens (and at
@@ -107,6 +137,13 @@ class PrefixStateCache {
   void Insert(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
               const model::SequenceState& state, bool on_grid);
 
+  // A scope as one string (model, weights, owner), and the hashes of every prefix of `tokens` up
+  // to `n` tokens in it ([i]: the first i + 1 tokens'): what entries are found by, here and in the
+  // shared tier.
+  static std::string ScopeKey(const PrefixCacheScope& scope);
+  static std::vector<uint64_t> PrefixHashes(const std::string& scope_key,
+                                            absl::Span<const int32_t> tokens, int64_t n);
+
   PrefixCacheModelStats stats(const std::string& model) const;
   int64_t bytes() const;
   int64_t entries() const;
@@ -123,11 +160,19 @@ class PrefixStateCache {
   };
   using Lru = std::list<Entry>;  // front: least recently used
 
-  static std::string ScopeKey(const PrefixCacheScope& scope);
   static uint64_t ScopeHash(const std::string& scope_key);
   static uint64_t Extend(uint64_t hash, int32_t token);
   static int64_t EntryBytes(size_t text_bytes, size_t tokens, size_t floats);
   void Erase(Lru::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The longest entry matching a prefix of `tokens` (hashed), end() for none.
+  Lru::iterator FindLongest(const std::string& scope_key, absl::Span<const int32_t> tokens,
+                            const std::vector<uint64_t>& hashes, bool on_grid_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Insert without offering the entry to the shared tier (it came from there).
+  bool InsertLocal(const PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
+                   const model::SequenceState& state, bool on_grid);
+
+  PrefixCacheTier* tier_ = nullptr;
 
   const PrefixCacheOptions options_;
   mutable absl::Mutex mu_;

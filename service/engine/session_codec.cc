@@ -171,6 +171,44 @@ absl::StatusOr<SessionCodec::Verified> SessionCodec::VerifiedPayload(
       "--session_key_file)");
 }
 
+namespace {
+std::string SealedBody(std::string_view purpose, std::string_view data) {
+  // The purpose, length-prefixed, then the data: no (purpose, data) pair reads as another.
+  std::string body = "TOSTSEAL";
+  PutU32(body, static_cast<uint32_t>(purpose.size()));
+  body.append(purpose);
+  body.append(data);
+  return body;
+}
+}  // namespace
+
+std::string SessionCodec::Seal(std::string_view purpose, std::string_view data) const {
+  std::string sealed(data);
+  sealed += Hmac(keys_.front(), SealedBody(purpose, data));
+  return sealed;
+}
+
+absl::StatusOr<std::string> SessionCodec::Unseal(std::string_view purpose,
+                                                 std::string_view sealed) const {
+  if (sealed.size() < kMacBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a sealed ", absl::string_view(purpose.data(), purpose.size()), " record of ",
+                     sealed.size(), " bytes is shorter than its MAC"));
+  }
+  const std::string_view data = sealed.substr(0, sealed.size() - kMacBytes);
+  const std::string body = SealedBody(purpose, data);
+  for (const std::string& key : keys_) {
+    const std::string mac = Hmac(key, body);
+    if (CRYPTO_memcmp(mac.data(), sealed.data() + data.size(), kMacBytes) == 0) {
+      return std::string(data);
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("a ", absl::string_view(purpose.data(), purpose.size()),
+                   " record failed authentication: modified, or sealed with a key that is not "
+                   "one of this server's"));
+}
+
 absl::StatusOr<OpenedBlob> SessionCodec::Open(const std::string& blob) const {
   TOST_ASSIGN_OR_RETURN(Verified verified, VerifiedPayload(blob));
   auto payload = std::make_shared<internal_session::OpenedPayload>();

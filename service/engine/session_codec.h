@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -116,6 +117,14 @@ class SessionCodec {
   absl::StatusOr<std::string> PeekModel(const std::string& blob) const;
 
   absl::Duration ttl() const { return options_.ttl; }
+
+  // Other records this server keeps where others could write (the shared prefix-state cache's
+  // entries): `data` followed by HMAC-SHA256 under the signing key of `purpose` and `data`, so a
+  // record of one purpose never verifies as another's, nor as a session blob.
+  std::string Seal(std::string_view purpose, std::string_view data) const;
+  // The data of a sealed record, verified with every key; INVALID_ARGUMENT when it is not one this
+  // server's keys sealed for `purpose`.
+  absl::StatusOr<std::string> Unseal(std::string_view purpose, std::string_view sealed) const;
 
  private:
   SessionCodec(std::vector<std::string> keys, SessionCodecOptions options)

@@ -8,7 +8,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "service/engine/client_text.h"
 
@@ -467,47 +466,6 @@ void RedisSessionStore::RenewLoop() {
     // call's Checkin (ABORTED).
     (void)client_->Pipeline(commands);
   }
-}
-
-absl::StatusOr<service::SessionStoreFactory> MakeSessionStoreFactory(
-    const SessionStoreFlags& flags) {
-  if (flags.url == "memory") {
-    if (!flags.password_file.empty()) {
-      return absl::InvalidArgumentError(
-          "--session_store_password_file is set but --session_store is \"memory\"; give "
-          "--session_store=redis://host:port to use it");
-    }
-    return service::SessionStoreFactory();
-  }
-  TOST_ASSIGN_OR_RETURN(RedisEndpoint endpoint, ParseRedisUrl(flags.url));
-  if (!flags.password_file.empty()) {
-    TOST_ASSIGN_OR_RETURN(std::string password, model::ReadFileToString(flags.password_file));
-    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) {
-      password.pop_back();
-    }
-    if (password.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--session_store_password_file ", flags.password_file, " is empty"));
-    }
-    endpoint.password = std::move(password);
-  }
-  RedisClientOptions client_options;
-  client_options.endpoint = std::move(endpoint);
-  client_options.connect_timeout = flags.timeout;
-  client_options.command_timeout = flags.timeout;
-  client_options.observer = flags.observer;
-  TOST_RETURN_IF_ERROR(ValidateRedisClientOptions(client_options));
-  RedisSessionStoreOptions redis = flags.redis;
-  return service::SessionStoreFactory(
-      [client_options, redis](service::SessionStoreContext context)
-          -> absl::StatusOr<std::unique_ptr<service::SessionStore>> {
-        TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
-                              RedisClient::Create(client_options));
-        TOST_ASSIGN_OR_RETURN(
-            std::unique_ptr<RedisSessionStore> store,
-            RedisSessionStore::Create(std::move(context), std::move(client), redis));
-        return std::unique_ptr<service::SessionStore>(std::move(store));
-      });
 }
 
 }  // namespace tost::store

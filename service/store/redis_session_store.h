@@ -152,16 +152,4 @@ class RedisSessionStore final : public service::SessionStore {
   std::thread renewer_;
 };
 
-// The store URL given to --session_store ("memory" or a redis:// URL) as a SessionStoreFactory:
-// null for "memory".
-struct SessionStoreFlags {
-  std::string url = "memory";
-  std::string password_file;  // overrides the URL's password when set
-  absl::Duration timeout = absl::Seconds(1);
-  RedisSessionStoreOptions redis;
-  RedisClientObserver* observer = nullptr;  // not owned; may be null
-};
-absl::StatusOr<service::SessionStoreFactory> MakeSessionStoreFactory(
-    const SessionStoreFlags& flags);
-
 }  // namespace tost::store

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "service/engine/clock.h"
 #include "service/engine/session_codec.h"
+#include "service/store/shared_store_flags.h"
 #include "tests/service/engine/fake_models.h"
 #include "tests/service/store/redis_server_fixture.h"
 
@@ -300,15 +301,22 @@ TEST(RedisSessionStoreOptions, RefusesALeaseLongerThanTheIdleTimeoutAndBadFlags)
   EXPECT_TRUE(ValidateRedisSessionStoreOptions(Lease(absl::Seconds(5)), sessions).ok());
   EXPECT_FALSE(ValidateRedisSessionStoreOptions(Lease(absl::Seconds(6)), sessions).ok());
   EXPECT_FALSE(ValidateRedisSessionStoreOptions(Lease(absl::Milliseconds(10)), sessions).ok());
-  SessionStoreFlags no_host;
+  SharedStoreFlags no_host;
   no_host.url = "redis://";
-  EXPECT_FALSE(MakeSessionStoreFactory(no_host).ok());
-  SessionStoreFlags memory_with_password;
+  EXPECT_FALSE(MakeSharedStoreFactories(no_host).ok());
+  SharedStoreFlags memory_with_password;
   memory_with_password.password_file = "/x";
-  EXPECT_FALSE(MakeSessionStoreFactory(memory_with_password).ok());
-  auto memory = MakeSessionStoreFactory({});
+  EXPECT_FALSE(MakeSharedStoreFactories(memory_with_password).ok());
+  auto memory = MakeSharedStoreFactories({});
   ASSERT_TRUE(memory.ok());
-  EXPECT_FALSE(static_cast<bool>(*memory));
+  EXPECT_FALSE(static_cast<bool>(memory->sessions));
+  EXPECT_FALSE(static_cast<bool>(memory->prefix_tier));
+  SharedStoreFlags shared;
+  shared.url = "redis://127.0.0.1:1/0";
+  auto redis = MakeSharedStoreFactories(shared);
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  EXPECT_TRUE(static_cast<bool>(redis->sessions));
+  EXPECT_TRUE(static_cast<bool>(redis->prefix_tier));
 }
 
 }  // namespace

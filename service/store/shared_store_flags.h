@@ -1,0 +1,38 @@
+// What --session_store and its companion flags build: the session store (null for "memory": the
+// engine's in-memory one) and, for a shared store, the prefix-state cache's shared tier on it.
+// Everything is checked here, before any model loads; nothing connects (the store may be down at
+// start-up).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/engine/engine.h"
+#include "service/store/redis_client.h"
+#include "service/store/redis_session_store.h"
+
+namespace tost::store {
+
+struct SharedStoreFlags {
+  std::string url = "memory";  // --session_store
+  std::string password_file;   // overrides the URL's password when set
+  absl::Duration timeout = absl::Seconds(1);
+  RedisSessionStoreOptions redis;
+  // Shared prefix-state cache entries expire this long after their last use.
+  absl::Duration prefix_ttl = absl::Minutes(30);
+  RedisClientObserver* observer = nullptr;  // not owned; may be null
+};
+
+struct SharedStoreFactories {
+  service::SessionStoreFactory sessions;  // null: the in-memory store
+  std::function<absl::StatusOr<std::unique_ptr<service::PrefixCacheTier>>(
+      const service::SessionCodec* codec)>
+      prefix_tier;  // null: no shared tier
+};
+
+absl::StatusOr<SharedStoreFactories> MakeSharedStoreFactories(const SharedStoreFlags& flags);
+
+}  // namespace tost::store
