@@ -173,12 +173,13 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
         {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
          CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
-    std::vector<ClientMetric> lookups, hits, hit_tokens, entries, bytes, evictions;
+    std::vector<ClientMetric> lookups, hits, shared_hits, hit_tokens, entries, bytes, evictions;
     for (const GeneratorStats& g : stats.generators) {
       const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
       const PrefixCacheModelStats& p = g.prefix_cache;
       lookups.push_back(CounterSample(static_cast<double>(p.lookups), labels));
       hits.push_back(CounterSample(static_cast<double>(p.hits), labels));
+      shared_hits.push_back(CounterSample(static_cast<double>(p.shared_hits), labels));
       hit_tokens.push_back(CounterSample(static_cast<double>(p.hit_tokens), labels));
       evictions.push_back(CounterSample(static_cast<double>(p.evictions), labels));
       entries.push_back(GaugeSample(static_cast<double>(p.entries), labels));
@@ -190,6 +191,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily("tost_prefix_cache_hits_total",
                              "Prefix-state cache lookups that found a cached prefix",
                              MetricType::Counter, std::move(hits)));
+    out.push_back(MakeFamily(
+        "tost_prefix_cache_shared_hits_total",
+        "Prefixes fetched from the shared session store's tier into this replica's cache",
+        MetricType::Counter, std::move(shared_hits)));
     out.push_back(MakeFamily("tost_prefix_cache_hit_tokens_total",
                              "Prompt tokens served from the prefix-state cache (not prefilled)",
                              MetricType::Counter, std::move(hit_tokens)));

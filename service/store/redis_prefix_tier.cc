@@ -147,8 +147,8 @@ std::optional<service::PrefixCacheHit> RedisPrefixTier::Fetch(
   std::vector<std::string> keys;
   keys.reserve(max_tokens - shortest + 1);
   for (int64_t len = max_tokens; len >= shortest; --len) keys.push_back(Key(hashes[len - 1]));
-  auto reply = client_->Eval(FetchScript(), keys,
-                             {absl::StrCat(absl::ToInt64Milliseconds(options_.ttl))});
+  auto reply =
+      client_->Eval(FetchScript(), keys, {absl::StrCat(absl::ToInt64Milliseconds(options_.ttl))});
   if (!reply.ok()) {
     Failed();
     return std::nullopt;

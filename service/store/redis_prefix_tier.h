@@ -30,7 +30,7 @@
 namespace tost::store {
 
 struct RedisPrefixTierOptions {
-  std::string key_prefix = "tost:";  // --session_store_key_prefix
+  std::string key_prefix = "tost:";        // --session_store_key_prefix
   absl::Duration ttl = absl::Minutes(30);  // unused this long → expires (--session_idle_timeout_s)
   // A Fetch asks about at most this many prefix lengths, longest first.
   int64_t max_probed_lengths = 4096;
@@ -49,9 +49,8 @@ class RedisPrefixTier final : public service::PrefixCacheTier {
   RedisPrefixTier& operator=(const RedisPrefixTier&) = delete;
 
   std::optional<service::PrefixCacheHit> Fetch(const service::PrefixCacheScope& scope,
-                                               absl::Span<const int32_t> tokens,
-                                               int64_t min_tokens, int64_t max_tokens,
-                                               bool on_grid_only) override;
+                                               absl::Span<const int32_t> tokens, int64_t min_tokens,
+                                               int64_t max_tokens, bool on_grid_only) override;
   void Publish(const service::PrefixCacheScope& scope, absl::Span<const int32_t> tokens,
                const model::SequenceState& state, bool on_grid) override;
 
