@@ -49,6 +49,10 @@ BAD_FLAGS = [
     ("--prefill_chunk_tokens=0", "[1, "),
     ("--max_sessions=0", "[1, "),
     ("--metrics_port=70000", "-1 = no endpoint"),
+    ("--http_port=70000", "-1 = no HTTP front end"),
+    ("--prefix_cache_bytes=-1", "[0, "),
+    ("--session_store_timeout_ms=0", "[10, "),
+    ("--session_lease_ms=50", "[100, "),
     ("--port=-2", "[0, 65535]"),
     ("--drain_timeout_s=99999999", "[0, 86400]"),
 ]
@@ -313,3 +317,27 @@ def test_no_session_is_created_during_a_drain(proto_modules, tmp_path):
         assert srv.proc.wait(timeout=60) == 0
     finally:
         srv.stop()
+
+
+def test_an_http_address_that_does_not_resolve_stops_the_start_naming_it():
+    code, err = _run_server("--http_port=0", "--http_address=300.1.2.3")
+    assert code == 1, err
+    assert "--http_address" in err and "300.1.2.3" in err and "does not resolve" in err, err
+    assert "loading models" not in err, err
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (("--session_store=redis://127.0.0.1:6379/0",), "needs --session_key_file"),
+    (("--session_store=rediss://127.0.0.1:6379",), "--session_store"),
+    (("--session_store=memory", "--session_store_password_file=/nonexistent"), "--session_store_password_file"),
+    (("--session_store=redis://127.0.0.1:6379/0", "--session_idle_timeout_s=5", "--session_lease_ms=6000"),
+     "must be at least --session_lease_ms"),
+])
+def test_a_shared_session_store_misconfigured_stops_the_start(flags, expected, tmp_path):
+    key = tmp_path / "session.key"
+    key.write_bytes(os.urandom(32))
+    extra = () if "needs --session_key_file" in expected else (f"--session_key_file={key}",)
+    code, err = _run_server(*flags, *extra)
+    assert code == 1, err
+    assert expected in err, err
+    assert "loading models" not in err, err
