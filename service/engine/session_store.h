@@ -7,9 +7,10 @@
 // A session is "checked out" while a Generate runs on it (busy): it cannot be checked out again,
 // exported, forked or closed until it is checked back in with its new state (or released).
 //
-// Threads: every method may be called from any thread. Checkin and Release may be called on the
-// generation scheduler's thread, so they never wait on a network: a remote store finishes them on
-// its own threads and reports through `done`.
+// Threads: every method may be called from any thread. Checkin may be called on the generation
+// scheduler's thread, so it never waits on a network: a remote store finishes it on its own
+// threads and reports through `done`. The others may wait (a bounded time): they are called where
+// a request is admitted or answered.
 #pragma once
 
 #include <cstdint>

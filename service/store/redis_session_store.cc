@@ -352,10 +352,9 @@ void RedisSessionStore::Release(const std::string& id) {
     token = it->second.token;
     leases_.erase(it);
   }
-  Enqueue([this, id, token]() {
-    // A failure leaves the lease to expire by itself.
-    (void)client_->Eval(LeaseScript(), {SessionKey(id), LeaseKey(id)}, {token, "", ""});
-  });
+  // Waited for, so that a call refused at admission leaves the session free when it returns (a
+  // retry at once must not find it busy); a failure leaves the lease to expire by itself.
+  (void)client_->Eval(LeaseScript(), {SessionKey(id), LeaseKey(id)}, {token, "", ""});
 }
 
 absl::StatusOr<GenerationState> RedisSessionStore::Get(const std::string& id,

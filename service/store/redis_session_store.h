@@ -25,9 +25,9 @@
 // states this replica used lately with their version: a checkout whose version matches skips the
 // blob's transfer and decoding. The store stays the truth: every checkout asks it.
 //
-// Threads: every method may be called from any thread. Add, Checkout, Get and Close wait for the
-// store (at most the client's command timeout); Checkin and Release never wait: writer threads
-// owned by the store run them. Their destructor finishes queued writes, then joins them.
+// Threads: every method may be called from any thread. Add, Checkout, Release, Get and Close wait
+// for the store (at most the client's command timeout); Checkin never waits: writer threads owned
+// by the store run it. The destructor finishes queued writes, then joins them.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,7 @@ struct RedisSessionStoreOptions {
   // How long a replica's claim on a session outlives the replica (--session_lease_ms): a session
   // whose replica died mid-call is busy this long. Renewed every third of it while a call runs.
   absl::Duration lease = absl::Seconds(10);
-  // Threads that write check-ins and releases.
+  // Threads that write check-ins.
   int writer_threads = 2;
 };
 
