@@ -249,6 +249,10 @@ def test_replicas_share_sessions_through_the_proxy(key_file, reference):
               f"replica: {served}")
         assert sum(served) == SESSIONS * CALLS
         assert all(s > 0 for s in served), f"both replicas should serve session calls: {served}"
+        for r in cluster.replicas:
+            assert metric(r.server, "tost_session_store_commands_total", outcome="ok") > 0
+            assert metric(r.server, "tost_session_store_commands_total", outcome="error") == 0
+            assert metric(r.server, "tost_session_store_command_duration_seconds_count") > 0
         check_store_layout(redis, [sid for sid, _ in out], min_version=CALLS)
 
 
@@ -353,6 +357,9 @@ def test_replicas_two_generates_on_one_session_one_wins(key_file, reference):
             # call that would read or change the session meanwhile; so does A itself.
             stream = stub_a.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=300), timeout=CALL_TIMEOUT_S)
             assert next(stream).HasField("token")
+            assert redis.keys("tost:l:*") == [f"tost:l:{sid}"], "the running Generate should hold the session's lease"
+            lease_ttl_ms = int(redis.client_command("PTTL", f"tost:l:{sid}"))
+            assert 0 < lease_ttl_ms <= 10000, f"the lease should expire within --session_lease_ms: PTTL {lease_ttl_ms}"
             busy = {}
             for name, call in (
                     ("Generate on B", lambda: advance(stub_b, sid, 0, 1)),
