@@ -323,14 +323,18 @@ def test_replicas_a_call_cut_by_sigkill_holds_its_session_until_the_lease_expire
         assert call == reference[0][1], "the session should continue from its last acknowledged call"
 
 
-def generate_outcome(stub, sid, max_new_tokens, barrier=None):
-    """('ok', position) or (code, details) of one Generate on the session."""
+def generate_outcome(stub, sid, max_new_tokens, barrier=None, hold_s=0.0):
+    """('ok', position) or (code, details) of one Generate on the session. With hold_s, the client
+    reads nothing for that long after its first message: a stream whose client does not read
+    pauses (a few tokens buffered), so the call holds its session at least that long."""
     if barrier is not None:
         barrier.wait()
     try:
         final = None
-        for msg in stub.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=max_new_tokens),
-                                 timeout=CALL_TIMEOUT_S):
+        for n, msg in enumerate(stub.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=max_new_tokens),
+                                              timeout=CALL_TIMEOUT_S)):
+            if n == 0 and hold_s:
+                time.sleep(hold_s)
             if msg.HasField("final"):
                 final = msg.final
         return "ok", final.position
@@ -379,12 +383,14 @@ def test_replicas_two_generates_on_one_session_one_wins(key_file, reference):
             assert generate_outcome(stub_b, sid, 10) == ("ok", start + 310)
             pos = start + 310
 
-            # Two clients at once, one per replica: exactly one runs, the session advances once.
+            # Two clients at once, one per replica: exactly one runs, the session advances once. Each
+            # holds its stream half a second after its first token, so the two calls overlap
+            # whatever the load.
             rounds = []
             for r in range(3):
                 barrier = threading.Barrier(2)
                 out = [None, None]
-                threads = [threading.Thread(target=lambda j, s: out.__setitem__(j, generate_outcome(s, sid, 200, barrier)),
+                threads = [threading.Thread(target=lambda j, s: out.__setitem__(j, generate_outcome(s, sid, 200, barrier, 0.5)),
                                             args=(j, s)) for j, s in enumerate((stub_a, stub_b))]
                 for t in threads:
                     t.start()
