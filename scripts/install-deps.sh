@@ -36,7 +36,6 @@ apt_packages=(
   libboost1.74-dev
   prometheus
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
-  redis-server redis-tools  # the shared session store's tests start their own Redis (redis-cli checks it)
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 
@@ -49,10 +48,9 @@ if ((${#missing[@]})); then
   echo "install-deps: apt packages missing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $sudo_cmd apt-get update -q
-  # prometheus', nginx's and redis-server's postinst scripts start daemons (nginx on port 80, redis
-  # on 6379); the tests only need the binaries and start their own instances, so services are kept
-  # from starting while installing (policy-rc.d exit 101: "action forbidden"), unless the machine
-  # already has a policy of its own.
+  # prometheus' and nginx's postinst scripts start daemons (nginx on port 80); the tests only need
+  # the binaries and start their own instances, so services are kept from starting while installing
+  # (policy-rc.d exit 101: "action forbidden"), unless the machine already has a policy of its own.
   policy=/usr/sbin/policy-rc.d
   own_policy=0
   if [ ! -e "$policy" ]; then
