@@ -1,0 +1,611 @@
+"""The shared session store, end to end: tost_server replicas keeping their sessions on a real Redis
+(--session_store=redis://..., tests/integration/redis_server.py), behind Debian's nginx
+(tests/integration/failover_proxy.py) or called directly, on 127.0.0.1.
+
+Every session of these tests is one of SESSIONS scripted sessions (greedy or seeded sampling, a
+short prompt and TOKENS new tokens per call), and every call's tokens, text and position must equal
+the same call of the same session on one server with the in-memory store (`reference`; batch-
+invariant decode makes them independent of batching), wherever the call lands:
+
+- replicas: two replicas behind the proxy continue each other's sessions call by call; one SIGKILLed
+  between calls, right after calls it acknowledged, loses nothing; both restarted, every session is
+  still there; a replica killed mid-call holds its session until its lease expires, and the session
+  then continues from its last acknowledged state; two Generates on one session at once through two
+  replicas: exactly one runs, the other (and Export/Fork/Close meanwhile) is FAILED_PRECONDITION;
+- store: Redis SIGKILLed with an AOF (appendfsync always, and everysec after 1.5 s) and started
+  again: every acknowledged session survives and the replicas reconnect by themselves; Redis paused
+  or stopped: session calls answer UNAVAILABLE naming the store within the command timeout while
+  stateless calls and health go on, and session calls work again once it is back; the flag
+  combinations a replica refuses at startup.
+
+The `shared_sessions_*` ctest tests (tests/integration/CMakeLists.txt) run them; server_end_to_end
+leaves this file out."""
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import tost_protos
+from conftest import SOURCE_DIR, RunningServer
+from failover_proxy import Cluster
+from redis_server import RedisServer
+
+pb2, pb2_grpc = tost_protos.tost()
+
+MODEL = "tost-austen"
+MODELS = os.path.join(SOURCE_DIR, "models")
+SESSIONS = 32
+CALLS = 5           # calls per session in the runs; the reference has EXTRA_CALLS more
+EXTRA_CALLS = 3
+TOKENS = 8          # max_new_tokens per call
+CALL_TIMEOUT_S = 60
+IDLE_TIMEOUT_S = 600
+OPENINGS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome, clever, and rich",
+            "The family of Dashwood had long been settled", "Sir Walter Elliot, of Kellynch Hall",
+            "No one who had ever seen Catherine Morland", "About thirty years ago, Miss Maria Ward",
+            "My dear Fanny, said her aunt", "Mr. Darcy walked off"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The scripted sessions
+# ------------------------------------------------------------------------------------------------
+
+def sampling(i):
+    """Even sessions greedy, odd ones seeded sampling (draws keyed by seed and position)."""
+    return (pb2.SamplingParams(temperature=0.0) if i % 2 == 0
+            else pb2.SamplingParams(temperature=0.8, top_p=0.95, seed=500 + i))
+
+
+def prompt(i, k):
+    return (f"{OPENINGS[i % len(OPENINGS)]} (session {i}), " if k == 0 else f" Then, {k}:").encode()
+
+
+def create(stub, i):
+    info = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL, sampling=sampling(i)), timeout=CALL_TIMEOUT_S)
+    assert info.position == 0 and info.model == MODEL
+    return info.session_id
+
+
+def advance(stub, session_id, i, k, max_new_tokens=TOKENS):
+    """Call k of session i: (token ids, text, finish reason, position after)."""
+    ids, text, final = [], [], None
+    for msg in stub.Generate(pb2.GenerateRequest(session_id=session_id, prompt_bytes=prompt(i, k),
+                                                 max_new_tokens=max_new_tokens), timeout=CALL_TIMEOUT_S):
+        if msg.HasField("token"):
+            ids.append(msg.token.id)
+            text.append(msg.token.text)
+        elif msg.HasField("final"):
+            final = msg.final
+    assert final is not None and final.session_id == session_id
+    return tuple(ids), "".join(text) + final.text, final.finish_reason, final.position
+
+
+def for_each(n, fn, timeout_s=180):
+    """fn(i) for i < n, each on its own thread (concurrent across i); their results. Fails the test
+    naming each i whose call failed."""
+    results, errors = [None] * n, {}
+
+    def run(i):
+        try:
+            results[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    assert not stuck, f"sessions {stuck} did not finish within {timeout_s} s"
+    assert not errors, f"{len(errors)} session(s) failed: " + "; ".join(
+        f"{i}: {describe(e)}" for i, e in sorted(errors.items())[:5])
+    return results
+
+
+def describe(e):
+    if isinstance(e, grpc.RpcError):
+        return f"{e.code().name}: {e.details()}"
+    return repr(e)
+
+
+def check_calls(got, reference, first_call, label):
+    """got[i][j] is call first_call + j of session i: each equals the reference's."""
+    for i, calls in enumerate(got):
+        for j, call in enumerate(calls):
+            expected = reference[i][first_call + j]
+            assert call == expected, (f"{label}: session {i}, call {first_call + j}: expected {expected}, got {call} "
+                                      "(tokens, text, finish reason, position)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Servers, metrics
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shared_session_keys") / "session.key"
+    path.write_bytes(os.urandom(32))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(key_file):
+    """Every scripted session's CALLS + EXTRA_CALLS calls on one server with the in-memory store
+    (sessions concurrent, calls of a session one after the other)."""
+    server = RunningServer(MODELS, [f"--session_key_file={key_file}", "--batch_invariant_decode"])
+    try:
+        with grpc.insecure_channel(server.address) as ch:
+            stub = pb2_grpc.TostStub(ch)
+
+            def run(i):
+                sid = create(stub, i)
+                return [advance(stub, sid, i, k) for k in range(CALLS + EXTRA_CALLS)]
+
+            calls = for_each(SESSIONS, run)
+    finally:
+        assert server.stop() == 0
+    for i, session in enumerate(calls):
+        assert all(len(c[0]) > 0 for c in session), f"reference session {i} generated nothing in a call: {session}"
+        positions = [c[3] for c in session]
+        assert positions == sorted(set(positions)), f"reference session {i}: positions do not advance: {positions}"
+    return calls
+
+
+def store_args(redis, *extra, db=0):
+    return [f"--session_store={redis.url(db)}", f"--session_idle_timeout_s={IDLE_TIMEOUT_S}", *extra]
+
+
+def metrics_text(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(server, name, **labels):
+    """The sum of the samples of `name` whose labels include `labels` (0 when none)."""
+    total = 0.0
+    for m in re.finditer(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", metrics_text(server), re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def served_generates(replica):
+    return metric(replica.server, "tost_requests_total", rpc="Generate", code="OK")
+
+
+def stub_for(address):
+    ch = grpc.insecure_channel(address)
+    return ch, pb2_grpc.TostStub(ch)
+
+
+def health(address):
+    with grpc.insecure_channel(address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def check_store_layout(redis, session_ids, prefix="tost:", db=0, min_version=1):
+    """Each session is a hash <prefix>s:<id> (blob, ver, owner, model) expiring within the idle
+    timeout, and no lease is left."""
+    keys = set(redis.keys(f"{prefix}s:*", db=db))
+    assert keys == {f"{prefix}s:{sid}" for sid in session_ids}, \
+        f"the store should hold exactly the {len(session_ids)} sessions: {sorted(keys)[:5]}..."
+    assert redis.keys(f"{prefix}l:*", db=db) == [], "no lease should be left once every call has ended"
+    for sid in session_ids[:4]:
+        key = f"{prefix}s:{sid}"
+        fields = set(redis.client_command("HKEYS", key, db=db).splitlines())
+        assert {"blob", "ver", "owner", "model"} <= fields, f"{key}: fields {fields}"
+        assert redis.client_command("HGET", key, "model", db=db) == MODEL
+        assert int(redis.client_command("HGET", key, "ver", db=db)) >= min_version
+        ttl_ms = int(redis.client_command("PTTL", key, db=db))
+        assert 0 < ttl_ms <= IDLE_TIMEOUT_S * 1000, f"{key}: PTTL {ttl_ms}, expected (0, {IDLE_TIMEOUT_S * 1000}]"
+
+
+def wait_session_calls_work(stubs, timeout_s=15):
+    """Until CreateSession answers OK on each stub (the replica reached the store again); returns
+    how many calls failed, and how, before."""
+    failures = []
+    for stub in stubs:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                create(stub, 0)
+                break
+            except grpc.RpcError as e:
+                failures.append(f"{e.code().name}: {e.details()}")
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, f"UNAVAILABLE expected while reconnecting: {failures}"
+                assert time.monotonic() < deadline, \
+                    f"session calls should work again within {timeout_s} s of the store's return: {failures[-3:]}"
+                time.sleep(0.1)
+    return failures
+
+
+# ------------------------------------------------------------------------------------------------
+# Replicas
+# ------------------------------------------------------------------------------------------------
+
+def test_replicas_share_sessions_through_the_proxy(key_file, reference):
+    with RedisServer() as redis, Cluster(MODELS, key_file, replicas=2, extra_args=store_args(redis)) as cluster:
+        ch, stub = stub_for(cluster.proxy.address)
+        with ch:
+            def run(i):
+                sid = create(stub, i)
+                return sid, [advance(stub, sid, i, k) for k in range(CALLS)]
+
+            t0 = time.monotonic()
+            out = for_each(SESSIONS, run)
+            seconds = time.monotonic() - t0
+        check_calls([calls for _, calls in out], reference, 0, "through the proxy")
+        served = [served_generates(r) for r in cluster.replicas]
+        print(f"\n{SESSIONS} sessions x {CALLS} calls through nginx in {seconds:.2f} s; Generate calls served per "
+              f"replica: {served}")
+        assert sum(served) == SESSIONS * CALLS
+        assert all(s > 0 for s in served), f"both replicas should serve session calls: {served}"
+        for r in cluster.replicas:
+            assert metric(r.server, "tost_session_store_commands_total", outcome="ok") > 0
+            assert metric(r.server, "tost_session_store_commands_total", outcome="error") == 0
+            assert metric(r.server, "tost_session_store_command_duration_seconds_count") > 0
+        check_store_layout(redis, [sid for sid, _ in out], min_version=CALLS)
+
+
+def test_replicas_sigkill_after_acknowledged_calls_then_restart_both(key_file, reference):
+    with RedisServer() as redis, Cluster(MODELS, key_file, replicas=2, extra_args=store_args(redis)) as cluster:
+        victim, survivor = cluster.replicas
+        ch, stub = stub_for(cluster.proxy.address)
+        vch, victim_stub = stub_for(victim.address)
+        with ch, vch:
+            ids = for_each(SESSIONS, lambda i: create(stub, i))
+            first = for_each(SESSIONS, lambda i: [advance(stub, ids[i], i, 0)])
+            # Call 1 of every session on the victim itself, acknowledged; then it dies.
+            second = for_each(SESSIONS, lambda i: [advance(victim_stub, ids[i], i, 1)])
+            victim.kill()
+            rest = for_each(SESSIONS, lambda i: [advance(stub, ids[i], i, k) for k in range(2, CALLS)])
+        check_calls(first, reference, 0, "before the kill")
+        check_calls(second, reference, 1, "on the victim")
+        check_calls(rest, reference, 2, "after the victim's SIGKILL")
+
+        # Both stopped and started again at their addresses: the sessions live in the store.
+        assert survivor.stop() == 0, "the surviving replica should exit cleanly on SIGTERM"
+        victim.start()
+        survivor.start()
+        ch, stub = stub_for(cluster.proxy.address)
+        with ch:
+            again = for_each(SESSIONS, lambda i: [advance(stub, ids[i], i, CALLS)])
+        check_calls(again, reference, CALLS, "after both replicas restarted")
+        check_store_layout(redis, ids, min_version=CALLS + 1)
+
+
+def test_replicas_a_call_cut_by_sigkill_holds_its_session_until_the_lease_expires(key_file, reference):
+    lease_ms = 2000
+    with RedisServer() as redis, Cluster(MODELS, key_file, replicas=2,
+                                         extra_args=store_args(redis, f"--session_lease_ms={lease_ms}")) as cluster:
+        victim, survivor = cluster.replicas
+        vch, victim_stub = stub_for(victim.address)
+        sch, survivor_stub = stub_for(survivor.address)
+        with vch, sch:
+            sid = create(victim_stub, 0)
+            acknowledged = advance(victim_stub, sid, 0, 0)
+            assert acknowledged == reference[0][0]
+            # A long call on the victim: killed once it has streamed a token (it holds the lease).
+            stream = victim_stub.Generate(pb2.GenerateRequest(session_id=sid, prompt_bytes=b" Long:",
+                                                              max_new_tokens=900), timeout=CALL_TIMEOUT_S)
+            assert next(stream).HasField("token")
+            victim.kill()
+            killed_at = time.monotonic()
+            with pytest.raises(grpc.RpcError):
+                for _ in stream:
+                    pass
+            # The lease outlives the replica: the session is busy on the survivor ...
+            with pytest.raises(grpc.RpcError) as e:
+                advance(survivor_stub, sid, 0, 1)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, describe(e.value)
+            assert "in use by another Generate" in e.value.details()
+            # ... until it expires; the session is then at its last acknowledged state.
+            while True:
+                try:
+                    call = advance(survivor_stub, sid, 0, 1)
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, describe(e)
+                    assert time.monotonic() - killed_at < lease_ms / 1000 + 3, \
+                        f"the lease of a killed replica should expire within {lease_ms} ms: {describe(e)}"
+                    time.sleep(0.05)
+            freed_after = time.monotonic() - killed_at
+        print(f"\nsession free again {freed_after:.2f} s after its replica's SIGKILL (lease {lease_ms} ms)")
+        assert call == reference[0][1], "the session should continue from its last acknowledged call"
+
+
+def generate_outcome(stub, sid, max_new_tokens, barrier=None, hold_s=0.0):
+    """('ok', position) or (code, details) of one Generate on the session. With hold_s, the client
+    reads nothing for that long after its first message: a stream whose client does not read
+    pauses (a few tokens buffered), so the call holds its session at least that long."""
+    if barrier is not None:
+        barrier.wait()
+    try:
+        final = None
+        for n, msg in enumerate(stub.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=max_new_tokens),
+                                              timeout=CALL_TIMEOUT_S)):
+            if n == 0 and hold_s:
+                time.sleep(hold_s)
+            if msg.HasField("final"):
+                final = msg.final
+        return "ok", final.position
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+
+
+def position(stub, sid):
+    return stub.ExportSession(pb2.SessionRef(session_id=sid), timeout=CALL_TIMEOUT_S).session.position
+
+
+def test_replicas_two_generates_on_one_session_one_wins(key_file, reference):
+    with RedisServer() as redis, Cluster(MODELS, key_file, replicas=2, extra_args=store_args(redis)) as cluster:
+        a, b = cluster.replicas
+        ach, stub_a = stub_for(a.address)
+        bch, stub_b = stub_for(b.address)
+        with ach, bch:
+            sid = create(stub_a, 0)
+            assert advance(stub_a, sid, 0, 0) == reference[0][0]
+            start = position(stub_b, sid)
+            assert start == reference[0][0][3]
+
+            # A Generate in flight on A (one token read, the rest left unread): B refuses every
+            # call that would read or change the session meanwhile; so does A itself.
+            stream = stub_a.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=300), timeout=CALL_TIMEOUT_S)
+            assert next(stream).HasField("token")
+            assert redis.keys("tost:l:*") == [f"tost:l:{sid}"], "the running Generate should hold the session's lease"
+            lease_ttl_ms = int(redis.client_command("PTTL", f"tost:l:{sid}"))
+            assert 0 < lease_ttl_ms <= 10000, f"the lease should expire within --session_lease_ms: PTTL {lease_ttl_ms}"
+            busy = {}
+            for name, call in (
+                    ("Generate on B", lambda: advance(stub_b, sid, 0, 1)),
+                    ("Generate on A", lambda: advance(stub_a, sid, 0, 1)),
+                    ("ExportSession on B", lambda: stub_b.ExportSession(pb2.SessionRef(session_id=sid), timeout=10)),
+                    ("ForkSession on B", lambda: stub_b.ForkSession(pb2.SessionRef(session_id=sid), timeout=10)),
+                    ("CloseSession on B", lambda: stub_b.CloseSession(pb2.SessionRef(session_id=sid), timeout=10))):
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                busy[name] = (e.value.code(), e.value.details())
+            final = [m.final for m in stream if m.HasField("final")][-1]
+            for name, (code, details) in busy.items():
+                assert code == grpc.StatusCode.FAILED_PRECONDITION, f"{name} on a busy session: {code.name}: {details}"
+            assert "in use by another Generate" in busy["Generate on B"][1], busy["Generate on B"]
+            assert final.position == start + 300
+            # Acknowledged: the next call on the other replica runs at once.
+            assert generate_outcome(stub_b, sid, 10) == ("ok", start + 310)
+            pos = start + 310
+
+            # Two clients at once, one per replica: exactly one runs, the session advances once. Each
+            # holds its stream half a second after its first token, so the two calls overlap
+            # whatever the load.
+            rounds = []
+            for r in range(3):
+                barrier = threading.Barrier(2)
+                out = [None, None]
+                threads = [threading.Thread(target=lambda j, s: out.__setitem__(j, generate_outcome(s, sid, 200, barrier, 0.5)),
+                                            args=(j, s)) for j, s in enumerate((stub_a, stub_b))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(CALL_TIMEOUT_S)
+                winners = [o for o in out if o[0] == "ok"]
+                losers = [o for o in out if o[0] != "ok"]
+                rounds.append("AB"[out.index(winners[0])] if len(winners) == 1 else "?")
+                assert len(winners) == 1, f"round {r}: exactly one of two concurrent Generates should run: {out}"
+                assert losers[0][0] == grpc.StatusCode.FAILED_PRECONDITION, f"round {r}: {losers[0]}"
+                assert "in use by another Generate" in losers[0][1], losers[0]
+                assert winners[0][1] == pos + 200, f"round {r}: the winner should advance by its own call: {out}"
+                pos += 200
+                assert position(stub_a, sid) == pos == position(stub_b, sid), \
+                    f"round {r}: the session should have advanced by one call's 200 tokens, to {pos}"
+            print(f"\nconcurrent Generates on one session, winners by round: {rounds}")
+        assert redis.keys("tost:l:*") == [], "no lease should be left"
+
+
+# ------------------------------------------------------------------------------------------------
+# The store
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("appendfsync", ["always", "everysec"])
+def test_store_sigkill_of_redis_with_an_aof_loses_no_acknowledged_call(key_file, reference, appendfsync):
+    n = 16
+    password = "aof-test-password"
+    db = 2
+    with RedisServer(appendonly=True, appendfsync=appendfsync, requirepass=password) as redis, \
+            Cluster(MODELS, key_file, replicas=2, extra_args=store_args(redis, db=db)) as cluster:
+        channels = [stub_for(r.address) for r in cluster.replicas]
+        stubs = [s for _, s in channels]
+        try:
+            # Calls alternate between the replicas: both hold connections to the store.
+            ids = for_each(n, lambda i: create(stubs[i % 2], i))
+            before = for_each(n, lambda i: [advance(stubs[(i + k) % 2], ids[i], i, k) for k in range(2)])
+            check_calls(before, reference, 0, "before Redis' SIGKILL")
+            check_store_layout(redis, ids, db=db, min_version=2)
+            if appendfsync == "everysec":
+                time.sleep(1.6)  # Redis writes the AOF out once a second
+            redis.kill()
+
+            # Down: a session call fails UNAVAILABLE at once (its message is checked last).
+            _, down_message = unavailable_within(lambda: advance(stubs[0], ids[0], 0, 2), password=password)
+
+            redis.start()
+            failures = wait_session_calls_work(stubs)
+            after = for_each(n, lambda i: [advance(stubs[(i + k) % 2], ids[i], i, k) for k in range(2, 4)])
+            check_calls(after, reference, 2, f"after Redis' SIGKILL and restart (appendfsync {appendfsync})")
+            reconnects = [metric(r.server, "tost_session_store_reconnects_total") for r in cluster.replicas]
+            print(f"\nappendfsync {appendfsync}: {n} sessions survived Redis' SIGKILL; {len(failures)} calls failed "
+                  f"before the replicas reached it again; reconnects per replica {reconnects}")
+            assert all(x > 0 for x in reconnects), f"each replica should count its reconnection: {reconnects}"
+            assert all(r.alive() and r.starts == 1 for r in cluster.replicas), "no replica should have restarted"
+            check_messages_name_the_store([("Generate(session_id) with Redis down", down_message)], redis, db)
+        finally:
+            for ch, _ in channels:
+                ch.close()
+
+
+def unavailable_within(call, limit_s=3.0, password=None):
+    """`call` fails UNAVAILABLE within limit_s, its message without the store's password; returns
+    the seconds it took and the message."""
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    seconds = time.monotonic() - t0
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, describe(e.value)
+    assert seconds < limit_s, f"UNAVAILABLE took {seconds:.2f} s (store timeout 300 ms)"
+    if password:
+        assert password not in e.value.details(), f"the message shows the store's password: {e.value.details()}"
+    return seconds, e.value.details()
+
+
+def check_messages_name_the_store(messages, redis, db=0):
+    """Each UNAVAILABLE message ([(what, message)]) names the store as redis://host:port/db. Checked
+    at the end of a test, so that what else it checks has run."""
+    for what, message in messages:
+        assert redis.display_url(db) in message, \
+            f"{what}: the message should name the store as {redis.display_url(db)}: {message!r}"
+
+
+def test_store_down_fails_session_calls_fast_and_keeps_the_rest_serving(key_file, reference, tmp_path):
+    password = "store-down-password"
+    password_file = tmp_path / "redis.password"
+    password_file.write_text(password)
+    prefix = "e2e-down:"
+    lease_ms = 1000
+    with RedisServer(appendonly=True, requirepass=password) as redis:
+        server = RunningServer(MODELS, [
+            f"--session_key_file={key_file}", "--batch_invariant_decode",
+            f"--session_store={redis.url(password=False)}", f"--session_store_password_file={password_file}",
+            "--session_store_timeout_ms=300", f"--session_lease_ms={lease_ms}",
+            f"--session_store_key_prefix={prefix}", f"--session_idle_timeout_s={IDLE_TIMEOUT_S}"])
+        try:
+            ch, stub = stub_for(server.address)
+            with ch:
+                sid = create(stub, 0)
+                assert advance(stub, sid, 0, 0) == reference[0][0]
+                assert redis.keys(f"{prefix}s:*") == [f"{prefix}s:{sid}"]
+                _, stateless = advance_stateless(stub, return_state=True)
+                blob = stateless.state
+                assert blob
+                k = 1
+                messages = []
+                for outage in ("pause", "stop"):
+                    victim_of_close = create(stub, 1)
+                    errors_before = metric(server, "tost_session_store_commands_total", outcome="error")
+                    if outage == "pause":
+                        redis.pause()
+                    else:
+                        redis.stop()
+                    took = {name: unavailable_within(call, password=password) for name, call in (
+                        ("CreateSession", lambda: create(stub, 0)),
+                        ("Generate(session_id)", lambda: advance(stub, sid, 0, 9)),
+                        ("ForkSession", lambda: stub.ForkSession(pb2.SessionRef(session_id=sid), timeout=10)),
+                        ("ExportSession", lambda: stub.ExportSession(pb2.SessionRef(session_id=sid), timeout=10)),
+                        ("CloseSession",
+                         lambda: stub.CloseSession(pb2.SessionRef(session_id=victim_of_close), timeout=10)))}
+                    messages += [(f"{name} with Redis {outage}", message) for name, (_, message) in took.items()]
+                    # What needs no store goes on.
+                    tokens, _ = advance_stateless(stub)
+                    assert tokens
+                    tokens, final = advance_stateless(stub, state=blob)
+                    assert tokens and final.state
+                    assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
+                    errors = metric(server, "tost_session_store_commands_total", outcome="error") - errors_before
+                    assert errors > 0, "tost_session_store_commands_total{outcome=\"error\"} should rise"
+                    print(f"\nRedis {outage}: UNAVAILABLE after " +
+                          ", ".join(f"{name} {s * 1000:.0f} ms" for name, (s, _) in took.items()) +
+                          f"; {errors:g} store errors counted")
+
+                    if outage == "pause":
+                        redis.resume()
+                    else:
+                        redis.start()
+                    # Back: the session continues where it was (a lease a refused Generate took
+                    # while the store was paused may hold it for up to lease_ms).
+                    deadline = time.monotonic() + lease_ms / 1000 + 10
+                    while True:
+                        try:
+                            call = advance(stub, sid, 0, k)
+                            break
+                        except grpc.RpcError as e:
+                            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION), \
+                                describe(e)
+                            assert time.monotonic() < deadline, f"session calls should work again: {describe(e)}"
+                            time.sleep(0.1)
+                    assert call == reference[0][k], \
+                        f"after the {outage}: the session should continue from its last call: {call}"
+                    assert position(stub, sid) == call[3]
+                    k += 1
+                    create(stub, 0)
+                assert metric(server, "tost_session_store_reconnects_total") > 0
+                assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
+                check_messages_name_the_store(messages, redis)
+        finally:
+            assert server.stop() == 0
+
+
+def advance_stateless(stub, state=b"", return_state=False):
+    """A Generate with no session: a fresh prompt, or the continuation of a state blob."""
+    request = (pb2.GenerateRequest(state=state, max_new_tokens=TOKENS) if state else
+               pb2.GenerateRequest(model=MODEL, prompt_bytes=b"Stateless, ", max_new_tokens=TOKENS,
+                                   return_state=return_state))
+    tokens, final = [], None
+    for msg in stub.Generate(request, timeout=CALL_TIMEOUT_S):
+        if msg.HasField("token"):
+            tokens.append(msg.token.id)
+        elif msg.HasField("final"):
+            final = msg.final
+    return tokens, final
+
+
+def server_refuses(*args):
+    """Runs tost_server with `args` (and a repository, local ports off); its exit status and
+    output, which must come without it serving."""
+    binary = os.environ.get("TOST_SERVER_BIN")
+    if not binary or not os.path.exists(binary):
+        pytest.fail("TOST_SERVER_BIN must point at the built binary (run through ctest)")
+    out = subprocess.run([binary, f"--model_repository={MODELS}", "--host=127.0.0.1", "--port=0",
+                          "--metrics_port=-1", "--http_port=-1", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert "listening on" not in out.stdout, f"tost_server {args} should refuse to start: {out.stdout}"
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
+    password_file = tmp_path / "pw"
+    password_file.write_text("x")
+    free = RedisServer(start=False)  # a port nothing listens on
+    try:
+        # A good configuration starts although its store is down (session calls then fail), so
+        # the refusals below are the flags' doing, not the flags being unknown.
+        with RunningServer(MODELS, [f"--session_key_file={key_file}", f"--session_store={free.url()}",
+                                    "--session_store_timeout_ms=200"]) as server:
+            assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
+            ch, stub = stub_for(server.address)
+            with ch:
+                _, message = unavailable_within(lambda: create(stub, 0))
+            assert server.stop() == 0
+            check_messages_name_the_store([("CreateSession with no Redis", message)], free)
+
+        cases = [
+            ([f"--session_store={free.url()}"], "session_key_file"),
+            ([f"--session_key_file={key_file}", "--session_store=rediss://x:1"], "session_store"),
+            ([f"--session_key_file={key_file}", "--session_store=memory",
+              f"--session_store_password_file={password_file}"], "session_store"),
+            ([f"--session_key_file={key_file}", f"--session_store={free.url()}", "--session_lease_ms=50"],
+             "session_lease_ms"),
+        ]
+        for args, named in cases:
+            code, output = server_refuses(*args)
+            assert code != 0, f"tost_server {args} should exit non-zero: {output}"
+            assert named in output, f"tost_server {args}: the refusal should name --{named}: {output}"
+            assert "Unknown command line flag" not in output, output
+    finally:
+        free.close()
