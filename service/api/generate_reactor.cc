@@ -95,6 +95,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   // Ends the call after the final event, once the session's state is stored (`stored`: the
   // store's outcome; OK when no session was checked out).
   void Complete(GenerationEvent event, absl::Status stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Complete() with the check-in's outcome, once it is there (and only once).
+  void CompleteIfCheckedIn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSession() {
     if (!checked_out_.empty()) engine_.sessions().Release(checked_out_);
     checked_out_.clear();
@@ -124,6 +126,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the next one, before serialising
   grpc::ByteBuffer written_ ABSL_GUARDED_BY(mu_);            // the one in flight
   absl::Status broken_ ABSL_GUARDED_BY(mu_);                 // a message could not be serialised
+  // The final event and the session store's outcome, once its check-in ended, until a Pump
+  // completes the call with them.
+  std::optional<std::pair<GenerationEvent, absl::Status>> checked_in_ ABSL_GUARDED_BY(mu_);
+  bool checkin_in_progress_ ABSL_GUARDED_BY(mu_) = false;  // inside the Checkin call
+  bool completed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::Status GenerateReactor::Admit() {
@@ -202,57 +209,83 @@ absl::Status GenerateReactor::FinishEvent(GenerationEvent& event, tost::v1::Gene
 }
 
 void GenerateReactor::Pump() {
-  absl::ReleasableMutexLock lock(&mu_);
   std::optional<GenerationEvent> final_event;
-  if (write_in_flight_ && job_->stalled() && !abandoned_) {
-    // The client has read nothing for the stall timeout and the write waits on its flow-control
-    // window: cancel the call, so the write fails, the final event is taken (the session gets its
-    // state back) and the server holds nothing for this client. It cannot hear why: it is not
-    // reading.
-    abandoned_ = true;
-    context_->TryCancel();
-  }
-  while (!finished_ && !write_in_flight_) {
-    std::optional<GenerationEvent> event = job_->TryNext();
-    if (!event.has_value()) return;
-    if (event->kind != GenerationEvent::Kind::kFinished) {
-      if (client_gone_) continue;  // nobody to tell; wait for the final state
-      FillEvent(*event, message_);
-      if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
-        // Only a message past protobuf's 2 GiB could fail, never a token or a state blob: end
-        // the stream as a broken one, still taking events until the final one (the session's
-        // state).
-        broken_ = absl::InternalError(
-            absl::StrCat("Generate on model ", model_name_,
-                         ": could not serialise a response message: ", serialized.error_message()));
-        client_gone_ = true;
-        context_->TryCancel();
-        continue;
+  std::string session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (write_in_flight_ && job_->stalled() && !abandoned_) {
+      // The client has read nothing for the stall timeout and the write waits on its flow-control
+      // window: cancel the call, so the write fails, the final event is taken (the session gets its
+      // state back) and the server holds nothing for this client. It cannot hear why: it is not
+      // reading.
+      abandoned_ = true;
+      context_->TryCancel();
+    }
+    while (!finished_ && !write_in_flight_) {
+      std::optional<GenerationEvent> event = job_->TryNext();
+      if (!event.has_value()) return;
+      if (event->kind != GenerationEvent::Kind::kFinished) {
+        if (client_gone_) continue;  // nobody to tell; wait for the final state
+        FillEvent(*event, message_);
+        if (grpc::Status serialized = SerializeResponse(message_, &written_); !serialized.ok()) {
+          // Only a message past protobuf's 2 GiB could fail, never a token or a state blob: end
+          // the stream as a broken one, still taking events until the final one (the session's
+          // state).
+          broken_ = absl::InternalError(absl::StrCat(
+              "Generate on model ", model_name_,
+              ": could not serialise a response message: ", serialized.error_message()));
+          client_gone_ = true;
+          context_->TryCancel();
+          continue;
+        }
+        write_in_flight_ = true;
+        StartWrite(&written_);
+        return;
       }
-      write_in_flight_ = true;
-      StartWrite(&written_);
+      finished_ = true;
+      final_event = std::move(event);
+      break;
+    }
+    if (!final_event.has_value() || checked_out_.empty()) {
+      if (final_event.has_value()) {
+        Complete(*std::move(final_event), absl::OkStatus());
+      } else {
+        CompleteIfCheckedIn();
+      }
       return;
     }
-    finished_ = true;
-    final_event = std::move(event);
-    break;
+    // The session is free (with its new state) before the client hears the end, and the call is
+    // acknowledged only once that state is stored: a shared store writes it on a thread of its own
+    // and calls back there. That thread must not finish the call itself (the reactor may be
+    // destroyed once it has), so it hands the outcome over and wakes the job's listener, whose
+    // calls OnDone waits for; a store that calls back before Checkin returns (in memory) leaves
+    // the finishing to this Pump.
+    session = std::exchange(checked_out_, "");
+    checkin_in_progress_ = true;
   }
-  if (!final_event.has_value()) return;
-  if (checked_out_.empty()) {
-    Complete(*std::move(final_event), absl::OkStatus());
-    return;
-  }
-  // The session is free (with its new state) before the client hears the end, and the call is
-  // acknowledged only once that state is stored: a shared store writes it on its own thread and
-  // calls back.
-  const std::string session = std::exchange(checked_out_, "");
   GenerationState state = final_event->snapshot;
-  lock.Release();
-  engine_.sessions().Checkin(session, std::move(state),
-                             [this, event = *std::move(final_event)](absl::Status stored) mutable {
-                               absl::MutexLock relock(&mu_);
-                               Complete(std::move(event), std::move(stored));
-                             });
+  engine_.sessions().Checkin(
+      session, std::move(state),
+      [this, job = job_, event = *std::move(final_event)](absl::Status stored) mutable {
+        bool wake = false;
+        {
+          absl::MutexLock relock(&mu_);
+          checked_in_.emplace(std::move(event), std::move(stored));
+          wake = !checkin_in_progress_;
+        }
+        if (wake) job->WakeListener();
+      });
+  absl::MutexLock lock(&mu_);
+  checkin_in_progress_ = false;
+  CompleteIfCheckedIn();
+}
+
+void GenerateReactor::CompleteIfCheckedIn() {
+  if (!checked_in_.has_value() || completed_) return;
+  completed_ = true;
+  auto [event, stored] = *std::move(checked_in_);
+  checked_in_.reset();
+  Complete(std::move(event), std::move(stored));
 }
 
 void GenerateReactor::Complete(GenerationEvent event, absl::Status stored) {

@@ -92,6 +92,11 @@ int32_t GenerationJob::buffered_tokens() const {
   return buffered_tokens_;
 }
 
+void GenerationJob::WakeListener() {
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_();
+}
+
 void GenerationJob::Publish(GenerationEvent e) {
   {
     absl::MutexLock lock(&mu_);

@@ -112,6 +112,10 @@ class GenerationJob {
   // another listener (or null) returns only once no call of the previous one is in progress, so a
   // consumer can clear it and then be destroyed.
   void SetListener(absl::AnyInvocable<void()> listener);
+  // Calls the listener now, as a published event does and under the same guarantee (SetListener
+  // waits for it): for a consumer that learns something on a thread of its own (a session store's
+  // check-in) and must act on it where it may be destroyed right after.
+  void WakeListener();
   // Asks the scheduler to stop this job. A job still queued to become active gives its place back
   // at once: it is taken out of the queue and its final event is published on the calling thread
   // (listener included) before Cancel returns, so a burst of reset streams never holds places

@@ -226,9 +226,11 @@ void OpenAiCall::Pump() {
   if (checkin.has_value()) {
     // Outside the lock: a shared store calls back on its own thread once the state is written,
     // the in-memory store before Checkin returns.
+    // Copied before the callback takes the rest: arguments are evaluated in no fixed order.
+    const std::string session = checkin->session;
     GenerationState state = checkin->event.snapshot;
     engine_.sessions().Checkin(
-        checkin->session, std::move(state),
+        session, std::move(state),
         [self = shared_from_this(), pending = *std::move(checkin)](absl::Status stored) mutable {
           {
             absl::MutexLock lock(&self->mu_);
