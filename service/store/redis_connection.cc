@@ -107,7 +107,7 @@ std::string Quote(absl::string_view store_message, const std::string& password) 
 }  // namespace
 
 std::string DescribeStore(const RedisEndpoint& endpoint) {
-  return absl::StrCat("the session store at ", endpoint.Redacted(), " (", kSessionStoreFlag, ")");
+  return absl::StrCat("the session store at ", endpoint.Address(), " (", kSessionStoreFlag, ")");
 }
 
 RedisConnection::RedisConnection(const RedisEndpoint& endpoint, absl::Duration command_timeout,

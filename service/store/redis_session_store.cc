@@ -189,8 +189,8 @@ int64_t RedisSessionStore::TtlMs() const {
 
 absl::Status RedisSessionStore::StoreError(const absl::Status& status,
                                            const std::string& what) const {
-  return absl::Status(status.code(), absl::StrCat("session store ", client_->endpoint().Redacted(),
-                                                  ": could not ", what, ": ", status.message()));
+  // The client's message names the store.
+  return absl::Status(status.code(), absl::StrCat("could not ", what, ": ", status.message()));
 }
 
 absl::StatusOr<std::string> RedisSessionStore::Seal(const GenerationState& state,
@@ -207,7 +207,7 @@ absl::StatusOr<GenerationState> RedisSessionStore::Unseal(const std::string& id,
     // Written by no replica with our keys: the store was tampered with, or shares its prefix with
     // a deployment that has other keys.
     return absl::DataLossError(absl::StrCat(
-        "session store ", client_->endpoint().Redacted(), ": the stored state of session ",
+        "the session store at ", client_->endpoint().Address(), ": the stored state of session ",
         service::QuoteClientText(id), " failed authentication (", opened.status().message(),
         "); it was not written by a replica holding this server's session keys"));
   }

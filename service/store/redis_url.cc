@@ -212,6 +212,11 @@ std::string RedisEndpoint::Redacted() const {
   if (!user.empty() || !password.empty()) {
     absl::StrAppend(&out, PercentEncode(user), password.empty() ? "" : ":***", "@");
   }
+  return absl::StrCat(out, Address().substr(sizeof("redis://") - 1));
+}
+
+std::string RedisEndpoint::Address() const {
+  std::string out = "redis://";
   if (host.find(':') != std::string::npos) {
     absl::StrAppend(&out, "[", host, "]");
   } else {

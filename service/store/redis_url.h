@@ -22,6 +22,8 @@ struct RedisEndpoint {
 
   // "redis://user:***@host:port/db": for logs and error messages, never the password.
   std::string Redacted() const;
+  // "redis://host:port/db": which store, without credentials (what errors of a running store say).
+  std::string Address() const;
 };
 
 // Parses redis://[[user]:password@]host[:port][/db]. User and password are percent-decoded; an IPv6

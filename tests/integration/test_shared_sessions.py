@@ -12,6 +12,8 @@ invariant decode makes them independent of batching), wherever the call lands:
   still there; a replica killed mid-call holds its session until its lease expires, and the session
   then continues from its last acknowledged state; two Generates on one session at once through two
   replicas: exactly one runs, the other (and Export/Fork/Close meanwhile) is FAILED_PRECONDITION;
+  the OpenAI-compatible routes continue sessions across replicas too, and a prompt one replica
+  prefilled is a prefix-cache hit on the other (the cache's shared tier);
 - store: Redis SIGKILLed with an AOF (appendfsync always, and everysec after 1.5 s) and started
   again: every acknowledged session survives and the replicas reconnect by themselves; Redis paused
   or stopped: session calls answer UNAVAILABLE naming the store within the command timeout while
@@ -601,6 +603,9 @@ def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
               f"--session_store_password_file={password_file}"], "session_store"),
             ([f"--session_key_file={key_file}", f"--session_store={free.url()}", "--session_lease_ms=50"],
              "session_lease_ms"),
+            # A session must not expire in the store while a replica holds its lease.
+            ([f"--session_key_file={key_file}", f"--session_store={free.url()}", "--session_idle_timeout_s=5",
+              "--session_lease_ms=6000"], "must be at least --session_lease_ms"),
         ]
         for args, named in cases:
             code, output = server_refuses(*args)
@@ -609,3 +614,50 @@ def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
             assert "Unknown command line flag" not in output, output
     finally:
         free.close()
+
+
+def test_replicas_share_openai_sessions_and_the_prefix_cache(key_file):
+    """The OpenAI-compatible routes continue a session another replica advanced (the session's new
+    state is stored before the response ends), and a prompt one replica prefilled is a prefix-cache
+    hit on the other (the shared tier in the store)."""
+    import openai
+
+    with RedisServer() as redis:
+        args = [f"--session_key_file={key_file}", *store_args(redis)]
+        with RunningServer(MODELS, args) as a, RunningServer(MODELS, args) as b:
+            clients = [openai.OpenAI(base_url=f"http://127.0.0.1:{s.http_port}/v1", api_key="unused",
+                                     max_retries=0, timeout=CALL_TIMEOUT_S) for s in (a, b)]
+            ch, stub = stub_for(a.address)
+            with ch:
+                sid = create(stub, 0)
+                positions = []
+                for k in range(4):  # A, B, A, B
+                    done = clients[k % 2].completions.create(
+                        model=MODEL, prompt=prompt(0, k).decode(), max_tokens=TOKENS, seed=1,
+                        extra_body={"session_id": sid})
+                    assert done.model_extra["session_id"] == sid
+                    assert done.choices[0].text, done
+                    positions.append(position(stub, sid))
+                assert positions == sorted(set(positions)), f"each call advances the session: {positions}"
+                assert metric(a, "tost_http_requests_total", route="/v1/completions", code="200") == 2
+                assert metric(b, "tost_http_requests_total", route="/v1/completions", code="200") == 2
+
+                # A long prompt, prefilled on A only (a stateless call).
+                long_prompt = (" ".join(OPENINGS) * 3).encode()
+                final = None
+                for msg in stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=long_prompt,
+                                                             max_new_tokens=2), timeout=CALL_TIMEOUT_S):
+                    final = msg.final if msg.HasField("final") else final
+                assert final.cached_tokens == 0
+            # Entries reach the store asynchronously.
+            deadline = time.monotonic() + 10
+            while not redis.keys("tost:p:*") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert redis.keys("tost:p:*"), "replica A published no prefix-cache entry to the store"
+            ch, stub = stub_for(b.address)
+            with ch:
+                for msg in stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=long_prompt + b" More.",
+                                                             max_new_tokens=2), timeout=CALL_TIMEOUT_S):
+                    final = msg.final if msg.HasField("final") else final
+            assert final.cached_tokens >= 64, f"B should start from A's prefill: {final}"
+            assert metric(b, "tost_prefix_cache_shared_hits_total", model=MODEL) >= 1

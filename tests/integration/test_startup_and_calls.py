@@ -325,19 +325,3 @@ def test_an_http_address_that_does_not_resolve_stops_the_start_naming_it():
     assert "--http_address" in err and "300.1.2.3" in err and "does not resolve" in err, err
     assert "loading models" not in err, err
 
-
-@pytest.mark.parametrize("flags,expected", [
-    (("--session_store=redis://127.0.0.1:6379/0",), "needs --session_key_file"),
-    (("--session_store=rediss://127.0.0.1:6379",), "--session_store"),
-    (("--session_store=memory", "--session_store_password_file=/nonexistent"), "--session_store_password_file"),
-    (("--session_store=redis://127.0.0.1:6379/0", "--session_idle_timeout_s=5", "--session_lease_ms=6000"),
-     "must be at least --session_lease_ms"),
-])
-def test_a_shared_session_store_misconfigured_stops_the_start(flags, expected, tmp_path):
-    key = tmp_path / "session.key"
-    key.write_bytes(os.urandom(32))
-    extra = () if "needs --session_key_file" in expected else (f"--session_key_file={key}",)
-    code, err = _run_server(*flags, *extra)
-    assert code == 1, err
-    assert expected in err, err
-    assert "loading models" not in err, err

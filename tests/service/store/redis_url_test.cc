@@ -64,6 +64,7 @@ TEST(RedisUrlTest, AclUserAndPassword) {
   EXPECT_EQ(e.user, "alice");
   EXPECT_EQ(e.password, "s3cret");
   EXPECT_EQ(e.Redacted(), "redis://alice:***@cache:6379/0");
+  EXPECT_EQ(e.Address(), "redis://cache:6379/0");
 }
 
 TEST(RedisUrlTest, PercentDecodesUserAndPassword) {
@@ -94,6 +95,7 @@ TEST(RedisUrlTest, Ipv6InBrackets) {
   RedisEndpoint with_password = Parsed("redis://:pw@[2001:db8::7]/1");
   EXPECT_EQ(with_password.host, "2001:db8::7");
   EXPECT_EQ(with_password.Redacted(), "redis://:***@[2001:db8::7]:6379/1");
+  EXPECT_EQ(with_password.Address(), "redis://[2001:db8::7]:6379/1");
 }
 
 TEST(RedisUrlTest, RedactedNeverPrintsThePassword) {
