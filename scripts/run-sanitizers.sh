@@ -233,7 +233,7 @@ tsan_tests() {
     --gtest_repeat="$repeat" --gtest_shuffle || status=1
   # Each repetition starts real redis-server processes: fewer than the engine's.
   run_one "$d" tost_store_tests "$d/tests/service/store/tost_store_tests" --gtest_brief=1 \
-    --gtest_filter='RedisClient*' --gtest_repeat=3 --gtest_shuffle || status=1
+    --gtest_filter='RedisClient*:RedisSessionStore*:RedisPrefixTier*' --gtest_repeat=3 --gtest_shuffle || status=1
   return "$status"
 }
 
