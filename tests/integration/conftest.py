@@ -109,6 +109,15 @@ def stub(channel, proto_modules):
     return tost_pb2_grpc.TostStub(channel)
 
 
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    """A random --session_key_file shared by a module's servers (replicas continue each other's
+    sessions and blobs only with the same key)."""
+    path = tmp_path_factory.mktemp("keys") / "session.key"
+    path.write_bytes(os.urandom(32))
+    return str(path)
+
+
 def slow_loading_repository(tmp_path, copies=40):
     """A repository of `copies` tost-austen models (austen-00, austen-01, ...; weights linked, not
     copied) that keeps a server loading for a while: the tests that watch what a server answers

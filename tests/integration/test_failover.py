@@ -70,13 +70,6 @@ def make_request(i):
 
 
 @pytest.fixture(scope="module")
-def key_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("failover_keys") / "session.key"
-    path.write_bytes(os.urandom(32))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def requests():
     return [make_request(i) for i in range(STREAMS)]
 

@@ -43,13 +43,6 @@ LM = "tost-austen"
 PROMPT = b"It is a truth universally acknowledged, that a single man in possession of a good fortune"
 
 
-@pytest.fixture(scope="module")
-def key_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "session.key"
-    path.write_bytes(os.urandom(32))
-    return str(path)
-
-
 def _server(key_file, *args):
     return RunningServer(os.path.join(SOURCE_DIR, "models"),
                          (f"--session_key_file={key_file}", "--batch_invariant_decode", *args))

@@ -26,13 +26,6 @@ import bpe  # noqa: E402
 PROMPT_IDS = bpe.Tokenizer.load(os.path.join(SOURCE_DIR, "models", MODEL, "tokenizer.json")).encode(PROMPT)
 
 
-@pytest.fixture(scope="module")
-def key_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "session.key"
-    path.write_bytes(os.urandom(32))
-    return str(path)
-
-
 def start(key_file, *extra):
     return RunningServer(os.path.join(SOURCE_DIR, "models"), [f"--session_key_file={key_file}",
                                                                "--batch_invariant_decode", *extra])

@@ -132,13 +132,6 @@ def check_calls(got, reference, first_call, label):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def key_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("shared_session_keys") / "session.key"
-    path.write_bytes(os.urandom(32))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def reference(key_file):
     """Every scripted session's CALLS + EXTRA_CALLS calls on one server with the in-memory store
     (sessions concurrent, calls of a session one after the other)."""
