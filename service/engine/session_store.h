@@ -68,8 +68,8 @@ absl::Status SessionBusy(const std::string& id, SessionUse use);
 class SessionStore {
  public:
   // Gets the outcome of a Checkin: OK once the new state is stored (for a shared store: written
-  // to it, so an acknowledged call survives this replica), or why it was not; the session is then
-  // at its state before the call.
+  // to it, so an acknowledged call survives this replica), or why that is not known to be so (a
+  // shared store that did not answer may still have applied the write).
   using CheckinDone = absl::AnyInvocable<void(absl::Status) &&>;
 
   virtual ~SessionStore() = default;

@@ -316,9 +316,11 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
       auto reply = client_->Eval(CheckinScript(), {SessionKey(id), LeaseKey(id)},
                                  {token, blob, absl::StrCat(TtlMs())});
       if (!reply.ok()) {
+        // Unknown whether the store applied the write before the failure: the session is at its
+        // state before this call or after it, and any lease left expires by itself.
         return StoreError(reply.status(),
-                          "save the session's new state (the session is at its state before "
-                          "this call; its lease expires by itself)");
+                          "confirm that the session's new state was saved (the session is at its "
+                          "state before this call or after it)");
       }
       TOST_ASSIGN_OR_RETURN(const int64_t code, ReplyCode(*reply, "check-in"));
       if (code == kLeaseLost) {
@@ -384,7 +386,8 @@ void RedisSessionStore::RememberHot(const std::string& id, const std::string& ow
   if (bytes > context_.options.max_state_bytes) return;
   while (!lru_.empty() && (static_cast<int64_t>(hot_.size()) + 1 > context_.options.max_sessions ||
                            hot_bytes_ + bytes > context_.options.max_state_bytes)) {
-    EraseHotLocked(lru_.front());
+    const std::string oldest = lru_.front();  // a copy: erasing frees the list's string
+    EraseHotLocked(oldest);
     ++evicted_lru_;
   }
   Hot& h = hot_[id];
