@@ -415,7 +415,10 @@ void RedisSessionStore::EraseHotLocked(const std::string& id) {
 service::SessionStoreStats RedisSessionStore::stats() const {
   absl::MutexLock lock(&mu_);
   service::SessionStoreStats s;
+  // This replica's sessions: its hot copies and the ones it has checked out (a checked-out one
+  // may have left the hot LRU), so that busy never exceeds sessions.
   s.sessions = static_cast<int64_t>(hot_.size());
+  for (const auto& [id, lease] : leases_) s.sessions += hot_.contains(id) ? 0 : 1;
   s.busy = static_cast<int64_t>(leases_.size());
   s.state_bytes = hot_bytes_;
   s.evicted_lru = evicted_lru_;
