@@ -11,11 +11,24 @@ if(TOST_CCACHE)
   set(CMAKE_CUDA_COMPILER_LAUNCHER ${CMAKE_C_COMPILER_LAUNCHER})
 endif()
 
-# Warnings as errors on our own targets only (third-party headers come in as SYSTEM).
+# Warnings as errors on our own targets only (third-party headers come in as SYSTEM). The code is
+# kept warning-free with the compilers CI uses; a newer compiler (another distribution's, a lent GPU
+# machine's) brings warnings the code was never checked against, so TOST_WERROR=OFF keeps them
+# warnings there instead of stopping the build.
+option(TOST_WERROR "Treat compiler warnings as errors on the project's own targets" ON)
 function(tost_target_warnings target)
+  if(TOST_WERROR)
+    set(_werror_cxx -Werror)
+    set(_werror_cuda -Werror=all-warnings)
+    set(_werror_host ",-Werror")
+  else()
+    set(_werror_cxx "")
+    set(_werror_cuda "")
+    set(_werror_host "")
+  endif()
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter -Wno-psabi>
-    $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unused-parameter>)
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra ${_werror_cxx} -Wno-unused-parameter -Wno-psabi>
+    $<$<COMPILE_LANGUAGE:CUDA>:${_werror_cuda} -Xcompiler=-Wall,-Wextra${_werror_host},-Wno-unused-parameter>)
 endfunction()
 
 if(TOST_ENABLE_CUDA)

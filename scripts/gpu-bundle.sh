@@ -10,7 +10,7 @@
 #
 # The machine has PyTorch with CUDA, nvcc, CMake and ninja, and no network. There:
 #   kernels only:
-#     cmake -S kernels -B build-kernels -DTOST_PYTHON=$(which python3) \
+#     cmake -S kernels -B build-kernels -DTOST_PYTHON=$(which python3) -DTOST_WERROR=OFF \
 #           -DTOST_GTEST_SOURCE_DIR=$PWD/build-gpu/googletest
 #     cmake --build build-kernels -j && ctest --test-dir build-kernels -L gpu --output-on-failure
 #     build-kernels/tests-kernels/gpu/tssa_gpu_bench

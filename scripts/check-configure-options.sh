@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole tree configures on a machine without promtool, nginx, redis-server and redis-cli, and
+# with TOST_WERROR=OFF no compile line of the project's own targets carries -Werror: what a lent GPU
+# machine (no Debian packages, a newer compiler) needs. Configures a scratch build directory with
+# the tools hidden behind paths that do not exist, then checks the configure log, the tests it
+# registered and the compile lines it generated.
+#   scripts/check-configure-options.sh --out DIR [cmake arguments...]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ${1:-} != --out || -z ${2:-} ]]; then
+  echo "usage: scripts/check-configure-options.sh --out DIR [cmake arguments...]; got: $*" >&2
+  exit 2
+fi
+out="$2"
+shift 2
+rm -rf "$out"
+log="$out.log"
+if ! cmake -S "$here" -B "$out" "$@" -DTOST_WERROR=OFF -DTOST_PROMTOOL=/nonexistent/promtool \
+  -DTOST_NGINX=/nonexistent/nginx -DTOST_REDIS_SERVER=/nonexistent/redis-server \
+  -DTOST_REDIS_CLI=/nonexistent/redis-cli >"$log" 2>&1; then
+  tail -n 40 "$log"
+  echo "FAIL: the tree does not configure without promtool, nginx and redis (log: $log)"
+  exit 1
+fi
+failed=0
+for expected in "the tests prometheus_rules and prometheus_config are left out" \
+  "the tests failover_sigkill_and_restart, failover_sigterm_drain and failover_tost_cli_resume are left out" \
+  "the tests shared_sessions_replicas and shared_sessions_store_failures are left out"; do
+  if ! tr -s ' \n' ' ' <"$log" | grep -qF "$expected"; then
+    echo "FAIL: the configure log does not say '$expected' (log: $log)"
+    failed=1
+  fi
+done
+registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|failover_|shared_sessions_)' || true)"
+if [[ -n $registered ]]; then
+  echo "FAIL: tests that need promtool, nginx or redis are registered without them:"
+  echo "$registered"
+  failed=1
+fi
+if grep -qE -- '-Werror( |=|,)' "$out/build.ninja"; then
+  echo "FAIL: TOST_WERROR=OFF, yet a compile line has -Werror:"
+  grep -oE -- '[^ ]*-Werror[^ ]*' "$out/build.ninja" | sort | uniq -c
+  failed=1
+fi
+if [[ $failed == 1 ]]; then
+  echo "(the build directory $out and its configure log $log are kept)"
+  exit 1
+fi
+rm -rf "$out" "$log"
+echo "configures without promtool, nginx and redis (their tests left out, saying so) and without -Werror"
