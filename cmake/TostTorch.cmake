@@ -75,7 +75,18 @@ if(TOST_ENABLE_CUDA)
   else()
     set(_tost_cudart CUDA::cudart)
   endif()
-  target_link_libraries(tost_torch_cuda INTERFACE tost_torch tost_torch_torch_cuda tost_torch_c10_cuda ${_tost_cudart})
+  # Nothing of ours calls into libtorch_cuda.so directly: it matters for its static initialisers,
+  # which register ATen's CUDA backend (at::hasCUDA(), CUDA tensors, the CUDA allocator). A linker
+  # that defaults to --as-needed (Debian's and Ubuntu's gcc do) drops a library no symbol is taken
+  # from, and the binary then sees no CUDA at all. TorchConfig links it with --no-as-needed for
+  # that reason; so does this link feature, for every target that links tost::torch_cuda (the
+  # ctest torch_cuda_needed checks the binaries' NEEDED entries).
+  set(CMAKE_LINK_LIBRARY_USING_tost_no_as_needed
+      "LINKER:--push-state,--no-as-needed" "<LINK_ITEM>" "LINKER:--pop-state")
+  set(CMAKE_LINK_LIBRARY_USING_tost_no_as_needed_SUPPORTED TRUE)
+  target_link_libraries(tost_torch_cuda INTERFACE
+    tost_torch "$<LINK_LIBRARY:tost_no_as_needed,tost_torch_torch_cuda>" tost_torch_c10_cuda
+    ${_tost_cudart})
   target_compile_definitions(tost_torch_cuda INTERFACE TOST_WITH_CUDA=1)
   # libtorch_cuda needs the wheel's CUDA libraries (nvidia/*/lib) at link time only to resolve its
   # own dependencies; at run time it finds them through its RPATH.
