@@ -1,5 +1,7 @@
 """The server on a CUDA device against the same server on the CPU, on the shipped models (ctest
-gpu_serving, label gpu; every test is skipped where the process sees no CUDA device).
+gpu_serving, label gpu). Where the machine has no CUDA device every test is skipped, and under that
+ctest (TOST_GPU_SKIP_RETURN_CODE set) the run exits with that status, which ctest reports as
+skipped; where it has one, even one this venv's torch cannot use, the tests run.
 
   fp32: probabilities and logprobs within 1e-4 relative of the CPU's;
   bf16: the same top-1 labels, and teacher-forced on the fp32 greedy sequence at least 99 % argmax
@@ -37,7 +39,18 @@ def _cuda_devices() -> int:
         return 0
 
 
-pytestmark = pytest.mark.skipif(_cuda_devices() == 0, reason="no CUDA device")
+# /dev/nvidia0: the driver has a device. Then the tests run and fail if the server cannot use it,
+# rather than skip and read as fine.
+_NO_DEVICE = _cuda_devices() == 0 and not os.path.exists("/dev/nvidia0")
+if _NO_DEVICE and os.environ.get("TOST_GPU_SKIP_RETURN_CODE"):
+    # Before any other fixture (autouse, widest scope): pytest.exit while collecting would read as
+    # a collection error.
+    @pytest.fixture(scope="session", autouse=True)
+    def _exit_as_skipped():
+        pytest.exit("no CUDA device: torch sees none and /dev/nvidia0 does not exist",
+                    returncode=int(os.environ["TOST_GPU_SKIP_RETURN_CODE"]))
+else:
+    pytestmark = pytest.mark.skipif(_NO_DEVICE, reason="no CUDA device")
 
 LM = "tost-austen"
 PROMPT = b"It is a truth universally acknowledged, that a single man in possession of a good fortune"

@@ -10,7 +10,8 @@
 // "eff GB/s" counts three reads and one write of w (plus Π, as docs/kernels.md counts it) over
 // the fused kernel's time; "of copy" compares it with a device-to-device copy of a 1 GiB tensor
 // (read + write) timed the same way. Every fused result is compared with the reference first.
-// Without a CUDA device it prints a line saying so and exits 0 (ctest reports it as skipped).
+// Without a CUDA device it prints a line saying so and exits 77 (ctest reports it as skipped);
+// with a device this process cannot use it fails (tests/kernels/gpu_gate.h).
 // Exit status 1 when a fused result differs from the reference.
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
@@ -25,6 +26,7 @@
 
 #include "kernels/reference.h"
 #include "kernels/tssa_ops.h"
+#include "tests/kernels/gpu/gpu_probe.h"
 
 namespace {
 
@@ -128,9 +130,9 @@ int main(int argc, char** argv) {
       return usage(a);
     }
   }
-  if (!at::hasCUDA()) {
-    std::printf("tssa_gpu_bench: no CUDA device: skipped\n");
-    return 0;
+  // Exits 77 (ctest: skipped) only without a device; fails with one this process cannot use.
+  if (const auto status = tost::kernels::testing::GpuGateExitStatus("tssa_gpu_bench")) {
+    return *status;
   }
   int devices = 0;
   Check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
