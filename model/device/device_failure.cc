@@ -16,6 +16,9 @@ namespace {
 // without CUDA (the tests run there); checked against the enum where CUDA is present.
 enum StickyCudaError : int {
   kEccUncorrectable = 214,
+  // An error the GPU's error containment caught (Hopper reports contained uncorrectable memory
+  // errors and some invalid NVLink peer accesses so).
+  kContained = 226,
   kIllegalAddress = 700,
   kLaunchTimeout = 702,
   kAssert = 710,
@@ -25,10 +28,17 @@ enum StickyCudaError : int {
   kInvalidAddressSpace = 717,
   kInvalidPc = 718,
   kLaunchFailure = 719,
+  // A kernel exited without freeing its tensor memory.
+  kTensorMemoryLeak = 721,
+  // The MPS server terminated this client.
+  kMpsClientTerminated = 810,
+  // A device outside CUDA that CUDA was waiting on signalled an error.
+  kExternalDevice = 911,
 };
 
 #if defined(TOST_WITH_CUDA)
 static_assert(int{kEccUncorrectable} == int{cudaErrorECCUncorrectable});
+static_assert(int{kContained} == int{cudaErrorContained});
 static_assert(int{kIllegalAddress} == int{cudaErrorIllegalAddress});
 static_assert(int{kLaunchTimeout} == int{cudaErrorLaunchTimeout});
 static_assert(int{kAssert} == int{cudaErrorAssert});
@@ -38,6 +48,9 @@ static_assert(int{kMisalignedAddress} == int{cudaErrorMisalignedAddress});
 static_assert(int{kInvalidAddressSpace} == int{cudaErrorInvalidAddressSpace});
 static_assert(int{kInvalidPc} == int{cudaErrorInvalidPc});
 static_assert(int{kLaunchFailure} == int{cudaErrorLaunchFailure});
+static_assert(int{kTensorMemoryLeak} == int{cudaErrorTensorMemoryLeak});
+static_assert(int{kMpsClientTerminated} == int{cudaErrorMpsClientTerminated});
+static_assert(int{kExternalDevice} == int{cudaErrorExternalDevice});
 #endif
 
 struct DeviceFailureState {
@@ -56,6 +69,7 @@ DeviceFailureState& State() {
 bool IsStickyCudaError(int code) {
   switch (code) {
     case kEccUncorrectable:
+    case kContained:
     case kIllegalAddress:
     case kLaunchTimeout:
     case kAssert:
@@ -65,6 +79,9 @@ bool IsStickyCudaError(int code) {
     case kInvalidAddressSpace:
     case kInvalidPc:
     case kLaunchFailure:
+    case kTensorMemoryLeak:
+    case kMpsClientTerminated:
+    case kExternalDevice:
       return true;
     default:
       return false;

@@ -1,6 +1,7 @@
 // CUDA errors that end the replica. Most CUDA errors fail one call and leave the device usable (an
 // invalid argument, running out of memory). A "sticky" error — an illegal address, a launch
-// failure, a device-side assert, an uncorrectable ECC error — corrupts the CUDA context: every
+// failure, a device-side assert, an uncorrectable ECC error or one the GPU's error containment
+// caught, an MPS client terminated by its server — corrupts the CUDA context: every
 // later CUDA call in this process fails, so no request can succeed again. The only recovery is a
 // new process; the server reports NOT_SERVING and exits non-zero so its orchestrator replaces it.
 //
