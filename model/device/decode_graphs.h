@@ -9,6 +9,13 @@
 // checked against an eager step on the same inputs, bit for bit: a graph that differs (or a capture
 // that fails) turns graphs off for the pool, and decode goes on eagerly at the same padded shapes,
 // with the reason in mode().
+//
+// Every capture runs on one stream the set creates for itself and keeps for its lifetime (a stream
+// drawn from LibTorch's pool may be one another model, or another thread, is using: their work
+// would be recorded into the graph), and every graph shares one memory pool the set holds (steps
+// never overlap). Prepare() captures a bucket's graph ahead of its first step: the model's
+// PrepareDecode runs it for every bucket before the server reports SERVING, so a capture that
+// fails shows at start-up.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +50,19 @@ class DecodeGraphs {
   at::Tensor Run(int64_t bucket, bool batch_invariant, const StepFn& step,
                  const std::function<void(int64_t bucket)>& scratch);
 
+  // Captures and checks the graph of (bucket, batch_invariant) now unless it exists: what Run
+  // would do on the bucket's first step. Leaves staged() as it found it. False when graphs are off
+  // (mode() says why), now or before.
+  bool Prepare(int64_t bucket, bool batch_invariant, const StepFn& step,
+               const std::function<void(int64_t bucket)>& scratch);
+
   // "cuda graphs" while graphs run, else "eager" and why.
   std::string mode() const { return mode_; }
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
 
  private:
   struct Graph;
+  struct CaptureState;
   // Captures and checks the graph of (bucket, batch_invariant); false (graphs off, mode_ says
   // why) when it cannot be used.
   bool Capture(int64_t bucket, bool batch_invariant, const StepFn& step,
@@ -59,6 +73,8 @@ class DecodeGraphs {
   at::Tensor staged_;
   bool enabled_;
   std::string mode_;
+  // The capture stream and the graphs' memory pool, made by the first capture (CUDA only).
+  std::unique_ptr<CaptureState> capture_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
 };
 

@@ -522,6 +522,33 @@ absl::StatusOr<std::unique_ptr<StatePool>> LanguageModel::NewStatePool(int64_t r
   });
 }
 
+absl::Status LanguageModel::PrepareDecode(StatePool& pool, bool batch_invariant) const {
+  const Impl& m = *impl_;
+  TOST_ASSIGN_OR_RETURN(const DevicePool* own, OwnPool(pool));
+  DecodeGraphs* graphs = own->graphs();
+  if (graphs == nullptr) return absl::OkStatus();  // unpadded steps: nothing to capture
+  return GuardTorch(m.config.name, "capture the decode graphs",
+                    [&] {
+                      c10::InferenceMode inference;
+                      const c10::OptionalStreamGuard on_stream(m.stream);
+                      std::vector<at::Tensor> pools;
+                      for (int64_t l = 0; l < m.config.language.n_layer; ++l)
+                        pools.push_back(own->layer(l));
+                      for (int64_t bucket : own->buckets()) {
+                        const bool ready = graphs->Prepare(
+                            bucket, batch_invariant,
+                            [&](const at::Tensor& d_ids, const at::Tensor& d_pos,
+                                const at::Tensor& d_rows, bool invariant) {
+                              return m.StepOnDevice(d_ids, d_pos, d_rows, pools, invariant);
+                            },
+                            [&](int64_t b) { own->StageScratch(b); });
+                        if (!ready) break;  // graphs off (or never on): decode_mode() says why
+                      }
+                      return true;
+                    })
+      .status();
+}
+
 absl::StatusOr<const LanguageModel::DevicePool*> LanguageModel::OwnPool(
     const StatePool& pool) const {
   const auto* own = dynamic_cast<const DevicePool*>(&pool);

@@ -79,6 +79,13 @@ class LanguageModel {
                                                       absl::Span<const TokenDraw> draws,
                                                       bool batch_invariant = false) const;
 
+  // Readies `pool` for decode steps in `batch_invariant` mode before the first one: on a CUDA
+  // device, captures (and checks) the decode step's graph of every batch bucket, so the server
+  // pays for it and sees a capture fail at start-up, not on a request (a failed capture turns
+  // graphs off: decode_mode() says why). Nothing to do on the CPU. The pool must come from this
+  // model's NewStatePool; its rows are not touched (captures run on its scratch rows).
+  absl::Status PrepareDecode(StatePool& pool, bool batch_invariant) const;
+
   // The least memory traffic of a decode step of `rows` sequences: every weight read once (the
   // position table and the TSSA denominators only at the rows' positions), each row's
   // statistics read and written, the logits written. Benchmarks divide it by the step's time and

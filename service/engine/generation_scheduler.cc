@@ -204,6 +204,9 @@ absl::StatusOr<std::unique_ptr<GenerationScheduler>> GenerationScheduler::Create
         "model ", model.config().name, ": state pool of ", pool->rows(), " rows of ",
         pool->floats_per_row(), " floats, expected ", options.max_active_jobs, " of ", width));
   }
+  // Before the scheduler exists (and so before readiness): a GPU model's decode graphs are
+  // captured here rather than on a request's first step of each batch size.
+  TOST_RETURN_IF_ERROR(model.PrepareDecode(*pool, options.batch_invariant));
   return std::unique_ptr<GenerationScheduler>(
       new GenerationScheduler(model, options, clock, std::move(pool), std::move(prefix_cache)));
 }

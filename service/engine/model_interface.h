@@ -63,6 +63,15 @@ class GenerativeModel {
   // gives each active job a row; the calls below read and update rows in place.
   virtual absl::StatusOr<std::unique_ptr<model::StatePool>> NewStatePool(int64_t rows) const = 0;
 
+  // Readies a pool from NewStatePool for decode steps in `batch_invariant` mode, before the first
+  // one: what a model does once rather than on a request's step (a GPU model captures its decode
+  // graphs here; a capture that fails turns them off, as the pool's decode_mode() then says). The
+  // scheduler calls it when it is created, before the server reports SERVING. An error means the
+  // model cannot decode at all.
+  virtual absl::Status PrepareDecode(model::StatePool& pool, bool batch_invariant) const {
+    return absl::OkStatus();
+  }
+
   // Feeds `tokens` (at least one) to the sequence in `row`, at `position`, in chunks of at most
   // `chunk_tokens`; returns the last token's logits [vocab]. OUT_OF_RANGE (row untouched) past the
   // context length. The caller advances its position.

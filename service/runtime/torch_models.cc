@@ -42,6 +42,10 @@ class LoadedRepository::Generator final : public GenerativeModel {
     return model_.NewStatePool(rows);
   }
 
+  absl::Status PrepareDecode(model::StatePool& pool, bool batch_invariant) const override {
+    return model_.PrepareDecode(pool, batch_invariant);
+  }
+
   absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
                                              model::StatePool& pool, int64_t row, int64_t position,
                                              int64_t chunk_tokens) const override {

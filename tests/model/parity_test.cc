@@ -217,6 +217,11 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
   auto padded_pool = padded->NewStatePool(6);
   ASSERT_TRUE(plain_pool.ok() && padded_pool.ok());
   EXPECT_EQ((*padded_pool)->decode_mode(), "eager");  // no graphs on the CPU
+  // Readying the pool for decode captures nothing on the CPU, and a pool of another model is
+  // refused.
+  EXPECT_TRUE(padded->PrepareDecode(**padded_pool, /*batch_invariant=*/true).ok());
+  EXPECT_EQ((*padded_pool)->decode_mode(), "eager");
+  EXPECT_EQ(plain->PrepareDecode(**padded_pool, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*padded_pool)->rows(), 6);
   const int64_t width = (*plain_pool)->floats_per_row();
   std::vector<int64_t> positions(6, 0);

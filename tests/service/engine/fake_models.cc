@@ -313,6 +313,15 @@ absl::StatusOr<std::unique_ptr<model::StatePool>> FakeLanguageModel::NewStatePoo
   return std::make_unique<Pool>(*this, rows, static_cast<int64_t>(NewSequence().stats.size()));
 }
 
+absl::Status FakeLanguageModel::PrepareDecode(model::StatePool& pool, bool batch_invariant) const {
+  if (dynamic_cast<Pool*>(&pool) == nullptr) {
+    return absl::InvalidArgumentError("fake LM: a pool of another model");
+  }
+  absl::MutexLock lock(&mu_);
+  prepare_decode_calls_.push_back(batch_invariant);
+  return prepare_decode_failure_;
+}
+
 absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const int32_t> tokens,
                                                               model::StatePool& pool, int64_t row,
                                                               int64_t position,
@@ -365,6 +374,16 @@ int64_t FakeLanguageModel::pool_loads() const {
 void FakeLanguageModel::FailPoolLoadsWith(absl::Status status) {
   absl::MutexLock lock(&mu_);
   pool_load_failure_ = std::move(status);
+}
+
+std::vector<bool> FakeLanguageModel::prepare_decode_calls() const {
+  absl::MutexLock lock(&mu_);
+  return prepare_decode_calls_;
+}
+
+void FakeLanguageModel::FailPrepareDecodeWith(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  prepare_decode_failure_ = std::move(status);
 }
 
 }  // namespace tost::service::testing

@@ -63,6 +63,9 @@ class FakeLanguageModel final : public GenerativeModel {
   model::SequenceState NewSequence() const override;
   // The serving interface: rows of a HostStatePool, fed through the SequenceState forms below.
   absl::StatusOr<std::unique_ptr<model::StatePool>> NewStatePool(int64_t rows) const override;
+  // Records the call's batch_invariant (prepare_decode_calls) and returns what
+  // FailPrepareDecodeWith set (OK by default).
+  absl::Status PrepareDecode(model::StatePool& pool, bool batch_invariant) const override;
   absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
                                              model::StatePool& pool, int64_t row, int64_t position,
                                              int64_t chunk_tokens) const override;
@@ -108,6 +111,10 @@ class FakeLanguageModel final : public GenerativeModel {
   // Every later pool Load fails with `status` (OK: stop failing).
   void FailPoolLoadsWith(absl::Status status);
 
+  // The batch_invariant of every PrepareDecode call, in order; and what later calls return.
+  std::vector<bool> prepare_decode_calls() const;
+  void FailPrepareDecodeWith(absl::Status status);
+
  private:
   class Pool;
   friend class Pool;
@@ -125,6 +132,8 @@ class FakeLanguageModel final : public GenerativeModel {
   mutable int64_t pool_stores_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t pool_loads_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pool_load_failure_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<bool> prepare_decode_calls_ ABSL_GUARDED_BY(mu_);
+  absl::Status prepare_decode_failure_ ABSL_GUARDED_BY(mu_);
 };
 
 struct FakeVisionOptions {

@@ -107,6 +107,28 @@ class SchedulerTest : public ::testing::Test {
   FakeClock clock_;
 };
 
+// The pool is readied for decode (a GPU model captures its graphs) when the scheduler is created,
+// in the scheduler's own batch-invariant mode, before any request; a model that cannot is no
+// scheduler at all.
+TEST_F(SchedulerTest, CreatePreparesTheDecodeOnceInTheSchedulersMode) {
+  for (const bool invariant : {false, true}) {
+    FakeLanguageModel lm;
+    GenerationSchedulerOptions o;
+    o.batch_invariant = invariant;
+    auto s = Make(o, &lm);
+    EXPECT_EQ(lm.prepare_decode_calls(), std::vector<bool>{invariant});
+    Collected c;
+    auto job = s->Submit(Request(*s, "Hello", 3));
+    ASSERT_TRUE(job.ok()) << job.status();
+    RunAll(*s, {{*job, &c}});
+    EXPECT_EQ(lm.prepare_decode_calls().size(), 1u) << "steps never prepare again";
+  }
+  FakeLanguageModel failing;
+  failing.FailPrepareDecodeWith(absl::UnavailableError("model fake-lm: the device is lost"));
+  const auto s = GenerationScheduler::Create(failing, {}, &clock_);
+  EXPECT_EQ(s.status(), absl::UnavailableError("model fake-lm: the device is lost"));
+}
+
 TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
   auto s = Make();
   Collected c;
