@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -189,10 +190,24 @@ int Models(const Target& target) {
   tost::v1::ListModelsResponse resp;
   grpc::Status s = target.stub->ListModels(&ctx, {}, &resp);
   if (!s.ok()) return Fail(target, "ListModels", "", s);
+  // How each language model's decode steps run ("cuda graphs", "eager", or "eager: " and why
+  // graphs were turned off) is in ServerStatus. Without it (a server too old to say) the list is
+  // still the list: the column is left out.
+  std::map<std::string, std::string> decode_modes;
+  {
+    grpc::ClientContext status_ctx;
+    SetDeadline(status_ctx);
+    tost::v1::ServerStatusResponse status;
+    if (target.stub->ServerStatus(&status_ctx, {}, &status).ok()) {
+      for (const auto& g : status.generators()) decode_modes[g.model()] = g.decode_mode();
+    }
+  }
   for (const auto& m : resp.models()) {
-    std::printf("%-20s %-12s %-6s %s%s\n", m.name().c_str(), m.architecture().c_str(),
+    const auto mode = decode_modes.find(m.name());
+    const std::string decode = mode == decode_modes.end() ? "" : "  decode: " + mode->second;
+    std::printf("%-20s %-12s %-6s %s%s%s\n", m.name().c_str(), m.architecture().c_str(),
                 m.ready() ? "ready" : "FAILED", m.trained() ? "trained" : "untrained",
-                m.error().empty() ? "" : ("  " + m.error()).c_str());
+                decode.c_str(), m.error().empty() ? "" : ("  " + m.error()).c_str());
   }
   return 0;
 }
@@ -603,7 +618,8 @@ std::vector<tost::cli::CommandSpec> Commands() {
   return {
       {"models",
        "[--server=HOST:PORT]",
-       "lists the served models: name, architecture, ready or FAILED (with why), trained or not",
+       "lists the served models: name, architecture, ready or FAILED (with why), trained or not, "
+       "and how a language model decodes (cuda graphs, or eager and why)",
        {server, timeout}},
       {"classify",
        "--model=NAME [--image=FILE | --input=FILE.npy] [--top_k=K] [--membership_png=PREFIX]",

@@ -14,6 +14,10 @@ namespace {
 // cancel that the deadline caused may be seen a little before that instant by this clock.
 constexpr absl::Duration kDeadlineCancelSlack = absl::Milliseconds(20);
 
+// A decode mode (model::StatePool::decode_mode) that says graphs were on and were turned off:
+// "eager: " and why. Plain "eager" means they never were (CPU, or turned off by a flag).
+bool GraphsTurnedOff(std::string_view decode_mode) { return decode_mode.starts_with("eager: "); }
+
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
@@ -227,6 +231,9 @@ GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
   stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
   stats_.state_pool_bytes = pool_->bytes();
   stats_.decode_mode = pool_->decode_mode();
+  if (GraphsTurnedOff(stats_.decode_mode) && options_.observer != nullptr) {
+    options_.observer->OnDecodeGraphsOff(model_.config().name, stats_.decode_mode);
+  }
   absl::MutexLock lock(&owner_->mu);
   owner_->scheduler = this;
 }
@@ -790,6 +797,7 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
   // of the step is published: a stream can end with its token (and its client read the status or
   // the metrics at once), so counting after the emission would show that client the step before.
   const auto batch = static_cast<int32_t>(decode.jobs.size());
+  std::string graphs_off;  // the new decode mode, when this step turned graphs off
   if (prefill.chunks > 0) {
     absl::MutexLock lock(&mu_);
     stats_.prefill_chunks += prefill.chunks;
@@ -802,8 +810,12 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
     stats_.max_decode_batch = std::max<int32_t>(stats_.max_decode_batch, batch);
     ++stats_.decode_batch_histogram[decode.jobs.size()];
     if (std::string mode = pool_->decode_mode(); mode != stats_.decode_mode) {
+      if (GraphsTurnedOff(mode)) graphs_off = mode;
       stats_.decode_mode = std::move(mode);  // graphs turned off after a failed capture
     }
+  }
+  if (!graphs_off.empty() && options_.observer != nullptr) {
+    options_.observer->OnDecodeGraphsOff(model_.config().name, graphs_off);
   }
   if (options_.observer != nullptr) {
     GenerationStepRecord record;

@@ -178,6 +178,11 @@ class GenerationObserver {
   virtual void OnStep(const GenerationStepRecord& record) = 0;
   // Called on the submitting thread, without the scheduler's lock held.
   virtual void OnRefused(std::string_view model, GenerationRefusal reason) {}
+  // Decode graphs were turned off for `model` (a capture, or a graph's check against the eager
+  // step, failed): `decode_mode` is the pool's, "eager: " and why. At most once per scheduler:
+  // from Create, when the captures of PrepareDecode failed, or from the step that saw it; without
+  // the scheduler's lock held. Decode goes on, eagerly, and ServerStatus shows the same mode.
+  virtual void OnDecodeGraphsOff(std::string_view model, std::string_view decode_mode) {}
 };
 
 struct GenerationSchedulerOptions {

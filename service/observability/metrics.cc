@@ -223,6 +223,18 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
       depth.push_back(GaugeSample(static_cast<double>(g.scheduler.queued), labels));
       capacity.push_back(GaugeSample(static_cast<double>(g.max_queued), labels));
     }
+    // 1 while a language model's decode steps replay CUDA graphs (its ServerStatus decode_mode is
+    // "cuda graphs"), 0 otherwise: on the CPU, with --cuda_graphs=false, and once graphs were
+    // turned off ("eager: " and why; the log has a WARNING line saying why).
+    std::vector<ClientMetric> graphs_enabled;
+    for (const GeneratorStats& g : stats.generators) {
+      graphs_enabled.push_back(
+          GaugeSample(g.scheduler.decode_mode == "cuda graphs" ? 1 : 0, {{"model", g.model}}));
+    }
+    out.push_back(MakeFamily("tost_decode_graphs_enabled",
+                             "1 while a language model's decode steps replay CUDA graphs, 0 when "
+                             "they run eagerly (the CPU, or graphs off)",
+                             MetricType::Gauge, std::move(graphs_enabled)));
     out.push_back(MakeFamily("tost_queue_depth",
                              "Requests waiting: classification requests for a batch, generations "
                              "waiting to become active",
@@ -592,6 +604,14 @@ void Metrics::OnRefused(std::string_view, GenerationRefusal reason) {
 }
 
 void Metrics::OnStoreFull() { impl_->Reject("sessions_full"); }
+
+void Metrics::OnDecodeGraphsOff(std::string_view model, std::string_view decode_mode) {
+  std::string_view reason = decode_mode;
+  constexpr std::string_view kEager = "eager: ";
+  if (reason.starts_with(kEager)) reason.remove_prefix(kEager.size());
+  Log(LogLevel::kWarning, "decode graphs off: decode steps run eagerly",
+      {{"model", model}, {"reason", reason}});
+}
 
 void Metrics::OnBatch(const BatchRecord& record) {
   Impl::ClassifySeries& s = impl_->Classify(record.model_name);

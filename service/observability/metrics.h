@@ -9,9 +9,9 @@
 //  - classification queue/compute time, batch sizes, images: DynamicBatcher's BatchObserver;
 //  - generation batch sizes, prompt/generated tokens, TTFT, inter-token latency: the
 //    GenerationScheduler's GenerationObserver (once per step);
-//  - sessions, state bytes, budget, evictions, queue depths, resident and CUDA memory: read from
-//    their owners when Prometheus scrapes, so they are exact at that instant and cost nothing
-//    between scrapes.
+//  - sessions, state bytes, budget, evictions, queue depths, resident and CUDA memory, whether
+//    decode graphs run: read from their owners when Prometheus scrapes, so they are exact at that
+//    instant and cost nothing between scrapes.
 // Labels are bounded: model, rpc (methods of the registered services, else "other"), code,
 // reason, state, workload, device; never a session or request id.
 #pragma once
@@ -108,6 +108,9 @@ class Metrics final : public BatchObserver,
   void OnDropped(std::string_view model_name, BatchDropReason reason, int64_t images) override;
   void OnStep(const GenerationStepRecord& record) override;
   void OnRefused(std::string_view model, GenerationRefusal reason) override;
+  // A WARNING log line naming the model and why its decode graphs were turned off (the gauge
+  // tost_decode_graphs_enabled reads the mode from the engine at each scrape).
+  void OnDecodeGraphsOff(std::string_view model, std::string_view decode_mode) override;
   void OnStoreFull() override;
   // The shared session store's client (tost_session_store_commands_total{outcome},
   // tost_session_store_command_duration_seconds, tost_session_store_reconnects_total).

@@ -121,6 +121,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def test_models_lists_every_model_and_how_a_language_model_decodes(server):
+    """One line per model; a language model's line ends with how its decode steps run, as
+    ServerStatus says: "eager" on the CPU (on a GPU "cuda graphs", or "eager: " and why graphs were
+    turned off)."""
+    done = cli("models", f"--server={server.address}")
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert sorted(lines) == served_models(), done.stdout
+    assert lines["tost-austen"].split() == ["tost-austen", "tost_lm", "ready", "trained", "decode:", "eager"], \
+        lines["tost-austen"]
+    assert "decode:" not in lines["tost-digits"], lines["tost-digits"]
+
+
 @pytest.mark.parametrize("args", [["models"], ["classify", "--model=tost-digits"],
                                   ["generate", "--model=tost-austen", "--prompt=Hi"]],
                          ids=["models", "classify", "generate"])

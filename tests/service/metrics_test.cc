@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "service/api/before_handler.h"
+#include "service/engine/engine.h"
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
 #include "tests/service/engine/fake_models.h"
@@ -111,6 +112,66 @@ TEST(MetricsTest, SchedulerObserverCountsTokensAndLatenciesOnTheSchedulersClock)
   EXPECT_EQ(Value(text, absl::StrCat("tost_batch_size_bucket{", model,
                                      ",workload=\"generate\",le=\"2\"}")),
             stats.decode_steps);
+}
+
+// tost_decode_graphs_enabled is read from the engine at each scrape, from the decode mode
+// ServerStatus shows: 1 while a model's decode steps replay CUDA graphs, 0 where they never did
+// (the CPU) and from the step that turned them off, which also writes one WARNING line naming the
+// model and why.
+TEST(MetricsTest, DecodeGraphsGaugeFollowsTheDecodeModeAndTheirEndIsLogged) {
+  testing::FakeLanguageModel cpu_lm({.name = "cpu-lm"});
+  testing::FakeLanguageModel gpu_lm({.name = "gpu-lm"});
+  gpu_lm.SetDecodeMode("cuda graphs");
+  std::vector<ModelEntry> models;
+  for (const testing::FakeLanguageModel* lm : {&cpu_lm, &gpu_lm}) {
+    ModelEntry e;
+    e.name = lm->config().name;
+    e.config = lm->config();
+    e.generator = lm;
+    e.weights_sha256 = std::string(32, 'w');
+    models.push_back(std::move(e));
+  }
+  Metrics metrics;
+  EngineOptions options;
+  options.start_threads = false;
+  options.generation.observer = &metrics;
+  FakeClock clock;
+  auto engine = Engine::Create(std::move(models), options, SessionCodec::WithRandomKey(), &clock);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  metrics.WatchEngine(engine->get());
+  const auto enabled = [&](const std::string& model) {
+    return Value(metrics.Render(), "tost_decode_graphs_enabled{model=\"" + model + "\"}");
+  };
+  EXPECT_EQ(enabled("cpu-lm"), 0);
+  EXPECT_EQ(enabled("gpu-lm"), 1);
+
+  const std::string off =
+      "eager: capturing batch 2 failed: operation not permitted when stream is capturing";
+  gpu_lm.SetDecodeMode(off);
+  auto scheduler = (*engine)->Scheduler("gpu-lm");
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  GenerationRequest r;
+  r.state = (*scheduler)->NewState({});
+  r.prompt = {'H', 'i'};
+  r.max_new_tokens = 3;
+  auto job = (*scheduler)->Submit(std::move(r));
+  ASSERT_TRUE(job.ok()) << job.status();
+  SetLogFormat(LogFormat::kText);
+  ::testing::internal::CaptureStderr();
+  for (int steps = 0; (*scheduler)->in_flight() > 0 && steps < 100; ++steps) {
+    (*scheduler)->StepOnce();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << log;
+  EXPECT_NE(lines[0].find(" WARN decode graphs off: decode steps run eagerly model=gpu-lm "
+                          "reason=\"capturing batch 2 failed: operation not permitted when stream "
+                          "is capturing\""),
+            std::string::npos)
+      << lines[0];
+  EXPECT_EQ(enabled("gpu-lm"), 0);
+  EXPECT_EQ(enabled("cpu-lm"), 0);
+  metrics.WatchEngine(nullptr);
 }
 
 TEST(MetricsTest, BatchRecordsFeedQueueComputeBatchSizeAndSuccessfulImages) {

@@ -301,6 +301,7 @@ class FakeLanguageModel::Pool final : public model::StatePool {
   void Write(int64_t row, const model::SequenceState& s) {
     std::copy(s.stats.begin(), s.stats.end(), rows_.row(row).begin());
   }
+  std::string decode_mode() const override { return owner_.decode_mode(); }
 
  private:
   const FakeLanguageModel& owner_;
@@ -374,6 +375,16 @@ int64_t FakeLanguageModel::pool_loads() const {
 void FakeLanguageModel::FailPoolLoadsWith(absl::Status status) {
   absl::MutexLock lock(&mu_);
   pool_load_failure_ = std::move(status);
+}
+
+void FakeLanguageModel::SetDecodeMode(std::string mode) {
+  absl::MutexLock lock(&mu_);
+  decode_mode_ = std::move(mode);
+}
+
+std::string FakeLanguageModel::decode_mode() const {
+  absl::MutexLock lock(&mu_);
+  return decode_mode_;
 }
 
 std::vector<bool> FakeLanguageModel::prepare_decode_calls() const {

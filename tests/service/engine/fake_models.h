@@ -111,6 +111,10 @@ class FakeLanguageModel final : public GenerativeModel {
   // Every later pool Load fails with `status` (OK: stop failing).
   void FailPoolLoadsWith(absl::Status status);
 
+  // What every pool of this model answers to decode_mode() from now on ("eager" at first), as a
+  // GPU model's pool does when its graphs are turned off ("eager: " and why).
+  void SetDecodeMode(std::string mode);
+  std::string decode_mode() const;
   // The batch_invariant of every PrepareDecode call, in order; and what later calls return.
   std::vector<bool> prepare_decode_calls() const;
   void FailPrepareDecodeWith(absl::Status status);
@@ -132,6 +136,7 @@ class FakeLanguageModel final : public GenerativeModel {
   mutable int64_t pool_stores_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t pool_loads_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status pool_load_failure_ ABSL_GUARDED_BY(mu_);
+  std::string decode_mode_ ABSL_GUARDED_BY(mu_) = "eager";
   mutable std::vector<bool> prepare_decode_calls_ ABSL_GUARDED_BY(mu_);
   absl::Status prepare_decode_failure_ ABSL_GUARDED_BY(mu_);
 };

@@ -107,6 +107,16 @@ class SchedulerTest : public ::testing::Test {
   FakeClock clock_;
 };
 
+// What a scheduler tells its observer about decode graphs.
+class GraphsOffRecorder final : public GenerationObserver {
+ public:
+  void OnStep(const GenerationStepRecord&) override {}
+  void OnDecodeGraphsOff(std::string_view model, std::string_view decode_mode) override {
+    off.emplace_back(model, decode_mode);
+  }
+  std::vector<std::pair<std::string, std::string>> off;
+};
+
 // The pool is readied for decode (a GPU model captures its graphs) when the scheduler is created,
 // in the scheduler's own batch-invariant mode, before any request; a model that cannot is no
 // scheduler at all.
@@ -127,6 +137,50 @@ TEST_F(SchedulerTest, CreatePreparesTheDecodeOnceInTheSchedulersMode) {
   failing.FailPrepareDecodeWith(absl::UnavailableError("model fake-lm: the device is lost"));
   const auto s = GenerationScheduler::Create(failing, {}, &clock_);
   EXPECT_EQ(s.status(), absl::UnavailableError("model fake-lm: the device is lost"));
+}
+
+// Graphs turned off (a capture or its check failed) reach the observer once, naming the model and
+// why, whether it happened while the pool was prepared or on a later step; a mode that never had
+// graphs ("eager") is not news.
+TEST_F(SchedulerTest, DecodeGraphsTurnedOffReachTheObserverOnce) {
+  GraphsOffRecorder recorder;
+  GenerationSchedulerOptions o;
+  o.observer = &recorder;
+  {
+    auto s = Make(o);  // "eager": the CPU
+    EXPECT_EQ(s->stats().decode_mode, "eager");
+  }
+  EXPECT_TRUE(recorder.off.empty());
+
+  FakeLanguageModel lm;
+  lm.SetDecodeMode("cuda graphs");
+  auto s = Make(o, &lm);
+  EXPECT_EQ(s->stats().decode_mode, "cuda graphs");
+  Collected first;
+  auto job = s->Submit(Request(*s, "Hello", 3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunAll(*s, {{*job, &first}});
+  EXPECT_TRUE(recorder.off.empty());
+  const std::string off =
+      "eager: the graph of batch 1 (batch-invariant 0) differs from the eager step";
+  lm.SetDecodeMode(off);
+  Collected second;
+  job = s->Submit(Request(*s, "Hi", 4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunAll(*s, {{*job, &second}});
+  EXPECT_EQ(second.tokens.size(), 4u) << "decode goes on, eagerly";
+  ASSERT_EQ(recorder.off.size(), 1u);
+  EXPECT_EQ(recorder.off[0].first, lm.config().name);
+  EXPECT_EQ(recorder.off[0].second, off);
+  EXPECT_EQ(s->stats().decode_mode, off);
+
+  // Off already when the pool was prepared (at start-up): reported by Create.
+  FakeLanguageModel at_start;
+  at_start.SetDecodeMode("eager: capturing batch 8 failed: out of memory");
+  recorder.off.clear();
+  auto t = Make(o, &at_start);
+  ASSERT_EQ(recorder.off.size(), 1u);
+  EXPECT_EQ(recorder.off[0].second, "eager: capturing batch 8 failed: out of memory");
 }
 
 TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
