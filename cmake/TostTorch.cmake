@@ -4,6 +4,8 @@
 # pulls in Caffe2's CUDA detection (cuDNN, NVRTC, nvToolsExt, architecture flags it appends to every
 # CUDA target), which is fragile against the system nvcc and slows configuration. We need only the
 # headers, four shared libraries and the C++ ABI flag, all of which the wheel reports itself.
+# requirements.txt pins the wheel to the build the lent GPU machines have installed (2.11.0, cu130;
+# docs/architecture.md): bump it only together with theirs.
 include_guard(GLOBAL)
 
 if(NOT TOST_PYTHON)
@@ -40,12 +42,31 @@ foreach(lib c10 torch_cpu torch)
   _tost_torch_lib(${lib})
 endforeach()
 
+# The wheel's include/ also carries protobuf's headers (google/: 3.13 in torch 2.11, 3.21 in 2.15),
+# which would shadow Debian's, the ones protoc generated our stubs for, in every file that includes
+# both ATen and a .pb.h. So the headers are offered through a folder of links to every entry of
+# include/ but google/.
+set(TOST_TORCH_INCLUDE_DIR ${CMAKE_BINARY_DIR}/torch-include)
+file(REMOVE_RECURSE ${TOST_TORCH_INCLUDE_DIR})
+file(MAKE_DIRECTORY ${TOST_TORCH_INCLUDE_DIR})
+file(GLOB _tost_torch_include_entries RELATIVE ${TOST_TORCH_DIR}/include ${TOST_TORCH_DIR}/include/*)
+foreach(entry IN LISTS _tost_torch_include_entries)
+  if(NOT entry STREQUAL "google")
+    file(CREATE_LINK ${TOST_TORCH_DIR}/include/${entry} ${TOST_TORCH_INCLUDE_DIR}/${entry} SYMBOLIC)
+  endif()
+endforeach()
+
 add_library(tost_torch INTERFACE)
 add_library(tost::torch ALIAS tost_torch)
 target_include_directories(tost_torch SYSTEM INTERFACE
-  ${TOST_TORCH_DIR}/include ${TOST_TORCH_DIR}/include/torch/csrc/api/include)
+  ${TOST_TORCH_INCLUDE_DIR} ${TOST_TORCH_INCLUDE_DIR}/torch/csrc/api/include)
 target_compile_definitions(tost_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TOST_TORCH_CXX11_ABI})
 target_link_libraries(tost_torch INTERFACE tost_torch_torch tost_torch_torch_cpu tost_torch_c10)
+# torch 2.11's libtorch.so exports a std::filesystem of its own (64 symbols of the older libstdc++ it
+# was built with, ABI-incompatible with gcc 12's: std::filesystem::remove_all jumped to address 0).
+# A binary resolves such symbols in the order of the libraries it needs, so libstdc++ is made the
+# first of them, before anything of the wheel.
+target_link_options(tost_torch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 # The wheel's libraries find their own dependencies through $ORIGIN; our binaries find the wheel here.
 set(CMAKE_BUILD_RPATH ${CMAKE_BUILD_RPATH} ${TOST_TORCH_LIB_DIR} PARENT_SCOPE)
 set(CMAKE_BUILD_RPATH ${CMAKE_BUILD_RPATH} ${TOST_TORCH_LIB_DIR})
