@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/file_util.h"
+#include "base/little_endian.h"
 #include "base/status_macros.h"
 #include "tost/v1/session_state.pb.h"
 
@@ -28,15 +29,9 @@ constexpr char kKeyListHeader[] = "tost-session-keys";
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4;
 constexpr size_t kMacBytes = 32;
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
+void PutU32(std::string& out, uint32_t v) { base::AppendLittleEndian(out, v, 4); }
 
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+uint32_t GetU32(const char* p) { return static_cast<uint32_t>(base::ReadLittleEndian(p, 4)); }
 
 std::string Hmac(const std::string& key, std::string_view data) {
   unsigned char mac[EVP_MAX_MD_SIZE];

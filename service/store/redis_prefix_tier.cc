@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/little_endian.h"
 
 namespace tost::store {
 namespace {
@@ -26,12 +27,8 @@ return {0}
   return *script;
 }
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void PutU64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
+void PutU32(std::string& out, uint32_t v) { base::AppendLittleEndian(out, v, 4); }
+void PutU64(std::string& out, uint64_t v) { base::AppendLittleEndian(out, v, 8); }
 
 // Reads little-endian fields off the front of a record; any overrun makes ok() false.
 class Reader {
@@ -39,8 +36,7 @@ class Reader {
   explicit Reader(const std::string& data) : data_(data) {}
   uint64_t Uint(int bytes) {
     if (!Has(bytes)) return 0;
-    uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data_[at_ + i]);
+    const uint64_t v = base::ReadLittleEndian(data_.data() + at_, bytes);
     at_ += bytes;
     return v;
   }
