@@ -576,6 +576,8 @@ def server_refuses(*args):
 def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
     password_file = tmp_path / "pw"
     password_file.write_text("x")
+    empty_password = tmp_path / "empty"
+    empty_password.write_text("\n")
     free = RedisServer(start=False)  # a port nothing listens on
     try:
         # A good configuration starts although its store is down (session calls then fail), so
@@ -596,6 +598,11 @@ def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
               f"--session_store_password_file={password_file}"], "session_store"),
             ([f"--session_key_file={key_file}", f"--session_store={free.url()}", "--session_lease_ms=50"],
              "session_lease_ms"),
+            # The store's password file missing or empty: named, before anything is served.
+            ([f"--session_key_file={key_file}", f"--session_store={free.url()}",
+              f"--session_store_password_file={tmp_path / 'missing'}"], "missing"),
+            ([f"--session_key_file={key_file}", f"--session_store={free.url()}",
+              f"--session_store_password_file={empty_password}"], "session_store_password_file"),
             # A session must not expire in the store while a replica holds its lease.
             ([f"--session_key_file={key_file}", f"--session_store={free.url()}", "--session_idle_timeout_s=5",
               "--session_lease_ms=6000"], "must be at least --session_lease_ms"),
