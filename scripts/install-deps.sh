@@ -39,6 +39,7 @@ apt_packages=(
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
   redis-server  # the shared session store the store tests start on loopback
   libhiredis-dev  # the client of that store: connections, command encoding, reply parsing
+  patchelf  # scripts/gpu-bundle.sh: the bundled binaries find their libraries beside them ($ORIGIN)
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 

@@ -52,6 +52,8 @@ struct Args {
   // P4 positions; the ratio is the last over the first. More than two draw the latency curve.
   std::vector<int64_t> positions = {100, 4000};
   std::string json;  // also write the figures here as JSON
+  // More tost_server flags for P6 (--server_arg=--cuda_graphs=false times eager decode).
+  std::vector<std::string> server_args;
   // Where both models of P4 run and where P6's server runs (--device: cpu, cuda, cuda:N, auto).
   tost::model::Placement placement;
 };
@@ -63,6 +65,7 @@ struct Figures {
   double state_bytes = 0, kv_bytes = 0;
   double one_stream_tokens_per_s = 0, many_tokens_per_s = 0;
   int max_decode_batch = 0;
+  std::string decode_mode;  // how P6's server decoded ("cuda graphs", "eager", "eager: why")
   // Fractions of the device's measured copy bandwidth: a decode step of B rows moves at least
   // step_bytes_fixed + B * step_bytes_per_row bytes (LanguageModel::DecodeStepBytes).
   double bandwidth_gbs = 0;
@@ -372,9 +375,14 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
     const std::string repo_flag = "--model_repository=" + repo.string();
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
     const std::string device = "--device=" + args.placement.DeviceString();
-    execl(args.server_bin.c_str(), "tost_server", repo_flag.c_str(), "--host=127.0.0.1", "--port=0",
-          slots.c_str(), device.c_str(), "--metrics_port=0", "--http_port=0",
-          static_cast<char*>(nullptr));  // metrics and HTTP on (as deployed), on free ports
+    // Metrics and HTTP on (as deployed), on free ports.
+    std::vector<std::string> flags = {repo_flag,          "--host=127.0.0.1", "--port=0", slots,
+                                      device,             "--metrics_port=0", "--http_port=0"};
+    flags.insert(flags.end(), args.server_args.begin(), args.server_args.end());
+    std::vector<char*> argv = {const_cast<char*>("tost_server")};
+    for (std::string& f : flags) argv.push_back(f.data());
+    argv.push_back(nullptr);
+    execv(args.server_bin.c_str(), argv.data());
     _exit(127);
   }
   close(fds[1]);
@@ -434,21 +442,37 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
       figures.bandwidth_gbs);
   figures.many_fraction = Median(many_fraction);
   figures.max_decode_batch = status.generators_size() ? status.generators(0).max_decode_batch() : 0;
+  figures.decode_mode = status.generators_size() ? status.generators(0).decode_mode() : "";
   std::printf(
       "\nP6 aggregate decode throughput through tost_server (%d tokens per stream, median of %d "
       "rounds)\n",
       args.tokens, rounds);
   std::printf(
       "  1 stream: %.1f tokens/s; %d streams: %.1f tokens/s; ratio %.1fx (target >= 8x); "
-      "largest decode batch %d\n",
-      a, args.sessions, b, b / a,
-      status.generators_size() ? status.generators(0).max_decode_batch() : 0);
+      "largest decode batch %d; decode: %s\n",
+      a, args.sessions, b, b / a, figures.max_decode_batch, figures.decode_mode.c_str());
   std::printf("  fraction of the measured %.1f GB/s: 1 stream %.1f%%, %d streams %.1f%%\n",
               figures.bandwidth_gbs, 100 * figures.one_stream_fraction, args.sessions,
               100 * figures.many_fraction);
 }
 
-// Plain numbers and lists only: written by hand rather than linking a JSON library for it.
+// The decode mode is free text from the server (a reason after "eager: ").
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Plain numbers, lists and one string: written by hand rather than linking a JSON library for it.
 void WriteJson(const std::string& path, const Args& args, const tost::model::LanguageConfig& c,
                const Figures& f) {
   const auto list = [](const auto& v) {
@@ -476,7 +500,8 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
       << ", \"one_stream_tokens_per_s\": " << f.one_stream_tokens_per_s
       << ", \"many_tokens_per_s\": " << f.many_tokens_per_s
       << ", \"ratio\": " << f.many_tokens_per_s / f.one_stream_tokens_per_s
-      << ", \"max_decode_batch\": " << f.max_decode_batch
+      << ", \"max_decode_batch\": " << f.max_decode_batch << ", \"decode_mode\": \""
+      << JsonEscaped(f.decode_mode) << "\""
       << ", \"one_stream_fraction_of_bandwidth\": " << f.one_stream_fraction
       << ", \"many_fraction_of_bandwidth\": " << f.many_fraction
       << ", \"in_process_step_one_ms\": " << f.step_one_ms
@@ -499,7 +524,8 @@ int main(int argc, char** argv) {
     if (a == "--help") {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
-          "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto]\n"
+          "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
+          "[--server_arg=FLAG ...]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -511,6 +537,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--tokens=", 0) == 0) args.tokens = std::stoi(a.substr(9));
     if (a.rfind("--steps=", 0) == 0) args.steps = std::stoi(a.substr(8));
     if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
+    if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a.rfind("--device=", 0) == 0) {
       auto spec = tost::model::ParseDeviceSpec(a.substr(9), "--device");
       auto placement = spec.ok() ? tost::model::ResolvePlacement(

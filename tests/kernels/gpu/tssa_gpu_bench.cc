@@ -5,6 +5,9 @@
 //   tssa_gpu_bench            full run (a few minutes)
 //   tssa_gpu_bench --quick    one size per op (ctest tssa_gpu_bench_quick, label gpu)
 //   --device=cuda:N           the device to measure (default cuda:0)
+//   tssa_gpu_bench --profile  each fused operator once per dtype at a size beyond L2, nothing
+//                             else timed or compared: the run a profiler wraps (ncu, in
+//                             scripts/gpu-session.sh)
 //
 // Figures: medians of interleaved repeats, each timed with CUDA events on the current stream;
 // "eff GB/s" counts three reads and one write of w (plus Π, as docs/kernels.md counts it) over
@@ -104,13 +107,39 @@ const char* Name(at::ScalarType t) {
   return t == at::kFloat ? "float32" : t == at::kBFloat16 ? "bfloat16" : "float16";
 }
 
+// One call of each fused operator per dtype, with inputs larger than any L2 (an H100's is 50 MB),
+// so a profiler sees them read from device memory: tssa on 8 x 16384 x 384, tssa_causal on
+// 8 x 4096 x 384, tssa_step on 256 rows.
+int Profile() {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(0);
+  const at::Tensor temp = at::rand({kHeads}, cuda) + 0.5;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    fused::tssa(at::randn({8, 16384, kChannels}, cuda.dtype(dtype)), temp);
+    const int64_t T = 4096;
+    const at::Tensor denom_bias = at::randn({kHeads, T}, cuda) * 0.1;
+    fused::tssa_causal(at::randn({8, T, kChannels}, cuda.dtype(dtype)), temp, denom_bias,
+                       std::nullopt, std::nullopt);
+    const int64_t B = 256;
+    at::Tensor state = at::rand({B, StateWidth(kChannels, kHeads)}, cuda) * 10;
+    fused::tssa_step(at::randn({B, kChannels}, cuda.dtype(dtype)), temp, denom_bias,
+                     at::randint(1, T - 1, {B}, cuda.dtype(at::kLong)), state);
+  }
+  Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::printf("tssa_gpu_bench --profile: tssa, tssa_causal and tssa_step once each, float32 and "
+              "bfloat16\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
+  bool profile = false;
   int device = 0;
   const auto usage = [](const std::string& got) {
-    std::fprintf(stderr, "usage: tssa_gpu_bench [--quick] [--device=cuda|cuda:N]; got '%s'\n",
+    std::fprintf(stderr,
+                 "usage: tssa_gpu_bench [--quick | --profile] [--device=cuda|cuda:N]; got '%s'\n",
                  got.c_str());
     return 2;
   };
@@ -118,6 +147,8 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
+    } else if (a == "--profile") {
+      profile = true;
     } else if (a == "--device=cuda") {
       device = 0;
     } else if (a.rfind("--device=cuda:", 0) == 0) {
@@ -143,6 +174,7 @@ int main(int argc, char** argv) {
   }
   // ATen's current device follows the runtime's: every tensor below is made on this one.
   Check(cudaSetDevice(device), "cudaSetDevice");
+  if (profile) return Profile();
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   const int reps = quick ? 5 : 21;
