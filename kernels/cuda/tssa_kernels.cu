@@ -52,6 +52,9 @@ constexpr int64_t kTargetChunks = 64;
 constexpr int kMaxTileTokens = 16;          // CausalStats: tokens per shared-memory q tile
 constexpr size_t kCausalTileFloats = 8192;  // 32 KiB budget for the q tile
 constexpr size_t kSmemLimit = kMaxDefaultDynamicSharedBytes;  // no opt-in to more
+// TssaStats' row-group partials: at most kColumnThreads·V floats, V ≤ 8 (16-byte vectors of
+// 2-byte elements).
+constexpr size_t kStatsPartialFloats = kColumnThreads * 8;
 
 #define TOST_RETURN_IF_CUDA_ERROR(expr)             \
   do {                                              \
@@ -293,7 +296,8 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 // Per chunk: Π for every token (softmax over heads of temp[k]·Σ_c (w/ν)²), written to pi[b][t][k],
 // and the chunk partials part[b][g][c] = Σ_t Π[t,k(c)]·w², part[b][g][D+k] = Σ_t Π[t,k]
-// (layout [B][chunks][D+K]). grid B·chunks, dynamic shared memory chunk_tokens·K floats.
+// (layout [B][chunks][D+K]). grid B·chunks, dynamic shared memory chunk_tokens·K +
+// kStatsPartialFloats floats.
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads)
     TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
@@ -329,25 +333,54 @@ __global__ void __launch_bounds__(kColumnThreads)
   }
   __syncthreads();
 
-  // Columns: Σ_t Π·w² per channel, Σ_t Π per head.
+  // Columns: Σ_t Π·w² per channel, Σ_t Π per head. D/V threads cover a row (96 of 256 at D=384
+  // in float32, 48 in bfloat16): the rest would idle through the row loop, the longest part of
+  // the kernel, with too few loads in flight to hide the latency of device memory. So the block
+  // splits into row groups of D/V threads, group j summing rows j, j + groups, ..., and the
+  // groups' partials are added in group order: a fixed order for a given D, V and block size,
+  // never one that depends on the batch.
   float* out = part + (static_cast<int64_t>(b) * chunks + g) * (D + K);
-  for (int c = threadIdx.x * V; c < D; c += blockDim.x * V) {
-    int hk[V];
-    float acc[V];
+  const int col_lanes = (D + V - 1) / V;
+  const int block = static_cast<int>(blockDim.x);
+  const int groups = col_lanes >= block ? 1 : block / col_lanes;
+  const int rg = groups == 1 ? 0 : static_cast<int>(threadIdx.x) / col_lanes;
+  const int c_first =
+      (groups == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % col_lanes) * V;
+  const int c_stride = groups == 1 ? block * V : D;  // with groups, one pass covers D
+  float* partials = pi_s + chunk_tokens * K;         // [groups][D] when groups > 1
+  if (rg < groups) {
+    for (int c = c_first; c < D; c += c_stride) {
+      int hk[V];
+      float acc[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      hk[i] = (c + i) / p;
-      acc[i] = 0.f;
-    }
+      for (int i = 0; i < V; ++i) {
+        hk[i] = (c + i) / p;
+        acc[i] = 0.f;
+      }
 #pragma unroll(RowUnroll <V>())
-    for (int r = 0; r < rows; ++r) {
-      float v[V];
-      LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
+      for (int r = rg; r < rows; r += groups) {
+        float v[V];
+        LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * (v[i] * v[i]);
+        for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * (v[i] * v[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        if (groups == 1) {
+          out[c + i] = acc[i];
+        } else {
+          partials[rg * D + c + i] = acc[i];
+        }
+      }
     }
-#pragma unroll
-    for (int i = 0; i < V; ++i) out[c + i] = acc[i];
+  }
+  if (groups > 1) {  // block-uniform
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += block) {
+      float s = 0.f;
+      for (int j = 0; j < groups; ++j) s += partials[j * D + c];
+      out[c] = s;
+    }
   }
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     float s = 0.f;
@@ -787,7 +820,7 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
   TOST_RETURN_IF_CUDA_ERROR((Launch<NormKernel, kReduceThreads>(
       {reduce_grid, reduce_block, sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec, chunks,
       D)));
-  const size_t stats_smem = sizeof(float) * plan.chunk_tokens * K;
+  const size_t stats_smem = sizeof(float) * (plan.chunk_tokens * K + kStatsPartialFloats);
   TOST_RETURN_IF_CUDA_ERROR((Launch<TssaStatsKernel<T, V>, kColumnThreads>(
       {grid, dim3(kColumnThreads), stats_smem, stream}, w, temp, ws.vec, ws.pi, ws.part, d.tokens,
       D, K, p, HeadGroup(p), plan.chunk_tokens, chunks)));
@@ -981,7 +1014,9 @@ Plan PlanTssa(const Dims& d) {
   Plan plan;
   if (d.tokens < 1) return plan;
   int64_t chunk = ChunkTokens(d.tokens);
-  while (chunk > 1 && sizeof(float) * chunk * d.heads > kSmemLimit) chunk /= 2;
+  while (chunk > 1 && sizeof(float) * (chunk * d.heads + kStatsPartialFloats) > kSmemLimit) {
+    chunk /= 2;
+  }
   plan.chunk_tokens = chunk;
   plan.chunks = CeilDiv(d.tokens, chunk);
   plan.workspace_bytes = LayoutTssa(d, plan.chunks).total;

@@ -376,8 +376,8 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
     const std::string device = "--device=" + args.placement.DeviceString();
     // Metrics and HTTP on (as deployed), on free ports.
-    std::vector<std::string> flags = {repo_flag,          "--host=127.0.0.1", "--port=0", slots,
-                                      device,             "--metrics_port=0", "--http_port=0"};
+    std::vector<std::string> flags = {repo_flag, "--host=127.0.0.1", "--port=0",     slots,
+                                      device,    "--metrics_port=0", "--http_port=0"};
     flags.insert(flags.end(), args.server_args.begin(), args.server_args.end());
     std::vector<char*> argv = {const_cast<char*>("tost_server")};
     for (std::string& f : flags) argv.push_back(f.data());

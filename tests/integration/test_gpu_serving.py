@@ -57,8 +57,10 @@ PROMPT = b"It is a truth universally acknowledged, that a single man in possessi
 
 
 def _server(key_file, *args):
+    # The classification tests send batches of up to 32 images in one request.
     return RunningServer(os.path.join(SOURCE_DIR, "models"),
-                         (f"--session_key_file={key_file}", "--batch_invariant_decode", *args))
+                         (f"--session_key_file={key_file}", "--batch_invariant_decode",
+                          "--max_images_per_request=32", "--max_batch_images=32", *args))
 
 
 @pytest.fixture(scope="module")

@@ -126,8 +126,9 @@ int Profile() {
                      at::randint(1, T - 1, {B}, cuda.dtype(at::kLong)), state);
   }
   Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::printf("tssa_gpu_bench --profile: tssa, tssa_causal and tssa_step once each, float32 and "
-              "bfloat16\n");
+  std::printf(
+      "tssa_gpu_bench --profile: tssa, tssa_causal and tssa_step once each, float32 and "
+      "bfloat16\n");
   return 0;
 }
 
