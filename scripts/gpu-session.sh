@@ -295,7 +295,7 @@ step_serving_test() {
     --target "$site" "$TOST_BUNDLE"/wheels/*.whl || return 1
   PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} TOST_SERVER_BIN=$TOST_BIN/tost_server \
     TOST_CLI_BIN=$TOST_BIN/tost_cli TOST_PROTO_CACHE_DIR=$TOST_SCRATCH/protos PYTHONUNBUFFERED=1 \
-    "$TOST_PY" -m pytest -v -p no:cacheprovider -o addopts= \
+    "$TOST_PY" -m pytest -v -rP -p no:cacheprovider -o addopts= \
     "$TOST_SOURCE_DIR/tests/integration/test_gpu_serving.py" --junitxml="$TOST_OUT/logs/serving_test.xml"
 }
 

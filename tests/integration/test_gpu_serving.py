@@ -53,6 +53,8 @@ else:
     pytestmark = pytest.mark.skipif(_NO_DEVICE, reason="no CUDA device")
 
 LM = "tost-austen"
+# fp32 top-2 logprob margins (nats) within which bf16 may pick the other token.
+BF16_TIE_NATS = 0.1
 PROMPT = b"It is a truth universally acknowledged, that a single man in possession of a good fortune"
 
 
@@ -137,15 +139,28 @@ def test_bf16_agrees_with_fp32(servers, proto_modules):
     fp32 = _probabilities(servers["cpu"][1].Classify(request, timeout=60))
     bf16 = _probabilities(servers["cuda_bf16"][1].Classify(request, timeout=60))
     assert (fp32.argmax(1) == bf16.argmax(1)).all()
-    # Teacher-forced on the fp32 greedy sequence: one token at a time from the fp32 prefix.
-    greedy, _, _ = _greedy(servers["cpu"][1], pb2, tokens=100, model=LM, prompt_bytes=PROMPT)
+    # Teacher-forced on the fp32 greedy sequence: one token at a time from the fp32 prefix. bf16
+    # keeps 8 significant bits of every weight and activation, so where fp32's two likeliest
+    # tokens are nearly tied either may come first: each disagreement must pick fp32's runner-up
+    # at a position whose fp32 top-2 margin is below BF16_TIE_NATS, and they stay rare.
+    greedy, fp32_top2, _ = _greedy(servers["cpu"][1], pb2, tokens=100, model=LM, prompt_bytes=PROMPT)
     prompt_ids = bpe.Tokenizer.load(os.path.join(SOURCE_DIR, "models", LM, "tokenizer.json")).encode(PROMPT)
-    agree = 0
+    disagreements, deviations = [], []
     for i, expected in enumerate(greedy):
-        ids, _, _ = _greedy(servers["cuda_bf16"][1], pb2, tokens=1, model=LM,
-                            prompt_tokens=pb2.TokenIds(ids=prompt_ids + greedy[:i]))
-        agree += ids == [expected]
-    assert agree >= 0.99 * len(greedy), f"{agree}/{len(greedy)}"
+        ids, bf16_top2, _ = _greedy(servers["cuda_bf16"][1], pb2, tokens=1, model=LM,
+                                    prompt_tokens=pb2.TokenIds(ids=prompt_ids + greedy[:i]))
+        (top_id, top_lp), (second_id, second_lp) = fp32_top2[i]
+        if ids == [expected]:
+            deviations.append(abs(bf16_top2[0][0][1] - top_lp))
+        else:
+            disagreements.append({"position": i, "bf16": ids[0], "fp32": top_id, "fp32_runner_up": second_id,
+                                  "fp32_margin": top_lp - second_lp})
+    print(f"bf16 vs fp32, teacher-forced over {len(greedy)} tokens: {len(disagreements)} disagreements "
+          f"{disagreements}; |logprob difference| of the agreed tokens: median {np.median(deviations):.4f}, "
+          f"max {max(deviations):.4f}")
+    assert len(disagreements) <= 0.05 * len(greedy), disagreements
+    for d in disagreements:
+        assert d["bf16"] == d["fp32_runner_up"] and d["fp32_margin"] < BF16_TIE_NATS, d
 
 
 def test_a_gpu_blob_continues_on_the_cpu(servers, proto_modules):
