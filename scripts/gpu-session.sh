@@ -21,18 +21,19 @@
 #               bundled binary resolves every library from the bundle, torch's folders and the
 #               libraries every image has alone (CI runs this: ctest gpu_bundle_dry_run).
 #
-# Steps, with their limits and the minutes expected on one H100 (16 cores):
-#   image            60 s  ~0.2  driver, device, nvcc, profilers, torch; library resolution
-#   gpu_tests       150 s  ~0.5  tost_gpu_tests (every CUDA kernel against the ATen reference)
-#   serve           120 s  ~0.7  tost_server --device=cuda at fp32 and bf16: models (decode mode),
-#                                a classification, a generation, /metrics
-#   serving_test    180 s  ~1.5  tests/integration/test_gpu_serving.py (CPU vs CUDA servers)
-#   kernel_bench     90 s  ~0.7  tssa_gpu_bench: the fused kernels vs ATen and the copy bandwidth
-#   classify_bench   60 s  ~0.4  VisionModel forward at batch 1/8/64, fp32 and bf16
-#   generation_bench 150 s ~1.5  decode at positions 100/4000; 1/64/256 streams, graphs and eager
-#   ncu              90 s  ~0.7  Nsight Compute on the stats, causal and step kernels
-#   sanitizers      200 s  ~1.5  compute-sanitizer memcheck, racecheck, synccheck, initcheck
-# about 7.7 minutes in all; --budget_s keeps the whole inside one 8-minute command.
+# Steps, with their limits and the seconds they took on one H100 (16 cores, 2026-11-26):
+#   image            60 s   13 s  driver, device, nvcc, profilers, torch; library resolution
+#   gpu_tests       150 s   16-21  tost_gpu_tests (every CUDA kernel against the ATen reference)
+#   serve           120 s   3-5   tost_server --device=cuda at fp32 and bf16: models (decode mode),
+#                                 a classification, a generation, /metrics
+#   serving_test    180 s   15-17 tests/integration/test_gpu_serving.py (CPU vs CUDA servers)
+#   kernel_bench     90 s   2     tssa_gpu_bench: the fused kernels vs ATen and the copy bandwidth
+#   classify_bench   60 s   11    VisionModel forward at batch 1/8/64, fp32 and bf16
+#   generation_bench 150 s  35    decode at positions 100/4000; 1/64/256 streams, graphs and eager
+#   ncu              90 s   8     Nsight Compute on the stats, causal and step kernels
+#   sanitizers      200 s   81    compute-sanitizer memcheck, racecheck, synccheck, initcheck
+# about 4.2 minutes in all with the unpacking; the limits add up to more, and --budget_s keeps the
+# whole inside one 8-minute command whatever hangs.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
