@@ -320,7 +320,7 @@ step_generation_bench() {
   for streams in 64 256; do
     for mode in graphs eager; do
       local extra=()
-      [[ $mode == eager ]] && extra=(--server_arg=--cuda_graphs=false)
+      [[ $mode == eager ]] && extra=(--eager)
       echo "== $streams streams, $mode"
       "$TOST_BIN/tost_generation_bench" --device="$TOST_DEVICE" --server_bin="$TOST_BIN/tost_server" \
         --sessions=$streams --json="$TOST_OUT/figures/generation_${streams}_$mode.json" "${extra[@]}" || status=1

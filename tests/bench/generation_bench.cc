@@ -272,7 +272,10 @@ void RunP4P5(const fs::path& repo, const tost::model::LanguageConfig& c, const A
       "\nP4 decode latency, one sequence (ms/token, median of %d interleaved rounds of %d steps)\n",
       rounds, args.steps);
   std::printf("  %-28s %10s %10s %8s\n", "model", "pos 100", "pos 4000", "ratio");
-  std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", "ToST (tssa_step)", t100, t4000,
+  const char* tost_label = !args.placement.cuda           ? "ToST (tssa_step)"
+                           : args.placement.decode_graphs ? "ToST (tssa_step, graphs)"
+                                                          : "ToST (tssa_step, eager)";
+  std::printf("  %-28s %10.3f %10.3f %8.3f   (target <= 1.1)\n", tost_label, t100, t4000,
               t4000 / t100);
   std::printf("  %-28s %10.3f %10.3f %8.3f\n", "KV-cache GPT (SDPA)", k100, k4000, k4000 / k100);
   std::printf(
@@ -517,6 +520,7 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
 
 int main(int argc, char** argv) {
   Args args;
+  bool eager = false;  // --eager: CUDA decode steps launched one by one, in P4 and in P6's server
   args.server_bin =
       (fs::path(argv[0]).parent_path() / ".." / ".." / "service" / "tost_server").string();
   for (int i = 1; i < argc; ++i) {
@@ -525,7 +529,7 @@ int main(int argc, char** argv) {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
-          "[--server_arg=FLAG ...]\n"
+          "[--server_arg=FLAG ...] [--eager]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -538,6 +542,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--steps=", 0) == 0) args.steps = std::stoi(a.substr(8));
     if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
+    if (a == "--eager") eager = true;
     if (a.rfind("--device=", 0) == 0) {
       auto spec = tost::model::ParseDeviceSpec(a.substr(9), "--device");
       auto placement = spec.ok() ? tost::model::ResolvePlacement(
@@ -566,6 +571,10 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+  }
+  if (eager) {  // after --device, which sets the placement
+    args.placement.decode_graphs = false;
+    args.server_args.push_back("--cuda_graphs=false");
   }
   if (args.quick) {
     args.sessions = 8;
