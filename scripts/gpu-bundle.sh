@@ -82,7 +82,7 @@ python=$(sed -n 's/^TOST_PYTHON=//p' "$build/deps.env")
 binaries=(
   service/tost_server client/tost_cli
   tests/kernels/gpu/tost_gpu_tests tests/kernels/gpu/tssa_gpu_bench
-  tests/bench/tost_classify_forward_bench tests/bench/tost_generation_bench
+  tests/bench/tost_classify_forward_bench tests/bench/tost_generation_bench tests/bench/tost_loadgen
 )
 for b in "${binaries[@]}"; do
   [[ -x $build/$b ]] || die "$build/$b is missing: build with CUDA on (make build CUDA=ON)"

@@ -32,6 +32,8 @@
 #   generation_bench 150 s  35    decode at positions 100/4000; 1/64/256 streams, graphs and eager
 #   ncu              90 s   8     Nsight Compute on the stats, causal and step kernels
 #   sanitizers      200 s   81    compute-sanitizer memcheck, racecheck, synccheck, initcheck
+#   p3              150 s   ?     tools/bench/p3_classify.py --quick: tost_server vs in-process vs
+#                                 a PyTorch-eager Python gRPC server, on the device
 # about 4.2 minutes in all with the unpacking; the limits add up to more, and --budget_s keeps the
 # whole inside one 8-minute command whatever hangs.
 set -uo pipefail
@@ -49,7 +51,7 @@ python=python3
 budget_s=450
 dry_run=0
 device=cuda
-all_steps=(image gpu_tests serve serving_test kernel_bench classify_bench generation_bench ncu sanitizers)
+all_steps=(image gpu_tests serve serving_test kernel_bench classify_bench generation_bench ncu sanitizers p3)
 steps=("${all_steps[@]}")
 while (($#)); do
   case $1 in
@@ -290,14 +292,31 @@ EOF2
   return $status
 }
 
+# The bundle's wheels (grpcio, grpcio-tools, protobuf at our pins) in a folder of their own, first
+# on PYTHONPATH for the Python steps: the image's own packages stay as they are.
+install_wheels() {
+  local site=$TOST_SCRATCH/site
+  [[ -f $site/.complete ]] && return 0
+  "$TOST_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "$TOST_BUNDLE"/wheels/*.whl && touch "$site/.complete"
+}
+
 step_serving_test() {
   local site=$TOST_SCRATCH/site
-  "$TOST_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" "$TOST_BUNDLE"/wheels/*.whl || return 1
+  install_wheels || return 1
   PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} TOST_SERVER_BIN=$TOST_BIN/tost_server \
     TOST_CLI_BIN=$TOST_BIN/tost_cli TOST_PROTO_CACHE_DIR=$TOST_SCRATCH/protos PYTHONUNBUFFERED=1 \
     "$TOST_PY" -m pytest -v -rP -p no:cacheprovider -o addopts= \
     "$TOST_SOURCE_DIR/tests/integration/test_gpu_serving.py" --junitxml="$TOST_OUT/logs/serving_test.xml"
+}
+
+# P3: classification through tost_server against the same forward in-process and against the
+# PyTorch-eager Python gRPC server a user would write, all on the device (tools/bench/p3_classify.py).
+step_p3() {
+  install_wheels || return 1
+  PYTHONPATH=$TOST_SCRATCH/site${PYTHONPATH:+:$PYTHONPATH} TOST_PROTO_CACHE_DIR=$TOST_SCRATCH/protos \
+    PYTHONUNBUFFERED=1 "$TOST_PY" "$TOST_SOURCE_DIR/tools/bench/p3_classify.py" --build-dir "$TOST_BIN" \
+    --device "$TOST_DEVICE" --quick --out "$TOST_OUT/figures/p3.json"
 }
 
 step_kernel_bench() {
@@ -358,7 +377,7 @@ step_sanitizers() {
   done
   return $status
 }
-export -f check_libraries start_server stop_server
+export -f check_libraries start_server stop_server install_wheels
 for s in "${all_steps[@]}"; do export -f "step_$s"; done
 
 # ---- run ---------------------------------------------------------------------------------------
@@ -379,6 +398,7 @@ for s in "${steps[@]}"; do
     generation_bench) run_step generation_bench 150 ;;
     ncu) run_step ncu 90 ;;
     sanitizers) run_step sanitizers 200 ;;
+    p3) run_step p3 150 ;;
   esac
 done
 log "done in $(($(date +%s) - start_epoch))s: $(awk -F'\t' '{printf "%s=%s ", $1, $2}' "$out/steps.tsv")"

@@ -25,11 +25,16 @@ import tost_protos  # noqa: E402
 
 
 def find_binary(build_dir: str, relative: str) -> str:
+    """`relative` under a CMake build directory, or its file name in a flat folder of binaries
+    (the bin/ of scripts/gpu-bundle.sh's bundle)."""
     path = os.path.join(build_dir, relative)
-    if not os.path.exists(path):
-        raise SystemExit(f"expected the built binary {path}; build it first "
-                         f"(cmake --build {build_dir} --target {os.path.basename(relative)})")
-    return path
+    if os.path.exists(path):
+        return path
+    flat = os.path.join(build_dir, os.path.basename(relative))
+    if os.path.exists(flat):
+        return flat
+    raise SystemExit(f"expected the built binary {path}; build it first "
+                     f"(cmake --build {build_dir} --target {os.path.basename(relative)})")
 
 
 def add_build_args(ap) -> None:

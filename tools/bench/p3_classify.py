@@ -16,7 +16,9 @@ Overhead: tost_server with calls of --overhead-batch images (one batched forward
 with 1 and 2 in flight) against tost_classify_forward_bench, the same VisionModel forward in a loop
 in-process, on the same cores, at that batch size.
 
-Writes one JSON file (--out) and prints a summary. --quick: short runs, fewer rates.
+Writes one JSON file (--out) and prints a summary. --quick: short runs, fewer rates. --device=cuda
+runs both servers and the in-process forward on the GPU; --build-dir may also be the flat bin/ of
+scripts/gpu-bundle.sh's bundle.
 """
 from __future__ import annotations
 
@@ -123,6 +125,8 @@ def main() -> None:
     ap.add_argument("--overhead-batch", type=int, default=8,
                     help="images per call for the overhead figure (tost_server's --max_batch_images)")
     ap.add_argument("--python-workers", type=int, default=4)
+    ap.add_argument("--device", default="cpu",
+                    help="where both servers and the in-process forward run: cpu or cuda[:N]")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="p3.json")
     args = ap.parse_args()
@@ -131,11 +135,12 @@ def main() -> None:
     model_name = os.path.basename(model_dir)
     result = {"target": "P3", "machine": benchlib.machine(), "model": model_name,
               "loadgen_cpu": args.loadgen_cpu, "server_cpus": cpus, "batch_size": args.batch_size,
-              "quick": args.quick}
+              "quick": args.quick, "device": args.device}
 
     # In-process: the server's VisionModel forward, same cores, one intra-op thread.
     bench = benchlib.find_binary(args.build_dir, "tests/bench/tost_classify_forward_bench")
     out = subprocess.run(["taskset", "-c", ",".join(map(str, cpus)), bench, f"--model_dir={model_dir}",
+                          f"--device={args.device}",
                           f"--batch_sizes=1,{args.overhead_batch}", f"--seconds={1 if args.quick else 5}"],
                          capture_output=True, text=True, check=True)
     result["in_process"] = json.loads(out.stdout)
@@ -145,7 +150,7 @@ def main() -> None:
     import tempfile
     only = tempfile.mkdtemp(prefix="p3_repo_")
     os.symlink(model_dir, os.path.join(only, model_name))
-    with benchlib.start_tost_server(args.build_dir, only, cpus=cpus) as server:
+    with benchlib.start_tost_server(args.build_dir, only, [f"--device={args.device}"], cpus=cpus) as server:
         result["tost_server_predictions"] = check_predictions(server.address, model_dir)
         result["tost_server"] = measure_server("tost_server", server.address, args.build_dir,
                                                args.loadgen_cpu, args.quick, args.batch_size)
@@ -168,7 +173,8 @@ def main() -> None:
     os.rmdir(only)
 
     py = benchlib.Process([sys.executable, PY_SERVER, f"--model-dir={model_dir}", "--port=0",
-                           f"--workers={args.python_workers}"], "python_classify_server", cpus=cpus)
+                           f"--workers={args.python_workers}", f"--device={args.device}"],
+                          "python_classify_server", cpus=cpus)
     with py:
         result["python_server_predictions"] = check_predictions(py.address, model_dir)
         result["python_server"] = measure_server("python_server", py.address, args.build_dir,

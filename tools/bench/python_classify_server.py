@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The classification server a user would write instead of tost_server: grpcio with a thread pool,
 the same tost.v1 Classify API, the same model and weights (models/<name>: config.json +
-model.safetensors, loaded by tools/tost_reference.py) run in PyTorch eager, one forward per request
+model.safetensors, loaded by tools/tost_reference.py) run in PyTorch eager (--device: the CPU or a
+CUDA GPU), one forward per request
 (no cross-request batching), probabilities by softmax, top-k labels.
 
 It also answers ListModels and ModelInfo for its one model, so tost_loadgen discovers the input
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--workers", type=int, default=4, help="gRPC thread pool size")
+    ap.add_argument("--device", default="cpu", help="where the model runs: cpu or cuda[:N]")
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="torch intra-op threads; 0: one per core this process may run on")
     args = ap.parse_args()
@@ -42,16 +44,18 @@ def main() -> None:
     pb2, pb2_grpc = benchlib.proto_modules()
     R = benchlib.reference()
     model, config = R.load_model(args.model_dir)
+    device = torch.device(args.device)
+    model = model.to(device)
     vision = config["vision"]
     name = config["name"]
     shape = (vision["in_chans"], vision["image_height"], vision["image_width"])
     labels = config.get("labels") or [str(i) for i in range(vision["num_classes"])]
     with torch.inference_mode():  # first call allocates; not part of any request
-        model(torch.zeros((1, *shape)))
+        model(torch.zeros((1, *shape), device=device))
 
     status = pb2.ModelStatus(name=name, version=config.get("version", ""), architecture="tost_vision",
                              ready=True, trained=bool(config.get("trained")), input_shape=list(shape),
-                             num_classes=vision["num_classes"], device="cpu", dtype="fp32")
+                             num_classes=vision["num_classes"], device=str(device), dtype="fp32")
 
     class Servicer(pb2_grpc.TostServicer):
         def Classify(self, request, context):
@@ -71,9 +75,9 @@ def main() -> None:
             if x.numel() != int(np.prod(dims)):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"tensor: {x.numel()} values for shape {dims}")
-            x = x.view(dims)
+            x = x.view(dims).to(device)
             with torch.inference_mode():
-                probs = torch.softmax(model(x), dim=-1)
+                probs = torch.softmax(model(x), dim=-1).cpu()
             k = min(max(request.top_k or 5, 1), probs.shape[1])
             top = torch.topk(probs, k, dim=-1)
             response = pb2.ClassifyResponse(model=name)
