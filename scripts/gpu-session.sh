@@ -32,9 +32,9 @@
 #   generation_bench 150 s  35    decode at positions 100/4000; 1/64/256 streams, graphs and eager
 #   ncu              90 s   8     Nsight Compute on the stats, causal and step kernels
 #   sanitizers      200 s   81    compute-sanitizer memcheck, racecheck, synccheck, initcheck
-#   p3              150 s   ?     tools/bench/p3_classify.py --quick: tost_server vs in-process vs
+#   p3              150 s   54    tools/bench/p3_classify.py --quick: tost_server vs in-process vs
 #                                 a PyTorch-eager Python gRPC server, on the device
-# about 4.2 minutes in all with the unpacking; the limits add up to more, and --budget_s keeps the
+# about 5.1 minutes in all with the unpacking; the limits add up to more, and --budget_s keeps the
 # whole inside one 8-minute command whatever hangs.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
