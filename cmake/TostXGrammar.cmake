@@ -18,9 +18,9 @@ endif()
 if(NOT TOST_XGRAMMAR_SOURCE_DIR)
   # A configure that does not go through the Makefile (a lent GPU machine's) may have no XGrammar
   # source: the target and its tests are left out, saying so.
-  message(STATUS "tost::xgrammar and tost_structured_tests are left out: TOST_XGRAMMAR_SOURCE_DIR is "
-                 "not set (scripts/install-deps.sh unpacks XGrammar; configure through the Makefile "
-                 "or pass -DTOST_XGRAMMAR_SOURCE_DIR=<dir>)")
+  message(STATUS "tost::xgrammar and tost_structured_tests are left out: "
+                 "TOST_XGRAMMAR_SOURCE_DIR is not set (scripts/install-deps.sh unpacks XGrammar; "
+                 "configure through the Makefile or pass -DTOST_XGRAMMAR_SOURCE_DIR=<dir>)")
   return()
 endif()
 
@@ -58,14 +58,15 @@ foreach(_file ${_tost_xgrammar_sources} ${TOST_XGRAMMAR_SOURCE_DIR}/include/xgra
         ${TOST_XGRAMMAR_SOURCE_DIR}/3rdparty/picojson/picojson.h
         ${TOST_XGRAMMAR_SOURCE_DIR}/3rdparty/dlpack/include/dlpack/dlpack.h)
   if(NOT EXISTS ${_file})
-    message(FATAL_ERROR "TOST_XGRAMMAR_SOURCE_DIR=${TOST_XGRAMMAR_SOURCE_DIR} is not XGrammar 0.2.8's "
-                        "source tree: expected ${_file}, which does not exist (run "
+    message(FATAL_ERROR "TOST_XGRAMMAR_SOURCE_DIR=${TOST_XGRAMMAR_SOURCE_DIR} is not XGrammar "
+                        "0.2.8's source tree: expected ${_file}, which does not exist (run "
                         "scripts/install-deps.sh and configure through the Makefile)")
   endif()
 endforeach()
 if(NOT EXISTS ${TOST_XGRAMMAR_SOURCE_DIR}/.complete)
-  message(FATAL_ERROR "${TOST_XGRAMMAR_SOURCE_DIR} has no .complete marker: scripts/install-deps.sh "
-                      "did not finish unpacking and patching it; run it again")
+  message(FATAL_ERROR "${TOST_XGRAMMAR_SOURCE_DIR} has no .complete marker: "
+                      "scripts/install-deps.sh did not finish unpacking and patching it; "
+                      "run it again")
 endif()
 message(STATUS "XGrammar from ${TOST_XGRAMMAR_SOURCE_DIR}")
 
