@@ -11,6 +11,8 @@ CTEST_SLOW ?= -LE slow
 TOST_PYTHON = $(shell sed -n 's/^TOST_PYTHON=//p' $(BUILD)/deps.env 2>/dev/null)
 # The small venv of the deploy validators (requirements-deploy.txt), for tests/deploy.
 TOST_DEPLOY_VENV = $(shell sed -n 's/^TOST_DEPLOY_VENV=//p' $(BUILD)/deps.env 2>/dev/null)
+# XGrammar's patched source tree (cmake/TostXGrammar.cmake compiles its C++ core).
+TOST_XGRAMMAR_SOURCE_DIR = $(shell sed -n 's/^TOST_XGRAMMAR_SOURCE_DIR=//p' $(BUILD)/deps.env 2>/dev/null)
 
 .PHONY: deps configure build run test test-unit clean help
 
@@ -23,7 +25,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DTOST_PYTHON=$(TOST_PYTHON) -DTOST_DEPLOY_VENV=$(TOST_DEPLOY_VENV) -DTOST_ENABLE_CUDA=$(CUDA) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DTOST_PYTHON=$(TOST_PYTHON) -DTOST_DEPLOY_VENV=$(TOST_DEPLOY_VENV) -DTOST_XGRAMMAR_SOURCE_DIR=$(TOST_XGRAMMAR_SOURCE_DIR) -DTOST_ENABLE_CUDA=$(CUDA) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $$(nproc)

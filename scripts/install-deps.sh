@@ -17,6 +17,10 @@
 #                     $TOST_DEPS_DIR/src/abseil_<version> (apt-get source; a deb-src entry for the
 #                     release is added to apt when apt has none): scripts/run-sanitizers.sh
 #                     compiles it with -fsanitize=thread, since Debian's libabsl is not instrumented.
+#   PyPI sources    : XGrammar's sdist (xgrammar==0.2.8, its sha256 pinned below), unpacked with
+#                     third_party/xgrammar/patches/*.patch applied into
+#                     $TOST_DEPS_DIR/src/xgrammar-<version>-<hash of the patches>, whose C++ core
+#                     cmake/TostXGrammar.cmake compiles (the structured-output grammars).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps_dir="${TOST_DEPS_DIR:-/opt/tost-deps}"
@@ -39,6 +43,7 @@ apt_packages=(
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
   redis-server  # the shared session store the store tests start on loopback
   libhiredis-dev  # the client of that store: connections, command encoding, reply parsing
+  patch  # third_party/xgrammar/patches, applied to XGrammar's source when it is unpacked
   patchelf  # scripts/gpu-bundle.sh: the bundled binaries find their libraries beside them ($ORIGIN)
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
@@ -103,6 +108,81 @@ SOURCES
   touch "$absl_src/.complete"
 fi
 
+# XGrammar's source distribution from PyPI (its C++ core; the Python package is not used). The
+# tarball is kept under $deps_dir/dist once its hash matched the pin; the unpacked, patched tree is
+# keyed by the patches' content, so editing, adding or removing a patch unpacks a fresh tree.
+xgrammar_version=0.2.8
+xgrammar_sha256=8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80
+shopt -s nullglob
+xgrammar_patches=("$here"/third_party/xgrammar/patches/*.patch)
+shopt -u nullglob
+xgrammar_patch_hash="$(for p in "${xgrammar_patches[@]}"; do
+  basename "$p"; sha256sum <"$p"; done | sha256sum | cut -c1-12)"
+xgrammar_src="$deps_dir/src/xgrammar-$xgrammar_version-$xgrammar_patch_hash"
+if [ ! -f "$xgrammar_src/.complete" ]; then
+  xgrammar_tarball="$deps_dir/dist/xgrammar-$xgrammar_version.tar.gz"
+  mkdir -p "$deps_dir/dist" "$deps_dir/src"
+  if [ ! -f "$xgrammar_tarball" ] ||
+    [ "$(sha256sum <"$xgrammar_tarball" | cut -d' ' -f1)" != "$xgrammar_sha256" ]; then
+    echo "install-deps: downloading the xgrammar $xgrammar_version sdist from PyPI"
+    # The release's JSON names the sdist's URL; a mirror that lacks the per-release endpoint
+    # still serves the project's JSON, which lists every release's files.
+    python3 - "$xgrammar_version" "$xgrammar_tarball.part" <<'PY'
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+version, out = sys.argv[1], sys.argv[2]
+
+
+def sdist_url():
+    release_api = f"https://pypi.org/pypi/xgrammar/{version}/json"
+    for api in (release_api, "https://pypi.org/pypi/xgrammar/json"):
+        try:
+            with urllib.request.urlopen(api, timeout=60) as response:
+                meta = json.load(response)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                continue
+            raise
+        files = meta["urls"] if api == release_api else meta["releases"].get(version, [])
+        for entry in files:
+            if entry["packagetype"] == "sdist":
+                return urllib.parse.urljoin(api, entry["url"])
+    sys.exit(f"install-deps: PyPI lists no sdist for xgrammar=={version} (expected a .tar.gz)")
+
+
+with urllib.request.urlopen(sdist_url(), timeout=300) as response, open(out, "wb") as f:
+    while chunk := response.read(1 << 20):
+        f.write(chunk)
+PY
+    received="$(sha256sum <"$xgrammar_tarball.part" | cut -d' ' -f1)"
+    if [ "$received" != "$xgrammar_sha256" ]; then
+      rm -f "$xgrammar_tarball.part"
+      echo "install-deps: the xgrammar $xgrammar_version sdist has sha256 $received," \
+        "expected $xgrammar_sha256 (pinned in scripts/install-deps.sh)" >&2
+      exit 1
+    fi
+    mv "$xgrammar_tarball.part" "$xgrammar_tarball"
+  fi
+  echo "install-deps: unpacking xgrammar $xgrammar_version with ${#xgrammar_patches[@]} patch(es) into $xgrammar_src"
+  tmp="$(mktemp -d "$deps_dir/src/.xgrammar.XXXXXX")"
+  tar -xzf "$xgrammar_tarball" -C "$tmp"
+  for p in "${xgrammar_patches[@]}"; do
+    if ! patch -d "$tmp/xgrammar-$xgrammar_version" -p1 --batch --forward --quiet <"$p"; then
+      rm -rf "$tmp"
+      echo "install-deps: $(basename "$p") does not apply to xgrammar $xgrammar_version's sdist" >&2
+      exit 1
+    fi
+  done
+  rm -rf "$xgrammar_src"
+  mv "$tmp/xgrammar-$xgrammar_version" "$xgrammar_src"
+  rm -rf "$tmp"
+  touch "$xgrammar_src/.complete"
+fi
+
 python_bin="${TOST_PYTHON:-$(command -v python3.11 || command -v python3)}"
 # make_venv PREFIX REQUIREMENTS [NOTE]: a venv at $deps_dir/PREFIX-<hash of REQUIREMENTS>, built
 # once (a .complete marker), so a fresh clone with the same pins reuses it; prints its path.
@@ -138,5 +218,6 @@ TOST_VENV=$venv
 TOST_PYTHON=$venv/bin/python
 TOST_TORCH_CMAKE_PREFIX=$torch_cmake
 TOST_DEPLOY_VENV=$deploy_venv
+TOST_XGRAMMAR_SOURCE_DIR=$xgrammar_src
 ENV
 echo "install-deps: ok (venv $venv)"
