@@ -26,8 +26,8 @@ struct GrammarCacheOptions {
   // 50k-token vocabulary is on the order of a megabyte or less, so 256 bounds the cache to a few
   // hundred megabytes at worst.
   int64_t max_entries = 256;
-  // How long Get waits for a compile before refusing with RESOURCE_EXHAUSTED. 0 never waits (the
-  // compile still runs, in the background).
+  // How long Get waits for a compile before refusing with RESOURCE_EXHAUSTED (the compile goes
+  // on in the background). 0 returns only a compile that is done by the time Get looks.
   int64_t max_compile_ms = 2000;
   // Compiles that ran past max_compile_ms and are still running; while this many are, a Get that
   // would start a compile is refused with RESOURCE_EXHAUSTED (a hit, or joining a compile already

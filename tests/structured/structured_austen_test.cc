@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <regex>
@@ -17,8 +18,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "model/config/config.h"
 #include "model/text/tokenizer.h"
@@ -464,36 +467,62 @@ TEST(StructuredCache, HitsMissesEvictsAndCounts) {
   EXPECT_EQ(stats.timeouts, 0);
 }
 
-// With max_compile_ms 0 the wait always times out: Get holds the cache's lock from starting the
-// compile's thread until it waits, and the thread needs the lock to record its result.
+// A compile function that blocks until told to go on, so a wait times out deterministically (no
+// timing assumption about how long a real compile takes); then the real compile.
+class GatedCompile {
+ public:
+  explicit GatedCompile(std::shared_ptr<GrammarVocabulary> vocabulary)
+      : vocabulary_(std::move(vocabulary)) {}
+
+  GrammarCache::CompileFunction Function() {
+    return [this](const Constraint& constraint) {
+      Gate(constraint.text).WaitForNotification();
+      compiles_.fetch_add(1);
+      return CompileConstraint(vocabulary_, constraint);
+    };
+  }
+  void Release(const Constraint& constraint) { Gate(constraint.text).Notify(); }
+  int compiles() const { return compiles_.load(); }
+
+ private:
+  absl::Notification& Gate(const std::string& text) {
+    absl::MutexLock lock(&mu_);
+    return gates_[text];
+  }
+
+  std::shared_ptr<GrammarVocabulary> vocabulary_;
+  absl::Mutex mu_;
+  std::map<std::string, absl::Notification> gates_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> compiles_{0};
+};
+
 TEST(StructuredCache, ACompilePastTheDeadlineIsRefusedAndFinishesInTheBackground) {
+  auto vocabulary = AustenVocabulary();
+  GatedCompile gated(vocabulary);
   GrammarCacheOptions options;
-  options.max_compile_ms = 0;
-  GrammarCache cache(AustenVocabulary(), options);
+  options.max_compile_ms = 1;
+  GrammarCache cache(vocabulary, options, gated.Function());
   auto timed_out = cache.Get(Numbered(7));
   EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(timed_out.status().message(),
               HasSubstr("compiling the json_schema constraint for model tost-austen took longer "
-                        "than 0 ms"));
+                        "than 1 ms"));
   EXPECT_EQ(cache.stats().timeouts, 1);
+  gated.Release(Numbered(7));
   cache.WaitForCompiles();
   auto hit = cache.Get(Numbered(7));  // the background compile filled the cache
   EXPECT_TRUE(hit.ok()) << hit.status();
   EXPECT_EQ(cache.stats().hits, 1);
+  EXPECT_EQ(gated.compiles(), 1);
 }
 
 TEST(StructuredCache, BackgroundCompilesAreBounded) {
   auto vocabulary = AustenVocabulary();
-  absl::Notification release;
-  int compiles = 0;  // read after WaitForCompiles
+  GatedCompile gated(vocabulary);
   GrammarCacheOptions options;
-  options.max_compile_ms = 0;
+  options.max_compile_ms = 1;
   options.max_background_compiles = 1;
-  GrammarCache cache(vocabulary, options, [&](const Constraint& constraint) {
-    release.WaitForNotification();
-    ++compiles;
-    return CompileConstraint(vocabulary, constraint);
-  });
+  GrammarCache cache(vocabulary, options, gated.Function());
   EXPECT_EQ(cache.Get(Numbered(1)).status().code(), absl::StatusCode::kResourceExhausted);
   // The first compile is blocked: a second constraint would be one background compile too many.
   auto refused = cache.Get(Numbered(2));
@@ -501,16 +530,17 @@ TEST(StructuredCache, BackgroundCompilesAreBounded) {
   EXPECT_THAT(refused.status().message(), HasSubstr("found 1 still running"));
   // The same constraint joins the compile in flight instead (and times out again).
   EXPECT_EQ(cache.Get(Numbered(1)).status().code(), absl::StatusCode::kResourceExhausted);
-  release.Notify();
+  gated.Release(Numbered(1));
   cache.WaitForCompiles();
-  EXPECT_EQ(compiles, 1);
+  EXPECT_EQ(gated.compiles(), 1);
   EXPECT_TRUE(cache.Get(Numbered(1)).ok());
-  // Room again: the second constraint's compile starts (and, at 0 ms, goes to the background).
+  // Room again: the second constraint's compile starts (and goes to the background).
   auto started = cache.Get(Numbered(2));
   EXPECT_EQ(started.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(started.status().message(), HasSubstr("took longer than 0 ms"));
+  EXPECT_THAT(started.status().message(), HasSubstr("took longer than 1 ms"));
+  gated.Release(Numbered(2));
   cache.WaitForCompiles();
-  EXPECT_EQ(compiles, 2);
+  EXPECT_EQ(gated.compiles(), 2);
   EXPECT_TRUE(cache.Get(Numbered(2)).ok());
   const GrammarCacheStats stats = cache.stats();
   EXPECT_EQ(stats.timeouts, 3);
@@ -521,13 +551,8 @@ TEST(StructuredCache, BackgroundCompilesAreBounded) {
 
 TEST(StructuredCache, ConcurrentGetsOfOneConstraintCompileItOnce) {
   auto vocabulary = AustenVocabulary();
-  absl::Notification release;
-  std::atomic<int> compiles{0};
-  GrammarCache cache(vocabulary, GrammarCacheOptions{}, [&](const Constraint& constraint) {
-    release.WaitForNotification();
-    ++compiles;
-    return CompileConstraint(vocabulary, constraint);
-  });
+  GatedCompile gated(vocabulary);
+  GrammarCache cache(vocabulary, GrammarCacheOptions{}, gated.Function());
   std::vector<std::thread> threads;
   std::vector<const CompiledConstraint*> got(4, nullptr);
   for (int i = 0; i < 4; ++i) {
@@ -538,9 +563,9 @@ TEST(StructuredCache, ConcurrentGetsOfOneConstraintCompileItOnce) {
   }
   // Every Get is waiting on the one compile once all four have missed.
   while (cache.stats().misses < 4) std::this_thread::yield();
-  release.Notify();
+  gated.Release(Numbered(42));
   for (std::thread& thread : threads) thread.join();
-  EXPECT_EQ(compiles.load(), 1);
+  EXPECT_EQ(gated.compiles(), 1);
   for (int i = 0; i < 4; ++i) {
     EXPECT_NE(got[i], nullptr);
     EXPECT_EQ(got[i], got[0]);
