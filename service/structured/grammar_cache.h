@@ -22,9 +22,9 @@
 namespace tost::structured {
 
 struct GrammarCacheOptions {
-  // Compiled constraints kept (least recently used evicted first). A compiled JSON schema over a
-  // 50k-token vocabulary is on the order of a megabyte or less, so 256 bounds the cache to a few
-  // hundred megabytes at worst.
+  // Compiled constraints kept (least recently used evicted first). An entry's size grows with the
+  // grammar and the vocabulary (XGrammar's CompiledGrammar::MemorySizeBytes says how much); the
+  // bound is on entries because a request's constraint is bounded in size (constraint.h).
   int64_t max_entries = 256;
   // How long Get waits for a compile before refusing with RESOURCE_EXHAUSTED (the compile goes
   // on in the background). 0 returns only a compile that is done by the time Get looks.
