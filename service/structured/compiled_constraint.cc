@@ -1,0 +1,74 @@
+#include "service/structured/compiled_constraint.h"
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tost::structured {
+namespace {
+
+constexpr char kAnyObjectSchema[] = R"({"type":"object","additionalProperties":true})";
+
+xgrammar::CompiledGrammar CompileSchema(xgrammar::GrammarCompiler& compiler,
+                                        const std::string& schema) {
+  return compiler.CompileJSONSchema(schema, /*any_whitespace=*/false, /*indent=*/std::nullopt,
+                                    /*separators=*/std::nullopt, /*strict_mode=*/true);
+}
+
+xgrammar::CompiledGrammar Compile(xgrammar::GrammarCompiler& compiler,
+                                  const Constraint& constraint) {
+  switch (constraint.kind) {
+    case Constraint::Kind::kJsonSchema:
+      return CompileSchema(compiler, constraint.text);
+    case Constraint::Kind::kJsonObject:
+      return CompileSchema(compiler, kAnyObjectSchema);
+    case Constraint::Kind::kRegex:
+      return compiler.CompileRegex(constraint.text);
+    case Constraint::Kind::kGrammar:
+      return compiler.CompileGrammar(constraint.text, "root");
+    case Constraint::Kind::kChoice:
+      return compiler.CompileGrammar(ChoiceGrammar(constraint), "root");
+  }
+  return compiler.CompileGrammar(ChoiceGrammar(constraint), "root");
+}
+
+}  // namespace
+
+std::string ChoiceGrammar(const Constraint& constraint) {
+  std::string ebnf = "root ::=";
+  for (size_t i = 0; i < constraint.choices.size(); ++i) {
+    ebnf += i == 0 ? " \"" : " | \"";
+    for (const char c : constraint.choices[i]) {
+      const auto byte = static_cast<uint8_t>(c);
+      if (c == '"' || c == '\\') {
+        ebnf += '\\';
+        ebnf += c;
+      } else if (byte < 0x20 || byte == 0x7F) {
+        ebnf += absl::StrFormat("\\u%04X", byte);
+      } else {
+        ebnf += c;  // printable ASCII, or UTF-8 (Validate checked it), which the parser decodes
+      }
+    }
+    ebnf += '"';
+  }
+  return ebnf;
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
+    const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint) {
+  if (absl::Status valid = Validate(constraint); !valid.ok()) return valid;
+  try {
+    return std::make_shared<const CompiledConstraint>(CompiledConstraint{
+        constraint.kind, Compile(vocabulary->compiler(), constraint), vocabulary});
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("constraint ", KindName(constraint.kind), " for model ",
+                     vocabulary->model_name(), ": the grammar compiler refused it: ", e.what()));
+  }
+}
+
+}  // namespace tost::structured

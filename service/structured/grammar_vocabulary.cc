@@ -1,0 +1,67 @@
+#include "service/structured/grammar_vocabulary.h"
+
+#include <exception>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace tost::structured {
+
+absl::StatusOr<std::shared_ptr<GrammarVocabulary>> GrammarVocabulary::Create(
+    const model::Tokenizer& tokenizer, int64_t model_vocab_size, std::string_view model_name,
+    const GrammarVocabularyOptions& options) {
+  const absl::string_view name(model_name.data(), model_name.size());
+  if (!tokenizer.encodes_text()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", name,
+                     ": structured output needs a text tokenizer (its tokens' bytes are what a "
+                     "grammar matches), but the model's tokenizer is \"",
+                     tokenizer.type(), "\""));
+  }
+  const int64_t tokenizer_vocab = tokenizer.vocab_size();
+  if (tokenizer_vocab <= 0 || model_vocab_size < tokenizer_vocab ||
+      model_vocab_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", name, ": expected a model vocabulary of at least the tokenizer's ",
+                     tokenizer_vocab, " ids (and below 2^31), received ", model_vocab_size));
+  }
+  const int64_t eos = tokenizer.eos_token_id();
+  if (eos < 0 || eos >= tokenizer_vocab) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", name, ": expected an end-of-text id below the tokenizer's ",
+                     tokenizer_vocab, " tokens (it ends a constrained output), received ", eos));
+  }
+  std::vector<std::string> vocab;
+  vocab.reserve(static_cast<size_t>(tokenizer_vocab));
+  // Raw bytes: XGrammar takes each entry as the token's exact byte string; an empty one (a special
+  // token) is never allowed, end-of-text aside, which is the stop token.
+  for (int64_t id = 0; id < tokenizer_vocab; ++id) {
+    vocab.push_back(tokenizer.TokenBytes(static_cast<int32_t>(id)));
+  }
+  try {
+    xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW,
+                                 static_cast<int>(model_vocab_size),
+                                 std::vector<int32_t>{static_cast<int32_t>(eos)});
+    return std::shared_ptr<GrammarVocabulary>(new GrammarVocabulary(
+        std::string(name), model_vocab_size, tokenizer_vocab, static_cast<int32_t>(eos),
+        std::move(info), options.compile_threads < 1 ? 1 : options.compile_threads));
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("model ", name, ": XGrammar refused the vocabulary: ", e.what()));
+  }
+}
+
+GrammarVocabulary::GrammarVocabulary(std::string model_name, int64_t model_vocab_size,
+                                     int64_t tokenizer_vocab_size, int32_t eos_token_id,
+                                     xgrammar::TokenizerInfo info, int compile_threads)
+    : model_name_(std::move(model_name)),
+      model_vocab_size_(model_vocab_size),
+      tokenizer_vocab_size_(tokenizer_vocab_size),
+      eos_token_id_(eos_token_id),
+      compiler_(info, compile_threads, /*cache_enabled=*/false) {}
+
+}  // namespace tost::structured

@@ -1,0 +1,115 @@
+// service/structured without a tokenizer: constraint checks and keys, ApplyMask.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "service/structured/compiled_constraint.h"
+#include "service/structured/constraint.h"
+#include "service/structured/constraint_matcher.h"
+
+namespace tost::structured {
+namespace {
+
+using ::testing::HasSubstr;
+
+Constraint Choice(std::vector<std::string> choices) {
+  return Constraint{Constraint::Kind::kChoice, "", std::move(choices)};
+}
+
+TEST(StructuredConstraint, ValidateAcceptsEachKind) {
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, R"({"type":"object"})", {}}).ok());
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonObject, "", {}}).ok());
+  EXPECT_TRUE(Validate({Constraint::Kind::kRegex, "[a-z]+", {}}).ok());
+  EXPECT_TRUE(Validate({Constraint::Kind::kGrammar, R"(root ::= "a")", {}}).ok());
+  EXPECT_TRUE(Validate(Choice({"yes", "no", "caf\xc3\xa9"})).ok());
+}
+
+TEST(StructuredConstraint, ValidateNamesTheFieldExpectedAndReceived) {
+  absl::Status empty_text = Validate({Constraint::Kind::kRegex, "", {}});
+  EXPECT_EQ(empty_text.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty_text.message(), HasSubstr("constraint text: expected a non-empty regex"));
+
+  absl::Status big =
+      Validate({Constraint::Kind::kJsonSchema, std::string(kMaxConstraintTextBytes + 1, ' '), {}});
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.message(), HasSubstr("at most 65536 bytes, received 65537"));
+
+  absl::Status none = Validate(Choice({}));
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.message(),
+              HasSubstr("constraint choices: expected 1 to 1024 choices, received 0"));
+
+  absl::Status too_many = Validate(Choice(std::vector<std::string>(kMaxChoices + 1, "x")));
+  EXPECT_THAT(too_many.message(), HasSubstr("received 1025"));
+
+  absl::Status empty_choice = Validate(Choice({"a", ""}));
+  EXPECT_EQ(empty_choice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty_choice.message(), HasSubstr("choices[1]: expected a non-empty string"));
+
+  absl::Status not_utf8 = Validate(Choice({"\xff"}));
+  EXPECT_THAT(not_utf8.message(), HasSubstr("choices[0]: expected UTF-8 text"));
+}
+
+TEST(StructuredConstraint, ContentKeysDifferExactlyWhenTheContentDoes) {
+  const std::vector<Constraint> distinct = {
+      Choice({"a", "b"}),
+      Choice({"a|b"}),
+      Choice({"ab"}),
+      Choice({"1:a"}),
+      Choice({"b", "a"}),
+      {Constraint::Kind::kRegex, "a", {}},
+      {Constraint::Kind::kGrammar, "a", {}},
+      {Constraint::Kind::kJsonSchema, "a", {}},
+      {Constraint::Kind::kJsonObject, "", {}},
+  };
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    for (size_t j = i + 1; j < distinct.size(); ++j) {
+      EXPECT_NE(ContentKey(distinct[i]), ContentKey(distinct[j])) << i << " vs " << j;
+    }
+  }
+  EXPECT_EQ(ContentKey(Choice({"a", "b"})), ContentKey(Choice({"a", "b"})));
+  // Fields a kind does not use do not split the cache.
+  EXPECT_EQ(ContentKey({Constraint::Kind::kJsonObject, "ignored", {"x"}}),
+            ContentKey({Constraint::Kind::kJsonObject, "", {}}));
+}
+
+TEST(StructuredConstraint, ChoiceGrammarEscapesLiterals) {
+  EXPECT_EQ(ChoiceGrammar(Choice({"yes", "no"})), R"(root ::= "yes" | "no")");
+  EXPECT_EQ(ChoiceGrammar(Choice({"say \"hi\"", "a\\b",
+                                  "x\ny\x01"
+                                  "1"})),
+            R"(root ::= "say \"hi\"" | "a\\b" | "x\u000Ay\u00011")");
+}
+
+TEST(StructuredApplyMask, SetsExactlyTheDisallowedIdsToMinusInfinity) {
+  constexpr int kLogits = 100;  // three full words and four ids of a fourth
+  const std::vector<uint32_t> words = {0xFFFFFFFFu, 0x00000000u, 0x80000001u, 0x0000000Au};
+  std::vector<float> logits(kLogits);
+  for (int i = 0; i < kLogits; ++i) logits[i] = static_cast<float>(i) * 0.5f;
+  ApplyMask(words, absl::MakeSpan(logits));
+  for (int i = 0; i < kLogits; ++i) {
+    const bool allowed = (words[i / 32] >> (i % 32)) & 1u;
+    if (allowed) {
+      EXPECT_EQ(logits[i], static_cast<float>(i) * 0.5f) << "id " << i;
+    } else {
+      EXPECT_TRUE(std::isinf(logits[i]) && logits[i] < 0) << "id " << i << ": " << logits[i];
+    }
+  }
+}
+
+TEST(StructuredApplyMask, IdsPastTheMaskAreDisallowed) {
+  const std::vector<uint32_t> words = {0xFFFFFFFFu};
+  std::vector<float> logits(40, 1.0f);
+  ApplyMask(words, absl::MakeSpan(logits));
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(logits[i], i < 32 ? 1.0f : -std::numeric_limits<float>::infinity()) << "id " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tost::structured
