@@ -14,7 +14,7 @@ import grpc
 import jsonschema
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, RunningServer, generator_status
 
 MODEL = "tost-austen"
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -198,3 +198,23 @@ def test_constraints_on_sessions_are_refused_and_leave_the_session_as_it_was(api
     expect_error(api, precondition, words, constraint, return_state=True)
     expect_error(api, precondition, words, constraint, state_every_tokens=4)
     stub.CloseSession(pb2.SessionRef(session_id=session))
+
+
+def test_batch_invariant_constrained_outputs_do_not_depend_on_their_neighbours(proto_modules):
+    """With --batch_invariant_decode a constrained generation gives the same tokens alone and among
+    other generations (constrained or not): its mask is its row's alone."""
+    pb2, pb2_grpc = proto_modules
+    schema = pb2.Constraint(json_schema=json.dumps(SCHEMAS["bounds"]))
+    with RunningServer(MODELS, ["--batch_invariant_decode"]) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        alone = [generate(api, schema, seed)[0] for seed in range(6)]
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            crowd = [pool.submit(generate, api, schema, seed) for seed in range(6)]
+            noise = [pool.submit(generate, api, None, seed, max_new_tokens=64) for seed in range(6)]
+            together = [f.result()[0] for f in crowd]
+            for f in noise:
+                f.result()
+        status = generator_status(api[1].ServerStatus(pb2.ServerStatusRequest()), MODEL)
+    assert status.max_decode_batch > 1, "the generations never shared a decode step"
+    assert together == alone
