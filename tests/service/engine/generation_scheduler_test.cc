@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/service/engine/fake_models.h"
 
@@ -315,6 +317,41 @@ TEST_F(SchedulerTest, AConstraintThatAdmitsNoTokenFinishesWithConstraint) {
   EXPECT_EQ(c.final->finish_reason, FinishReason::kConstraint);
   EXPECT_TRUE(c.tokens.empty());
   EXPECT_EQ(c.final->generated_tokens, 0);
+}
+
+// The real compiler (XGrammar, over the fake model's byte tokenizer) through the scheduler: sampled
+// outputs match the regex whole and end with end-of-text; bad constraints are refused before any
+// job exists.
+TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
+  ConstraintCompiler compiler(lm_);
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kRegex;
+  spec.text = "[a-c]{2}-[0-9]{2,3}";
+  auto first = compiler.Compile(spec);
+  if (!first.ok() && absl::StrContains(first.status().message(), "without XGrammar")) {
+    GTEST_SKIP() << first.status();
+  }
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto s = Make();
+  const std::regex whole("[a-c]{2}-[0-9]{2,3}");
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    auto constraint = compiler.Compile(spec);  // a cache hit: a fresh matcher
+    ASSERT_TRUE(constraint.ok()) << constraint.status();
+    GenerationRequest r = Request(*s, "Hello", 20, seed, /*temperature=*/1.f);
+    r.constraint = *std::move(constraint);
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    Collected c;
+    RunAll(*s, {{*job, &c}});
+    EXPECT_EQ(c.final->finish_reason, FinishReason::kEos) << "seed " << seed << ": " << c.text;
+    EXPECT_TRUE(std::regex_match(c.text, whole)) << "seed " << seed << ": " << c.text;
+  }
+  spec.text = "([a-";
+  EXPECT_EQ(compiler.Compile(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.text = "";
+  const absl::Status empty = compiler.Compile(spec).status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.message(), HasSubstr("constraint"));
 }
 
 TEST_F(SchedulerTest, AConstraintMaskOfAnotherWidthIsRefused) {
