@@ -52,6 +52,15 @@ ABSL_FLAG(bool, resume, false,
           "survive a broken stream: continue from the last state snapshot on any replica");
 ABSL_FLAG(int, state_every_tokens, 16,
           "with --resume: snapshot interval; at most this many tokens are generated again");
+ABSL_FLAG(std::string, json_schema, "",
+          "constrain the output to JSON valid under this schema: a file, or the schema itself when "
+          "it starts with '{'");
+ABSL_FLAG(std::string, regex, "",
+          "constrain the output to a string this regular expression matches");
+ABSL_FLAG(std::string, grammar, "",
+          "constrain the output to an XGrammar EBNF grammar (start rule root) read from this file");
+ABSL_FLAG(std::vector<std::string>, choice, {},
+          "constrain the output to exactly one of these strings");
 ABSL_FLAG(int, max_retries, 5, "with --resume: breaks in a row without a new snapshot, then fail");
 ABSL_FLAG(int, retry_backoff_ms, 100,
           "with --resume: wait before a continuation, doubled per break in a row (at most 2 s)");
@@ -541,6 +550,53 @@ absl::Status GenerateResumable(Tost::Stub& stub, tost::v1::GenerateRequest first
   }
 }
 
+// The constraint the flags ask for (at most one of --json_schema, --regex, --grammar, --choice),
+// into `req`; kExitUsage (with its one line printed) for a bad combination or an unreadable file.
+int SetConstraint(tost::v1::GenerateRequest& req) {
+  const std::string schema = absl::GetFlag(FLAGS_json_schema);
+  const std::string regex = absl::GetFlag(FLAGS_regex);
+  const std::string grammar = absl::GetFlag(FLAGS_grammar);
+  const std::vector<std::string> choices = absl::GetFlag(FLAGS_choice);
+  const int given = !schema.empty() + !regex.empty() + !grammar.empty() + !choices.empty();
+  if (given == 0) return kExitOk;
+  if (given > 1) {
+    std::cerr
+        << "tost_cli: give at most one of --json_schema, --regex, --grammar and --choice, got "
+        << given << "; see tost_cli generate --help\n";
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_resume)) {
+    std::cerr << "tost_cli: --resume cannot be combined with a constraint (a state snapshot does "
+                 "not carry it); see tost_cli generate --help\n";
+    return kExitUsage;
+  }
+  const auto read = [](const std::string& flag, const std::string& path, std::string* out) {
+    absl::StatusOr<std::string> text = tost::model::ReadFileToString(path);
+    if (!text.ok()) {
+      std::cerr << "tost_cli: --" << flag << ": cannot read \"" << path
+                << "\": " << text.status().message() << "; see tost_cli generate --help\n";
+      return false;
+    }
+    *out = *std::move(text);
+    return true;
+  };
+  tost::v1::Constraint& c = *req.mutable_constraint();
+  if (!schema.empty()) {
+    if (absl::StartsWith(absl::StripLeadingAsciiWhitespace(schema), "{")) {
+      c.set_json_schema(schema);
+    } else if (!read("json_schema", schema, c.mutable_json_schema())) {
+      return kExitUsage;
+    }
+  } else if (!regex.empty()) {
+    c.set_regex(regex);
+  } else if (!grammar.empty()) {
+    if (!read("grammar", grammar, c.mutable_grammar())) return kExitUsage;
+  } else {
+    for (const std::string& choice : choices) c.mutable_choice()->add_choices(choice);
+  }
+  return kExitOk;
+}
+
 int Generate(const Target& target) {
   tost::v1::GenerateRequest req;
   req.set_model(absl::GetFlag(FLAGS_model));
@@ -561,6 +617,7 @@ int Generate(const Target& target) {
     req.mutable_prompt_tokens()->add_ids(value);
   }
   if (!ids) req.set_prompt_bytes(absl::GetFlag(FLAGS_prompt));
+  if (int usage = SetConstraint(req); usage != kExitOk) return usage;
   req.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
   req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
@@ -645,6 +702,10 @@ std::vector<tost::cli::CommandSpec> Commands() {
         {"top_k", "K", "sampling: only the K likeliest tokens (0 = off; no effect when greedy)"},
         {"top_p", "P"},
         {"seed", "N"},
+        {"json_schema", "FILE_OR_JSON"},
+        {"regex", "REGEX"},
+        {"grammar", "FILE"},
+        {"choice", "A,B,..."},
         {"resume", "true|false"},
         {"state_every_tokens", "N"},
         {"max_retries", "N"},
@@ -654,7 +715,11 @@ std::vector<tost::cli::CommandSpec> Commands() {
        "FINISH_REASON_DRAINED) it continues from the last snapshot\nthrough --server on "
        "whichever replica answers (any replica with the same model and --session_key_file).\n"
        "Tokens are printed once a snapshot or the final message covers them: none twice, none "
-       "lost. Each break is\nreported on stderr."},
+       "lost. Each break is\nreported on stderr.\n"
+       "--json_schema, --regex, --grammar and --choice (at most one; not with --resume) constrain "
+       "the output: each token\nkeeps it a prefix of one the constraint accepts, and it ends "
+       "(FINISH_REASON_EOS) only once complete;\nFINISH_REASON_LENGTH means --max_new_tokens cut "
+       "it short (docs/api.md, Constrained generation)."},
   };
 }
 

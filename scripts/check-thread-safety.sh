@@ -16,7 +16,9 @@ dirs="service/engine and service/store"
 # tost::xgrammar out) the folder is not built, and not checked either.
 if [ -n "$xgrammar_dir" ]; then
   sources+=(service/structured/*.cc)
-  includes+=(-isystem "$xgrammar_dir/include" -isystem "$xgrammar_dir/3rdparty/dlpack/include")
+  # The engine's constraint compiler (service/engine/constraints.cc) uses it under this define.
+  includes+=(-isystem "$xgrammar_dir/include" -isystem "$xgrammar_dir/3rdparty/dlpack/include"
+             -DTOST_WITH_STRUCTURED=1)
   dirs="service/engine, service/store and service/structured"
 fi
 for f in "${sources[@]}"; do

@@ -128,6 +128,34 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
     nonfinite = FirstHit(at::isfinite(masked.narrow(1, 0, defined)).logical_not(), nonfinite);
   }
 
+  // Constrained rows (TokenDraw::allowed): the ids a row's bitmask leaves clear are -infinity from
+  // here on, after the check above (that -infinity is the constraint's, not an overflow). The
+  // words go up as one copy and are expanded to a bool mask on the device; the staged words live
+  // until the results come back, past their non-blocking copy.
+  at::Tensor staged_words;
+  if (std::any_of(draws.begin(), draws.end(),
+                  [](const TokenDraw& d) { return !d.allowed.empty(); })) {
+    const int64_t words = (vocab + 31) / 32;
+    staged_words =
+        at::empty({rows, words}, at::TensorOptions(at::kLong).pinned_memory(device.is_cuda()));
+    int64_t* w = staged_words.data_ptr<int64_t>();
+    for (int64_t b = 0; b < rows; ++b) {
+      const absl::Span<const uint32_t> allowed = draws[b].allowed;
+      for (int64_t j = 0; j < words; ++j, ++w) {
+        // Unconstrained rows allow every id; words past a row's span allow none (as DrawTokens).
+        *w = allowed.empty() ? int64_t{0xFFFFFFFF}
+                             : (j < static_cast<int64_t>(allowed.size()) ? int64_t{allowed[j]} : 0);
+      }
+    }
+    const at::Tensor bits = staged_words.to(device, /*non_blocking=*/true)
+                                .unsqueeze(2)
+                                .bitwise_right_shift(at::arange(32, longs))
+                                .bitwise_and(1)
+                                .view({rows, words * 32})
+                                .narrow(1, 0, vocab);
+    masked.masked_fill_(bits.eq(0), -std::numeric_limits<float>::infinity());
+  }
+
   // The repetition penalty, on a second copy: the alternatives report the raw logits.
   at::Tensor penalised = masked;
   if (pairs > 0) {

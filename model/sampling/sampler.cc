@@ -186,6 +186,21 @@ std::vector<std::pair<int32_t, float>> TopLogprobs(absl::Span<const float> logit
   return TopLogprobsGiven(logits, n, LogPartition(logits));
 }
 
+void MaskDisallowed(absl::Span<const uint32_t> allowed, absl::Span<float> logits) {
+  if (allowed.empty()) return;
+  constexpr float kForbidden = -std::numeric_limits<float>::infinity();
+  const size_t n = logits.size();
+  for (size_t w = 0; w < allowed.size() && 32 * w < n; ++w) {
+    const uint32_t word = allowed[w];
+    if (word == 0xFFFFFFFFu) continue;  // whole words of allowed ids are common: skip them
+    const size_t end = std::min(n, 32 * w + 32);
+    for (size_t i = 32 * w; i < end; ++i) {
+      if (((word >> (i - 32 * w)) & 1u) == 0) logits[i] = kForbidden;
+    }
+  }
+  for (size_t i = 32 * allowed.size(); i < n; ++i) logits[i] = kForbidden;
+}
+
 std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
                                    absl::Span<const TokenDraw> draws) {
   std::vector<DrawnToken> out(draws.size());
@@ -207,6 +222,8 @@ std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defin
     }
     if (d.nonfinite_id >= 0) continue;
     const TokenDraw& draw = draws[b];
+    // After the check above: a forbidden id's -infinity is the constraint's, not an overflow.
+    MaskDisallowed(draw.allowed, absl::MakeSpan(row));
     d.id = SampleToken(row, draw.params, draw.position, draw.recent);
     if (!draw.wants_logprob()) continue;
     const double log_z = LogPartition(row);

@@ -56,9 +56,19 @@ struct TokenDraw {
   int32_t top_logprobs = 0;          // alternatives to report, most likely first
   // Report the drawn token's own logprob (DrawnToken::logprob); top_logprobs > 0 implies it.
   bool logprobs = false;
+  // Constrained generation: bit i of word i/32 set means id i may be drawn; ids whose bit is clear,
+  // and ids past the words' 32 * size() bits, get a logit of -infinity before anything else (the
+  // repetition penalty, the draw, and the logprobs, which are then those of the constrained
+  // distribution: a forbidden alternative's is -infinity). Empty: unconstrained. The caller keeps
+  // at least one defined id allowed (a row that allows none draws garbage).
+  absl::Span<const uint32_t> allowed = {};
 
   bool wants_logprob() const { return logprobs || top_logprobs > 0; }
 };
+
+// Sets logits[i] to -infinity for every id `allowed` does not allow (TokenDraw::allowed); an empty
+// `allowed` leaves the logits as they are.
+void MaskDisallowed(absl::Span<const uint32_t> allowed, absl::Span<float> logits);
 
 // What comes back of one row: all a step needs to leave the device.
 struct DrawnToken {

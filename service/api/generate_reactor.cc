@@ -137,6 +137,12 @@ absl::Status GenerateReactor::Admit() {
   TOST_ASSIGN_OR_RETURN(owner_, auth_.Identify(*context_));
   const std::string& owner = owner_;
   const tost::v1::GenerateRequest& request = request_;
+  // Before a session is checked out: a refused constraint leaves it untouched.
+  TOST_RETURN_IF_ERROR(CheckConstraintUse(request));
+  std::optional<ConstraintSpec> constraint;
+  if (request.has_constraint()) {
+    TOST_ASSIGN_OR_RETURN(constraint, ConstraintFromProto(request.constraint()));
+  }
   TOST_ASSIGN_OR_RETURN(GenerationSource source,
                         ResolveGenerationSource(engine_, owner, request.model(),
                                                 request.session_id(), request.state()));
@@ -154,6 +160,12 @@ absl::Status GenerateReactor::Admit() {
       GenerationRequest job_request,
       BuildGenerationRequest(input, *scheduler,
                              fresh ? std::nullopt : std::make_optional(std::move(state)), limits_));
+  if (constraint.has_value()) {
+    // On this (the request's) thread, with a place held: a compile waits at most the engine's
+    // max_compile_ms, and never on the scheduler's thread.
+    TOST_ASSIGN_OR_RETURN(job_request.constraint,
+                          engine_.CompileConstraint(model_name_, *constraint));
+  }
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);

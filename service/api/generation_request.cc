@@ -1,5 +1,6 @@
 #include "service/api/generation_request.h"
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace tost::service {
@@ -18,6 +19,8 @@ tost::v1::FinishReason ToProto(FinishReason r) {
       return tost::v1::FINISH_REASON_CONTEXT;
     case FinishReason::kDrained:
       return tost::v1::FINISH_REASON_DRAINED;
+    case FinishReason::kConstraint:
+      return tost::v1::FINISH_REASON_CONSTRAINT;
   }
   return tost::v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -64,6 +67,59 @@ absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::Generat
   in.logprobs = req.logprobs();
   in.snapshot_every = req.state_every_tokens();
   return in;
+}
+
+absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& constraint) {
+  ConstraintSpec spec;
+  switch (constraint.kind_case()) {
+    case tost::v1::Constraint::kJsonSchema:
+      spec.kind = ConstraintSpec::Kind::kJsonSchema;
+      spec.text = constraint.json_schema();
+      break;
+    case tost::v1::Constraint::kJsonObject:
+      if (!constraint.json_object()) {
+        return absl::InvalidArgumentError(
+            "constraint.json_object: expected true (any JSON object), got false; leave "
+            "`constraint` unset for unconstrained output");
+      }
+      spec.kind = ConstraintSpec::Kind::kJsonObject;
+      break;
+    case tost::v1::Constraint::kRegex:
+      spec.kind = ConstraintSpec::Kind::kRegex;
+      spec.text = constraint.regex();
+      break;
+    case tost::v1::Constraint::kGrammar:
+      spec.kind = ConstraintSpec::Kind::kGrammar;
+      spec.text = constraint.grammar();
+      break;
+    case tost::v1::Constraint::kChoice:
+      spec.kind = ConstraintSpec::Kind::kChoice;
+      spec.choices.assign(constraint.choice().choices().begin(),
+                          constraint.choice().choices().end());
+      break;
+    case tost::v1::Constraint::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "constraint: expected one of json_schema, json_object, regex, grammar or choice, got "
+          "none");
+  }
+  return spec;
+}
+
+absl::Status CheckConstraintUse(const tost::v1::GenerateRequest& req) {
+  if (!req.has_constraint()) return absl::OkStatus();
+  if (!req.session_id().empty() || !req.state().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "constraint: constraints on sessions are not supported yet; the request continues ",
+        req.session_id().empty() ? "a state blob (state)" : "a session (session_id)",
+        ": send a constrained generation as a one-shot call"));
+  }
+  if (req.return_state() || req.state_every_tokens() > 0) {
+    return absl::FailedPreconditionError(
+        "constraint: constraints on sessions are not supported yet: return_state and "
+        "state_every_tokens cannot be combined with a constraint (a state blob does not carry "
+        "it)");
+  }
+  return absl::OkStatus();
 }
 
 void FillSessionInfo(const std::string& id, const GenerationState& st,

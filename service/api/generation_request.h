@@ -13,6 +13,7 @@
 #include "model/text/tokenizer.h"
 #include "service/api/generation_input.h"
 #include "service/api/request_input.h"
+#include "service/engine/constraints.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/generation_state.h"
 #include "tost/v1/tost.pb.h"
@@ -35,6 +36,16 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st
 // more stop strings or ids than a state may hold (CheckStopCounts) before copying any; called once
 // the request holds a place in the scheduler, like the rest of BuildGenerationRequest's checks.
 absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::GenerateRequest& req);
+
+// The request's constraint (GenerateRequest.constraint) as the engine's ConstraintSpec:
+// INVALID_ARGUMENT naming the field when no kind is set or json_object is false. Its contents
+// are the compiler's to check (Engine::CompileConstraint).
+absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& constraint);
+
+// FAILED_PRECONDITION when `req` sets a constraint with what it cannot be combined with yet: a
+// session or a state blob to continue, return_state or state_every_tokens (a state blob does not
+// carry the constraint, so continuing one would go on unconstrained). OK without a constraint.
+absl::Status CheckConstraintUse(const tost::v1::GenerateRequest& req);
 
 void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info);
 

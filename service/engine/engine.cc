@@ -60,6 +60,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
                                 PrefixCacheBinding{&engine->prefix_cache_, m.weights_sha256}));
       if (options.start_threads) scheduler->Start();
       engine->schedulers_[m.name] = std::move(scheduler);
+      engine->constraints_[m.name] =
+          std::make_unique<ConstraintCompiler>(*m.generator, options.constraints);
     } else {
       DynamicBatcherOptions batching = options.batching;
       batching.model_name = m.name;
@@ -115,6 +117,12 @@ absl::StatusOr<ServedClassifier> Engine::Classifier(const std::string& name) con
                                                    " model; Classify needs a tost_vision model"));
   }
   return ServedClassifier(m->classifier, batchers_.at(name).get());
+}
+
+absl::StatusOr<std::unique_ptr<TokenConstraint>> Engine::CompileConstraint(
+    const std::string& name, const ConstraintSpec& spec) const {
+  TOST_RETURN_IF_ERROR(Scheduler(name).status());
+  return constraints_.at(name)->Compile(spec);
 }
 
 absl::StatusOr<GenerationScheduler*> Engine::Scheduler(const std::string& name) const {

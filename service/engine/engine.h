@@ -64,6 +64,8 @@ struct EngineOptions {
       prefix_cache_tier;
   // One cache for all language models (its byte bound is shared); every key names its model.
   PrefixCacheOptions prefix_cache;
+  // Per language model: the compiled-constraint cache and its compile-time bound.
+  ConstraintCompilerOptions constraints;
   // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
   bool start_threads = true;
 };
@@ -147,6 +149,12 @@ class Engine {
   };
   absl::StatusOr<ServedGenerator> Generator(const std::string& name) const;
 
+  // A fresh per-sequence constraint for a generation on language model `name`, compiled (or found
+  // in the model's cache) on the calling thread: errors as ConstraintCompiler::Compile's, and
+  // Generator()'s for the name.
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> CompileConstraint(
+      const std::string& name, const ConstraintSpec& spec) const;
+
   SessionStore& sessions() { return *sessions_; }
   PrefixStateCache& prefix_cache() { return prefix_cache_; }
   const SessionCodec& codec() const { return codec_; }
@@ -179,6 +187,7 @@ class Engine {
   PrefixStateCache prefix_cache_;
   std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
   std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
+  std::map<std::string, std::unique_ptr<ConstraintCompiler>> constraints_;
   std::unique_ptr<SessionStore> sessions_;
   std::atomic<bool> draining_{false};
 };

@@ -1,6 +1,7 @@
 #include "service/engine/generation_scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -34,6 +35,8 @@ const char* FinishReasonName(FinishReason r) {
       return "context";
     case FinishReason::kDrained:
       return "drained";
+    case FinishReason::kConstraint:
+      return "constraint";
   }
   return "?";
 }
@@ -154,6 +157,9 @@ struct GenerationScheduler::Job {
   // The row could not be copied back: what this call did to the statistics is lost, so it ends
   // as if it had not run (`before`).
   bool row_lost = false;
+
+  // request.constraint's bitmask of the tokens the next draw allows (filled before each step).
+  std::vector<uint32_t> allowed;
 };
 
 void GenerationJob::Cancel() {
@@ -377,6 +383,12 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
                        " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
+  if (request.constraint != nullptr &&
+      request.constraint->bitmask_words() != (c.vocab_size + 31) / 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", name, ": the constraint's token mask has ", request.constraint->bitmask_words(),
+        " words; the model's ", c.vocab_size, " logits need ", (c.vocab_size + 31) / 32));
+  }
   auto job = std::make_unique<Job>(doorbell_, owner_);
   job->before = st;
   std::vector<int32_t> feed;
@@ -578,6 +590,19 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
     return false;
   }
   const int32_t token = drawn.id;
+  if (TokenConstraint* constraint = job.request.constraint.get(); constraint != nullptr) {
+    // The draw saw the mask, so the constraint allows the token; a refusal is a broken invariant.
+    if (absl::Status accepted = constraint->Accept(token); !accepted.ok()) {
+      FinishActive(job, FinishReason::kCancelled,
+                   absl::InternalError(absl::StrCat(
+                       "model ", model_.config().name, ": drew token ", token, " at position ",
+                       position, " that its constraint refuses: ", accepted.message())));
+      return false;
+    }
+    // Alternatives the constraint forbids have a logprob of -infinity: not worth reporting.
+    std::erase_if(drawn.top_logprobs,
+                  [](const std::pair<int32_t, float>& alt) { return std::isinf(alt.second); });
+  }
   st.pending_token = token;
   if (job.cache_scope.has_value()) {
     job.history.push_back(token);
@@ -602,7 +627,9 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
                        st.stop_token_ids.end();
   if (out.stop_matched || stop_id) {
     FinishActive(job, FinishReason::kStop);
-  } else if (token == c.eos_token_id) {
+  } else if (token == c.eos_token_id ||
+             (job.request.constraint != nullptr && job.request.constraint->Ended())) {
+    // A constraint ends with end-of-text (its tokenizer's; the model's config names the same).
     FinishActive(job, FinishReason::kEos);
   } else if (job.generated >= job.request.max_new_tokens) {
     FinishActive(job, FinishReason::kLength);
@@ -754,6 +781,17 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
       FinishActive(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
       continue;
     }
+    if (TokenConstraint* constraint = job->request.constraint.get(); constraint != nullptr) {
+      // Here, before the step: a row whose constraint admits nothing is not decoded at all (its
+      // draw would pick from nothing but -infinity).
+      job->allowed.resize(static_cast<size_t>(constraint->bitmask_words()));
+      constraint->FillAllowed(absl::MakeSpan(job->allowed));
+      if (std::all_of(job->allowed.begin(), job->allowed.end(),
+                      [](uint32_t word) { return word == 0; })) {
+        FinishActive(*job, FinishReason::kConstraint);
+        continue;
+      }
+    }
     out.jobs.push_back(job.get());
   }
   if (out.jobs.empty()) return out;
@@ -772,6 +810,7 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
     // The new token sits one past the fed one: its draw is numbered by that position.
     draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
                 out.jobs[i]->request.top_logprobs, out.jobs[i]->request.logprobs};
+    if (out.jobs[i]->request.constraint != nullptr) draws[i].allowed = out.jobs[i]->allowed;
   }
   out.drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
   if (!out.drawn.ok()) {

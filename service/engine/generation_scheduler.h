@@ -36,13 +36,16 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "service/engine/clock.h"
+#include "service/engine/constraints.h"
 #include "service/engine/generation_state.h"
 #include "service/engine/model_interface.h"
 #include "service/engine/prefix_cache.h"
 
 namespace tost::service {
 
-enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kDrained };
+// kConstraint: the job's constraint admitted no token at all (its grammar cannot go on from the
+// output so far with any token of the vocabulary); the output is cut short there.
+enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kDrained, kConstraint };
 const char* FinishReasonName(FinishReason r);
 
 struct TokenEvent {
@@ -99,6 +102,12 @@ struct GenerationRequest {
   // creates are its own; kAnonymousCaller when authentication is off (one shared scope).
   std::string owner;
   PrefixCacheUse prefix_cache = PrefixCacheUse::kLookupAndInsert;
+  // Constrained generation (null: none): before each draw the job's row may draw only the tokens
+  // it allows (end-of-text only where the output may end), and it is told each drawn token. Its
+  // bitmask must cover the model's logits (Submit checks). Reported logprobs are those of the
+  // constrained distribution, and alternatives it forbids are left out of top_logprobs. Built on
+  // the submitting thread (ConstraintCompiler); only the scheduler's thread steps it after.
+  std::unique_ptr<TokenConstraint> constraint;
 };
 
 class GenerationJob {

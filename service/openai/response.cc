@@ -55,6 +55,7 @@ const char* FinishReasonString(FinishReason reason) {
   switch (reason) {
     case FinishReason::kEos:
     case FinishReason::kStop:
+    case FinishReason::kConstraint:  // not reachable here (no constraints on this API): "stop"
       return "stop";
     case FinishReason::kLength:
     case FinishReason::kContext:

@@ -22,7 +22,8 @@ COMMAND_FLAGS = {
     "models": ["server", "timeout_s"],
     "classify": ["server", "timeout_s", "model", "image", "input", "top_k", "membership_png"],
     "generate": ["server", "timeout_s", "model", "prompt", "prompt_tokens", "max_new_tokens", "temperature", "top_k",
-                 "top_p", "seed", "resume", "state_every_tokens", "max_retries", "retry_backoff_ms"],
+                 "top_p", "seed", "json_schema", "regex", "grammar", "choice", "resume", "state_every_tokens",
+                 "max_retries", "retry_backoff_ms"],
 }
 # A flag line: "  --name=VALUE   meaning (default: X)".
 FLAG_LINE = re.compile(r"^  --(\w+)=\S+\s+(\S.*) \(default: ([^)]*)\)$")

@@ -149,6 +149,54 @@ TEST(DeviceSampler, TheLogitsAreLeftAsTheyWere) {
   EXPECT_TRUE(at::equal(t, before));
 }
 
+// Constrained rows (TokenDraw::allowed) beside unconstrained ones: the device draws what the host
+// draws, never a forbidden id, and reports the logprobs of the constrained distribution.
+TEST(DeviceSampler, ConstrainedRowsDrawOnlyAllowedIdsAsTheHostDoes) {
+  std::mt19937 rng(20261126);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  int64_t constrained_rows = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 5);
+    const int64_t vocab = std::vector<int64_t>{3, 33, 64, 257}[rng() % 4];
+    const int64_t defined = rng() % 3 == 0 ? std::max<int64_t>(1, vocab - 2) : vocab;
+    std::vector<float> logits(static_cast<size_t>(rows * vocab));
+    for (float& l : logits) l = normal(rng);
+    std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(rows));
+    std::vector<TokenDraw> draws(static_cast<size_t>(rows));
+    for (int64_t b = 0; b < rows; ++b) {
+      SamplingParams p;
+      p.temperature = std::vector<float>{0.f, 0.7f, 1.f}[rng() % 3];
+      p.top_k = std::vector<int32_t>{0, 2, 50}[rng() % 3];
+      p.top_p = rng() % 2 == 0 ? 1.f : 0.8f;
+      p.seed = rng();
+      const int32_t top_logprobs = std::vector<int32_t>{0, 1, 5}[rng() % 3];
+      draws[b] = {p, rng() % 100000, {}, top_logprobs, rng() % 2 == 0};
+      if (rng() % 4 == 0) continue;  // unconstrained
+      // Some words left off the end (ids past them are forbidden), some ids allowed.
+      const int64_t words = (vocab + 31) / 32 - (vocab > 32 && rng() % 3 == 0 ? 1 : 0);
+      masks[b].assign(static_cast<size_t>(words), 0);
+      for (int64_t i = 0; i < 32 * words; ++i) {
+        if (rng() % 3 == 0) masks[b][i / 32] |= 1u << (i % 32);
+      }
+      masks[b][0] |= 1u;  // id 0 is always defined: at least one id may be drawn
+      draws[b].allowed = masks[b];
+      ++constrained_rows;
+    }
+    const auto where = absl::StrCat("trial ", trial, " (", rows, "x", vocab, ")");
+    const std::vector<DrawnToken> host = DrawTokens(logits, defined, draws);
+    const std::vector<DrawnToken> device =
+        DrawTokensOnDevice(AsTensor(logits, rows), defined, draws);
+    ExpectSameDraws(host, device, where);
+    for (int64_t b = 0; b < rows; ++b) {
+      if (masks[b].empty()) continue;
+      const int32_t id = device[b].id;
+      ASSERT_LT(id / 32, static_cast<int32_t>(masks[b].size())) << where << " row " << b;
+      EXPECT_TRUE((masks[b][id / 32] >> (id % 32)) & 1u) << where << " row " << b << " drew " << id;
+    }
+  }
+  EXPECT_GT(constrained_rows, 200);
+}
+
 TEST(DeviceSampler, ALogitsShapeThatDoesNotMatchTheDrawsIsRefused) {
   const std::vector<TokenDraw> draws(3);
   EXPECT_THROW((void)DrawTokensOnDevice(at::zeros({2, 5}), 5, draws), c10::Error);

@@ -256,7 +256,8 @@ TEST_F(ParityTest, PaddedDecodeStepsMatchUnpaddedOnesBitForBit) {
 
 // A GPU model draws each step's tokens where its logits are (device_sampler.h). Forced on the
 // CPU, that path must draw exactly what the host draw gives, step after step, for greedy rows,
-// sampled rows with every cut, penalties and alternatives, in one batch.
+// sampled rows with every cut, penalties and alternatives, constrained rows beside unconstrained
+// ones, in one batch.
 TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
   Placement on_device;
   on_device.draw_on_device = true;
@@ -281,17 +282,28 @@ TEST_F(ParityTest, DrawingOnTheDeviceGivesTheHostDrawsTokens) {
   const std::vector<int64_t> rows = {0, 1, 2, 3};
   std::vector<int64_t> positions(4, 0);
   std::vector<std::vector<int32_t>> recent(4);
+  // Constrained generation's masks (TokenDraw::allowed) on rows 1 and 3: even ids, and ids 40-70.
+  const int64_t vocab = host->config().language.vocab_size;
+  std::vector<std::vector<uint32_t>> allowed(4);
+  allowed[1].assign(static_cast<size_t>((vocab + 31) / 32), 0x55555555u);
+  allowed[3].assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+  for (int32_t id = 40; id <= 70; ++id) allowed[3][id / 32] |= 1u << (id % 32);
+  const auto allows = [&](size_t b, int32_t id) {
+    return allowed[b].empty() || ((allowed[b][id / 32] >> (id % 32)) & 1u) != 0;
+  };
   for (int step = 0; step < 24; ++step) {
     std::vector<TokenDraw> draws;
     for (size_t b = 0; b < 4; ++b) {
       draws.push_back(
           {params[b], static_cast<uint64_t>(positions[b] + 1), recent[b], static_cast<int32_t>(b)});
+      draws.back().allowed = allowed[b];
     }
     auto want = host->StepAndDraw(tokens, **host_pool, rows, positions, draws);
     auto got = device->StepAndDraw(tokens, **device_pool, rows, positions, draws);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     for (size_t b = 0; b < 4; ++b) {
       ASSERT_EQ((*want)[b].id, (*got)[b].id) << "step " << step << " row " << b;
+      EXPECT_TRUE(allows(b, (*got)[b].id)) << "step " << step << " row " << b;
       ASSERT_EQ((*want)[b].top_logprobs.size(), b);
       ASSERT_EQ((*got)[b].top_logprobs.size(), b);
       for (size_t j = 0; j < b; ++j) {

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -14,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/service/engine/fake_models.h"
 
@@ -199,6 +202,165 @@ TEST_F(SchedulerTest, GeneratesWithConsecutivePositionsAndFinishReasons) {
   EXPECT_EQ(c.final->snapshot.sequence.position, 16);  // 5 prompt + 12 new, the last one pending
   EXPECT_EQ(c.final->snapshot.pending_token, c.tokens.back());
   EXPECT_EQ(c.final->snapshot.generated_tokens, 12);
+}
+
+// A constraint over the fake model's byte tokens: `digits` ASCII digits, then only end-of-text
+// (vocab_words: the mask's width; admit_nothing: a grammar stuck with no token it allows). It
+// checks that every token it is told of is one it allowed.
+class DigitsConstraint final : public TokenConstraint {
+ public:
+  DigitsConstraint(int32_t digits, int64_t vocab_words = (260 + 31) / 32,
+                   bool admit_nothing = false)
+      : digits_(digits), vocab_words_(vocab_words), admit_nothing_(admit_nothing) {}
+  int64_t bitmask_words() const override { return vocab_words_; }
+  void FillAllowed(absl::Span<uint32_t> words) override {
+    std::fill(words.begin(), words.end(), 0u);
+    if (admit_nothing_) return;
+    for (int32_t id = 0; id < 32 * static_cast<int32_t>(words.size()); ++id) {
+      if (Allows(id)) words[id / 32] |= 1u << (id % 32);
+    }
+  }
+  absl::Status Accept(int32_t token) override {
+    if (!Allows(token)) return absl::InvalidArgumentError(absl::StrCat("token ", token));
+    ++accepted_;
+    ended_ = token == kEos;
+    return absl::OkStatus();
+  }
+  bool Ended() const override { return ended_; }
+
+  static constexpr int32_t kEos = 256;  // FakeLanguageOptions::eos_token_id
+
+ private:
+  bool Allows(int32_t id) const {
+    if (ended_) return false;
+    return accepted_ < digits_ ? (id >= '0' && id <= '9') : id == kEos;
+  }
+  const int32_t digits_;
+  const int64_t vocab_words_;
+  const bool admit_nothing_;
+  int32_t accepted_ = 0;
+  bool ended_ = false;
+};
+
+// A constrained job draws only what its constraint allows, ends with end-of-text where the
+// constraint says, and reports only allowed alternatives, of the constrained distribution; an
+// unconstrained job in the same decode steps draws exactly what it draws alone.
+TEST_F(SchedulerTest, AConstrainedJobDrawsOnlyAllowedTokensBesideAnUnconstrainedOne) {
+  const std::vector<int32_t> alone = Uninterrupted("Hello", 12, /*seed=*/3, /*temperature=*/1.f);
+  auto s = Make();
+  GenerationRequest constrained = Request(*s, "Hello", 50, /*seed=*/5, /*temperature=*/1.f);
+  constrained.constraint = std::make_unique<DigitsConstraint>(6);
+  constrained.top_logprobs = 20;
+  auto a = s->Submit(std::move(constrained));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = s->Submit(Request(*s, "Hello", 12, /*seed=*/3, /*temperature=*/1.f));
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<TokenEvent> events;
+  std::optional<GenerationEvent> final;
+  Collected other;
+  for (int step = 0; step < 1000 && !(final.has_value() && other.final.has_value()); ++step) {
+    s->StepOnce();
+    while (auto e = (*a)->TryNext()) {
+      if (e->kind == GenerationEvent::Kind::kToken) events.push_back(e->token);
+      if (e->kind == GenerationEvent::Kind::kFinished) final = std::move(e);
+    }
+    Drain(**b, other);
+  }
+  ASSERT_TRUE(final.has_value());
+  EXPECT_TRUE(final->status.ok()) << final->status;
+  EXPECT_EQ(final->finish_reason, FinishReason::kEos);
+  ASSERT_EQ(events.size(), 7u);  // six digits and end-of-text
+  for (size_t i = 0; i < events.size(); ++i) {
+    const int32_t want_lo = i < 6 ? '0' : DigitsConstraint::kEos;
+    const int32_t want_hi = i < 6 ? '9' : DigitsConstraint::kEos;
+    EXPECT_GE(events[i].id, want_lo) << i;
+    EXPECT_LE(events[i].id, want_hi) << i;
+    // The alternatives: only allowed ids (ten digits, or end-of-text alone), whose probabilities
+    // under the constrained distribution sum to one.
+    EXPECT_EQ(events[i].top_logprobs.size(), i < 6 ? 10u : 1u) << i;
+    double mass = 0;
+    for (const auto& [id, lp] : events[i].top_logprobs) {
+      EXPECT_TRUE(i < 6 ? (id >= '0' && id <= '9') : id == DigitsConstraint::kEos) << id;
+      mass += std::exp(static_cast<double>(lp));
+    }
+    EXPECT_NEAR(mass, 1.0, 1e-4) << i;
+  }
+  ASSERT_TRUE(other.final.has_value());
+  EXPECT_EQ(other.tokens, alone);
+}
+
+TEST_F(SchedulerTest, MaxNewTokensCutsAConstrainedOutputShortWithLength) {
+  auto s = Make();
+  GenerationRequest r = Request(*s, "Hello", 3);
+  r.constraint = std::make_unique<DigitsConstraint>(10);
+  auto job = s->Submit(std::move(r));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected c;
+  RunAll(*s, {{*job, &c}});
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.text.size(), 3u);
+  EXPECT_TRUE(std::all_of(c.text.begin(), c.text.end(), [](char ch) {
+    return ch >= '0' && ch <= '9';
+  })) << c.text;
+}
+
+// A constraint that admits no token ends the job at once, not with a garbage draw or a hang.
+TEST_F(SchedulerTest, AConstraintThatAdmitsNoTokenFinishesWithConstraint) {
+  auto s = Make();
+  GenerationRequest r = Request(*s, "Hello", 10);
+  r.constraint = std::make_unique<DigitsConstraint>(3, (260 + 31) / 32, /*admit_nothing=*/true);
+  auto job = s->Submit(std::move(r));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected c;
+  RunAll(*s, {{*job, &c}});
+  EXPECT_TRUE(c.final->status.ok()) << c.final->status;
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kConstraint);
+  EXPECT_TRUE(c.tokens.empty());
+  EXPECT_EQ(c.final->generated_tokens, 0);
+}
+
+// The real compiler (XGrammar, over the fake model's byte tokenizer) through the scheduler: sampled
+// outputs match the regex whole and end with end-of-text; bad constraints are refused before any
+// job exists.
+TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
+  ConstraintCompiler compiler(lm_);
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kRegex;
+  spec.text = "[a-c]{2}-[0-9]{2,3}";
+  auto first = compiler.Compile(spec);
+  if (!first.ok() && absl::StrContains(first.status().message(), "without XGrammar")) {
+    GTEST_SKIP() << first.status();
+  }
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto s = Make();
+  const std::regex whole("[a-c]{2}-[0-9]{2,3}");
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    auto constraint = compiler.Compile(spec);  // a cache hit: a fresh matcher
+    ASSERT_TRUE(constraint.ok()) << constraint.status();
+    GenerationRequest r = Request(*s, "Hello", 20, seed, /*temperature=*/1.f);
+    r.constraint = *std::move(constraint);
+    auto job = s->Submit(std::move(r));
+    ASSERT_TRUE(job.ok()) << job.status();
+    Collected c;
+    RunAll(*s, {{*job, &c}});
+    EXPECT_EQ(c.final->finish_reason, FinishReason::kEos) << "seed " << seed << ": " << c.text;
+    EXPECT_TRUE(std::regex_match(c.text, whole)) << "seed " << seed << ": " << c.text;
+  }
+  spec.text = "([a-";
+  EXPECT_EQ(compiler.Compile(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.text = "";
+  const absl::Status empty = compiler.Compile(spec).status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.message(), HasSubstr("constraint"));
+}
+
+TEST_F(SchedulerTest, AConstraintMaskOfAnotherWidthIsRefused) {
+  auto s = Make();
+  GenerationRequest r = Request(*s, "Hello", 10);
+  r.constraint = std::make_unique<DigitsConstraint>(3, /*vocab_words=*/4);
+  const absl::Status refused = s->Submit(std::move(r)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("constraint"));
 }
 
 // Each token's own logprob comes when asked, with or without alternatives, and only then.

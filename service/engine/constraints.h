@@ -1,0 +1,75 @@
+// Constrained generation as the engine sees it: a request's constraint (what its output must
+// conform to), compiled once per model vocabulary into a per-sequence TokenConstraint that the
+// scheduler asks for the allowed tokens before each draw and tells each drawn token.
+//
+// The grammar side is service/structured (XGrammar). This header names none of it, so the
+// scheduler and its tests stay free of XGrammar, and a build without XGrammar (cmake/
+// TostXGrammar.cmake leaves it out when its source is not configured) still serves everything
+// else: its ConstraintCompiler refuses every constraint with FAILED_PRECONDITION.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "service/engine/model_interface.h"
+
+namespace tost::service {
+
+// One sequence's progress through a compiled constraint. Not thread-safe: the scheduler's thread
+// alone steps it once the job is submitted.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // 32-bit words of the bitmask FillAllowed writes: ceil(model logits width / 32).
+  virtual int64_t bitmask_words() const = 0;
+  // Bit i of word i/32 set: token i may come next (end-of-text only where the output may end).
+  // Nothing set: the constraint admits no token here.
+  virtual void FillAllowed(absl::Span<uint32_t> words) = 0;
+  // Advances past `token`; an error when the constraint does not allow it.
+  virtual absl::Status Accept(int32_t token) = 0;
+  // Whether end-of-text was accepted: the output is complete.
+  virtual bool Ended() const = 0;
+};
+
+// What a request asks its output to conform to (structured::Constraint, without its header).
+struct ConstraintSpec {
+  enum class Kind { kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
+  Kind kind = Kind::kJsonObject;
+  std::string text;                  // the schema, the regex or the grammar
+  std::vector<std::string> choices;  // kChoice
+};
+
+struct ConstraintCompilerOptions {
+  // Compiled constraints kept per model (least recently used evicted first).
+  int64_t max_entries = 256;
+  // How long a request waits for its constraint's compile before it is refused with
+  // RESOURCE_EXHAUSTED (the compile goes on in the background; a retry may hit the cache).
+  int64_t max_compile_ms = 2000;
+};
+
+// The compiled constraints of one language model. Thread-safe; Compile runs on the caller's
+// thread (the request's), never the scheduler's.
+class ConstraintCompiler {
+ public:
+  ConstraintCompiler(const GenerativeModel& model, const ConstraintCompilerOptions& options = {});
+  ~ConstraintCompiler();
+  ConstraintCompiler(const ConstraintCompiler&) = delete;
+  ConstraintCompiler& operator=(const ConstraintCompiler&) = delete;
+
+  // A fresh TokenConstraint for `spec`. INVALID_ARGUMENT naming the field for a constraint of the
+  // wrong shape, or with the compiler's message for a schema, regex or grammar it refuses;
+  // RESOURCE_EXHAUSTED when the compile takes longer than max_compile_ms; FAILED_PRECONDITION,
+  // naming the model, when the model's tokenizer cannot support constraints (or the server was
+  // built without XGrammar). The model's grammar vocabulary is built on the first call.
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const ConstraintSpec& spec);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tost::service

@@ -1,0 +1,220 @@
+"""Constrained generation end to end on the shipped tost-austen model: sampled outputs (temperature
+1, no top-k) under JSON schemas (a nested object, an array of enums, integer bounds and string
+lengths), any JSON object, a regex, a grammar and a choice list; every output that ends with
+end-of-text parses with the strict json.loads (control characters refused) and validates with
+jsonschema, or matches; alternatives reported are allowed ones. Bad constraints get
+INVALID_ARGUMENT with the compiler's words, and a constraint on a session or a state blob the
+documented FAILED_PRECONDITION, leaving the session as it was."""
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import jsonschema
+import pytest
+
+from conftest import SOURCE_DIR, RunningServer, generator_status
+
+MODEL = "tost-austen"
+MODELS = os.path.join(SOURCE_DIR, "models")
+SEEDS = range(20)
+MAX_NEW_TOKENS = 256
+
+SCHEMAS = {
+    "nested_object": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 16},
+                    "zip": {"type": "integer", "minimum": 10000, "maximum": 99999},
+                },
+                "required": ["city", "zip"],
+            },
+        },
+        "required": ["name", "address"],
+    },
+    "array_of_enums": {
+        "type": "object",
+        "properties": {
+            "colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 4},
+        },
+        "required": ["colours"],
+    },
+    "bounds": {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "title": {"type": "string", "maxLength": 12},
+            "married": {"type": "boolean"},
+        },
+        "required": ["age", "title", "married"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def api(proto_modules):
+    pb2, pb2_grpc = proto_modules
+    with RunningServer(MODELS) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        yield pb2, pb2_grpc.TostStub(channel)
+
+
+def generate(api, constraint, seed, prompt=b"Her answer, written plainly:", **kw):
+    """(output text, GenerateFinal, token messages) of one sampled constrained generation."""
+    pb2, stub = api
+    request = pb2.GenerateRequest(model=MODEL, prompt_bytes=prompt, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS),
+                                  sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed), **kw)
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint)
+    text, final, tokens = b"", None, []
+    for msg in stub.Generate(request, timeout=300):
+        if msg.HasField("token"):
+            tokens.append(msg.token)
+            text += msg.token.bytes
+        elif msg.HasField("final"):
+            final = msg.final
+    return text.decode("utf-8"), final, tokens
+
+
+def run_seeds(api, constraint, seeds=SEEDS, **kw):
+    with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+        return list(pool.map(lambda seed: generate(api, constraint, seed, **kw), seeds))
+
+
+def check_complete(api, results, check, min_complete=0.5):
+    """Every output that ended with end-of-text passes `check`; at least `min_complete` of them did
+    (the test has teeth), and the others were cut by max_new_tokens."""
+    pb2, _ = api
+    complete = 0
+    for text, final, _ in results:
+        assert final.finish_reason in (pb2.FINISH_REASON_EOS, pb2.FINISH_REASON_LENGTH), (final, text)
+        if final.finish_reason == pb2.FINISH_REASON_EOS:
+            check(text)
+            complete += 1
+        else:
+            assert final.generated_tokens == MAX_NEW_TOKENS
+    print(f"{complete} of {len(results)} outputs complete")
+    assert complete >= min_complete * len(results), f"only {complete} of {len(results)} outputs completed"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_outputs_parse_and_validate(api, name):
+    pb2, _ = api
+    schema = SCHEMAS[name]
+    results = run_seeds(api, pb2.Constraint(json_schema=json.dumps(schema)))
+
+    def check(text):
+        value = json.loads(text)  # strict: a control character inside a string is refused
+        jsonschema.validate(value, schema)
+
+    check_complete(api, results, check)
+    assert len({text for text, _, _ in results}) > 1, "sampling with 20 seeds gave one output"
+
+
+def test_json_object_outputs_are_objects(api):
+    pb2, _ = api
+    # Free keys and values: the model's prose runs on inside strings, so most outputs are cut by
+    # max_new_tokens (a prefix of an object); the ones that end are objects.
+    results = run_seeds(api, pb2.Constraint(json_object=True), seeds=range(8))
+    check_complete(api, results, lambda text: isinstance(json.loads(text), dict) or pytest.fail(text),
+                   min_complete=0)
+    for text, _, _ in results:
+        assert text.startswith("{"), text
+
+
+def test_regex_grammar_and_choice_outputs_match(api):
+    pb2, _ = api
+    pattern = r"[A-Z][a-z]{2,8} (was|is) [0-9]{1,3}"
+    results = run_seeds(api, pb2.Constraint(regex=pattern), seeds=range(10))
+    check_complete(api, results, lambda text: re.fullmatch(pattern, text) or pytest.fail(text))
+
+    grammar = 'root ::= ("Mr. " | "Miss ") name\nname ::= [A-Z] [a-z] [a-z]? [a-z]?'
+    results = run_seeds(api, pb2.Constraint(grammar=grammar), seeds=range(10))
+    check_complete(api, results,
+                   lambda text: re.fullmatch(r"(Mr\. |Miss )[A-Z][a-z]{1,3}", text) or pytest.fail(text))
+
+    choices = ["Elizabeth", "Mr. Darcy", "Jane Bennet", "\"quoted\" \\ choice"]
+    results = run_seeds(api, pb2.Constraint(choice=pb2.ChoiceList(choices=choices)), seeds=range(10),
+                        top_logprobs=5)
+    check_complete(api, results, lambda text: text in choices or pytest.fail(text))
+    for _, _, tokens in results:
+        for token in tokens:
+            # The constrained distribution: finite logprobs of allowed tokens only, its mass at most 1.
+            assert token.top_logprobs and sum(2.718281828 ** alt.logprob for alt in token.top_logprobs) <= 1.0001
+            assert all(alt.logprob > -1e30 for alt in token.top_logprobs)
+            assert token.logprob > -1e30
+
+
+def test_a_short_budget_ends_with_length(api):
+    pb2, _ = api
+    text, final, _ = generate(api, pb2.Constraint(json_schema=json.dumps(SCHEMAS["nested_object"])), 1,
+                              max_new_tokens=3)
+    assert final.finish_reason == pb2.FINISH_REASON_LENGTH and final.generated_tokens == 3
+    assert text.startswith("{")
+
+
+def expect_error(api, code, words, constraint, **kw):
+    with pytest.raises(grpc.RpcError) as err:
+        generate(api, constraint, 1, **kw)
+    assert err.value.code() == code, err.value
+    for word in words:
+        assert word in err.value.details(), err.value.details()
+    return err.value.details()
+
+
+def test_bad_constraints_are_invalid_arguments(api):
+    pb2, _ = api
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    expect_error(api, bad, ["constraint", "json_schema"], pb2.Constraint())
+    expect_error(api, bad, ["constraint.json_object"], pb2.Constraint(json_object=False))
+    expect_error(api, bad, ["choices"], pb2.Constraint(choice=pb2.ChoiceList(choices=[])))
+    # The compiler's own message comes back: a schema that is not JSON, a regex that does not
+    # parse, a grammar without a root rule.
+    details = expect_error(api, bad, [], pb2.Constraint(json_schema='{"type": "object", "properties": '))
+    assert len(details) > 20, details
+    expect_error(api, bad, [], pb2.Constraint(regex="([a-z"))
+    expect_error(api, bad, [], pb2.Constraint(grammar='start ::= "x"'))
+
+
+def test_constraints_on_sessions_are_refused_and_leave_the_session_as_it_was(api):
+    pb2, stub = api
+    precondition = grpc.StatusCode.FAILED_PRECONDITION
+    words = ["constraints on sessions are not supported yet"]
+    constraint = pb2.Constraint(regex="[a-z]+")
+    session = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL)).session_id
+    expect_error(api, precondition, words, constraint, session_id=session)
+    info = stub.ExportSession(pb2.SessionRef(session_id=session)).session
+    assert info.position == 0
+    # The session is not left busy: an unconstrained call on it runs.
+    _, final, _ = generate(api, None, 1, session_id=session, max_new_tokens=4)
+    assert final.generated_tokens == 4
+    blob = stub.ExportSession(pb2.SessionRef(session_id=session)).state
+    expect_error(api, precondition, words, constraint, state=blob)
+    expect_error(api, precondition, words, constraint, return_state=True)
+    expect_error(api, precondition, words, constraint, state_every_tokens=4)
+    stub.CloseSession(pb2.SessionRef(session_id=session))
+
+
+def test_batch_invariant_constrained_outputs_do_not_depend_on_their_neighbours(proto_modules):
+    """With --batch_invariant_decode a constrained generation gives the same tokens alone and among
+    other generations (constrained or not): its mask is its row's alone."""
+    pb2, pb2_grpc = proto_modules
+    schema = pb2.Constraint(json_schema=json.dumps(SCHEMAS["bounds"]))
+    with RunningServer(MODELS, ["--batch_invariant_decode"]) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        alone = [generate(api, schema, seed)[0] for seed in range(6)]
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            crowd = [pool.submit(generate, api, schema, seed) for seed in range(6)]
+            noise = [pool.submit(generate, api, None, seed, max_new_tokens=64) for seed in range(6)]
+            together = [f.result()[0] for f in crowd]
+            for f in noise:
+                f.result()
+        status = generator_status(api[1].ServerStatus(pb2.ServerStatusRequest()), MODEL)
+    assert status.max_decode_batch > 1, "the generations never shared a decode step"
+    assert together == alone
