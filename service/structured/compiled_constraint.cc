@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,30 @@ std::string ChoiceGrammar(const Constraint& constraint) {
   return ebnf;
 }
 
+namespace {
+
+// XGrammar's errors start with its logger's prefix, "[HH:MM:SS] /path/to/file.cc:LINE: ": the
+// time and a path of this server's file system mean nothing to a client (and the path says where
+// the server's dependencies live), so only the message after it is passed on.
+std::string CompilerMessage(std::string_view what) {
+  if (!what.empty() && what.front() == '[') {
+    if (const size_t close = what.find("] "); close != std::string_view::npos) {
+      what.remove_prefix(close + 2);
+    }
+  }
+  // "file.ext:LINE: " with no space inside the file part.
+  const size_t colon = what.find(':');
+  if (colon != std::string_view::npos &&
+      what.substr(0, colon).find(' ') == std::string_view::npos) {
+    size_t digits = colon + 1;
+    while (digits < what.size() && what[digits] >= '0' && what[digits] <= '9') ++digits;
+    if (digits > colon + 1 && what.substr(digits, 2) == ": ") what.remove_prefix(digits + 2);
+  }
+  return std::string(what);
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
     const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint) {
   if (absl::Status valid = Validate(constraint); !valid.ok()) return valid;
@@ -65,9 +90,9 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
     return std::make_shared<const CompiledConstraint>(CompiledConstraint{
         constraint.kind, Compile(vocabulary->compiler(), constraint), vocabulary});
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("constraint ", KindName(constraint.kind), " for model ",
-                     vocabulary->model_name(), ": the grammar compiler refused it: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "constraint ", KindName(constraint.kind), " for model ", vocabulary->model_name(),
+        ": the grammar compiler refused it: ", CompilerMessage(e.what())));
   }
 }
 
