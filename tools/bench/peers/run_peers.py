@@ -243,8 +243,8 @@ class Ct2Engine:
 
 
 def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
-    """The CTranslate2 side: generate_tokens streams one step per token, timed here as a client of
-    the other engines times their streams; one JSON request and reply per line on stdin/stdout."""
+    """The CTranslate2 side: each generated token timed as it is made, as a client of the other
+    engines times their streams; one JSON request and reply per line on stdin/stdout."""
     os.sched_setaffinity(0, {cpu})  # before ctranslate2 starts its threads
     import ctranslate2
 
@@ -255,16 +255,21 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
     eos = vocab[-1]
 
     def stream(ids, new_tokens):
-        tokens = [vocab[i] for i in ids]
-        n = 0
+        # The step callback of generate_batch runs in CTranslate2's decoding thread as each token is
+        # made, so its timestamps are the tokens' times. generate_tokens would not do: it hands
+        # steps to this Python thread through a queue, and on the one shared core that thread may
+        # only run once decoding is over, which makes the steps look simultaneous.
+        times: List[float] = []
+
+        def step(_):
+            times.append(time.perf_counter())
+            return len(times) >= new_tokens
+
         # sampling_topk=1 is greedy; the end token suppressed so every run makes new_tokens tokens,
         # as llama-server's ignore_eos.
-        for _ in generator.generate_tokens(tokens, max_length=new_tokens, sampling_topk=1,
-                                           suppress_sequences=[[eos]]):
-            n += 1
-            yield time.perf_counter(), n
-            if n == new_tokens:
-                break
+        generator.generate_batch([[vocab[i] for i in ids]], max_length=new_tokens, sampling_topk=1,
+                                 suppress_sequences=[[eos]], include_prompt_in_result=False, callback=step)
+        return [(t, n + 1) for n, t in enumerate(times)]
 
     for line in sys.stdin:
         msg = json.loads(line)
@@ -317,8 +322,10 @@ def measure_single(eng, model: str, rnd: int, dims: dict, positions: List[int], 
 
 def measure_streams(eng, model: str, dims: dict, n: int, prompt_len: int, new_tokens: int,
                     duration_s: float, warmup_s: float) -> dict:
-    """Closed loop: n client threads each send a request as soon as its last one ended; the tokens of
-    the requests that end inside the measured window, over the window."""
+    """Closed loop: n client threads each send a request as soon as its last one ended. Each request's
+    tokens count in the proportion of its duration that lies inside the measured window (spread
+    evenly over it): counting only requests that end inside the window would step the figure by
+    whole waves of n requests."""
     v = dims["vocab_size"]
     start = time.perf_counter()
     t_begin, t_end = start + warmup_s, start + warmup_s + duration_s
@@ -331,6 +338,7 @@ def measure_streams(eng, model: str, dims: dict, n: int, prompt_len: int, new_to
         while time.perf_counter() < t_end:
             ids = prompt_ids(v, prompt_len, f"{model}/streams/{n}/{i}/{k}")
             k += 1
+            began = time.perf_counter()
             try:
                 got = eng.request(ids, new_tokens)
             except Exception as e:  # counted, the loop goes on
@@ -339,15 +347,16 @@ def measure_streams(eng, model: str, dims: dict, n: int, prompt_len: int, new_to
                 continue
             now = time.perf_counter()
             with lock:
-                done.append((now, got))
+                done.append((began, now, got))
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    tokens = sum(g for t, g in done if t_begin <= t <= t_end)
-    return {"streams": n, "tokens_per_s": tokens / duration_s, "requests": len(done), "errors": len(errors),
+    tokens = sum(g * max(0.0, min(e, t_end) - max(b, t_begin)) / (e - b) for b, e, g in done if e > b)
+    return {"streams": n, "tokens_per_s": tokens / duration_s, "requests": len(done),
+            "requests_in_window": sum(1 for b, e, _ in done if b < t_end and e > t_begin), "errors": len(errors),
             "first_error": errors[0] if errors else None}
 
 
@@ -448,11 +457,11 @@ def main() -> None:
     if args.dry_run:
         print(f"ok: engines {engines}, models {models}, positions {positions}, streams {streams}")
         return
-    os.sched_setaffinity(0, {args.client_cpu})
-
     import benchlib
 
-    result: dict = {"machine": benchlib.machine(), "argv": sys.argv, "engines": engines, "cpu": args.cpu,
+    machine = benchlib.machine()  # before this process pins itself: its affinity is the machine's
+    os.sched_setaffinity(0, {args.client_cpu})
+    result: dict = {"machine": machine, "argv": sys.argv, "engines": engines, "cpu": args.cpu,
                     "client_cpu": args.client_cpu, "new_tokens": args.new_tokens, "rounds": args.rounds,
                     "versions": {"ctranslate2": ct2_version(), "llama-server": llama_version(args.llama_server)},
                     "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "models": {}, "raw": []}
