@@ -324,16 +324,19 @@ TEST(HttpServerTest, StreamBackpressureBoundsTheBufferAndCancelsOnDisconnect) {
     std::atomic<int64_t> written{0};
     std::atomic<bool> paused{false};
     absl::Notification cancelled;
-    void Pump() {
-      while (!exchange->cancelled()) {
-        if (!exchange->HasRoom()) {
+    // Works on its own reference to the exchange: a disconnect runs the pending OnWritable
+    // callback on the server's thread after OnCancel, while the test's thread may already be
+    // resetting `exchange`.
+    void Pump(const std::shared_ptr<HttpExchange>& e) {
+      while (!e->cancelled()) {
+        if (!e->HasRoom()) {
           paused = true;
-          exchange->OnWritable([this] { Pump(); });
+          e->OnWritable([this, e] { Pump(e); });
           return;
         }
-        exchange->Write(std::string(kChunk, 'x'));
+        e->Write(std::string(kChunk, 'x'));
         written += kChunk;
-        max_buffered = std::max(max_buffered.load(), exchange->buffered_bytes());
+        max_buffered = std::max(max_buffered.load(), e->buffered_bytes());
       }
     }
   };
@@ -343,7 +346,7 @@ TEST(HttpServerTest, StreamBackpressureBoundsTheBufferAndCancelsOnDisconnect) {
     writer.exchange = e;
     e->OnCancel([&] { writer.cancelled.Notify(); });
     e->StartStream();
-    writer.Pump();
+    writer.Pump(e);
   });
   HttpServerOptions o = TestOptions();
   o.stream_buffer_bytes = kBuffer;
