@@ -190,15 +190,19 @@ void MaskDisallowed(absl::Span<const uint32_t> allowed, absl::Span<float> logits
   if (allowed.empty()) return;
   constexpr float kForbidden = -std::numeric_limits<float>::infinity();
   const size_t n = logits.size();
-  for (size_t w = 0; w < allowed.size() && 32 * w < n; ++w) {
-    const uint32_t word = allowed[w];
-    if (word == 0xFFFFFFFFu) continue;  // whole words of allowed ids are common: skip them
-    const size_t end = std::min(n, 32 * w + 32);
-    for (size_t i = 32 * w; i < end; ++i) {
-      if (((word >> (i - 32 * w)) & 1u) == 0) logits[i] = kForbidden;
+  const size_t covered_words = std::min(allowed.size(), (n + 31) / 32);
+  for (size_t w = 0; w < covered_words; ++w) {
+    // Whole words of allowed ids are common (skipped at once); within a word only the clear bits
+    // are visited.
+    uint32_t forbidden = ~allowed[w];
+    const size_t base = w * 32;
+    while (forbidden != 0) {
+      const size_t id = base + static_cast<size_t>(__builtin_ctz(forbidden));
+      forbidden &= forbidden - 1;
+      if (id < n) logits[id] = kForbidden;
     }
   }
-  for (size_t i = 32 * allowed.size(); i < n; ++i) logits[i] = kForbidden;
+  for (size_t id = covered_words * 32; id < n; ++id) logits[id] = kForbidden;
 }
 
 std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,

@@ -1,7 +1,6 @@
 #include "service/structured/constraint_matcher.h"
 
 #include <algorithm>
-#include <limits>
 #include <string>
 #include <utility>
 
@@ -96,23 +95,6 @@ absl::Status ConstraintMatcher::Replay(absl::Span<const int32_t> tokens) {
     }
   }
   return absl::OkStatus();
-}
-
-void ApplyMask(absl::Span<const uint32_t> bitmask_words, absl::Span<float> logits) {
-  constexpr float kDisallowed = -std::numeric_limits<float>::infinity();
-  const size_t n = logits.size();
-  const size_t covered_words = std::min(bitmask_words.size(), (n + 31) / 32);
-  for (size_t w = 0; w < covered_words; ++w) {
-    uint32_t disallowed = ~bitmask_words[w];
-    if (disallowed == 0) continue;
-    const size_t base = w * 32;
-    while (disallowed != 0) {
-      const int bit = __builtin_ctz(disallowed);
-      disallowed &= disallowed - 1;
-      if (base + bit < n) logits[base + bit] = kDisallowed;
-    }
-  }
-  for (size_t id = covered_words * 32; id < n; ++id) logits[id] = kDisallowed;
 }
 
 }  // namespace tost::structured

@@ -52,8 +52,4 @@ class ConstraintMatcher {
   int64_t tokens_accepted_ = 0;
 };
 
-// Sets logits[i] to -infinity for every id whose bit in `bitmask_words` is clear, and for every id
-// past the words' 32 * size() bits; leaves the others. Whole words of allowed ids are skipped.
-void ApplyMask(absl::Span<const uint32_t> bitmask_words, absl::Span<float> logits);
-
 }  // namespace tost::structured

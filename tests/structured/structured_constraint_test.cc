@@ -1,4 +1,5 @@
-// service/structured without a tokenizer: constraint checks and keys, ApplyMask.
+// service/structured without a tokenizer: constraint checks and keys; and the mask a constrained
+// row's draw applies (model/sampling: MaskDisallowed).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -8,9 +9,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "model/sampling/sampler.h"
 #include "service/structured/compiled_constraint.h"
 #include "service/structured/constraint.h"
-#include "service/structured/constraint_matcher.h"
 
 namespace tost::structured {
 namespace {
@@ -86,12 +87,12 @@ TEST(StructuredConstraint, ChoiceGrammarEscapesLiterals) {
             R"(root ::= "say \"hi\"" | "a\\b" | "x\u000Ay\u00011")");
 }
 
-TEST(StructuredApplyMask, SetsExactlyTheDisallowedIdsToMinusInfinity) {
+TEST(StructuredMask, SetsExactlyTheDisallowedIdsToMinusInfinity) {
   constexpr int kLogits = 100;  // three full words and four ids of a fourth
   const std::vector<uint32_t> words = {0xFFFFFFFFu, 0x00000000u, 0x80000001u, 0x0000000Au};
   std::vector<float> logits(kLogits);
   for (int i = 0; i < kLogits; ++i) logits[i] = static_cast<float>(i) * 0.5f;
-  ApplyMask(words, absl::MakeSpan(logits));
+  model::MaskDisallowed(words, absl::MakeSpan(logits));
   for (int i = 0; i < kLogits; ++i) {
     const bool allowed = (words[i / 32] >> (i % 32)) & 1u;
     if (allowed) {
@@ -102,10 +103,10 @@ TEST(StructuredApplyMask, SetsExactlyTheDisallowedIdsToMinusInfinity) {
   }
 }
 
-TEST(StructuredApplyMask, IdsPastTheMaskAreDisallowed) {
+TEST(StructuredMask, IdsPastTheMaskAreDisallowed) {
   const std::vector<uint32_t> words = {0xFFFFFFFFu};
   std::vector<float> logits(40, 1.0f);
-  ApplyMask(words, absl::MakeSpan(logits));
+  model::MaskDisallowed(words, absl::MakeSpan(logits));
   for (int i = 0; i < 40; ++i) {
     EXPECT_EQ(logits[i], i < 32 ? 1.0f : -std::numeric_limits<float>::infinity()) << "id " << i;
   }
