@@ -4,42 +4,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/utf8.h"
 
 namespace tost::structured {
 namespace {
-
-// Whether `bytes` is UTF-8 as RFC 3629 defines it: no overlong forms, no surrogates, nothing past
-// U+10FFFF.
-bool IsValidUtf8(const std::string& bytes) {
-  size_t i = 0;
-  while (i < bytes.size()) {
-    const auto lead = static_cast<uint8_t>(bytes[i]);
-    int continuation = 0;
-    uint8_t low = 0x80, high = 0xBF;  // the range of the first continuation byte
-    if (lead < 0x80) {
-      continuation = 0;
-    } else if (lead >= 0xC2 && lead <= 0xDF) {
-      continuation = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      continuation = 2;
-      if (lead == 0xE0) low = 0xA0;
-      if (lead == 0xED) high = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      continuation = 3;
-      if (lead == 0xF0) low = 0x90;
-      if (lead == 0xF4) high = 0x8F;
-    } else {
-      return false;
-    }
-    ++i;
-    for (int k = 0; k < continuation; ++k, ++i) {
-      if (i >= bytes.size()) return false;
-      const auto byte = static_cast<uint8_t>(bytes[i]);
-      if (byte < (k == 0 ? low : 0x80) || byte > (k == 0 ? high : 0xBF)) return false;
-    }
-  }
-  return true;
-}
 
 bool UsesText(Constraint::Kind kind) {
   return kind == Constraint::Kind::kJsonSchema || kind == Constraint::Kind::kRegex ||
@@ -97,7 +65,7 @@ absl::Status Validate(const Constraint& constraint) {
                                                      "]: expected at most ", kMaxChoiceBytes,
                                                      " bytes, received ", choices[i].size()));
     }
-    if (!IsValidUtf8(choices[i])) {
+    if (model::FirstInvalidUtf8(choices[i]).has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "constraint choices[", i, "]: expected UTF-8 text, received bytes that are not UTF-8"));
     }
