@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cmath>
 #include <optional>
-#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -333,7 +332,17 @@ TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
   }
   ASSERT_TRUE(first.ok()) << first.status();
   auto s = Make();
-  const std::regex whole("[a-c]{2}-[0-9]{2,3}");
+  // [a-c]{2}-[0-9]{2,3}, checked by hand (std::regex trips GCC 12's maybe-uninitialized warning
+  // in the sanitizer builds).
+  const auto matches_whole = [](const std::string& t) {
+    if (t.size() < 5 || t.size() > 6 || t[2] != '-') return false;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (i == 2) continue;
+      const bool ok = i < 2 ? (t[i] >= 'a' && t[i] <= 'c') : (t[i] >= '0' && t[i] <= '9');
+      if (!ok) return false;
+    }
+    return true;
+  };
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     auto constraint = compiler.Compile(spec);  // a cache hit: a fresh matcher
     ASSERT_TRUE(constraint.ok()) << constraint.status();
@@ -344,7 +353,7 @@ TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
     Collected c;
     RunAll(*s, {{*job, &c}});
     EXPECT_EQ(c.final->finish_reason, FinishReason::kEos) << "seed " << seed << ": " << c.text;
-    EXPECT_TRUE(std::regex_match(c.text, whole)) << "seed " << seed << ": " << c.text;
+    EXPECT_TRUE(matches_whole(c.text)) << "seed " << seed << ": " << c.text;
   }
   spec.text = "([a-";
   EXPECT_EQ(compiler.Compile(spec).status().code(), absl::StatusCode::kInvalidArgument);
