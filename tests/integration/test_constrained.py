@@ -1,9 +1,8 @@
 """Constrained generation end to end on the shipped tost-austen model: sampled outputs (temperature
-1, no top-k) under JSON schemas (a nested object, an array of enums, integer bounds and string
-lengths), any JSON object, a regex, a grammar and a choice list; every output that ends with
-end-of-text parses with the strict json.loads (control characters refused) and validates with
-jsonschema, or matches; alternatives reported are allowed ones. Bad constraints get
-INVALID_ARGUMENT with the compiler's words, and a constraint on a session or a state blob the
+1, no top-k) under the ten JSON schemas of constrained_schemas.py, any JSON object, a regex, a
+grammar and a choice list; every output that ends with end-of-text parses with the strict
+json.loads (control characters refused) and validates with jsonschema, or matches; alternatives
+reported are allowed ones. Bad constraints get INVALID_ARGUMENT with the compiler's words, and a constraint on a session or a state blob the
 documented FAILED_PRECONDITION, leaving the session as it was."""
 import json
 import os
@@ -11,49 +10,15 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import jsonschema
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, generator_status
+from constrained_schemas import SCHEMAS, check_output
 
 MODEL = "tost-austen"
 MODELS = os.path.join(SOURCE_DIR, "models")
 SEEDS = range(20)
 MAX_NEW_TOKENS = 256
-
-SCHEMAS = {
-    "nested_object": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 20},
-            "address": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 16},
-                    "zip": {"type": "integer", "minimum": 10000, "maximum": 99999},
-                },
-                "required": ["city", "zip"],
-            },
-        },
-        "required": ["name", "address"],
-    },
-    "array_of_enums": {
-        "type": "object",
-        "properties": {
-            "colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 4},
-        },
-        "required": ["colours"],
-    },
-    "bounds": {
-        "type": "object",
-        "properties": {
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "title": {"type": "string", "maxLength": 12},
-            "married": {"type": "boolean"},
-        },
-        "required": ["age", "title", "married"],
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +73,7 @@ def test_json_schema_outputs_parse_and_validate(api, name):
     schema = SCHEMAS[name]
     results = run_seeds(api, pb2.Constraint(json_schema=json.dumps(schema)))
 
-    def check(text):
-        value = json.loads(text)  # strict: a control character inside a string is refused
-        jsonschema.validate(value, schema)
-
-    check_complete(api, results, check)
+    check_complete(api, results, lambda text: check_output(schema, text))
     assert len({text for text, _, _ in results}) > 1, "sampling with 20 seeds gave one output"
 
 

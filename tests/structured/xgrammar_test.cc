@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -435,6 +436,43 @@ TEST_F(XGrammarTest, UnboundedStringRejectsWhatJsonForbids) {
   EXPECT_TRUE(AcceptsWhole(grammar, "\"\xf0\x9f\x98\x80\""));
   EXPECT_FALSE(AcceptsWhole(grammar, "\"a\tb\""));
   EXPECT_FALSE(AcceptsWhole(grammar, "\"\xed\xa0\x80\""));
+}
+
+// String formats admit only values a strict reader of the format accepts: calendar dates (the
+// days each month has, February 29 in leap years, no year 0000) and IPv4 octets without leading
+// zeros, alone or inside an IPv6 address. XGrammar 0.2.8's patterns admitted each refused case.
+TEST_F(XGrammarTest, StringFormatsAdmitOnlyValidDatesAndAddresses) {
+  const auto accepts = [&](const char* format, const std::string& value) {
+    const std::string schema = std::string(R"({"type":"string","format":")") + format + "\"}";
+    return AcceptsWhole(compiler_.CompileJSONSchema(schema), "\"" + value + "\"");
+  };
+  const std::vector<std::tuple<const char*, std::string, bool>> cases = {
+      {"date", "2024-02-29", true},
+      {"date", "2000-02-29", true},
+      {"date", "2023-02-28", true},
+      {"date", "2023-12-31", true},
+      {"date", "0001-01-01", true},
+      {"date", "2023-02-29", false},
+      {"date", "1900-02-29", false},
+      {"date", "2023-02-31", false},
+      {"date", "2023-04-31", false},
+      {"date", "0000-01-01", false},
+      {"date", "2023-13-01", false},
+      {"date-time", "2024-02-29T12:00:00Z", true},
+      {"date-time", "2023-02-30T12:00:00Z", false},
+      {"ipv4", "10.0.0.255", true},
+      {"ipv4", "0.0.0.0", true},
+      {"ipv4", "88.181.28.000", false},
+      {"ipv4", "010.1.1.1", false},
+      {"ipv4", "1.1.1.256", false},
+      {"ipv6", "::ffff:10.0.0.1", true},
+      {"ipv6", "::ffff:10.0.0.01", false},
+  };
+  for (const auto& [format, value, accepted] : cases) {
+    EXPECT_EQ(accepts(format, value), accepted)
+        << "format " << format << ", \"" << value << "\": expected the grammar to "
+        << (accepted ? "accept" : "reject") << " it";
+  }
 }
 
 // A schema that cannot be converted is an exception naming the problem, not a crash.
