@@ -565,11 +565,6 @@ int SetConstraint(tost::v1::GenerateRequest& req) {
         << given << "; see tost_cli generate --help\n";
     return kExitUsage;
   }
-  if (absl::GetFlag(FLAGS_resume)) {
-    std::cerr << "tost_cli: --resume cannot be combined with a constraint (a state snapshot does "
-                 "not carry it); see tost_cli generate --help\n";
-    return kExitUsage;
-  }
   const auto read = [](const std::string& flag, const std::string& path, std::string* out) {
     absl::StatusOr<std::string> text = tost::model::ReadFileToString(path);
     if (!text.ok()) {
@@ -716,10 +711,11 @@ std::vector<tost::cli::CommandSpec> Commands() {
        "whichever replica answers (any replica with the same model and --session_key_file).\n"
        "Tokens are printed once a snapshot or the final message covers them: none twice, none "
        "lost. Each break is\nreported on stderr.\n"
-       "--json_schema, --regex, --grammar and --choice (at most one; not with --resume) constrain "
-       "the output: each token\nkeeps it a prefix of one the constraint accepts, and it ends "
-       "(FINISH_REASON_EOS) only once complete;\nFINISH_REASON_LENGTH means --max_new_tokens cut "
-       "it short (docs/api.md, Constrained generation)."},
+       "--json_schema, --regex, --grammar and --choice (at most one) constrain the output: each "
+       "token keeps it\na prefix of one the constraint accepts, and it ends (FINISH_REASON_EOS) "
+       "only once complete;\nFINISH_REASON_LENGTH means --max_new_tokens cut it short "
+       "(docs/api.md, Constrained generation).\nWith --resume a continuation goes on under the "
+       "constraint: its snapshots carry the constraint's progress."},
   };
 }
 

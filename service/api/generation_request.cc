@@ -106,18 +106,10 @@ absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& c
 }
 
 absl::Status CheckConstraintUse(const tost::v1::GenerateRequest& req) {
-  if (!req.has_constraint()) return absl::OkStatus();
-  if (!req.session_id().empty() || !req.state().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "constraint: constraints on sessions are not supported yet; the request continues ",
-        req.session_id().empty() ? "a state blob (state)" : "a session (session_id)",
-        ": send a constrained generation as a one-shot call"));
-  }
-  if (req.return_state() || req.state_every_tokens() > 0) {
-    return absl::FailedPreconditionError(
-        "constraint: constraints on sessions are not supported yet: return_state and "
-        "state_every_tokens cannot be combined with a constraint (a state blob does not carry "
-        "it)");
+  if (req.has_constraint() && req.clear_constraint()) {
+    return absl::InvalidArgumentError(
+        "clear_constraint: expected false with `constraint` set (a new constraint already "
+        "replaces the state's), got true");
   }
   return absl::OkStatus();
 }
@@ -128,6 +120,7 @@ void FillSessionInfo(const std::string& id, const GenerationState& st,
   info->set_model(st.model);
   info->set_position(st.sequence.position + (st.pending_token >= 0 ? 1 : 0));
   info->set_state_bytes(static_cast<int64_t>(st.ByteSize()));
+  info->set_constraint_pending(st.constraint.has_value());
 }
 
 }  // namespace tost::service

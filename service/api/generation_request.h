@@ -42,9 +42,7 @@ absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::Generat
 // are the compiler's to check (Engine::CompileConstraint).
 absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& constraint);
 
-// FAILED_PRECONDITION when `req` sets a constraint with what it cannot be combined with yet: a
-// session or a state blob to continue, return_state or state_every_tokens (a state blob does not
-// carry the constraint, so continuing one would go on unconstrained). OK without a constraint.
+// INVALID_ARGUMENT when `req` both sets a constraint and asks to clear the state's.
 absl::Status CheckConstraintUse(const tost::v1::GenerateRequest& req);
 
 void FillSessionInfo(const std::string& id, const GenerationState& st, tost::v1::SessionInfo* info);

@@ -21,14 +21,18 @@ namespace {
 
 class MatcherConstraint final : public TokenConstraint {
  public:
-  explicit MatcherConstraint(std::shared_ptr<const structured::CompiledConstraint> compiled)
-      : matcher_(std::move(compiled)) {}
+  MatcherConstraint(ConstraintSpec spec,
+                    std::shared_ptr<const structured::CompiledConstraint> compiled)
+      : spec_(std::move(spec)), matcher_(std::move(compiled)) {}
   int64_t bitmask_words() const override { return matcher_.bitmask_words(); }
   void FillAllowed(absl::Span<uint32_t> words) override { matcher_.FillAllowed(words); }
   absl::Status Accept(int32_t token) override { return matcher_.Accept(token); }
   bool Ended() const override { return matcher_.Ended(); }
+  absl::Status Replay(absl::Span<const int32_t> output) override { return matcher_.Replay(output); }
+  const ConstraintSpec& spec() const override { return spec_; }
 
  private:
+  const ConstraintSpec spec_;
   structured::ConstraintMatcher matcher_;
 };
 
@@ -106,7 +110,7 @@ absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<structured::GrammarCache> cache, impl_->Cache());
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledConstraint> compiled,
                         cache->Get(constraint));
-  return std::make_unique<MatcherConstraint>(std::move(compiled));
+  return std::make_unique<MatcherConstraint>(spec, std::move(compiled));
 }
 
 #else  // !TOST_WITH_STRUCTURED

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "service/engine/constraint_spec.h"
 #include "service/engine/model_interface.h"
 
 namespace tost::service {
@@ -33,14 +34,13 @@ class TokenConstraint {
   virtual absl::Status Accept(int32_t token) = 0;
   // Whether end-of-text was accepted: the output is complete.
   virtual bool Ended() const = 0;
-};
-
-// What a request asks its output to conform to (structured::Constraint, without its header).
-struct ConstraintSpec {
-  enum class Kind { kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
-  Kind kind = Kind::kJsonObject;
-  std::string text;                  // the schema, the regex or the grammar
-  std::vector<std::string> choices;  // kChoice
+  // Restarts from the beginning and accepts `output`, a sequence's output so far under this
+  // constraint (ConstraintProgress::output): how a continued session or a resumed blob stands
+  // where it was. On an error (Accept's, naming the position) it is back at the beginning.
+  virtual absl::Status Replay(absl::Span<const int32_t> output) = 0;
+  // What it was compiled from: a state carries it (ConstraintProgress) to be compiled again where
+  // the sequence continues.
+  virtual const ConstraintSpec& spec() const = 0;
 };
 
 struct ConstraintCompilerOptions {

@@ -279,6 +279,23 @@ absl::Status GenerationScheduler::CheckState(const GenerationState& st) const {
           "stop strings must hold 1 to ", kMaxStopStringBytes, " bytes, got ", stop.size()));
     }
   }
+  if (st.constraint.has_value()) {
+    // Its output is at most every token the sequence holds (the pending one included).
+    const std::vector<int32_t>& output = st.constraint->output;
+    const int64_t tokens = st.sequence.position + (st.pending_token >= 0 ? 1 : 0);
+    if (static_cast<int64_t>(output.size()) > tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generation state is inconsistent: its constraint has accepted ", output.size(),
+          " token(s) of output, more than the ", tokens, " its sequence holds"));
+    }
+    for (int32_t id : output) {
+      if (id < 0 || id >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("generation state is inconsistent: its constraint's output holds id ", id,
+                         ", outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  }
   if (st.stop_token_ids.size() > kMaxStopTokenIds) {
     return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ", kMaxStopTokenIds,
                                                    " ids, got ", st.stop_token_ids.size()));
@@ -389,6 +406,21 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
         "model ", name, ": the constraint's token mask has ", request.constraint->bitmask_words(),
         " words; the model's ", c.vocab_size, " logits need ", (c.vocab_size + 31) / 32));
   }
+  if (request.constraint == nullptr && st.constraint.has_value() && !request.clear_constraint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", name, ": the state is in the middle of a constrained output (",
+        st.constraint->output.size(),
+        " token(s) under its constraint so far); continue it under that constraint, or clear it "
+        "(clear_constraint) to go on unconstrained"));
+  }
+  if (request.constraint_continues &&
+      (request.constraint == nullptr || !st.constraint.has_value() ||
+       request.constraint->spec() != st.constraint->spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", name,
+        ": a request continuing its state's constraint must carry that constraint, replayed; ",
+        st.constraint.has_value() ? "it carries another or none" : "the state has none"));
+  }
   auto job = std::make_unique<Job>(doorbell_, owner_);
   job->before = st;
   std::vector<int32_t> feed;
@@ -406,6 +438,15 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   feed.pop_back();
   job->to_prefill = std::move(feed);
   for (int32_t t : request.prompt) st.Remember(t);
+  if (request.constraint == nullptr) {
+    st.constraint.reset();
+  } else if (request.constraint_continues) {
+    // The caller's constraint accepted the prompt as output; the state records it as such.
+    st.constraint->output.insert(st.constraint->output.end(), request.prompt.begin(),
+                                 request.prompt.end());
+  } else {
+    st.constraint = ConstraintProgress{.spec = request.constraint->spec(), .output = {}};
+  }
   if (prefix_cache_.cache != nullptr && prefix_cache_.cache->enabled() &&
       request.prefix_cache != PrefixCacheUse::kOff && job->before.sequence.position == 0 &&
       job->before.pending_token < 0) {
@@ -598,6 +639,11 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
                        "model ", model_.config().name, ": drew token ", token, " at position ",
                        position, " that its constraint refuses: ", accepted.message())));
       return false;
+    }
+    if (constraint->Ended()) {
+      st.constraint.reset();  // complete: the state goes on unconstrained
+    } else if (st.constraint.has_value()) {
+      st.constraint->output.push_back(token);
     }
     // Alternatives the constraint forbids have a logprob of -infinity: not worth reporting.
     std::erase_if(drawn.top_logprobs,

@@ -107,7 +107,18 @@ struct GenerationRequest {
   // bitmask must cover the model's logits (Submit checks). Reported logprobs are those of the
   // constrained distribution, and alternatives it forbids are left out of top_logprobs. Built on
   // the submitting thread (ConstraintCompiler); only the scheduler's thread steps it after.
+  // While a job runs, state.constraint records its progress (the output the constraint has
+  // accepted) so that the state continues under it wherever it goes.
   std::unique_ptr<TokenConstraint> constraint;
+  // With `constraint` set: true when it is the state's own pending constraint (state.constraint,
+  // same spec), already replayed by the caller up to the state's output, and this call's prompt
+  // already accepted by it as part of that output (a client steering the structure); false when it
+  // starts after the prompt, replacing whatever the state was under.
+  bool constraint_continues = false;
+  // Without `constraint`: leave the state's pending constraint. Without this, a state in the
+  // middle of a constrained output is refused (FAILED_PRECONDITION), so that no caller continues
+  // one unconstrained by omission.
+  bool clear_constraint = false;
 };
 
 class GenerationJob {

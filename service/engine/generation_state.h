@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/sampling/sampler.h"
 #include "model/state/sequence_state.h"
+#include "service/engine/constraint_spec.h"
 
 namespace tost::service {
 
@@ -36,12 +38,18 @@ struct GenerationState {
   std::string utf8_pending;           // bytes of an incomplete UTF-8 character
   std::string held_text;              // complete text withheld: it may begin a stop string
   int64_t generated_tokens = 0;       // over the session's life
+  // The constraint the output is in the middle of: set from a constrained call's first token
+  // until its output is complete (end-of-text accepted), and kept while a call cut it short
+  // (max_new_tokens, a stop, a drain, a cancel), so that the next call, here or on another
+  // replica, continues under it.
+  std::optional<ConstraintProgress> constraint;
 
   // Bytes this state occupies (the session budget counts exactly this).
   size_t ByteSize() const {
     size_t n = sizeof(*this) + model.size() + sequence.stats.size() * sizeof(float) +
                stop_token_ids.size() * sizeof(int32_t) + recent_tokens.size() * sizeof(int32_t) +
-               utf8_pending.size() + held_text.size();
+               utf8_pending.size() + held_text.size() +
+               (constraint.has_value() ? constraint->ByteSize() : 0);
     for (const auto& s : stop_strings) n += sizeof(s) + s.size();
     return n;
   }

@@ -23,7 +23,8 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'O', 'S', 'T', 'S', 'E', 'S', 'S'};
 constexpr uint32_t kVersion = 2;
-constexpr uint32_t kUnboundVersion = 1;  // no owner, no expiry: read only where neither applies
+constexpr uint32_t kConstrainedVersion = 3;  // kVersion plus a constraint in progress
+constexpr uint32_t kUnboundVersion = 1;      // no owner, no expiry: read only where neither applies
 constexpr size_t kMinKeyBytes = 16;
 constexpr char kKeyListHeader[] = "tost-session-keys";
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4;
@@ -46,6 +47,60 @@ absl::Status Mismatch(const std::string& what, const std::string& blob_value,
   return absl::FailedPreconditionError(
       absl::StrCat("state blob was made with ", what, " ", blob_value, " but this server's is ",
                    here, "; continue it on a replica serving the same model"));
+}
+
+using ProtoKind = tost::v1::internal::ConstraintProgress;
+
+ProtoKind::Kind ToProto(ConstraintSpec::Kind kind) {
+  switch (kind) {
+    case ConstraintSpec::Kind::kJsonSchema:
+      return ProtoKind::JSON_SCHEMA;
+    case ConstraintSpec::Kind::kJsonObject:
+      return ProtoKind::JSON_OBJECT;
+    case ConstraintSpec::Kind::kRegex:
+      return ProtoKind::REGEX;
+    case ConstraintSpec::Kind::kGrammar:
+      return ProtoKind::GRAMMAR;
+    case ConstraintSpec::Kind::kChoice:
+      return ProtoKind::CHOICE;
+  }
+  return ProtoKind::KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<ConstraintProgress> FromProto(const tost::v1::internal::ConstraintProgress& p,
+                                             int64_t vocab_size) {
+  ConstraintProgress c;
+  switch (p.kind()) {
+    case ProtoKind::JSON_SCHEMA:
+      c.spec.kind = ConstraintSpec::Kind::kJsonSchema;
+      break;
+    case ProtoKind::JSON_OBJECT:
+      c.spec.kind = ConstraintSpec::Kind::kJsonObject;
+      break;
+    case ProtoKind::REGEX:
+      c.spec.kind = ConstraintSpec::Kind::kRegex;
+      break;
+    case ProtoKind::GRAMMAR:
+      c.spec.kind = ConstraintSpec::Kind::kGrammar;
+      break;
+    case ProtoKind::CHOICE:
+      c.spec.kind = ConstraintSpec::Kind::kChoice;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("state blob is inconsistent: its constraint has unknown kind ", p.kind()));
+  }
+  c.spec.text = p.text();
+  c.spec.choices.assign(p.choices().begin(), p.choices().end());
+  for (int32_t id : p.output()) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state blob is inconsistent: its constraint's output holds token id ", id,
+                       ", outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  c.output.assign(p.output().begin(), p.output().end());
+  return c;
 }
 
 std::string Rfc3339Ms(absl::Time t) {
@@ -115,10 +170,17 @@ std::string SessionCodec::Encode(const GenerationState& s, const ModelIdentity& 
   if (options_.ttl > absl::ZeroDuration())
     p.set_expires_unix_ms(absl::ToUnixMillis(now + options_.ttl));
   if (caller != kAnonymousCaller) p.set_owner(caller);
+  if (s.constraint.has_value()) {
+    auto* cp = p.mutable_constraint();
+    cp->set_kind(ToProto(s.constraint->spec.kind));
+    cp->set_text(s.constraint->spec.text);
+    for (const auto& choice : s.constraint->spec.choices) cp->add_choices(choice);
+    cp->mutable_output()->Add(s.constraint->output.begin(), s.constraint->output.end());
+  }
   const std::string payload = p.SerializeAsString();
 
   std::string out(kMagic, sizeof(kMagic));
-  PutU32(out, kVersion);
+  PutU32(out, s.constraint.has_value() ? kConstrainedVersion : kVersion);
   PutU32(out, static_cast<uint32_t>(payload.size()));
   out += payload;
   out += Hmac(keys_.front(), out);
@@ -142,10 +204,10 @@ absl::StatusOr<SessionCodec::Verified> SessionCodec::VerifiedPayload(
                                                    " bytes, expected the TOSTSESS header)"));
   }
   const uint32_t version = GetU32(blob.data() + 8);
-  if (version != kVersion && version != kUnboundVersion) {
+  if (version != kVersion && version != kUnboundVersion && version != kConstrainedVersion) {
     return absl::InvalidArgumentError(absl::StrCat("state blob has format version ", version,
                                                    "; this server reads versions ", kUnboundVersion,
-                                                   " and ", kVersion));
+                                                   " to ", kConstrainedVersion));
   }
   const uint32_t len = GetU32(blob.data() + 12);
   if (blob.size() != kHeaderBytes + len + kMacBytes) {
@@ -308,6 +370,20 @@ absl::StatusOr<GenerationState> SessionCodec::Decode(const OpenedBlob& blob,
   s.utf8_pending = p.utf8_pending();
   s.held_text = p.held_text();
   s.generated_tokens = p.generated_tokens();
+  if (p.has_constraint() != (blob.version_ == kConstrainedVersion)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state blob is inconsistent: format version ", blob.version_,
+        p.has_constraint() ? " carries a constraint" : " without the constraint it announces"));
+  }
+  if (p.has_constraint()) {
+    TOST_ASSIGN_OR_RETURN(s.constraint, FromProto(p.constraint(), c.vocab_size));
+    const int64_t tokens = s.sequence.position + (s.pending_token >= 0 ? 1 : 0);
+    if (static_cast<int64_t>(s.constraint->output.size()) > tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state blob is inconsistent: its constraint accepted ", s.constraint->output.size(),
+          " token(s), more than the ", tokens, " its sequence holds"));
+    }
+  }
   return s;
 }
 

@@ -7,9 +7,13 @@
 // Layout:  "TOSTSESS" | u32 version | u32 payload length | payload | HMAC-SHA256(key, all before)
 // with the payload a tost.v1.internal.SessionState protobuf. Integers little-endian.
 //
-// Versions. 2 (written now) records in the payload the owner (the caller identity that exported
-// it; empty when authentication is off) and its issue and expiry times. 1 (written before
-// expiry and owners existed) has the same layout without them. A version 1 blob is still read
+// Versions. 3 is written for a state in the middle of a constrained output: version 2 plus the
+// constraint and the output it accepted (GenerationState::constraint). Every other state is still
+// written as 2, so that during a rolling upgrade replicas that predate constraints keep reading
+// them; a version 3 blob is refused there as an unknown version rather than continued
+// unconstrained. 2 records in the payload the owner (the caller identity that exported it;
+// empty when authentication is off) and its issue and expiry times. 1 (written before expiry
+// and owners existed) has the same layout without them. A version 1 blob is still read
 // when neither of those protections applies, that is this codec's TTL is 0 and the caller is
 // kAnonymousCaller; otherwise it is refused (FAILED_PRECONDITION) with a message asking to export
 // the session again: it cannot prove whose it is or how old it is. The version was bumped, not

@@ -2,8 +2,9 @@
 1, no top-k) under the ten JSON schemas of constrained_schemas.py, any JSON object, a regex, a
 grammar and a choice list; every output that ends with end-of-text parses with the strict
 json.loads (control characters refused) and validates with jsonschema, or matches; alternatives
-reported are allowed ones. Bad constraints get INVALID_ARGUMENT with the compiler's words, and a constraint on a session or a state blob the
-documented FAILED_PRECONDITION, leaving the session as it was."""
+reported are allowed ones. Bad constraints get INVALID_ARGUMENT with the compiler's words. Sessions, forks and state blobs cut mid-structure
+carry the constraint's progress: continued call after call, forked, or resumed on a second
+replica, the joined output still validates."""
 import json
 import os
 import re
@@ -32,8 +33,9 @@ def api(proto_modules):
 def generate(api, constraint, seed, prompt=b"Her answer, written plainly:", **kw):
     """(output text, GenerateFinal, token messages) of one sampled constrained generation."""
     pb2, stub = api
+    sampling = kw.pop("sampling", pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed))
     request = pb2.GenerateRequest(model=MODEL, prompt_bytes=prompt, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS),
-                                  sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed), **kw)
+                                  sampling=sampling, **kw)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
     text, final, tokens = b"", None, []
@@ -142,23 +144,115 @@ def test_bad_constraints_are_invalid_arguments(api):
     expect_error(api, bad, [], pb2.Constraint(grammar='start ::= "x"'))
 
 
-def test_constraints_on_sessions_are_refused_and_leave_the_session_as_it_was(api):
+def continue_until_complete(api, first_text, first_final, max_calls=64, **where):
+    """Continues a session or blob (`where`: session_id=... or a state blob, renewed from each
+    final message) without naming its constraint, 12 tokens a call, until the output ends; the
+    joined text."""
+    pb2, _ = api
+    text, final = first_text, first_final
+    for _ in range(max_calls):
+        if final.finish_reason == pb2.FINISH_REASON_EOS:
+            return text
+        assert final.finish_reason == pb2.FINISH_REASON_LENGTH, final
+        if "state" in where:
+            where = {"state": final.state}
+        more, final, _ = generate(api, None, 0, prompt=b"", max_new_tokens=12, **where)
+        text += more
+    pytest.fail(f"the output did not complete in {max_calls} calls: {text!r}")
+
+
+@pytest.mark.parametrize("name", ["nested_object", "array_of_objects", "string_formats"])
+def test_a_session_continues_its_constrained_output_across_calls_and_forks(api, name):
+    """Cut every 12 tokens, a session's output goes on under its constraint call after call, and a
+    fork taken mid-structure goes on under it too: every joined output validates."""
     pb2, stub = api
-    precondition = grpc.StatusCode.FAILED_PRECONDITION
-    words = ["constraints on sessions are not supported yet"]
-    constraint = pb2.Constraint(regex="[a-z]+")
+    schema = SCHEMAS[name]
+    for seed in range(4):
+        session = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL)).session_id
+        text, final, _ = generate(api, pb2.Constraint(json_schema=json.dumps(schema)), seed,
+                                  session_id=session, max_new_tokens=12)
+        assert final.finish_reason == pb2.FINISH_REASON_LENGTH, (final, text)
+        info = stub.ExportSession(pb2.SessionRef(session_id=session)).session
+        assert info.constraint_pending
+        fork = stub.ForkSession(pb2.SessionRef(session_id=session)).session_id
+        joined = continue_until_complete(api, text, final, session_id=session)
+        check_output(schema, joined)
+        # The fork continues from where the session was when forked, under the same constraint,
+        # with its own draws (another seed).
+        forked_text, forked_final, _ = generate(api, None, 0, prompt=b"", session_id=fork, max_new_tokens=12,
+                                                sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed + 100))
+        forked = continue_until_complete(api, text + forked_text, forked_final, session_id=fork)
+        check_output(schema, forked)
+        # Complete: the session is unconstrained again.
+        assert not stub.ExportSession(pb2.SessionRef(session_id=session)).session.constraint_pending
+        for s in (session, fork):
+            stub.CloseSession(pb2.SessionRef(session_id=s))
+
+
+def test_a_prompt_continues_the_constrained_output_or_is_refused(api):
+    """A call's prompt on a session mid-structure becomes part of the output: allowed text steers
+    it, text the constraint refuses is INVALID_ARGUMENT leaving the session as it was;
+    clear_constraint continues unconstrained; a new constraint replaces the old."""
+    pb2, stub = api
+    pattern = r"[a-z]{3,12}@[a-z]{2,8}\.org"
     session = stub.CreateSession(pb2.CreateSessionRequest(model=MODEL)).session_id
-    expect_error(api, precondition, words, constraint, session_id=session)
-    info = stub.ExportSession(pb2.SessionRef(session_id=session)).session
-    assert info.position == 0
-    # The session is not left busy: an unconstrained call on it runs.
-    _, final, _ = generate(api, None, 1, session_id=session, max_new_tokens=4)
+    text, final, _ = generate(api, pb2.Constraint(regex=pattern), 3, session_id=session, max_new_tokens=2)
+    assert final.finish_reason == pb2.FINISH_REASON_LENGTH
+    before = stub.ExportSession(pb2.SessionRef(session_id=session)).session
+    details = expect_error(api, grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "constrained output", "clear_constraint"],
+                           None, session_id=session, prompt=b"!")
+    assert "token 0" in details, details
+    after = stub.ExportSession(pb2.SessionRef(session_id=session)).session
+    assert (after.position, after.constraint_pending) == (before.position, True)
+    more, final, _ = generate(api, None, 3, session_id=session, prompt=b"q", max_new_tokens=64)
+    assert final.finish_reason == pb2.FINISH_REASON_EOS, more
+    assert re.fullmatch(pattern, text + "q" + more), text + "q" + more
+
+    # Cut again, then cleared: the next call is free text.
+    generate(api, pb2.Constraint(regex=pattern), 4, session_id=session, prompt=b"\n", max_new_tokens=2)
+    assert stub.ExportSession(pb2.SessionRef(session_id=session)).session.constraint_pending
+    expect_error(api, grpc.StatusCode.INVALID_ARGUMENT, ["clear_constraint"], pb2.Constraint(regex=pattern),
+                 session_id=session, clear_constraint=True)
+    _, final, _ = generate(api, None, 4, session_id=session, prompt=b"!", clear_constraint=True, max_new_tokens=4)
     assert final.generated_tokens == 4
-    blob = stub.ExportSession(pb2.SessionRef(session_id=session)).state
-    expect_error(api, precondition, words, constraint, state=blob)
-    expect_error(api, precondition, words, constraint, return_state=True)
-    expect_error(api, precondition, words, constraint, state_every_tokens=4)
+    assert not stub.ExportSession(pb2.SessionRef(session_id=session)).session.constraint_pending
     stub.CloseSession(pb2.SessionRef(session_id=session))
+
+
+def test_a_blob_cut_mid_structure_resumes_on_another_replica_under_its_constraint(proto_modules, key_file):
+    """A state blob exported mid-structure (return_state, and the snapshots of state_every_tokens)
+    continues on a second server with the same key, without naming the constraint, and the output
+    joined over both servers validates."""
+    pb2, pb2_grpc = proto_modules
+    schema = SCHEMAS["nested_object"]
+    args = [f"--session_key_file={key_file}"]
+    with RunningServer(MODELS, args) as a, RunningServer(MODELS, args) as b, \
+            grpc.insecure_channel(a.address) as ca, grpc.insecure_channel(b.address) as cb:
+        grpc.channel_ready_future(ca).result(timeout=30)
+        grpc.channel_ready_future(cb).result(timeout=30)
+        on_a, on_b = (pb2, pb2_grpc.TostStub(ca)), (pb2, pb2_grpc.TostStub(cb))
+        for seed in range(6):
+            text, final, _ = generate(on_a, pb2.Constraint(json_schema=json.dumps(schema)), seed,
+                                      max_new_tokens=10, return_state=True)
+            assert final.finish_reason == pb2.FINISH_REASON_LENGTH and final.state, final
+            check_output(schema, continue_until_complete(on_b, text, final, state=final.state))
+        # A snapshot mid-stream resumes the same way: the tokens up to it, then the rest on b.
+        request = pb2.GenerateRequest(model=MODEL, prompt_bytes=b"Her answer, written plainly:", max_new_tokens=256,
+                                      sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=42),
+                                      constraint=pb2.Constraint(json_schema=json.dumps(schema)), state_every_tokens=8)
+        tokens, snapshot = [], None
+        for msg in on_a[1].Generate(request, timeout=300):
+            if msg.HasField("token"):
+                tokens.append(msg.token.bytes)
+            elif msg.HasField("snapshot") and snapshot is None and len(tokens) >= 16:
+                snapshot, upto = msg.snapshot, len(tokens)
+        assert snapshot is not None
+        prefix = b"".join(tokens[:upto]).decode()
+        more, final, _ = generate(on_b, None, 0, prompt=b"", state=snapshot.state, max_new_tokens=200)
+        check_output(schema, continue_until_complete(on_b, prefix + more, final, state=final.state))
+        # The same blob with clear_constraint goes on unconstrained.
+        _, final, _ = generate(on_b, None, 0, prompt=b"", state=snapshot.state, max_new_tokens=4, clear_constraint=True)
+        assert final.generated_tokens == 4
 
 
 def test_batch_invariant_constrained_outputs_do_not_depend_on_their_neighbours(proto_modules):

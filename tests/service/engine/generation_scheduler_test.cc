@@ -226,6 +226,20 @@ class DigitsConstraint final : public TokenConstraint {
     return absl::OkStatus();
   }
   bool Ended() const override { return ended_; }
+  absl::Status Replay(absl::Span<const int32_t> output) override {
+    accepted_ = 0;
+    ended_ = false;
+    for (size_t i = 0; i < output.size(); ++i) {
+      if (absl::Status s = Accept(output[i]); !s.ok()) {
+        accepted_ = 0;
+        ended_ = false;
+        return absl::InvalidArgumentError(
+            absl::StrCat("at output position ", i, ": ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+  const ConstraintSpec& spec() const override { return spec_; }
 
   static constexpr int32_t kEos = 256;  // FakeLanguageOptions::eos_token_id
 
@@ -237,6 +251,9 @@ class DigitsConstraint final : public TokenConstraint {
   const int32_t digits_;
   const int64_t vocab_words_;
   const bool admit_nothing_;
+  const ConstraintSpec spec_{.kind = ConstraintSpec::Kind::kRegex,
+                             .text = absl::StrCat("[0-9]{", digits_, "}"),
+                             .choices = {}};
   int32_t accepted_ = 0;
   bool ended_ = false;
 };
@@ -301,6 +318,120 @@ TEST_F(SchedulerTest, MaxNewTokensCutsAConstrainedOutputShortWithLength) {
   EXPECT_TRUE(std::all_of(c.text.begin(), c.text.end(), [](char ch) {
     return ch >= '0' && ch <= '9';
   })) << c.text;
+}
+
+// A call cut short leaves its state under the constraint with the output so far; the next call
+// continues under it (replayed), and the output joined over the calls is one the constraint
+// accepts; once complete the state is unconstrained again.
+TEST_F(SchedulerTest, AConstrainedOutputCutShortContinuesUnderItsConstraintInTheNextCall) {
+  auto s = Make();
+  GenerationRequest first = Request(*s, "Hello", 4, /*seed=*/9, /*temperature=*/1.f);
+  first.constraint = std::make_unique<DigitsConstraint>(7);
+  auto job = s->Submit(std::move(first));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected a;
+  RunAll(*s, {{*job, &a}});
+  ASSERT_EQ(a.final->finish_reason, FinishReason::kLength);
+  GenerationState state = a.final->snapshot;
+  ASSERT_TRUE(state.constraint.has_value());
+  EXPECT_EQ(state.constraint->spec.text, "[0-9]{7}");
+  EXPECT_EQ(state.constraint->output, a.tokens);
+  GenerationState unconstrained = state;
+  unconstrained.constraint.reset();
+  EXPECT_EQ(state.ByteSize(), unconstrained.ByteSize() + state.constraint->ByteSize())
+      << "the session budget counts the constraint";
+
+  // Continued with the state's own constraint, replayed, and one prompt token steering it.
+  auto constraint = std::make_unique<DigitsConstraint>(7);
+  ASSERT_TRUE(constraint->Replay(state.constraint->output).ok());
+  ASSERT_TRUE(constraint->Accept('5').ok());
+  GenerationRequest second;
+  second.state = state;
+  second.prompt = {'5'};
+  second.max_new_tokens = 20;
+  second.constraint = std::move(constraint);
+  second.constraint_continues = true;
+  job = s->Submit(std::move(second));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected b;
+  RunAll(*s, {{*job, &b}});
+  EXPECT_EQ(b.final->finish_reason, FinishReason::kEos);
+  const std::string joined = a.text + "5" + b.text;
+  ASSERT_EQ(joined.size(), 7u) << joined;
+  EXPECT_TRUE(std::all_of(joined.begin(), joined.end(), [](char ch) {
+    return ch >= '0' && ch <= '9';
+  })) << joined;
+  EXPECT_FALSE(b.final->snapshot.constraint.has_value()) << "a complete output is unconstrained";
+}
+
+// A state under a constraint is not continued unconstrained by omission: without a constraint it
+// is refused unless the call clears it; a failed call leaves the state's progress as it was.
+TEST_F(SchedulerTest, AStateUnderAConstraintIsRefusedWithoutItUnlessCleared) {
+  auto s = Make();
+  GenerationRequest first = Request(*s, "Hello", 2);
+  first.constraint = std::make_unique<DigitsConstraint>(5);
+  auto job = s->Submit(std::move(first));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected a;
+  RunAll(*s, {{*job, &a}});
+  const GenerationState state = a.final->snapshot;
+  ASSERT_TRUE(state.constraint.has_value());
+
+  GenerationRequest bare;
+  bare.state = state;
+  bare.prompt = {'x'};
+  bare.max_new_tokens = 3;
+  const absl::Status refused = s->Submit(std::move(bare)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("clear_constraint"));
+
+  // Claiming to continue with another constraint than the state's is a caller's bug.
+  GenerationRequest other;
+  other.state = state;
+  other.max_new_tokens = 3;
+  other.constraint = std::make_unique<DigitsConstraint>(6);
+  other.constraint_continues = true;
+  EXPECT_EQ(s->Submit(std::move(other)).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A call past its deadline fails and gives back the state it found, progress included.
+  GenerationRequest late;
+  late.state = state;
+  late.max_new_tokens = 3;
+  late.clear_constraint = true;
+  late.deadline = clock_.Now() + absl::Seconds(1);
+  job = s->Submit(std::move(late));
+  ASSERT_TRUE(job.ok()) << job.status();
+  clock_.Advance(absl::Seconds(2));
+  Collected failed;
+  RunAll(*s, {{*job, &failed}});
+  EXPECT_EQ(failed.final->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(failed.final->snapshot.constraint, state.constraint);
+
+  GenerationRequest cleared;
+  cleared.state = state;
+  cleared.prompt = {'x'};
+  cleared.max_new_tokens = 3;
+  cleared.clear_constraint = true;
+  job = s->Submit(std::move(cleared));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected c;
+  RunAll(*s, {{*job, &c}});
+  EXPECT_TRUE(c.final->status.ok()) << c.final->status;
+  EXPECT_FALSE(c.final->snapshot.constraint.has_value());
+
+  // A new constraint replaces the state's, starting after the prompt.
+  GenerationRequest replaced;
+  replaced.state = state;
+  replaced.prompt = {'x'};
+  replaced.max_new_tokens = 2;
+  replaced.constraint = std::make_unique<DigitsConstraint>(4);
+  job = s->Submit(std::move(replaced));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected d;
+  RunAll(*s, {{*job, &d}});
+  ASSERT_TRUE(d.final->snapshot.constraint.has_value());
+  EXPECT_EQ(d.final->snapshot.constraint->spec.text, "[0-9]{4}");
+  EXPECT_EQ(d.final->snapshot.constraint->output, d.tokens);
 }
 
 // A constraint that admits no token ends the job at once, not with a garbage draw or a hang.

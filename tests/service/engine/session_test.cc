@@ -205,6 +205,45 @@ TEST_F(SessionCodecTest, RoundTripsEveryField) {
   EXPECT_EQ(codec->Open(tampered).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A state in the middle of a constrained output carries its constraint and progress, as a version
+// 3 blob (older replicas refuse it rather than continue unconstrained); every other state is still
+// written as version 2. An inconsistent progress is refused.
+TEST_F(SessionCodecTest, AConstraintInProgressRoundTripsAsVersionThree) {
+  const SessionCodec codec = Codec({kKey});
+  const auto version = [](const std::string& blob) {
+    return static_cast<uint8_t>(blob[8]) | static_cast<uint8_t>(blob[9]) << 8;
+  };
+  EXPECT_EQ(version(Blob(codec)), 2);
+  GenerationState s = SmallState(config.name, floats());
+  s.constraint = ConstraintProgress{
+      .spec = {.kind = ConstraintSpec::Kind::kChoice, .text = "", .choices = {"yes", "no\n"}},
+      .output = {'n', 'o'}};
+  std::string blob = codec.Encode(s, identity, kAnonymousCaller);
+  EXPECT_EQ(version(blob), 3);
+  auto back = codec.Decode(blob, identity, kAnonymousCaller);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->constraint, s.constraint);
+  s.constraint->spec = {
+      .kind = ConstraintSpec::Kind::kJsonSchema, .text = R"({"type":"integer"})", .choices = {}};
+  back = codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->constraint, s.constraint);
+
+  // More output than the sequence holds (position 17 and a pending token), or ids outside the
+  // vocabulary: not a state this server wrote.
+  s.constraint->output.assign(19, '1');
+  EXPECT_EQ(codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  s.constraint->output = {static_cast<int32_t>(config.language.vocab_size)};
+  const absl::Status outside =
+      codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller)
+          .status();
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(outside.message().find("outside the vocabulary"), std::string::npos) << outside;
+}
+
 TEST_F(SessionCodecTest, RefusesTamperedTruncatedForeignAndMismatchedBlobs) {
   // Bound and expiring, so that flipping a bit of the owner or the expiry is caught too.
   const SessionCodec codec = Codec({kKey}, absl::Hours(1));
@@ -348,14 +387,15 @@ TEST_F(SessionCodecTest, VersionOneBlobsAreReadOnlyWithoutOwnersAndExpiry) {
   EXPECT_NE(expiring.status().message().find("--session_blob_ttl_s"), std::string::npos)
       << expiring.status();
 
-  // New blobs are version 2; unknown versions are not blobs of this server.
+  // New blobs are version 2 (3 with a constraint in progress); unknown versions are not blobs of
+  // this server.
   const std::string v2 = Blob(Codec({kKey}));
   EXPECT_EQ(v2.substr(8, 4), std::string("\x02\0\0\0", 4));
-  std::string v3 = v2;
-  v3[8] = 3;
-  auto unknown = Codec({kKey}).Decode(v3, identity, kAnonymousCaller);
+  std::string v4 = v2;
+  v4[8] = 4;
+  auto unknown = Codec({kKey}).Decode(v4, identity, kAnonymousCaller);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("version 3"), std::string::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("version 4"), std::string::npos) << unknown.status();
 }
 
 TEST(SessionKeys, AFileWithoutTheHeaderIsOneKeyByteForByte) {
