@@ -286,6 +286,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   engine_options.sessions = options.sessions;
   engine_options.sessions.observer = server->metrics_.get();
   engine_options.prefix_cache = options.prefix_cache;
+  engine_options.constraints = options.constraints;
   engine_options.session_store = std::move(shared_store.sessions);
   engine_options.prefix_cache_tier = std::move(shared_store.prefix_tier);
   TOST_ASSIGN_OR_RETURN(server->engine_,

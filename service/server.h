@@ -59,6 +59,7 @@ struct ServerOptions {
   DynamicBatcherOptions batching;         // per vision model (model_name is filled in per model)
   SessionStoreOptions sessions;
   PrefixCacheOptions prefix_cache;
+  ConstraintCompilerOptions constraints;
   std::string session_key_file;  // key or key list for state blobs; empty = random per process
   // Where server-held sessions live: "memory" (this process) or
   // redis://[user:password@]host:port[/db], shared by every replica that names it and has the same

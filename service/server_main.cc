@@ -136,6 +136,13 @@ ABSL_FLAG(int64_t, prefix_cache_bytes, 64LL << 20,
           "Bytes of the prefix-state cache: sequence statistics at exact prompt and reply ends, "
           "so a client resending a conversation prefills only its new tokens (per owner; LRU "
           "beyond); 0 disables it");
+ABSL_FLAG(int64_t, constraint_cache_entries, 256,
+          "Compiled constraints (JSON schemas, regexes, grammars, choices) kept per language "
+          "model, least recently used evicted first; a request with a cached one skips its "
+          "compile");
+ABSL_FLAG(int64_t, constraint_compile_timeout_ms, 2000,
+          "How long a constrained request waits for its constraint's compile before it is refused "
+          "(RESOURCE_EXHAUSTED); the compile goes on and enters the cache, so a retry may find it");
 ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
 ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it "
@@ -222,6 +229,9 @@ absl::Status CheckNumericFlags() {
       {"session_lease_ms", absl::GetFlag(FLAGS_session_lease_ms), 100, kDayS * 1000},
       {"prefix_cache_bytes", absl::GetFlag(FLAGS_prefix_cache_bytes), 0, int64_t{1} << 48,
        "0 = no prefix cache"},
+      {"constraint_cache_entries", absl::GetFlag(FLAGS_constraint_cache_entries), 1, 1 << 20},
+      {"constraint_compile_timeout_ms", absl::GetFlag(FLAGS_constraint_compile_timeout_ms), 0,
+       600'000, "0 = only constraints already compiled"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
        "0 = blobs do not expire"},
       {"heap_trim_interval_ms", absl::GetFlag(FLAGS_heap_trim_interval_ms), 0, 3'600'000,
@@ -336,6 +346,8 @@ int main(int argc, char** argv) {
   options.sessions.max_state_bytes = absl::GetFlag(FLAGS_session_budget_bytes);
   options.sessions.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
   options.prefix_cache.max_bytes = absl::GetFlag(FLAGS_prefix_cache_bytes);
+  options.constraints.max_entries = absl::GetFlag(FLAGS_constraint_cache_entries);
+  options.constraints.max_compile_ms = absl::GetFlag(FLAGS_constraint_compile_timeout_ms);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
   options.session_store = absl::GetFlag(FLAGS_session_store);

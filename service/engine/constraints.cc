@@ -113,6 +113,23 @@ absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
   return std::make_unique<MatcherConstraint>(spec, std::move(compiled));
 }
 
+ConstraintCacheStats ConstraintCompiler::stats() const {
+  std::shared_ptr<structured::GrammarCache> cache;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (!impl_->built || !impl_->cache.ok()) return {};
+    cache = *impl_->cache;
+  }
+  const structured::GrammarCacheStats s = cache->stats();
+  return {.hits = s.hits,
+          .compiles = s.compiles,
+          .compile_errors = s.compile_errors,
+          .timeouts = s.timeouts,
+          .evictions = s.evictions,
+          .compile_micros_total = s.compile_micros_total,
+          .entries = s.entries};
+}
+
 #else  // !TOST_WITH_STRUCTURED
 
 struct ConstraintCompiler::Impl {
@@ -132,6 +149,8 @@ absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
                    "\" does not support constrained generation: this server was built without "
                    "XGrammar (TOST_XGRAMMAR_SOURCE_DIR was not configured)"));
 }
+
+ConstraintCacheStats ConstraintCompiler::stats() const { return {}; }
 
 #endif  // TOST_WITH_STRUCTURED
 

@@ -43,6 +43,17 @@ class TokenConstraint {
   virtual const ConstraintSpec& spec() const = 0;
 };
 
+// What a model's compiled-constraint cache did since the server started (metrics).
+struct ConstraintCacheStats {
+  int64_t hits = 0;            // constraints found compiled
+  int64_t compiles = 0;        // compiles that finished with a compiled constraint
+  int64_t compile_errors = 0;  // compiles the compiler refused (INVALID_ARGUMENT)
+  int64_t timeouts = 0;        // requests refused because their compile ran past max_compile_ms
+  int64_t evictions = 0;
+  int64_t compile_micros_total = 0;  // wall time of finished compiles
+  int64_t entries = 0;
+};
+
 struct ConstraintCompilerOptions {
   // Compiled constraints kept per model (least recently used evicted first).
   int64_t max_entries = 256;
@@ -66,6 +77,9 @@ class ConstraintCompiler {
   // naming the model, when the model's tokenizer cannot support constraints (or the server was
   // built without XGrammar). The model's grammar vocabulary is built on the first call.
   absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const ConstraintSpec& spec);
+
+  // All zero until the first constrained request builds the cache.
+  ConstraintCacheStats stats() const;
 
  private:
   struct Impl;

@@ -201,6 +201,9 @@ EngineStats Engine::Stats() const {
     g.max_queued = scheduler->options().max_queued_jobs;
     g.state_bytes_per_session = static_cast<int64_t>(scheduler->NewState({}).ByteSize());
     g.prefix_cache = prefix_cache_.stats(name);
+    if (auto it = constraints_.find(name); it != constraints_.end()) {
+      g.constraints = it->second->stats();
+    }
     out.generators.push_back(std::move(g));
   }
   for (const auto& [name, batcher] : batchers_) {

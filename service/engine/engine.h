@@ -78,6 +78,7 @@ struct GeneratorStats {
   int32_t max_queued = 0;
   int64_t state_bytes_per_session = 0;
   PrefixCacheModelStats prefix_cache;
+  ConstraintCacheStats constraints;
 };
 struct ClassifierStats {
   std::string model;

@@ -830,8 +830,11 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
     if (TokenConstraint* constraint = job->request.constraint.get(); constraint != nullptr) {
       // Here, before the step: a row whose constraint admits nothing is not decoded at all (its
       // draw would pick from nothing but -infinity).
+      const absl::Time mask_start = clock_->Now();
       job->allowed.resize(static_cast<size_t>(constraint->bitmask_words()));
       constraint->FillAllowed(absl::MakeSpan(job->allowed));
+      out.mask_time += clock_->Now() - mask_start;
+      ++out.constrained_rows;
       if (std::all_of(job->allowed.begin(), job->allowed.end(),
                       [](uint32_t word) { return word == 0; })) {
         FinishActive(*job, FinishReason::kConstraint);
@@ -911,6 +914,8 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
     record.tokens_emitted = batch;
     record.time_to_first_token = decode.first_token;
     record.inter_token_latency = decode.inter_token;
+    record.constrained_rows = decode.constrained_rows;
+    record.mask_time = decode.mask_time;
     options_.observer->OnStep(record);
   }
 }

@@ -183,6 +183,10 @@ struct GenerationStepRecord {
   absl::Span<const absl::Duration> time_to_first_token;
   // One entry per other token emitted: since the same job's previous token.
   absl::Span<const absl::Duration> inter_token_latency;
+  // Constrained generation: decode rows whose draw this step was masked, and the time the
+  // scheduler spent computing their masks (on its thread, before the step).
+  int32_t constrained_rows = 0;
+  absl::Duration mask_time;
 };
 
 // Called on the step loop's thread after each step that did work; must be cheap and thread-safe.
@@ -335,6 +339,8 @@ class GenerationScheduler {
     std::vector<Job*> jobs;  // decoded this step, in the order of `drawn`
     absl::StatusOr<std::vector<model::DrawnToken>> drawn;
     std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
+    int32_t constrained_rows = 0;                          // rows whose draw had a mask
+    absl::Duration mask_time;  // computing those masks (the scheduler's clock)
   };
   // Drops cancelled and expired queued jobs, admits queued jobs to free places (with their rows).
   Admission Schedule(absl::Time now);

@@ -61,6 +61,10 @@ const Histogram::BucketBoundaries kQueueBuckets = {
 // One batched forward pass.
 const Histogram::BucketBoundaries kComputeBuckets = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
                                                      0.1,    0.2,   0.5,   1,     2,    5};
+// A step's masks: tens of microseconds for a few byte-vocabulary rows, milliseconds for many rows
+// of a large vocabulary.
+const Histogram::BucketBoundaries kMaskBuckets = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025};
 // Images per classification batch, sequences per decode step (powers of two up to 256).
 const Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 // Submit to first token: queueing plus prefill.
@@ -209,6 +213,40 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily(
         "tost_prefix_cache_budget_bytes", "Prefix-state cache byte budget (--prefix_cache_bytes)",
         MetricType::Gauge, {GaugeSample(static_cast<double>(stats.prefix_cache_budget_bytes))}));
+    std::vector<ClientMetric> c_hits, c_compiles, c_seconds, c_timeouts, c_evictions, c_entries;
+    for (const GeneratorStats& g : stats.generators) {
+      const ConstraintCacheStats& c = g.constraints;
+      const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
+      c_hits.push_back(CounterSample(static_cast<double>(c.hits), labels));
+      c_compiles.push_back(
+          CounterSample(static_cast<double>(c.compiles), {{"model", g.model}, {"outcome", "ok"}}));
+      c_compiles.push_back(CounterSample(static_cast<double>(c.compile_errors),
+                                         {{"model", g.model}, {"outcome", "invalid"}}));
+      c_seconds.push_back(
+          CounterSample(static_cast<double>(c.compile_micros_total) * 1e-6, labels));
+      c_timeouts.push_back(CounterSample(static_cast<double>(c.timeouts), labels));
+      c_evictions.push_back(CounterSample(static_cast<double>(c.evictions), labels));
+      c_entries.push_back(GaugeSample(static_cast<double>(c.entries), labels));
+    }
+    out.push_back(MakeFamily("tost_constraint_cache_hits_total",
+                             "Constrained requests whose constraint was already compiled",
+                             MetricType::Counter, std::move(c_hits)));
+    out.push_back(
+        MakeFamily("tost_constraint_compiles_total",
+                   "Constraint compiles finished: ok, or refused by the compiler (invalid)",
+                   MetricType::Counter, std::move(c_compiles)));
+    out.push_back(MakeFamily("tost_constraint_compile_seconds_total",
+                             "Wall time of the finished constraint compiles", MetricType::Counter,
+                             std::move(c_seconds)));
+    out.push_back(MakeFamily("tost_constraint_compile_timeouts_total",
+                             "Constrained requests refused because their compile ran past "
+                             "--constraint_compile_timeout_ms",
+                             MetricType::Counter, std::move(c_timeouts)));
+    out.push_back(MakeFamily("tost_constraint_cache_evictions_total",
+                             "Compiled constraints evicted (least recently used) for room",
+                             MetricType::Counter, std::move(c_evictions)));
+    out.push_back(MakeFamily("tost_constraint_cache_entries", "Compiled constraints held",
+                             MetricType::Gauge, std::move(c_entries)));
     std::vector<ClientMetric> depth, capacity;
     for (const ClassifierStats& c : stats.classifiers) {
       const std::vector<ClientMetric::Label> labels = {{"model", c.model},
@@ -277,6 +315,7 @@ struct Metrics::Impl {
     Counter* generated_tokens = nullptr;
     Histogram* ttft = nullptr;
     Histogram* itl = nullptr;
+    Histogram* mask = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
@@ -326,6 +365,11 @@ struct Metrics::Impl {
                                 .Name("tost_time_to_first_token_seconds")
                                 .Help("Generate: from admission to the stream's first token")
                                 .Register(*registry);
+  Family<Histogram>& constraint_mask =
+      BuildHistogram()
+          .Name("tost_constraint_mask_seconds")
+          .Help("Constrained generation: computing the token masks of one decode step's rows")
+          .Register(*registry);
   Family<Histogram>& itl = BuildHistogram()
                                .Name("tost_inter_token_latency_seconds")
                                .Help("Generate: between consecutive tokens of one stream")
@@ -476,6 +520,7 @@ struct Metrics::Impl {
     s.generated_tokens = &generated_tokens.Add({{"model", name}});
     s.ttft = &ttft.Add({{"model", name}}, kTtftBuckets);
     s.itl = &itl.Add({{"model", name}}, kItlBuckets);
+    s.mask = &constraint_mask.Add({{"model", name}}, kMaskBuckets);
     return generate.emplace(name, s).first->second;
   }
 };
@@ -632,6 +677,7 @@ void Metrics::OnStep(const GenerationStepRecord& record) {
     s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
   for (absl::Duration d : record.time_to_first_token) s.ttft->Observe(absl::ToDoubleSeconds(d));
   for (absl::Duration d : record.inter_token_latency) s.itl->Observe(absl::ToDoubleSeconds(d));
+  if (record.constrained_rows > 0) s.mask->Observe(absl::ToDoubleSeconds(record.mask_time));
 }
 
 std::string Metrics::Render() const {

@@ -77,6 +77,7 @@ void GrammarCache::RunCompile(std::shared_ptr<Pending> pending, Constraint const
   absl::MutexLock lock(&mu_);
   stats_.compile_micros_total += micros;
   if (result.ok()) {
+    ++stats_.compiles;
     InsertLocked(key, *result);
   } else {
     ++stats_.compile_errors;

@@ -38,6 +38,7 @@ struct GrammarCacheOptions {
 struct GrammarCacheStats {
   int64_t hits = 0;
   int64_t misses = 0;          // Gets that found no compiled constraint (valid ones only)
+  int64_t compiles = 0;        // compiles that finished with a compiled constraint
   int64_t compile_errors = 0;  // compiles that failed (INVALID_ARGUMENT)
   int64_t timeouts = 0;        // Gets refused because the compile ran past max_compile_ms
   int64_t evictions = 0;

@@ -8,6 +8,7 @@ replica, the joined output still validates."""
 import json
 import os
 import re
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -273,3 +274,40 @@ def test_batch_invariant_constrained_outputs_do_not_depend_on_their_neighbours(p
         status = generator_status(api[1].ServerStatus(pb2.ServerStatusRequest()), MODEL)
     assert status.max_decode_batch > 1, "the generations never shared a decode step"
     assert together == alone
+
+
+def scrape(metrics_port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("tost_constraint_") and f'model="{MODEL}"' in line:
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_count_compiles_cache_hits_and_mask_time(proto_modules):
+    """A new schema compiles once (its time counted), the same schema again is a cache hit, a bad
+    one counts as invalid; every constrained decode step observes its mask time."""
+    pb2, pb2_grpc = proto_modules
+    with RunningServer(MODELS) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        schema = pb2.Constraint(json_schema=json.dumps(SCHEMAS["bounds"]))
+        _, first, _ = generate(api, schema, 1, max_new_tokens=8)
+        _, second, _ = generate(api, schema, 2, max_new_tokens=8)
+        expect_error(api, grpc.StatusCode.INVALID_ARGUMENT, [], pb2.Constraint(regex="([a-z"))
+        m = scrape(srv.metrics_port)
+    label = f'model="{MODEL}"'
+    assert m[f'tost_constraint_compiles_total{{{label},outcome="ok"}}'] == 1
+    assert m[f'tost_constraint_compiles_total{{{label},outcome="invalid"}}'] == 1
+    assert m[f"tost_constraint_cache_hits_total{{{label}}}"] == 1
+    assert m[f"tost_constraint_cache_entries{{{label}}}"] == 1
+    assert 0 < m[f"tost_constraint_compile_seconds_total{{{label}}}"] < 10
+    assert m[f"tost_constraint_compile_timeouts_total{{{label}}}"] == 0
+    # One observation per decode step with a constrained row, and each of the calls' tokens (one
+    # after the other) was drawn by a step of its own.
+    steps = m[f"tost_constraint_mask_seconds_count{{{label}}}"]
+    assert steps == first.generated_tokens + second.generated_tokens, steps
+    assert 0 < m[f"tost_constraint_mask_seconds_sum{{{label}}}"] < 1

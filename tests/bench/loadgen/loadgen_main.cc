@@ -67,6 +67,8 @@ ABSL_FLAG(std::string, prompt_text, "Once upon a time", "Prompt bytes (when --pr
 ABSL_FLAG(int, prompt_tokens, 0, "Send this many random token ids as the prompt instead of text");
 ABSL_FLAG(int, max_new_tokens, 64, "Tokens generated per Generate call");
 ABSL_FLAG(double, temperature, 1.0, "Sampling temperature (0 = greedy); seeds differ per call");
+ABSL_FLAG(std::string, json_schema, "",
+          "Constrain every Generate call to this JSON schema (the schema's text; empty: none)");
 
 namespace tost::loadgen {
 namespace {
@@ -323,6 +325,10 @@ absl::Status PrepareGenerate(Tost::Stub& stub, Workloads& w, RunInfo& info) {
                                        : absl::StrCat("\"", absl::GetFlag(FLAGS_prompt_text), "\"");
   info.workload_params["max_new_tokens"] = absl::StrCat(absl::GetFlag(FLAGS_max_new_tokens));
   info.workload_params["temperature"] = absl::StrCat(absl::GetFlag(FLAGS_temperature));
+  if (const std::string schema = absl::GetFlag(FLAGS_json_schema); !schema.empty()) {
+    req.mutable_constraint()->set_json_schema(schema);
+    info.workload_params["json_schema"] = schema;
+  }
   return absl::OkStatus();
 }
 
