@@ -140,6 +140,10 @@ ABSL_FLAG(int64_t, constraint_cache_entries, 256,
           "Compiled constraints (JSON schemas, regexes, grammars, choices) kept per language "
           "model, least recently used evicted first; a request with a cached one skips its "
           "compile");
+ABSL_FLAG(int64_t, constraint_cache_bytes, 256LL << 20,
+          "Bytes the compiled constraints of one language model may hold (grammars and their "
+          "token masks, least recently used evicted first); a constraint whose compiled form "
+          "takes more than an eighth of this is refused (INVALID_ARGUMENT)");
 ABSL_FLAG(int64_t, constraint_compile_timeout_ms, 2000,
           "How long a constrained request waits for its constraint's compile before it is refused "
           "(RESOURCE_EXHAUSTED); the compile goes on and enters the cache, so a retry may find it");
@@ -230,6 +234,8 @@ absl::Status CheckNumericFlags() {
       {"prefix_cache_bytes", absl::GetFlag(FLAGS_prefix_cache_bytes), 0, int64_t{1} << 48,
        "0 = no prefix cache"},
       {"constraint_cache_entries", absl::GetFlag(FLAGS_constraint_cache_entries), 1, 1 << 20},
+      {"constraint_cache_bytes", absl::GetFlag(FLAGS_constraint_cache_bytes), 1 << 16,
+       int64_t{1} << 40},
       {"constraint_compile_timeout_ms", absl::GetFlag(FLAGS_constraint_compile_timeout_ms), 0,
        600'000, "0 = only constraints already compiled"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
@@ -348,6 +354,7 @@ int main(int argc, char** argv) {
   options.prefix_cache.max_bytes = absl::GetFlag(FLAGS_prefix_cache_bytes);
   options.constraints.max_entries = absl::GetFlag(FLAGS_constraint_cache_entries);
   options.constraints.max_compile_ms = absl::GetFlag(FLAGS_constraint_compile_timeout_ms);
+  options.constraints.max_bytes = absl::GetFlag(FLAGS_constraint_cache_bytes);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
   options.session_store = absl::GetFlag(FLAGS_session_store);

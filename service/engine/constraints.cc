@@ -85,6 +85,7 @@ struct ConstraintCompiler::Impl {
       } else {
         structured::GrammarCacheOptions cache_options;
         cache_options.max_entries = options.max_entries;
+        cache_options.max_bytes = options.max_bytes;
         cache_options.max_compile_ms = options.max_compile_ms;
         cache = std::make_shared<structured::GrammarCache>(*std::move(vocabulary), cache_options);
       }
@@ -127,7 +128,8 @@ ConstraintCacheStats ConstraintCompiler::stats() const {
           .timeouts = s.timeouts,
           .evictions = s.evictions,
           .compile_micros_total = s.compile_micros_total,
-          .entries = s.entries};
+          .entries = s.entries,
+          .bytes = s.bytes};
 }
 
 #else  // !TOST_WITH_STRUCTURED

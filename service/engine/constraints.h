@@ -52,11 +52,15 @@ struct ConstraintCacheStats {
   int64_t evictions = 0;
   int64_t compile_micros_total = 0;  // wall time of finished compiles
   int64_t entries = 0;
+  int64_t bytes = 0;  // what the entries hold
 };
 
 struct ConstraintCompilerOptions {
-  // Compiled constraints kept per model (least recently used evicted first).
+  // Compiled constraints kept per model (least recently used evicted first), at most max_entries
+  // holding at most max_bytes; one whose compiled form takes more than max_bytes / 8 is refused
+  // (INVALID_ARGUMENT) instead of kept.
   int64_t max_entries = 256;
+  int64_t max_bytes = int64_t{256} << 20;
   // How long a request waits for its constraint's compile before it is refused with
   // RESOURCE_EXHAUSTED (the compile goes on in the background; a retry may hit the cache).
   int64_t max_compile_ms = 2000;

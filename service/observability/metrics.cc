@@ -213,7 +213,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily(
         "tost_prefix_cache_budget_bytes", "Prefix-state cache byte budget (--prefix_cache_bytes)",
         MetricType::Gauge, {GaugeSample(static_cast<double>(stats.prefix_cache_budget_bytes))}));
-    std::vector<ClientMetric> c_hits, c_compiles, c_seconds, c_timeouts, c_evictions, c_entries;
+    std::vector<ClientMetric> c_hits, c_compiles, c_seconds, c_timeouts, c_evictions, c_entries,
+        c_bytes;
     for (const GeneratorStats& g : stats.generators) {
       const ConstraintCacheStats& c = g.constraints;
       const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
@@ -227,6 +228,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
       c_timeouts.push_back(CounterSample(static_cast<double>(c.timeouts), labels));
       c_evictions.push_back(CounterSample(static_cast<double>(c.evictions), labels));
       c_entries.push_back(GaugeSample(static_cast<double>(c.entries), labels));
+      c_bytes.push_back(GaugeSample(static_cast<double>(c.bytes), labels));
     }
     out.push_back(MakeFamily("tost_constraint_cache_hits_total",
                              "Constrained requests whose constraint was already compiled",
@@ -247,6 +249,9 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
                              MetricType::Counter, std::move(c_evictions)));
     out.push_back(MakeFamily("tost_constraint_cache_entries", "Compiled constraints held",
                              MetricType::Gauge, std::move(c_entries)));
+    out.push_back(MakeFamily("tost_constraint_cache_bytes",
+                             "Bytes the compiled constraints hold (grammars and token masks)",
+                             MetricType::Gauge, std::move(c_bytes)));
     std::vector<ClientMetric> depth, capacity;
     for (const ClassifierStats& c : stats.classifiers) {
       const std::vector<ClientMetric::Label> labels = {{"model", c.model},

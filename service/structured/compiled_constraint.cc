@@ -84,11 +84,21 @@ std::string CompilerMessage(std::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
-    const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint) {
+    const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint,
+    int64_t max_bytes) {
   if (absl::Status valid = Validate(constraint); !valid.ok()) return valid;
   try {
-    return std::make_shared<const CompiledConstraint>(CompiledConstraint{
-        constraint.kind, Compile(vocabulary->compiler(), constraint), vocabulary});
+    xgrammar::CompiledGrammar grammar = Compile(vocabulary->compiler(), constraint);
+    const auto bytes = static_cast<int64_t>(grammar.MemorySizeBytes());
+    if (max_bytes > 0 && bytes > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "constraint ", KindName(constraint.kind), " for model ", vocabulary->model_name(),
+          ": compiled, it takes ", bytes, " bytes, expected at most ", max_bytes,
+          " (an eighth of --constraint_cache_bytes); simplify it (fewer alternatives, shorter "
+          "bounded repetitions), as retrying gets the same answer"));
+    }
+    return std::make_shared<const CompiledConstraint>(
+        CompiledConstraint{constraint.kind, std::move(grammar), vocabulary, bytes});
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "constraint ", KindName(constraint.kind), " for model ", vocabulary->model_name(),

@@ -17,11 +17,15 @@ struct CompiledConstraint {
   xgrammar::CompiledGrammar grammar;
   // Kept alive with the grammar: matchers read its sizes and end-of-text id.
   std::shared_ptr<const GrammarVocabulary> vocabulary;
+  // What the compiled grammar holds (the grammar and its token-mask cache), as XGrammar counts it.
+  int64_t bytes = 0;
 };
 
 // Compiles `constraint` (validated first) on the calling thread, however long it takes; the
 // GrammarCache bounds the wait. INVALID_ARGUMENT with the compiler's message when the schema,
-// regex or grammar is not one it accepts.
+// regex or grammar is not one it accepts, and when its compiled form holds more than `max_bytes`
+// (0: no bound): what it would keep in memory for as long as it is cached, so a constraint
+// under the text-size bound that still compiles to something huge is refused, not kept.
 //
 // How each kind compiles, and why:
 //  - kJsonSchema: XGrammar's JSON-schema converter in strict mode (an object without
@@ -35,7 +39,8 @@ struct CompiledConstraint {
 //    quote, backslash and control characters are escaped (\uXXXX: XGrammar's \x takes any
 //    number of hex digits, so it could swallow the characters after it).
 absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
-    const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint);
+    const std::shared_ptr<GrammarVocabulary>& vocabulary, const Constraint& constraint,
+    int64_t max_bytes = 0);
 
 // The EBNF grammar a kChoice constraint compiles to (exposed for tests).
 std::string ChoiceGrammar(const Constraint& constraint);

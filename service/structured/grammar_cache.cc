@@ -11,9 +11,10 @@ namespace tost::structured {
 
 GrammarCache::GrammarCache(std::shared_ptr<GrammarVocabulary> vocabulary,
                            const GrammarCacheOptions& options)
-    : GrammarCache(vocabulary, options, [vocabulary](const Constraint& constraint) {
-        return CompileConstraint(vocabulary, constraint);
-      }) {}
+    : GrammarCache(vocabulary, options,
+                   [vocabulary, max_bytes = options.max_bytes / 8](const Constraint& constraint) {
+                     return CompileConstraint(vocabulary, constraint, max_bytes);
+                   }) {}
 
 GrammarCache::GrammarCache(std::shared_ptr<GrammarVocabulary> vocabulary,
                            const GrammarCacheOptions& options, CompileFunction compile)
@@ -60,9 +61,14 @@ void GrammarCache::InsertLocked(const std::string& key,
     lru_.splice(lru_.begin(), lru_, it->second);
     return;
   }
+  bytes_ += compiled->bytes;
   lru_.push_front(Entry{key, std::move(compiled)});
   index_[key] = lru_.begin();
-  while (static_cast<int64_t>(lru_.size()) > options_.max_entries) {
+  // The newest entry stays even alone over max_bytes (only a test's compile function makes one:
+  // CompileConstraint refuses what exceeds an eighth of it).
+  while (static_cast<int64_t>(lru_.size()) > options_.max_entries ||
+         (bytes_ > options_.max_bytes && lru_.size() > 1)) {
+    bytes_ -= lru_.back().compiled->bytes;
     index_.erase(lru_.back().key);
     lru_.pop_back();
     ++stats_.evictions;
@@ -113,8 +119,8 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> GrammarCache::Get(
         result = absl::ResourceExhaustedError(absl::StrCat(
             "compiling the ", kind, " constraint for model ", vocabulary_->model_name(),
             ": expected fewer than ", options_.max_background_compiles,
-            " compiles running past max_compile_ms (", options_.max_compile_ms, " ms), found ",
-            background_compiles_, " still running; try again later"));
+            " compiles running past --constraint_compile_timeout_ms (", options_.max_compile_ms,
+            " ms), found ", background_compiles_, " still running; try again later"));
       } else {
         ++stats_.misses;
         pending = std::make_shared<Pending>();
@@ -140,8 +146,8 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> GrammarCache::Get(
           result = absl::ResourceExhaustedError(absl::StrCat(
               "compiling the ", kind, " constraint for model ", vocabulary_->model_name(),
               " took longer than ", options_.max_compile_ms,
-              " ms (max_compile_ms); it goes on in the background, and a retry may find it "
-              "compiled"));
+              " ms (--constraint_compile_timeout_ms); it goes on in the background, and a retry "
+              "may find it compiled"));
         }
       }
     }
@@ -154,6 +160,7 @@ GrammarCacheStats GrammarCache::stats() const {
   absl::MutexLock lock(&mu_);
   GrammarCacheStats stats = stats_;
   stats.entries = static_cast<int64_t>(lru_.size());
+  stats.bytes = bytes_;
   return stats;
 }
 

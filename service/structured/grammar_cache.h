@@ -22,10 +22,12 @@
 namespace tost::structured {
 
 struct GrammarCacheOptions {
-  // Compiled constraints kept (least recently used evicted first). An entry's size grows with the
-  // grammar and the vocabulary (XGrammar's CompiledGrammar::MemorySizeBytes says how much); the
-  // bound is on entries because a request's constraint is bounded in size (constraint.h).
+  // Compiled constraints kept (least recently used evicted first), at most max_entries of them
+  // holding at most max_bytes in all (XGrammar's CompiledGrammar::MemorySizeBytes: the grammar
+  // and its token masks, which grow with the grammar and the vocabulary). A constraint whose
+  // compiled form takes more than max_bytes / 8 is refused (CompileConstraint) rather than kept.
   int64_t max_entries = 256;
+  int64_t max_bytes = int64_t{256} << 20;
   // How long Get waits for a compile before refusing with RESOURCE_EXHAUSTED (the compile goes
   // on in the background). 0 returns only a compile that is done by the time Get looks.
   int64_t max_compile_ms = 2000;
@@ -44,6 +46,7 @@ struct GrammarCacheStats {
   int64_t evictions = 0;
   int64_t compile_micros_total = 0;  // wall time of finished compiles, background ones included
   int64_t entries = 0;
+  int64_t bytes = 0;  // what the entries hold (CompiledConstraint::bytes)
 };
 
 class GrammarCache {
@@ -101,6 +104,7 @@ class GrammarCache {
 
   mutable absl::Mutex mu_;
   std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // what the entries of lru_ hold
   absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Pending>> in_flight_ ABSL_GUARDED_BY(mu_);
   std::list<Worker> workers_ ABSL_GUARDED_BY(mu_);

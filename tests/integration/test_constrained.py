@@ -311,3 +311,41 @@ def test_metrics_count_compiles_cache_hits_and_mask_time(proto_modules):
     steps = m[f"tost_constraint_mask_seconds_count{{{label}}}"]
     assert steps == first.generated_tokens + second.generated_tokens, steps
     assert 0 < m[f"tost_constraint_mask_seconds_sum{{{label}}}"] < 1
+
+
+def test_bad_and_pathological_constraints_are_refused_while_a_stream_finishes(proto_modules):
+    """Invalid constraints get INVALID_ARGUMENT with the compiler's words; one whose compiled form
+    is over an eighth of --constraint_cache_bytes gets INVALID_ARGUMENT saying its size; one whose
+    compile outlasts --constraint_compile_timeout_ms gets RESOURCE_EXHAUSTED. Deep nesting and a
+    large enum within the bounds compile. Meanwhile a stream on the same server runs to its end,
+    and the server serves constrained requests after."""
+    pb2, pb2_grpc = proto_modules
+    nested = {"type": "integer"}
+    for _ in range(60):
+        nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
+    many = {f"p{i}": {"type": "object", "properties": {"x": {"type": "string", "maxLength": 30},
+                                                       "y": {"enum": [1, 2, 3]}}, "required": ["x", "y"]}
+            for i in range(400)}
+    args = ["--constraint_cache_bytes=6000000", "--constraint_compile_timeout_ms=300"]
+    with RunningServer(MODELS, args) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            stream = pool.submit(generate, api, None, 5, max_new_tokens=300)
+            bad = grpc.StatusCode.INVALID_ARGUMENT
+            expect_error(api, bad, [], pb2.Constraint(json_schema='{"type": "object", "properties": '))
+            expect_error(api, bad, [], pb2.Constraint(regex="([a-z"))
+            expect_error(api, bad, [], pb2.Constraint(grammar='start ::= "x"'))
+            # About 0.9 MB compiled (a token mask per count), in tens of milliseconds.
+            expect_error(api, bad, ["compiled, it takes", "expected at most 750000", "--constraint_cache_bytes"],
+                         pb2.Constraint(regex="[a-z]{1,60000}"))
+            # About a second to compile.
+            expect_error(api, grpc.StatusCode.RESOURCE_EXHAUSTED, ["took longer than 300 ms", "--constraint_compile_timeout_ms"],
+                         pb2.Constraint(json_schema=json.dumps({"type": "object", "properties": many,
+                                                                "required": list(many)})))
+            for fine in (nested, {"enum": [f"v{i:05d}" for i in range(6000)]}):
+                _, final, _ = generate(api, pb2.Constraint(json_schema=json.dumps(fine)), 1, max_new_tokens=4)
+                assert final.generated_tokens == 4
+            text, final, _ = stream.result(timeout=300)
+        assert final.finish_reason == pb2.FINISH_REASON_LENGTH and final.generated_tokens == 300, final
+        check_output(SCHEMAS["bounds"], generate(api, pb2.Constraint(json_schema=json.dumps(SCHEMAS["bounds"])), 3)[0])

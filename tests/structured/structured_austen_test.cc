@@ -471,6 +471,41 @@ TEST(StructuredCache, HitsMissesEvictsAndCounts) {
   EXPECT_EQ(stats.timeouts, 0);
 }
 
+// The cache holds at most max_bytes of compiled constraints (least recently used out), and a
+// constraint whose compiled form takes more than an eighth of that is refused, not kept.
+TEST(StructuredCache, BytesAreBoundedAndAnOversizedCompileIsRefused) {
+  auto vocabulary = AustenVocabulary();
+  // One grammar under sixteen keys: the title is in the text, not in the grammar.
+  const auto titled = [](int i) {
+    return Schema(absl::StrCat(R"({"type":"integer","title":"t)", i, R"("})"));
+  };
+  auto one = CompileConstraint(vocabulary, titled(0));
+  ASSERT_TRUE(one.ok()) << one.status();
+  const int64_t each = (*one)->bytes;
+  ASSERT_GT(each, 0);
+  GrammarCacheOptions options;
+  options.max_bytes = 8 * (each + each / 2);  // an entry fits in an eighth; one and a half do not
+  GrammarCache cache(vocabulary, options);
+  for (int i = 1; i <= 16; ++i) {  // twelve fit
+    const auto compiled = cache.Get(titled(i));
+    ASSERT_TRUE(compiled.ok()) << i << ": " << compiled.status();
+  }
+  GrammarCacheStats stats = cache.stats();
+  EXPECT_LE(stats.bytes, options.max_bytes);
+  EXPECT_EQ(stats.bytes, stats.entries * each) << "entries of one schema shape weigh the same";
+  EXPECT_EQ(stats.entries, 12);
+  EXPECT_EQ(stats.evictions, 4);
+
+  const absl::StatusOr<std::shared_ptr<const CompiledConstraint>> big =
+      cache.Get({Constraint::Kind::kRegex, "[a-z]{1,5000}", {}});
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.status().message()),
+              testing::AllOf(testing::HasSubstr("compiled, it takes"),
+                             testing::HasSubstr(absl::StrCat("at most ", options.max_bytes / 8))));
+  EXPECT_EQ(cache.stats().compile_errors, 1);
+  EXPECT_EQ(cache.stats().entries, stats.entries);
+}
+
 // A compile function that blocks until told to go on, so a wait times out deterministically (no
 // timing assumption about how long a real compile takes); then the real compile.
 class GatedCompile {

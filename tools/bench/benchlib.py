@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Dict, List, Optional, Sequence
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -63,11 +64,23 @@ class Process(tost_launch.ServerProcess):
 
 
 def start_tost_server(build_dir: str, repo: str, extra_args: Sequence[str] = (),
-                      cpus: Optional[Sequence[int]] = None) -> tost_launch.TostServer:
+                      cpus: Optional[Sequence[int]] = None, metrics: bool = False) -> tost_launch.TostServer:
     # Access logs off: one stderr line per call would measure the logger at high rates.
     return tost_launch.TostServer(repo, extra_args, binary=find_binary(build_dir, "service/tost_server"),
-                                  metrics=False, log_requests=False, cpus=cpus, stop_timeout_s=60,
+                                  metrics=metrics, log_requests=False, cpus=cpus, stop_timeout_s=60,
                                   remove_log=True)
+
+
+def scrape_metrics(metrics_port: int, prefix: str = "") -> dict:
+    """{'name{labels}': value} of the server's /metrics lines starting with `prefix`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def run_loadgen(build_dir: str, target: str, args: Sequence[str], cpu: int,
