@@ -85,6 +85,13 @@ inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view
   return ParseOpenAiRequest(Endpoint::kChatCompletions, body);
 }
 
+// FAILED_PRECONDITION, naming the constraint's field, for a constraint with what cannot carry it
+// yet, as tost.v1 Generate refuses it (service/api/generation_request.h CheckConstraintUse):
+// session_id, state or return_state (a state blob does not hold the constraint, so a continued
+// or returned state would go on unconstrained). Not part of the parse, whose refusals are all
+// INVALID_ARGUMENT: the routes call it before a session is touched.
+absl::Status CheckConstraintUse(const OpenAiRequest& request);
+
 // How BuildGenerationRequest's errors name this request's fields.
 GenerationFieldNames FieldNames(const OpenAiRequest& request);
 

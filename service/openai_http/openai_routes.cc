@@ -162,6 +162,8 @@ absl::StatusOr<std::unique_ptr<TokenConstraint>> OpenAiCall::CompileConstraint()
 absl::Status OpenAiCall::Admit() {
   const http::HttpRequest& http_request = exchange_->request();
   TOST_ASSIGN_OR_RETURN(request_, openai::ParseOpenAiRequest(endpoint_, http_request.body));
+  // Before a session is checked out: a refused constraint leaves it untouched.
+  TOST_RETURN_IF_ERROR(openai::CheckConstraintUse(request_));
   // The router's authenticator set the caller; without one (tests) everyone is the anonymous
   // caller, as on gRPC without keys.
   owner_ = http_request.caller.empty() ? std::string(kAnonymousCaller) : http_request.caller;

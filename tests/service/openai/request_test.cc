@@ -566,28 +566,34 @@ TEST(OpenAiRequest, OneConstraintSourcePerRequest) {
                   .constraint.has_value());
 }
 
+// Parsed (every parse refusal is INVALID_ARGUMENT), then refused by CheckConstraintUse with
+// FAILED_PRECONDITION, as tost.v1 Generate refuses a constraint on a session.
 TEST(OpenAiRequest, ConstraintsOnSessionsAreRefusedAsGenerateRefusesThem) {
-  for (const std::string& fields :
-       {std::string(R"(, "session_id": "s")"), std::string(R"(, "state": "AAEC")"),
-        std::string(R"(, "return_state": true)")}) {
-    auto r = ParseCompletionRequest(
-        absl::StrCat(R"({"model": "m", "prompt": "Hi", "guided_regex": "a+")", fields, "}"));
-    ASSERT_FALSE(r.ok()) << fields;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << fields;
-    EXPECT_THAT(r.status().message(),
-                HasSubstr("guided_regex: constraints on sessions are not supported yet"));
-    EXPECT_EQ(ErrorParam(r.status()), "guided_regex");
+  for (const auto& [fields, with] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "session_id": "s")", "session_id"},
+           {R"(, "state": "AAEC")", "state"},
+           {R"(, "return_state": true)", "return_state"}}) {
+    const absl::Status s =
+        CheckConstraintUse(Completion(absl::StrCat(R"(, "guided_regex": "a+")", fields)));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << fields;
+    EXPECT_EQ(s.message(),
+              absl::StrCat("guided_regex: constraints on sessions are not supported yet; "
+                           "the request sets ",
+                           with, ": send a constrained generation as a one-shot request"));
+    EXPECT_EQ(ErrorParam(s), "guided_regex");
+    EXPECT_TRUE(CheckConstraintUse(Completion(fields)).ok()) << fields;
   }
-  auto r = ParseChatCompletionRequest(
-      R"({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "session_id": "s",
-          "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}})");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(),
-            "response_format.json_schema.schema: constraints on sessions are not supported yet; "
-            "the request sets session_id: send a constrained generation as a one-shot request");
-  EXPECT_EQ(ErrorParam(r.status()), "response_format.json_schema.schema");
+  const absl::Status s = CheckConstraintUse(Chat(
+      R"(, "session_id": "s", "response_format": {"type": "json_schema",
+                                                   "json_schema": {"name": "n", "schema": {}}})"));
+  EXPECT_EQ(ErrorParam(s), "response_format.json_schema.schema");
+  EXPECT_THAT(s.message(),
+              HasSubstr("response_format.json_schema.schema: constraints on sessions"));
   // n > 1 is fine: each choice is a one-shot generation with its own constraint.
-  EXPECT_EQ(Chat(R"(, "n": 3, "guided_choice": ["a", "b"])").n, 3);
+  const OpenAiRequest n = Chat(R"(, "n": 3, "guided_choice": ["a", "b"])");
+  EXPECT_EQ(n.n, 3);
+  EXPECT_TRUE(CheckConstraintUse(n).ok());
+  EXPECT_TRUE(CheckConstraintUse(Chat("")).ok());
 }
 
 TEST(OpenAiRequest, SessionAndStateExtensions) {
