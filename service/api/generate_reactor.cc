@@ -31,59 +31,6 @@
 namespace tost::service {
 namespace {
 
-// The constraint `job` runs under: the request's own (it starts after the prompt), or the one
-// its state is in the middle of, compiled again (a cache hit where it was compiled before) and
-// replayed to where the state stands, with this call's prompt accepted as part of the output.
-// `where` names the state for errors ("session ID", "the state blob").
-absl::Status AttachConstraint(const Engine& engine, const std::string& model,
-                              const tost::v1::GenerateRequest& request,
-                              const std::optional<ConstraintSpec>& requested,
-                              const std::string& where, GenerationRequest& job) {
-  if (requested.has_value()) {
-    TOST_ASSIGN_OR_RETURN(job.constraint, engine.CompileConstraint(model, *requested));
-    return absl::OkStatus();
-  }
-  if (!job.state.constraint.has_value()) return absl::OkStatus();
-  if (request.clear_constraint()) {
-    job.clear_constraint = true;
-    return absl::OkStatus();
-  }
-  const ConstraintProgress& progress = *job.state.constraint;
-  absl::StatusOr<std::unique_ptr<TokenConstraint>> compiled =
-      engine.CompileConstraint(model, progress.spec);
-  if (!compiled.ok()) {
-    return absl::Status(
-        compiled.status().code(),
-        absl::StrCat(where, " is in the middle of a constrained output, and its constraint ",
-                     "could not be compiled here: ", compiled.status().message()));
-  }
-  TokenConstraint& constraint = **compiled;
-  if (absl::Status replayed = constraint.Replay(progress.output); !replayed.ok()) {
-    // The output was accepted by this constraint where it was generated: a replica whose
-    // tokenizer or grammar engine differs cannot stand where that one stood.
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " is in the middle of a constrained output that its constraint does not accept ",
-        "on this server (", replayed.message(),
-        "); continue it on a replica of the same version, or set clear_constraint"));
-  }
-  for (size_t i = 0; i < job.prompt.size(); ++i) {
-    absl::Status accepted = constraint.Accept(job.prompt[i]);
-    if (accepted.ok() && constraint.Ended()) {
-      accepted = absl::InvalidArgumentError("it is end-of-text, which would complete the output");
-    }
-    if (!accepted.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt: ", where, " is in the middle of a constrained output, so its prompt continues ",
-          "that output, and prompt token ", i, " (id ", job.prompt[i],
-          ") is not allowed there: ", accepted.message(),
-          "; send a prompt the constraint allows, a new constraint, or ", "clear_constraint"));
-    }
-  }
-  job.constraint = *std::move(compiled);
-  job.constraint_continues = true;
-  return absl::OkStatus();
-}
-
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Engine& engine, const Authenticator& auth, const ServiceLimits& limits,
@@ -215,11 +162,13 @@ absl::Status GenerateReactor::Admit() {
                              fresh ? std::nullopt : std::make_optional(std::move(state)), limits_));
   // On this (the request's) thread, with a place held: a compile waits at most the engine's
   // max_compile_ms, and never on the scheduler's thread.
-  TOST_RETURN_IF_ERROR(AttachConstraint(engine_, model_name_, request, constraint,
-                                        request.session_id().empty()
-                                            ? std::string("the state blob")
-                                            : absl::StrCat("session ", request.session_id()),
-                                        job_request));
+  if (constraint.has_value()) {
+    TOST_ASSIGN_OR_RETURN(job_request.constraint,
+                          engine_.CompileConstraint(model_name_, *constraint));
+  } else {
+    TOST_RETURN_IF_ERROR(ContinueStateConstraint(engine_, model_name_, request.clear_constraint(),
+                                                 StateName(request.session_id()), job_request));
+  }
   stateless_ = !request.state().empty();
   job_request.persistent = !checked_out_.empty() || stateless_ || request.return_state();
   job_request.deadline = RequestDeadline(*context_);

@@ -52,4 +52,52 @@ absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const s
   return source;
 }
 
+absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model, bool clear,
+                                     const std::string& where, GenerationRequest& job) {
+  if (!job.state.constraint.has_value()) return absl::OkStatus();
+  if (clear) {
+    job.clear_constraint = true;
+    return absl::OkStatus();
+  }
+  const ConstraintProgress& progress = *job.state.constraint;
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> compiled =
+      engine.CompileConstraint(model, progress.spec);
+  if (!compiled.ok()) {
+    return absl::Status(
+        compiled.status().code(),
+        absl::StrCat(where, " is in the middle of a constrained output, and its constraint ",
+                     "could not be compiled here: ", compiled.status().message()));
+  }
+  TokenConstraint& constraint = **compiled;
+  if (absl::Status replayed = constraint.Replay(progress.output); !replayed.ok()) {
+    // The output was accepted by this constraint where it was generated: a replica whose
+    // tokenizer or grammar engine differs cannot stand where that one stood.
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " is in the middle of a constrained output that its constraint does not accept ",
+        "on this server (", replayed.message(),
+        "); continue it on a replica of the same version, or clear its constraint"));
+  }
+  for (size_t i = 0; i < job.prompt.size(); ++i) {
+    absl::Status accepted = constraint.Accept(job.prompt[i]);
+    if (accepted.ok() && constraint.Ended()) {
+      accepted = absl::InvalidArgumentError("it is end-of-text, which would complete the output");
+    }
+    if (!accepted.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt: ", where, " is in the middle of a constrained output, so its prompt continues ",
+          "that output, and prompt token ", i, " (id ", job.prompt[i],
+          ") is not allowed there: ", accepted.message(),
+          "; send a prompt the constraint allows, a new constraint, or ", "clear_constraint"));
+    }
+  }
+  job.constraint = *std::move(compiled);
+  job.constraint_continues = true;
+  return absl::OkStatus();
+}
+
+std::string StateName(const std::string& session_id) {
+  return session_id.empty() ? std::string("the state blob")
+                            : absl::StrCat("session ", QuoteClientText(session_id));
+}
+
 }  // namespace tost::service

@@ -33,4 +33,17 @@ absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const s
                                                          const std::string& state_blob,
                                                          const std::string& model_field = "model");
 
+// For a job that sets no constraint of its own: when its state is in the middle of a constrained
+// output (GenerationState::constraint), the job continues under that constraint, compiled again
+// (a cache hit where it was compiled before) and replayed to where the state stands, with the
+// job's prompt accepted as part of the output; or, with `clear`, drops it. Nothing for a state
+// under no constraint. INVALID_ARGUMENT naming the prompt token the constraint refuses there (or
+// an end-of-text that would complete the output); FAILED_PRECONDITION when the recorded output
+// does not replay on this server; the compiler's errors otherwise. `where` names the state in
+// messages ("session ID", "the state blob": StateName).
+absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model, bool clear,
+                                     const std::string& where, GenerationRequest& job);
+// "session \"ID\"" (quoted as client text) for a session, "the state blob" for none.
+std::string StateName(const std::string& session_id);
+
 }  // namespace tost::service

@@ -1,7 +1,9 @@
 #include "service/openai/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -269,7 +271,7 @@ absl::Status ParseMaxTokens(const json& body, OpenAiRequest& r) {
 }
 
 // The fields that change what is generated and that this server cannot honour: each is accepted
-// at its default (absent, null, zero, empty, "text") and refused otherwise.
+// at its default (absent, null, zero, empty) and refused otherwise.
 absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
     const json& v = Field(body, key);
@@ -304,16 +306,6 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
     }
   }
   {
-    const json& v = Field(body, "response_format");
-    if (!v.is_null()) {
-      if (!v.is_object()) return Expected("response_format", "an object {\"type\": \"text\"}", v);
-      const json& type = Field(v, "type");
-      if (!(type.is_string() && type.get_ref<const std::string&>() == "text")) {
-        return Unsupported("response_format.type", "plain text only; \"text\" is accepted", type);
-      }
-    }
-  }
-  {
     const json& v = Field(body, "echo");
     if (!v.is_null()) {
       TOST_ASSIGN_OR_RETURN(bool echo, Bool(v, "echo"));
@@ -340,7 +332,184 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, const json& body) {
+// Schemas whose text is at most this long are re-read in their key order (OrderedSchemaText); a
+// longer one keeps the parser's sorted order. A bound on that second read's cost (an ordered
+// object finds a key by looking at each of its keys, so a schema of k keys costs k^2 / 2
+// comparisons: a few tens of milliseconds at this size), equal to the engine's own bound on a
+// constraint's text (service/structured/constraint.h), which refuses a longer schema anyway.
+constexpr size_t kMaxOrderedSchemaBytes = 64 * 1024;
+
+// The JSON value at `path` (keys from the body's top level) as text, its objects' keys in the
+// order the client wrote them. The parser above keeps objects sorted by key, but a schema's order
+// matters: a constrained output writes an object's properties in its schema's order (as OpenAI's
+// and vLLM's do), so {"answer", "reason"} must not come out as {"reason", "answer"}. The body is
+// read a second time, as an ordered_json that keeps only the value at `path`: everything else is
+// dropped as it is read, so a large unrelated object costs no more than in the first read.
+std::string OrderedSchemaText(std::string_view body, const std::vector<std::string>& path,
+                              const json& sorted) {
+  std::string text = sorted.dump();
+  if (text.size() > kMaxOrderedSchemaBytes) return text;
+  using ordered = nlohmann::ordered_json;
+  // keys[d - 1]: the key most recently met at depth d (d = 1: the body's own keys).
+  std::vector<std::string> keys;
+  auto on_path = [&](size_t depth) {
+    // The keys down to `depth` lead to the schema (a prefix of `path`), or lie inside it.
+    for (size_t i = 0; i < std::min(depth, path.size()); ++i) {
+      if (keys[i] != path[i]) return false;
+    }
+    return true;
+  };
+  ordered::parser_callback_t keep = [&](int depth, ordered::parse_event_t event, ordered& parsed) {
+    if (event != ordered::parse_event_t::key) return true;
+    // Arrays deepen without a key: their levels hold "" (no path goes through an array).
+    keys.resize(static_cast<size_t>(depth));
+    keys.back() = parsed.get<std::string>();
+    return on_path(keys.size());
+  };
+  try {
+    const ordered root = ordered::parse(body, keep);
+    const ordered* at = &root;
+    for (const std::string& key : path) {
+      if (!at->is_object() || !at->contains(key)) return text;
+      at = &(*at)[key];
+    }
+    return at->dump();
+  } catch (const ordered::exception&) {
+    return text;  // cannot happen (the body parsed once already); the sorted text is as valid
+  }
+}
+
+// OpenAI's json_schema.name: 1 to 64 of a-z, A-Z, 0-9, _ and -.
+bool ValidSchemaName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxSchemaNameBytes) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
+// Records the request's constraint, from body field `source` (reported as `field`); a second
+// source is refused, naming both.
+absl::Status SetConstraint(OpenAiRequest& r, std::string& source, const std::string& new_source,
+                           std::string field, ConstraintSpec spec) {
+  if (r.constraint.has_value()) {
+    return FieldError(
+        new_source, absl::StrCat("expected one constraint per request, got two: ", source, " and ",
+                                 new_source, " both constrain the output; send one"));
+  }
+  source = new_source;
+  r.constraint = std::move(spec);
+  r.constraint_field = std::move(field);
+  return absl::OkStatus();
+}
+
+absl::Status ParseResponseFormat(std::string_view raw_body, const json& v, OpenAiRequest& r,
+                                 std::string& source) {
+  constexpr absl::string_view kTypes = R"(one of "text", "json_object", "json_schema")";
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_object()) {
+    return Expected("response_format",
+                    R"(an object {"type": "text"}, {"type": "json_object"} or {"type": )"
+                    R"("json_schema", "json_schema": {"name", "schema"}})",
+                    v);
+  }
+  const json& type = Field(v, "type");
+  if (type.is_null())
+    return FieldError("response_format.type", absl::StrCat("missing: expected ", kTypes));
+  if (!type.is_string()) return Expected("response_format.type", kTypes, type);
+  const std::string& t = type.get_ref<const std::string&>();
+  if (t == "text") return absl::OkStatus();
+  ConstraintSpec spec;
+  if (t == "json_object") {
+    spec.kind = ConstraintSpec::Kind::kJsonObject;
+    return SetConstraint(r, source, "response_format", "response_format", std::move(spec));
+  }
+  if (t != "json_schema") return Expected("response_format.type", kTypes, type);
+  constexpr absl::string_view kAt = "response_format.json_schema";
+  const json& js = Field(v, "json_schema");
+  if (js.is_null()) {
+    return FieldError(kAt, R"(missing: expected an object {"name", "schema", "strict", )"
+                           R"("description"} with "type": "json_schema")");
+  }
+  if (!js.is_object()) {
+    return Expected(kAt, R"(an object {"name", "schema", "strict", "description"})", js);
+  }
+  const std::string name_field = absl::StrCat(kAt, ".name");
+  const std::string what_name = absl::StrCat("a string of 1 to ", kMaxSchemaNameBytes,
+                                             " characters from a-z, A-Z, 0-9, _ and -");
+  const json& name = Field(js, "name");
+  if (name.is_null()) return FieldError(name_field, absl::StrCat("missing: expected ", what_name));
+  if (!name.is_string() || !ValidSchemaName(name.get_ref<const std::string&>())) {
+    return Expected(name_field, what_name, name);
+  }
+  if (const json& d = Field(js, "description"); !d.is_null() && !d.is_string()) {
+    return Expected(absl::StrCat(kAt, ".description"), "a string", d);
+  }
+  // strict: false is accepted and enforced all the same (docs/api.md): the schema is always a
+  // constraint here, never a hint.
+  if (const json& strict = Field(js, "strict"); !strict.is_null()) {
+    TOST_RETURN_IF_ERROR(Bool(strict, absl::StrCat(kAt, ".strict")).status());
+  }
+  const std::string schema_field = absl::StrCat(kAt, ".schema");
+  const json& schema = Field(js, "schema");
+  if (schema.is_null()) {
+    return FieldError(schema_field, "missing: expected a JSON schema (an object)");
+  }
+  if (!schema.is_object()) return Expected(schema_field, "a JSON schema (an object)", schema);
+  spec.kind = ConstraintSpec::Kind::kJsonSchema;
+  spec.text = OrderedSchemaText(raw_body, {"response_format", "json_schema", "schema"}, schema);
+  return SetConstraint(r, source, "response_format", schema_field, std::move(spec));
+}
+
+// vLLM's guided_json, guided_regex, guided_grammar and guided_choice, and OpenAI's
+// response_format: at most one of them per request.
+absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAiRequest& r) {
+  std::string source;  // the field the constraint came from, for the refusal of a second one
+  TOST_RETURN_IF_ERROR(ParseResponseFormat(raw_body, Field(body, "response_format"), r, source));
+  if (const json& v = Field(body, "guided_json"); !v.is_null()) {
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kJsonSchema;
+    if (v.is_object()) {
+      spec.text = OrderedSchemaText(raw_body, {"guided_json"}, v);
+    } else if (v.is_string() && !v.get_ref<const std::string&>().empty()) {
+      spec.text = v.get<std::string>();
+    } else {
+      return Expected("guided_json", "a JSON schema: an object, or a string holding one", v);
+    }
+    TOST_RETURN_IF_ERROR(SetConstraint(r, source, "guided_json", "guided_json", std::move(spec)));
+  }
+  for (const auto& [key, kind, what] :
+       {std::tuple{"guided_regex", ConstraintSpec::Kind::kRegex,
+                   "a non-empty string (a regular expression the whole output matches)"},
+        std::tuple{"guided_grammar", ConstraintSpec::Kind::kGrammar,
+                   "a non-empty string (an XGrammar EBNF grammar whose start rule is root)"}}) {
+    const json& v = Field(body, key);
+    if (v.is_null()) continue;
+    if (!v.is_string() || v.get_ref<const std::string&>().empty()) return Expected(key, what, v);
+    ConstraintSpec spec;
+    spec.kind = kind;
+    spec.text = v.get<std::string>();
+    TOST_RETURN_IF_ERROR(SetConstraint(r, source, key, key, std::move(spec)));
+  }
+  if (const json& v = Field(body, "guided_choice"); !v.is_null()) {
+    if (!v.is_array() || v.empty())
+      return Expected("guided_choice", "a non-empty array of strings", v);
+    ConstraintSpec spec;
+    spec.kind = ConstraintSpec::Kind::kChoice;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty()) {
+        return Expected(absl::StrCat("guided_choice[", i, "]"), "a non-empty string", v[i]);
+      }
+      spec.choices.push_back(v[i].get<std::string>());
+    }
+    TOST_RETURN_IF_ERROR(
+        SetConstraint(r, source, "guided_choice", "guided_choice", std::move(spec)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body,
+                                    const json& body) {
   if (!body.is_object()) return Expected("body", "a JSON object", body);
   OpenAiRequest r;
   r.endpoint = endpoint;
@@ -402,6 +571,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, const json& body) {
     return Expected("user", "a string", v);
   }
   TOST_RETURN_IF_ERROR(RefuseUnsupported(body, r));
+  TOST_RETURN_IF_ERROR(ParseConstraint(raw_body, body, r));
   if (const json& v = Field(body, "session_id"); !v.is_null()) {
     TOST_ASSIGN_OR_RETURN(r.session_id, String(v, "session_id"));
   }
@@ -440,7 +610,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
   // missed (a bug, reported as a bad request rather than a crash).
   try {
     json parsed = json::parse(body);
-    return Parse(endpoint, parsed);
+    return Parse(endpoint, body, parsed);
   } catch (const json::exception& e) {
     return FieldError("body",
                       absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
@@ -466,8 +636,14 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     TOST_ASSIGN_OR_RETURN(*prompt_storage, RenderChat(config, request.messages));
     in.prompt_text = *prompt_storage;
     in.stop.emplace();
-    in.stop->strings =
-        ChatStopStrings(*config.chat_template, request.stop.value_or(std::vector<std::string>{}));
+    if (request.constraint.has_value()) {
+      // The constraint ends the reply (end-of-text where the output is complete); the template's
+      // stop strings (tost-austen's closing quote) would cut a JSON output at its first quote.
+      in.stop->strings = request.stop.value_or(std::vector<std::string>{});
+    } else {
+      in.stop->strings =
+          ChatStopStrings(*config.chat_template, request.stop.value_or(std::vector<std::string>{}));
+    }
   } else {
     if (request.prompt_tokens.has_value()) {
       in.prompt_tokens = absl::MakeConstSpan(*request.prompt_tokens);

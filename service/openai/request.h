@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "model/config/config.h"
 #include "service/api/generation_input.h"
+#include "service/engine/constraints.h"
 #include "service/openai/chat_template.h"
 
 namespace tost::service::openai {
@@ -30,6 +31,8 @@ inline constexpr int32_t kMaxTopLogprobs = 20;  // alternatives per token
 inline constexpr int32_t kMaxChoices = 16;      // "n": each choice is a job in the scheduler
 inline constexpr double kMaxTemperature = 2.0;  // OpenAI's range, [0, 2]
 inline constexpr size_t kMaxStopBytes = 256;    // a state's limit (generation_state.h)
+// OpenAI's limit on response_format.json_schema.name, 1 to 64 of [a-zA-Z0-9_-].
+inline constexpr size_t kMaxSchemaNameBytes = 64;
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -61,6 +64,16 @@ struct OpenAiRequest {
   std::string session_id;
   std::optional<std::string> state;
   bool return_state = false;
+  // What the output must conform to: response_format {"type": "json_object"} or {"type":
+  // "json_schema", ...}, or one of vLLM's guided_json, guided_regex, guided_grammar and
+  // guided_choice (at most one source per request). Unset: unconstrained. Its shape is checked
+  // here; the schema, regex or grammar itself is the engine's compiler's to judge
+  // (Engine::CompileConstraint), whose errors the routes report under `constraint_field`.
+  std::optional<ConstraintSpec> constraint;
+  // The field the constraint came from, as errors name it: "response_format",
+  // "response_format.json_schema.schema", "guided_json", "guided_regex", "guided_grammar" or
+  // "guided_choice". Empty without a constraint.
+  std::string constraint_field;
 };
 
 // Parses a request body. The body must be valid UTF-8 (refused with its byte offset) and JSON.
@@ -81,9 +94,11 @@ GenerationFieldNames FieldNames(const OpenAiRequest& request);
 // rendered prompt: both must outlive the input. A continued generation (session_id or state) keeps
 // its state's sampling parameters unless the request sets one of temperature, top_p and seed (then
 // the others take their defaults), and its stop strings unless the request sets "stop" (a chat
-// always sets its template's). A continued chat renders only the messages it sends: the earlier
-// turns are in the state already. Logprobs ask the engine for each token's own and for exactly the
-// alternatives the request shows.
+// always sets its template's, except under a constraint: the constraint ends the reply, and the
+// template's stop strings, such as a closing quote, could cut a JSON output short, so a
+// constrained chat stops on the request's own "stop" alone). A continued chat renders only the
+// messages it sends: the earlier turns are in the state already. Logprobs ask the engine for each
+// token's own and for exactly the alternatives the request shows.
 absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
                                                   const model::ModelConfig& config,
                                                   std::string* prompt_storage);

@@ -55,7 +55,10 @@ const char* FinishReasonString(FinishReason reason) {
   switch (reason) {
     case FinishReason::kEos:
     case FinishReason::kStop:
-    case FinishReason::kConstraint:  // not reachable here (no constraints on this API): "stop"
+    // The constraint admitted no token at all (a grammar no token of the vocabulary can go on
+    // with): the output is a prefix of a complete one. vLLM reports it as "stop", and OpenAI's
+    // clients know no other value for an output that ended by itself.
+    case FinishReason::kConstraint:
       return "stop";
     case FinishReason::kLength:
     case FinishReason::kContext:

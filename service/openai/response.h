@@ -41,9 +41,11 @@ struct ResponseMeta {
 // "cmpl-<unique>" or "chatcmpl-<unique>", as OpenAI's ids look.
 std::string ResponseId(Endpoint endpoint, std::string_view unique);
 
-// OpenAI's finish_reason: "stop" (a stop string or id, end of text), "length" (max_tokens or the
-// context window), and "drained" (a ToST value: the server shut down mid-generation; return_state
-// or the session holds the state to resume from). "cancelled" is never written: Finish refuses.
+// OpenAI's finish_reason: "stop" (a stop string or id, end of text, or a constraint that admitted
+// no further token, as vLLM reports it), "length" (max_tokens or the context window; a constrained
+// output is then incomplete), and "drained" (a ToST value: the server shut down mid-generation;
+// return_state or the session holds the state to resume from). "cancelled" is never written: Finish
+// refuses.
 const char* FinishReasonString(FinishReason reason);
 
 class ResponseBuilder {

@@ -64,6 +64,8 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
  private:
   absl::Status Admit();
   absl::Status ModelRefusal(absl::Status status) const;
+  // The request's constraint compiled for its model; errors name the field it came from.
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> CompileConstraint() const;
   // Takes every event that is ready, while the stream has room; ends the call after the last
   // job's final event. Any thread (listeners, the connection's strand); serialised by mu_.
   void Pump();
@@ -129,6 +131,34 @@ absl::Status OpenAiCall::ModelRefusal(absl::Status status) const {
       "(tost_lm); GET /v1/models lists them"));
 }
 
+absl::StatusOr<std::unique_ptr<TokenConstraint>> OpenAiCall::CompileConstraint() const {
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> compiled =
+      engine_.CompileConstraint(source_.model, *request_.constraint);
+  if (compiled.ok()) return compiled;
+  const absl::Status& status = compiled.status();
+  const std::string& field = request_.constraint_field;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:     // the compiler refused the schema, regex, grammar
+    case absl::StatusCode::kFailedPrecondition:  // the model cannot serve constraints: 400 too
+      return openai::WithParam(
+          absl::Status(status.code(), absl::StrCat(field, ": ", status.message())), field);
+    case absl::StatusCode::kResourceExhausted:
+      // The compile ran past its bound (or too many such compiles still run): 429, with a
+      // Retry-After of 1 s (http::ErrorResponse reads the hint in the message), rather than 503.
+      // OpenAI's clients (openai-python, openai-node) retry both with backoff and honour
+      // Retry-After, but a 503 says the server is unwell: load balancers and gateways count 5xx
+      // against the replica (outlier ejection, error-rate alerts), while this replica is healthy
+      // and is the one most likely to answer the retry, the compile going on here and its result
+      // landing in this model's cache. 429 is also what RESOURCE_EXHAUSTED already answers
+      // here (a full queue), and what gRPC callers get.
+      return openai::WithParam(absl::ResourceExhaustedError(absl::StrCat(
+                                   field, ": ", status.message(), "; retry after about 1000 ms")),
+                               field);
+    default:
+      return status;
+  }
+}
+
 absl::Status OpenAiCall::Admit() {
   const http::HttpRequest& http_request = exchange_->request();
   TOST_ASSIGN_OR_RETURN(request_, openai::ParseOpenAiRequest(endpoint_, http_request.body));
@@ -169,6 +199,22 @@ absl::Status OpenAiCall::Admit() {
     TOST_ASSIGN_OR_RETURN(
         GenerationRequest job_request,
         BuildGenerationRequest(choice, *source_.scheduler, source_.state, limits_, names));
+    if (request_.constraint.has_value()) {
+      // On this (the request's) thread, with the places held, as tost.v1 Generate does: a compile
+      // waits at most the engine's max_compile_ms, and never on the scheduler's thread. One
+      // TokenConstraint per choice (each steps its own); the choices after the first find the
+      // compiled form in the model's cache.
+      TOST_ASSIGN_OR_RETURN(job_request.constraint, CompileConstraint());
+    } else if (absl::Status continued =
+                   ContinueStateConstraint(engine_, source_.model, /*clear=*/false,
+                                           StateName(request_.session_id), job_request);
+               !continued.ok()) {
+      // A session or blob left mid-structure (here or by tost.v1 Generate) goes on under its
+      // constraint; this API has no way to clear it, which tost.v1 Generate's clear_constraint
+      // offers.
+      return openai::WithParam(
+          continued, endpoint_ == openai::Endpoint::kChatCompletions ? "messages" : "prompt");
+    }
     job_request.persistent =
         !source_.checked_out.empty() || request_.state.has_value() || request_.return_state;
     // A fresh state may start from the caller's longest cached prefix; a session or a blob brings

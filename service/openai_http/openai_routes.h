@@ -5,8 +5,10 @@
 //
 //   parse -> resolve the model and the state (fresh, session_id, or a state blob: the same owner
 //   checks as gRPC, ResolveGenerationSource) -> one scheduler place per choice (429 with
-//   Retry-After when full, 503 while draining) -> build and submit -> consume the jobs' events from
-//   their listeners, holding no thread per request.
+//   Retry-After when full, 503 while draining) -> build, compile the request's constraint if it
+//   has one (Engine::CompileConstraint, on this thread as tost.v1 Generate does; a refused one is
+//   400 naming its field, a compile past its time bound 429 with Retry-After) and submit ->
+//   consume the jobs' events from their listeners, holding no thread per request.
 //
 // A non-streamed request collects its events and answers once. A streamed one (stream: true)
 // writes each SSE chunk as its token is produced. When the client reads slower than the server

@@ -1,14 +1,17 @@
 """The Python client as a package (client/python): its wheel built with the stubs generated at build
 time, installed into a fresh virtual environment (no system site-packages, no PYTHONPATH, no proto/
 reachable), and used there against real servers: classify, a streamed generation, the asyncio
-client, sessions moved between two servers, errors, and a resumable generation that goes on on the
-second server when the first is killed mid-stream (blocking and asyncio).
+client, constrained generations (a JSON schema, a regex, a grammar and a choice list, given as dicts
+or as a Constraint; invalid dicts refused before any call), sessions moved between two servers,
+errors, and a resumable generation that goes on on the second server when the first is killed
+mid-stream (blocking and asyncio).
 
 The wheel is built from a copy of client/python and proto/ laid out as in a checkout (so nothing is
 written into the source tree) with this venv's setuptools and grpcio-tools (--no-build-isolation: no
 network for the build); the fresh venv installs grpcio and protobuf with pip (its cache, or PyPI).
 """
 import glob
+import json
 import os
 import re
 import shutil
@@ -20,6 +23,7 @@ import zipfile
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
+from constrained_schemas import SCHEMAS, check_output
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 PACKAGE = os.path.join(SOURCE_DIR, "client", "python")
@@ -111,13 +115,15 @@ def test_an_sdist_carries_the_proto_and_builds_away_from_the_checkout(tmp_path):
 
 
 SCRIPT = r'''
-import asyncio, json, os, signal, sys, sysconfig
+import asyncio, json, os, re, signal, sys, sysconfig
 import grpc
 import tost_client
 from tost_client import AsyncClient, Client, TostError, tost_pb2
+from tost_client.client import generate_request
 
 a, b, a2 = sys.argv[1:4]
 a_pid, a2_pid = int(sys.argv[4]), int(sys.argv[5])
+schema = json.loads(sys.argv[6])
 site = sysconfig.get_paths()["purelib"]
 assert tost_client.__file__.startswith(site + os.sep), (tost_client.__file__, site)
 assert tost_client.tost_pb2.__name__ == "tost_client.tost_pb2" and "tost" not in sys.modules
@@ -139,6 +145,53 @@ with Client(a, timeout_s=60) as client:
     assert len(tokens) == 12 and gen.final.finish_reason == tost_pb2.FINISH_REASON_LENGTH
     assert [t.position for t in tokens] == list(range(tokens[0].position, tokens[0].position + 12))
     out["generate"] = gen.text
+
+    # Constrained: a dict per kind, or a Constraint message. Each output that ends with EOS is
+    # complete (the JSON ones are validated by the test, outside this venv).
+    EOS, LENGTH = tost_pb2.FINISH_REASON_EOS, tost_pb2.FINISH_REASON_LENGTH
+    out["json_schema"] = []
+    for seed in range(4):
+        gen = client.generate("tost-austen", "Her answer, written plainly:", max_new_tokens=256, temperature=1.0,
+                              seed=seed, constraint={"json_schema": schema})
+        list(gen)
+        out["json_schema"].append([gen.text, gen.final.finish_reason == EOS])
+        assert gen.final.finish_reason in (EOS, LENGTH), gen.final
+    for kind, value, matches in [
+            ("regex", "[A-Z][a-z]{2,8} (was|is) [0-9]{1,3}", lambda t: re.fullmatch("[A-Z][a-z]{2,8} (was|is) [0-9]{1,3}", t)),
+            ("grammar", 'root ::= "yes" | "no"', lambda t: t in ("yes", "no")),
+            ("choice", ["Elizabeth", "Mr. Darcy"], lambda t: t in ("Elizabeth", "Mr. Darcy"))]:
+        for c in ({kind: value}, tost_client.client.constraint_message({kind: value})):
+            gen = client.generate("tost-austen", "Her answer:", max_new_tokens=64, temperature=1.0, seed=1,
+                                  constraint=c)
+            list(gen)
+            assert gen.final.finish_reason == EOS and matches(gen.text), (kind, gen.text, gen.final)
+    gen = client.generate("tost-austen", "Her answer:", max_new_tokens=32, constraint=tost_pb2.Constraint(json_object=True))
+    list(gen)
+    assert gen.text.startswith("{"), gen.text
+    request = generate_request("tost-austen", "x", constraint={"json_schema": json.dumps(schema)})
+    assert request.constraint.json_schema == json.dumps(schema)
+    assert not generate_request("tost-austen", "x").HasField("constraint")
+    # Invalid dicts: ValueError naming the key, before any call.
+    for bad, key in [({}, "json_schema"), ({"regex": "a", "choice": ["a"]}, "'choice'"), ({"nope": 1}, "'nope'"),
+                     ({"json_object": False}, "json_object"), ({"choice": "yes"}, "choice"),
+                     ({"choice": ["a", ""]}, "choice'][1]"), ({"regex": ""}, "regex"), ({"grammar": 3}, "grammar"),
+                     ({"json_schema": 5}, "json_schema")]:
+        try:
+            client.generate("tost-austen", "x", constraint=bad)
+            raise AssertionError(f"constraint {bad!r} was accepted")
+        except ValueError as e:
+            assert key in str(e), (bad, str(e))
+    try:
+        client.generate(request=request, constraint={"regex": "a"})
+        raise AssertionError("constraint= beside request= was accepted")
+    except ValueError as e:
+        assert "not both" in str(e), e
+    # What only the server can judge: its compiler's refusal.
+    try:
+        list(client.generate("tost-austen", "x", constraint={"regex": "([a-z"}))
+        raise AssertionError("a regex that does not parse was accepted")
+    except TostError as e:
+        assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "regex" in e.message, e
 
     try:
         client.classify("no-such-model", image)
@@ -171,6 +224,9 @@ async def with_asyncio():
         assert "tost-austen" in {m.name for m in await client.list_models()}
         gen = client.generate("tost-austen", "It was", max_new_tokens=12)
         tokens = [t async for t in gen]
+        choice = client.generate("tost-austen", "Her answer:", max_new_tokens=64, temperature=1.0, seed=2,
+                                 constraint={"choice": ["Elizabeth", "Mr. Darcy"]})
+        assert [t async for t in choice] and choice.text in ("Elizabeth", "Mr. Darcy"), choice.text
         (result,) = (await client.classify("tost-digits", image, top_k=3)).results
         try:
             await client.server_status(timeout_s=10)
@@ -235,10 +291,16 @@ def test_the_installed_client_against_real_servers(venv, tmp_path):
         # From an empty directory: neither the checkout nor its proto/ is on any path.
         cwd = tmp_path / "elsewhere"
         cwd.mkdir()
-        stdout = run([venv, script, a.address, b.address, a2.address, a.proc.pid, a2.proc.pid], cwd=cwd,
-                     env=clean_env(), timeout=300)
+        schema = SCHEMAS["bounds"]
+        stdout = run([venv, script, a.address, b.address, a2.address, a.proc.pid, a2.proc.pid, json.dumps(schema)],
+                     cwd=cwd, env=clean_env(), timeout=300)
         print(stdout)
         assert '"async_breaks"' in stdout
+        out = json.loads(stdout.strip().splitlines()[-1])
+        for text, complete in out["json_schema"]:
+            if complete:
+                check_output(schema, text)
+        assert any(complete for _, complete in out["json_schema"]), out["json_schema"]
     finally:
         a.stop()
         a2.stop()

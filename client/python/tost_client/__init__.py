@@ -15,6 +15,10 @@ when the wheel is built, and the package needs only grpcio and protobuf at run t
                               state_every_tokens=16)
         print("".join(t.text for t in gen), gen.final.finish_reason, len(gen.breaks), "break(s)")
 
+Constrained output: generate(..., constraint={"json_schema": schema}) (or {"json_object": True},
+{"regex": ...}, {"grammar": ...}, {"choice": [...]}, or a tost_pb2.Constraint; see
+tost_client.client.constraint_message).
+
 asyncio: `async with AsyncClient(address) as client:` with the same methods awaited, and
 `async for token in client.generate(...)` (resumable=True too). Every failed call raises TostError (`.code`, a
 grpc.StatusCode, and `.message`).

@@ -9,10 +9,20 @@ exception (TostError) for every failed call.
             print(token.text, end="")
 
 AsyncClient has the same methods as coroutines (grpc.aio); its generate() is an async iterator.
+
+Constrained generation: generate(..., constraint=...) takes a tost_pb2.Constraint or one of
+{"json_schema": dict or JSON text}, {"json_object": True}, {"regex": str}, {"grammar": str} (XGrammar
+EBNF, start rule `root`) or {"choice": [str, ...]}:
+
+        gen = c.generate("tost-austen", "Her age:", max_new_tokens=64, temperature=1.0, seed=3,
+                         constraint={"json_schema": {"type": "object", "properties": {"age": {"type": "integer"}},
+                                                     "required": ["age"]}})
+        tokens = list(gen)   # gen.text is then complete JSON when gen.final.finish_reason is EOS
 """
 from __future__ import annotations
 
-from typing import (Any, AsyncIterator, Iterable, Iterator, List, Optional, Sequence, Tuple, Union)
+import json
+from typing import (Any, AsyncIterator, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
 
 import grpc
 import grpc.aio
@@ -27,6 +37,11 @@ ClassifyInput = Union[bytes, bytearray, memoryview, Sequence[bytes], tost_pb2.Fl
 # What generate() takes as its prompt: text (UTF-8), bytes, or token ids.
 Prompt = Union[str, bytes, Sequence[int]]
 Credentials = Union[bool, grpc.ChannelCredentials, None]
+# What generate() takes as its constraint: a Constraint message, or a dict of one key
+# (constraint_message()).
+ConstraintInput = Union[tost_pb2.Constraint, Mapping[str, Any]]
+
+_CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
 
 def _credentials(tls: Credentials) -> Optional[grpc.ChannelCredentials]:
@@ -65,15 +80,69 @@ def classify_request(model: str, input: ClassifyInput, *, top_k: Optional[int] =
     return request
 
 
+def constraint_message(value: ConstraintInput) -> tost_pb2.Constraint:
+    """The Constraint message of generate()'s `constraint`: a tost_pb2.Constraint as it is, or a dict
+    of exactly one of these keys:
+
+        {"json_schema": {...}}     a JSON schema, as a dict (sent as JSON text, its key order kept)
+                                   or as JSON text
+        {"json_object": True}      any JSON object
+        {"regex": "..."}           a regular expression the whole output matches
+        {"grammar": "..."}         an XGrammar EBNF grammar whose start rule is `root`
+        {"choice": ["a", "b"]}     exactly one of these strings
+
+    A dict of another shape raises ValueError naming the key; what the server alone can judge (a
+    schema, regex or grammar its compiler refuses, sizes) fails the call with INVALID_ARGUMENT."""
+    if isinstance(value, tost_pb2.Constraint):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"constraint: expected a tost_pb2.Constraint or a dict, got {type(value).__name__}")
+    keys = list(value)
+    unknown = [k for k in keys if k not in _CONSTRAINT_KEYS]
+    if unknown:
+        raise ValueError(f"constraint: unknown key {unknown[0]!r}; expected one of {', '.join(_CONSTRAINT_KEYS)}")
+    if len(keys) != 1:
+        raise ValueError(f"constraint: expected exactly one of {', '.join(_CONSTRAINT_KEYS)}, got "
+                         f"{', '.join(map(repr, keys)) if keys else 'none'}")
+    (key,) = keys
+    v = value[key]
+    if key == "json_schema":
+        if isinstance(v, Mapping):
+            return tost_pb2.Constraint(json_schema=json.dumps(v))
+        if isinstance(v, str) and v:
+            return tost_pb2.Constraint(json_schema=v)
+        raise ValueError(f"constraint['json_schema']: expected a schema as a dict or as non-empty JSON text, "
+                         f"got {type(v).__name__} {v!r:.40}")
+    if key == "json_object":
+        if v is not True:
+            raise ValueError(f"constraint['json_object']: expected True (any JSON object), got {v!r:.40}; "
+                             "leave `constraint` out for unconstrained output")
+        return tost_pb2.Constraint(json_object=True)
+    if key in ("regex", "grammar"):
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"constraint[{key!r}]: expected a non-empty string, got {type(v).__name__} {v!r:.40}")
+        return tost_pb2.Constraint(**{key: v})
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v:
+        raise ValueError(f"constraint['choice']: expected a non-empty list of strings, got {type(v).__name__} "
+                         f"{v!r:.40}")
+    for i, choice in enumerate(v):
+        if not isinstance(choice, str) or not choice:
+            raise ValueError(f"constraint['choice'][{i}]: expected a non-empty string, got {choice!r:.40}")
+    return tost_pb2.Constraint(choice=tost_pb2.ChoiceList(choices=list(v)))
+
+
 def generate_request(model: str, prompt: Optional[Prompt] = None, *, max_new_tokens: int = 64,
                      temperature: Optional[float] = None, top_k: Optional[int] = None,
                      top_p: Optional[float] = None, min_p: Optional[float] = None, seed: Optional[int] = None,
                      repetition_penalty: Optional[float] = None, stop: Iterable[str] = (),
                      stop_token_ids: Iterable[int] = (), session_id: Optional[str] = None,
                      state: Optional[bytes] = None, return_state: bool = False, state_every_tokens: int = 0,
-                     top_logprobs: int = 0, logprobs: bool = False) -> tost_pb2.GenerateRequest:
+                     top_logprobs: int = 0, logprobs: bool = False,
+                     constraint: Optional[ConstraintInput] = None) -> tost_pb2.GenerateRequest:
     """The GenerateRequest of generate()'s arguments. Sampling parameters left None are not sent
-    (a session or blob then keeps its stored ones; a fresh prompt decodes greedily)."""
+    (a session or blob then keeps its stored ones; a fresh prompt decodes greedily). `constraint`:
+    what the output must conform to, a tost_pb2.Constraint or a dict (see constraint_message()); None:
+    unconstrained."""
     request = tost_pb2.GenerateRequest(model=model, max_new_tokens=max_new_tokens, return_state=return_state,
                                        state_every_tokens=state_every_tokens, top_logprobs=top_logprobs,
                                        logprobs=logprobs)
@@ -95,6 +164,22 @@ def generate_request(model: str, prompt: Optional[Prompt] = None, *, max_new_tok
     stop, stop_token_ids = list(stop), list(stop_token_ids)
     if stop or stop_token_ids:
         request.stop.CopyFrom(tost_pb2.StopConditions(stop=stop, stop_token_ids=stop_token_ids))
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint_message(constraint))
+    return request
+
+
+def _request(request: Optional[tost_pb2.GenerateRequest], model: str, prompt: Optional[Prompt],
+             max_new_tokens: int, constraint: Optional[ConstraintInput], state_every_tokens: int,
+             fields: Mapping[str, Any]) -> tost_pb2.GenerateRequest:
+    """generate()'s request: the one given whole, or generate_request()'s of the arguments."""
+    if request is None:
+        return generate_request(model, prompt, max_new_tokens=max_new_tokens, constraint=constraint,
+                                state_every_tokens=state_every_tokens, **fields)
+    if constraint is not None:
+        # Not silently dropped: an unconstrained output where one was asked for would parse as
+        # nothing the caller expects.
+        raise ValueError("constraint: pass it in the request (request.constraint) or as constraint=, not both")
     return request
 
 
@@ -256,24 +341,27 @@ class Client(_Base):
                                                                 return_membership=return_membership), timeout_s)
 
     def generate(self, model: str = "", prompt: Optional[Prompt] = None, *, max_new_tokens: int = 64,
+                 constraint: Optional[ConstraintInput] = None,
                  resumable: bool = False, state_every_tokens: int = 0, timeout_s: Optional[float] = None,
                  request: Optional[tost_pb2.GenerateRequest] = None,
                  max_retries: int = 5, backoff_s: float = 0.05, max_backoff_s: float = 2.0, eager: bool = False,
                  **fields: Any) -> Union[Generation, ResumableGeneration]:
         """Streams a generation: iterate the result for the tokens (GeneratedToken: id, text,
         position). prompt: text, bytes or token ids; or a session_id / state blob to continue.
+        constraint: what the output must conform to, a tost_pb2.Constraint or a dict such as
+        {"json_schema": {...}}, {"json_object": True}, {"regex": "..."}, {"grammar": "..."} or
+        {"choice": ["a", "b"]} (constraint_message(); an invalid dict raises ValueError).
         Other fields (temperature, top_k, top_p, min_p, seed, repetition_penalty, stop,
         stop_token_ids, session_id, state, return_state, top_logprobs, logprobs) as in generate_request(),
-        or a whole `request`.
+        or a whole `request` (with none of them).
 
         resumable=True: a ResumableGeneration (tost_client.resumable) that asks for a state blob
         every `state_every_tokens` tokens (default 16) and, when the stream breaks (a lost or
         drained replica), continues from the last one through the same channel; max_retries,
         backoff_s, max_backoff_s and eager as there, timeout_s bounds the whole generation.
         Otherwise a Generation of the one stream."""
-        if request is None:
-            request = generate_request(model, prompt, max_new_tokens=max_new_tokens,
-                                       state_every_tokens=0 if resumable else state_every_tokens, **fields)
+        request = _request(request, model, prompt, max_new_tokens, constraint,
+                           0 if resumable else state_every_tokens, fields)
         if resumable:
             timeout = self._timeout(timeout_s)
             return ResumableGeneration(self.stub, request, state_every_tokens=state_every_tokens or 16,
@@ -359,14 +447,14 @@ class AsyncClient(_Base):
                                                                       return_membership=return_membership), timeout_s)
 
     def generate(self, model: str = "", prompt: Optional[Prompt] = None, *, max_new_tokens: int = 64,
+                 constraint: Optional[ConstraintInput] = None,
                  resumable: bool = False, state_every_tokens: int = 0, timeout_s: Optional[float] = None,
                  request: Optional[tost_pb2.GenerateRequest] = None,
                  max_retries: int = 5, backoff_s: float = 0.05, max_backoff_s: float = 2.0, eager: bool = False,
                  **fields: Any) -> Union[AsyncGeneration, AsyncResumableGeneration]:
         """See Client.generate: `async for token in client.generate(...)`."""
-        if request is None:
-            request = generate_request(model, prompt, max_new_tokens=max_new_tokens,
-                                       state_every_tokens=0 if resumable else state_every_tokens, **fields)
+        request = _request(request, model, prompt, max_new_tokens, constraint,
+                           0 if resumable else state_every_tokens, fields)
         if resumable:
             timeout = self._timeout(timeout_s)
             return AsyncResumableGeneration(self.stub, request, state_every_tokens=state_every_tokens or 16,

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "service/engine/generation_scheduler.h"
@@ -356,14 +357,213 @@ TEST(OpenAiRequest, UnsupportedFieldsAreRefusedByName) {
               "tool_choice: not supported by this server (no tool calling; \"none\" is "
               "accepted), got a string (\"auto\")",
               "tool_choice");
-  ChatRefused(R"(, "response_format": {"type": "json_object"})",
-              "response_format.type: not supported by this server (plain text only; \"text\" is "
-              "accepted), got a string (\"json_object\")",
-              "response_format.type");
-  ChatRefused(R"(, "response_format": "json")",
-              "response_format: expected an object {\"type\": \"text\"}, got a string (\"json\")",
-              "response_format");
   ChatRefused(R"(, "user": 5)", "user: expected a string, got an integer (5)", "user");
+}
+
+// --- constraints: response_format and vLLM's guided_* ------------------------------------------
+
+TEST(OpenAiRequest, NoConstraintByDefaultOrWithTextFormat) {
+  EXPECT_FALSE(Chat("").constraint.has_value());
+  EXPECT_FALSE(Chat(R"(, "response_format": {"type": "text"})").constraint.has_value());
+  EXPECT_FALSE(Completion(R"(, "response_format": null, "guided_json": null, "guided_regex": null,
+                             "guided_grammar": null, "guided_choice": null)")
+                   .constraint.has_value());
+  EXPECT_TRUE(Chat("").constraint_field.empty());
+}
+
+TEST(OpenAiRequest, ResponseFormatJsonObject) {
+  for (const OpenAiRequest& r : {Chat(R"(, "response_format": {"type": "json_object"})"),
+                                 Completion(R"(, "response_format": {"type": "json_object"})")}) {
+    ASSERT_TRUE(r.constraint.has_value());
+    EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonObject);
+    EXPECT_EQ(r.constraint_field, "response_format");
+  }
+}
+
+TEST(OpenAiRequest, ResponseFormatJsonSchemaKeepsTheSchemasKeyOrder) {
+  // The parser sorts object keys; the schema reaches the engine in the client's order, which is
+  // the order a constrained output writes the properties in.
+  const OpenAiRequest r = Chat(R"(, "response_format": {"type": "json_schema", "json_schema": {
+      "name": "Person_v-2", "strict": true, "description": "who",
+      "schema": {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                                  "alpha": {"type": "string", "maxLength": 3}},
+                 "required": ["zeta", "alpha"]}}},
+      "other": {"schema": {"b": 1, "a": 2}})");
+  ASSERT_TRUE(r.constraint.has_value());
+  EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(r.constraint->text,
+            R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string",)"
+            R"("maxLength":3}},"required":["zeta","alpha"]})");
+  EXPECT_EQ(r.constraint_field, "response_format.json_schema.schema");
+  // strict false (or absent) constrains all the same; the schema may hold arrays of objects.
+  const OpenAiRequest loose = Completion(R"(, "response_format": {"type": "json_schema",
+      "json_schema": {"name": "n", "strict": false,
+                      "schema": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}})");
+  ASSERT_TRUE(loose.constraint.has_value());
+  EXPECT_EQ(loose.constraint->text, R"({"anyOf":[{"type":"integer"},{"type":"string"}]})");
+  // A duplicate key keeps the last value, as the first parse does.
+  const OpenAiRequest twice = Completion(R"(, "response_format": {"type": "json_schema",
+      "json_schema": {"name": "n", "schema": {"type": "string"}, "schema": {"type": "integer"}}})");
+  ASSERT_TRUE(twice.constraint.has_value());
+  EXPECT_EQ(twice.constraint->text, R"({"type":"integer"})");
+}
+
+TEST(OpenAiRequest, ResponseFormatRefusals) {
+  ChatRefused(R"(, "response_format": "json")",
+              "response_format: expected an object {\"type\": \"text\"}, {\"type\": "
+              "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+              "\"schema\"}}, got a string (\"json\")",
+              "response_format");
+  ChatRefused(R"(, "response_format": {})",
+              "response_format.type: missing: expected one of \"text\", \"json_object\", "
+              "\"json_schema\"",
+              "response_format.type");
+  ChatRefused(R"(, "response_format": {"type": "yaml"})",
+              "response_format.type: expected one of \"text\", \"json_object\", \"json_schema\", "
+              "got a string (\"yaml\")",
+              "response_format.type");
+  ChatRefused(R"(, "response_format": {"type": 1})",
+              "response_format.type: expected one of \"text\", \"json_object\", \"json_schema\", "
+              "got an integer (1)",
+              "response_format.type");
+  ChatRefused(R"(, "response_format": {"type": "json_schema"})",
+              "response_format.json_schema: missing: expected an object {\"name\", \"schema\", "
+              "\"strict\", \"description\"} with \"type\": \"json_schema\"",
+              "response_format.json_schema");
+  ChatRefused(R"(, "response_format": {"type": "json_schema", "json_schema": []})",
+              "response_format.json_schema: expected an object {\"name\", \"schema\", \"strict\", "
+              "\"description\"}, got an array of 0 element(s)",
+              "response_format.json_schema");
+  const std::string name_what = "a string of 1 to 64 characters from a-z, A-Z, 0-9, _ and -";
+  CompletionRefused(
+      R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}})",
+      "response_format.json_schema.name: missing: expected " + name_what,
+      "response_format.json_schema.name");
+  for (const auto& [name, got] : std::vector<std::pair<std::string, std::string>>{
+           {R"("")", R"(a string (""))"},
+           {R"("has space")", R"(a string ("has space"))"},
+           {R"("dot.ted")", R"(a string ("dot.ted"))"},
+           {"\"" + std::string(65, 'a') + "\"",
+            "a string (\"" + std::string(64, 'a') + "...\" (65 bytes))"},
+           {"7", "an integer (7)"}}) {
+    CompletionRefused(
+        absl::StrCat(R"(, "response_format": {"type": "json_schema",
+                                      "json_schema": {"name": )",
+                     name, R"(, "schema": {}}})"),
+        absl::StrCat("response_format.json_schema.name: expected ", name_what, ", got ", got),
+        "response_format.json_schema.name");
+  }
+  // 64 characters is the most a name may have.
+  EXPECT_TRUE(Completion(absl::StrCat(R"(, "response_format": {"type": "json_schema",
+                                         "json_schema": {"name": ")",
+                                      std::string(64, 'a'), R"(", "schema": {}}})"))
+                  .constraint.has_value());
+  ChatRefused(R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "n"}})",
+              "response_format.json_schema.schema: missing: expected a JSON schema (an object)",
+              "response_format.json_schema.schema");
+  ChatRefused(
+      R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": "{}"}})",
+      "response_format.json_schema.schema: expected a JSON schema (an object), got a string "
+      "(\"{}\")",
+      "response_format.json_schema.schema");
+  ChatRefused(R"(, "response_format": {"type": "json_schema",
+                   "json_schema": {"name": "n", "schema": {}, "strict": "yes"}})",
+              "response_format.json_schema.strict: expected true or false, got a string "
+              "(\"yes\")",
+              "response_format.json_schema.strict");
+  ChatRefused(R"(, "response_format": {"type": "json_schema",
+                   "json_schema": {"name": "n", "schema": {}, "description": 3}})",
+              "response_format.json_schema.description: expected a string, got an integer (3)",
+              "response_format.json_schema.description");
+}
+
+TEST(OpenAiRequest, GuidedJsonTakesAnObjectOrAString) {
+  const OpenAiRequest object =
+      Completion(R"(, "guided_json": {"type": "object", "properties": {"b": {}, "a": {}}})");
+  ASSERT_TRUE(object.constraint.has_value());
+  EXPECT_EQ(object.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(object.constraint->text, R"({"type":"object","properties":{"b":{},"a":{}}})");
+  EXPECT_EQ(object.constraint_field, "guided_json");
+  // A string is passed on as sent: the compiler says whether it is a schema.
+  const OpenAiRequest text = Chat(R"(, "guided_json": "{\"type\": \"integer\"}")");
+  ASSERT_TRUE(text.constraint.has_value());
+  EXPECT_EQ(text.constraint->text, R"({"type": "integer"})");
+  for (const auto& [value, got] : std::vector<std::pair<std::string, std::string>>{
+           {R"("")", R"(a string (""))"}, {"[]", "an array of 0 element(s)"}, {"true", "true"}}) {
+    CompletionRefused(absl::StrCat(R"(, "guided_json": )", value),
+                      absl::StrCat("guided_json: expected a JSON schema: an object, or a string "
+                                   "holding one, got ",
+                                   got),
+                      "guided_json");
+  }
+}
+
+TEST(OpenAiRequest, GuidedRegexGrammarAndChoice) {
+  const OpenAiRequest regex = Completion(R"(, "guided_regex": "[a-z]+\\d")");
+  ASSERT_TRUE(regex.constraint.has_value());
+  EXPECT_EQ(regex.constraint->kind, ConstraintSpec::Kind::kRegex);
+  EXPECT_EQ(regex.constraint->text, R"([a-z]+\d)");
+  EXPECT_EQ(regex.constraint_field, "guided_regex");
+
+  const OpenAiRequest grammar = Chat(R"(, "guided_grammar": "root ::= \"yes\" | \"no\"")");
+  ASSERT_TRUE(grammar.constraint.has_value());
+  EXPECT_EQ(grammar.constraint->kind, ConstraintSpec::Kind::kGrammar);
+  EXPECT_EQ(grammar.constraint->text, R"(root ::= "yes" | "no")");
+  EXPECT_EQ(grammar.constraint_field, "guided_grammar");
+
+  const OpenAiRequest choice = Chat(R"(, "guided_choice": ["yes", "no", "\u00e9"])");
+  ASSERT_TRUE(choice.constraint.has_value());
+  EXPECT_EQ(choice.constraint->kind, ConstraintSpec::Kind::kChoice);
+  EXPECT_EQ(choice.constraint->choices, (std::vector<std::string>{"yes", "no", "\xc3\xa9"}));
+  EXPECT_EQ(choice.constraint_field, "guided_choice");
+
+  CompletionRefused(R"(, "guided_regex": "")",
+                    "guided_regex: expected a non-empty string (a regular expression the whole "
+                    "output matches), got a string (\"\")",
+                    "guided_regex");
+  CompletionRefused(R"(, "guided_regex": ["a"])",
+                    "guided_regex: expected a non-empty string (a regular expression the whole "
+                    "output matches), got an array of 1 element(s)",
+                    "guided_regex");
+  ChatRefused(R"(, "guided_grammar": 1)",
+              "guided_grammar: expected a non-empty string (an XGrammar EBNF grammar whose start "
+              "rule is root), got an integer (1)",
+              "guided_grammar");
+  ChatRefused(R"(, "guided_choice": [])",
+              "guided_choice: expected a non-empty array of strings, got an array of 0 element(s)",
+              "guided_choice");
+  ChatRefused(R"(, "guided_choice": "yes")",
+              "guided_choice: expected a non-empty array of strings, got a string (\"yes\")",
+              "guided_choice");
+  ChatRefused(R"(, "guided_choice": ["yes", 2])",
+              "guided_choice[1]: expected a non-empty string, got an integer (2)",
+              "guided_choice[1]");
+  ChatRefused(R"(, "guided_choice": ["yes", ""])",
+              "guided_choice[1]: expected a non-empty string, got a string (\"\")",
+              "guided_choice[1]");
+}
+
+TEST(OpenAiRequest, OneConstraintSourcePerRequest) {
+  ChatRefused(R"(, "response_format": {"type": "json_object"}, "guided_regex": "a+")",
+              "guided_regex: expected one constraint per request, got two: response_format and "
+              "guided_regex both constrain the output; send one",
+              "guided_regex");
+  CompletionRefused(R"(, "guided_json": {}, "guided_choice": ["a"])",
+                    "guided_choice: expected one constraint per request, got two: guided_json "
+                    "and guided_choice both constrain the output; send one",
+                    "guided_choice");
+  CompletionRefused(R"(, "guided_regex": "a", "guided_grammar": "root ::= \"a\"")",
+                    "guided_grammar: expected one constraint per request, got two: guided_regex "
+                    "and guided_grammar both constrain the output; send one",
+                    "guided_grammar");
+  CompletionRefused(R"(, "response_format": {"type": "json_schema",
+                          "json_schema": {"name": "n", "schema": {}}}, "guided_json": {})",
+                    "guided_json: expected one constraint per request, got two: response_format "
+                    "and guided_json both constrain the output; send one",
+                    "guided_json");
+  // A text response_format constrains nothing: it goes with a guided_* field.
+  EXPECT_TRUE(Chat(R"(, "response_format": {"type": "text"}, "guided_regex": "a+")")
+                  .constraint.has_value());
 }
 
 TEST(OpenAiRequest, SessionAndStateExtensions) {
@@ -445,6 +645,27 @@ TEST(OpenAiToGenerationInput, ChatRendersAndMergesStops) {
   EXPECT_EQ(in->max_new_tokens, 9);
   EXPECT_EQ(FieldNames(*r).max_new_tokens, "max_completion_tokens");
   EXPECT_EQ(FieldNames(*r).prompt_text, "messages");
+}
+
+// Under a constraint a chat stops on the request's own stop strings only: the constraint ends the
+// reply, and a template stop string (a closing quote) would cut JSON at its first quote.
+TEST(OpenAiToGenerationInput, ConstrainedChatDropsTheTemplatesStops) {
+  std::string storage;
+  auto in = ToGenerationInput(Chat(R"(, "response_format": {"type": "json_object"})"), ChatModel(),
+                              &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(storage, "Q: Hi\nA:");  // the same prompt: generation starts after the assistant prefix
+  ASSERT_TRUE(in->stop.has_value());
+  EXPECT_TRUE(in->stop->strings.empty());
+  in = ToGenerationInput(Chat(R"(, "guided_regex": "[a-z]+", "stop": ["!"])"), ChatModel(),
+                         &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->stop->strings, std::vector<std::string>{"!"});
+  // A constrained completion keeps its stop strings as an unconstrained one.
+  in = ToGenerationInput(Completion(R"(, "guided_regex": "[a-z]+", "stop": "x")"), ChatModel(),
+                         &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->stop->strings, std::vector<std::string>{"x"});
 }
 
 // The engine is asked for each token's own logprob and exactly the alternatives shown.
