@@ -72,7 +72,13 @@ class PathTracker final : public nlohmann::json_sax<json> {
         absl::StrAppend(&path, "[", f.index, "]");
       }
     }
-    if (path.size() > 128) path = path.substr(0, 128) + "...";
+    if (path.size() > 128) {
+      // Cut at a character boundary: the path is UTF-8 (keys passed the check), and half a
+      // character would make the message itself invalid UTF-8.
+      size_t cut = 128;
+      while (cut > 0 && (static_cast<unsigned char>(path[cut]) & 0xC0) == 0x80) --cut;
+      path = path.substr(0, cut) + "...";
+    }
     const Frame& top = frames_.back();
     if (top.object && !top.in_value) {
       return path.empty() ? "a key of the top-level object"

@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "model/config/config.h"
 #include "service/api/generation_input.h"
-#include "service/engine/constraints.h"
+#include "service/engine/constraint_spec.h"
 #include "service/openai/chat_template.h"
 
 namespace tost::service::openai {

@@ -78,6 +78,8 @@ std::string CompilerMessage(std::string_view what) {
     while (digits < what.size() && what[digits] >= '0' && what[digits] <= '9') ++digits;
     if (digits > colon + 1 && what.substr(digits, 2) == ": ") what.remove_prefix(digits + 2);
   }
+  // Its messages end with a newline, which would end up inside an API error's message.
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.remove_suffix(1);
   return std::string(what);
 }
 

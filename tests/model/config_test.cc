@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "base/utf8.h"
+
 namespace tost::model {
 namespace {
 
@@ -119,6 +121,18 @@ TEST(ModelConfig, InvalidUtf8IsRefusedNamingFieldAndOffset) {
   const size_t k = key.find("\"version\"") + 1;
   key.replace(k, 1, "\xff");
   ExpectInvalidUtf8(key, "a key of the top-level object", k);
+
+  // A field path past 128 bytes is cut, at a character boundary: "provenance." and a key of 116
+  // ASCII bytes and an "é" (C3 A9) straddling byte 128, holding an invalid byte.
+  std::string deep = lm;
+  const std::string long_key = std::string(116, 'k') + "\xc3\xa9";
+  const size_t brace_at = deep.rfind('}');
+  deep.insert(brace_at, ",\"provenance\":{\"" + long_key + "\":\"\xff\"}");
+  auto cut = ParseModelConfig(deep, "m/config.json");
+  ASSERT_FALSE(cut.ok());
+  const std::string cut_message(cut.status().message());
+  EXPECT_EQ(FirstInvalidUtf8(cut_message), std::nullopt) << cut_message;
+  EXPECT_NE(cut_message.find(std::string(100, 'k') + "..."), std::string::npos) << cut_message;
 
   // Valid multi-byte text is fine, raw or escaped.
   std::string fine = lm;
