@@ -144,6 +144,10 @@ ABSL_FLAG(int64_t, constraint_cache_bytes, 256LL << 20,
           "Bytes the compiled constraints of one language model may hold (grammars and their "
           "token masks, least recently used evicted first); a constraint whose compiled form "
           "takes more than an eighth of this is refused (INVALID_ARGUMENT)");
+ABSL_FLAG(int64_t, constraint_mask_threads, 2,
+          "Threads per language model computing constrained rows' token masks while a decode "
+          "step's forward runs (in parallel over rows); 0: after the forward, on the scheduler's "
+          "thread");
 ABSL_FLAG(int64_t, constraint_compile_timeout_ms, 2000,
           "How long a constrained request waits for its constraint's compile before it is refused "
           "(RESOURCE_EXHAUSTED); the compile goes on and enters the cache, so a retry may find it");
@@ -236,6 +240,7 @@ absl::Status CheckNumericFlags() {
       {"constraint_cache_entries", absl::GetFlag(FLAGS_constraint_cache_entries), 1, 1 << 20},
       {"constraint_cache_bytes", absl::GetFlag(FLAGS_constraint_cache_bytes), 1 << 16,
        int64_t{1} << 40},
+      {"constraint_mask_threads", absl::GetFlag(FLAGS_constraint_mask_threads), 0, 256},
       {"constraint_compile_timeout_ms", absl::GetFlag(FLAGS_constraint_compile_timeout_ms), 0,
        600'000, "0 = only constraints already compiled"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
@@ -346,6 +351,8 @@ int main(int argc, char** argv) {
   options.generation.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_generations);
   options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   options.generation.batch_invariant = absl::GetFlag(FLAGS_batch_invariant_decode);
+  options.generation.mask_threads =
+      static_cast<int32_t>(absl::GetFlag(FLAGS_constraint_mask_threads));
   options.generation.stream_stall_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_stream_stall_timeout_ms));
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);

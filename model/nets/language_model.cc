@@ -649,8 +649,8 @@ absl::StatusOr<std::vector<float>> LanguageModel::Step(absl::Span<const int32_t>
 
 absl::StatusOr<std::vector<DrawnToken>> LanguageModel::StepAndDraw(
     absl::Span<const int32_t> tokens, StatePool& pool, absl::Span<const int64_t> rows,
-    absl::Span<const int64_t> positions, absl::Span<const TokenDraw> draws,
-    bool batch_invariant) const {
+    absl::Span<const int64_t> positions, absl::Span<const TokenDraw> draws, bool batch_invariant,
+    const std::function<void()>& before_draw) const {
   const Impl& m = *impl_;
   if (draws.size() != tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name,
@@ -660,6 +660,7 @@ absl::StatusOr<std::vector<DrawnToken>> LanguageModel::StepAndDraw(
   const int64_t defined = m.tokenizer->vocab_size();
   return StepOnPool<std::vector<DrawnToken>>(
       tokens, pool, rows, positions, batch_invariant, [&](const at::Tensor& logits) {
+        if (before_draw) before_draw();  // the forward is issued; on a GPU it may still run
         if (m.draw_on_device) return DrawTokensOnDevice(logits, defined, draws);
         return DrawTokens(Impl::ToHost(logits), defined, draws);
       });

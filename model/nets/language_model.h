@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,13 +72,13 @@ class LanguageModel {
   // The same step, then row b's token drawn as draws[b] says (DrawTokens). On a GPU the draw runs
   // where the logits are, so only the drawn ids and the requested logprobs cross to the host;
   // on the CPU it is DrawTokens itself (unless Placement draw_on_device asks for the device
-  // form, which tests compare with it).
-  absl::StatusOr<std::vector<DrawnToken>> StepAndDraw(absl::Span<const int32_t> tokens,
-                                                      StatePool& pool,
-                                                      absl::Span<const int64_t> rows,
-                                                      absl::Span<const int64_t> positions,
-                                                      absl::Span<const TokenDraw> draws,
-                                                      bool batch_invariant = false) const;
+  // form, which tests compare with it). `before_draw`, when set, runs after the step's forward
+  // is issued and before the draw reads `draws` (on a GPU, while the forward runs): where the
+  // caller finishes what the draws need, the constrained rows' masks.
+  absl::StatusOr<std::vector<DrawnToken>> StepAndDraw(
+      absl::Span<const int32_t> tokens, StatePool& pool, absl::Span<const int64_t> rows,
+      absl::Span<const int64_t> positions, absl::Span<const TokenDraw> draws,
+      bool batch_invariant = false, const std::function<void()>& before_draw = nullptr) const;
 
   // Readies `pool` for decode steps in `batch_invariant` mode before the first one: on a CUDA
   // device, captures (and checks) the decode step's graph of every batch bucket, so the server

@@ -190,6 +190,10 @@ absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions
     return absl::InvalidArgumentError(
         absl::StrCat("prefill_chunk_tokens must be >= 1, got ", o.prefill_chunk_tokens));
   }
+  if (o.mask_threads < 0 || o.mask_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask_threads must be in [0, 256], got ", o.mask_threads));
+  }
   if (o.max_buffered_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_buffered_tokens must be >= 1, got ", o.max_buffered_tokens));
@@ -231,7 +235,8 @@ GenerationScheduler::GenerationScheduler(const GenerativeModel& model,
       prefix_cache_(std::move(prefix_cache)),
       doorbell_(std::make_shared<GenerationJob::Doorbell>()),
       owner_(std::make_shared<GenerationJob::Owner>()),
-      pool_(std::move(pool)) {
+      pool_(std::move(pool)),
+      masker_(options.mask_threads) {
   // Lowest rows first: a lightly loaded server touches the same few rows.
   for (int64_t r = pool_->rows() - 1; r >= 0; --r) free_rows_.push_back(r);
   stats_.decode_batch_histogram.assign(options_.max_active_jobs + 1, 0);
@@ -714,6 +719,13 @@ bool GenerationScheduler::StepOnce() {
   DecodeStep decode = Decode();
   Record(admission, prefill, decode);
   for (size_t i = 0; i < decode.jobs.size(); ++i) {
+    if (decode.admits_nothing[i]) {
+      // Its pending token was fed and nothing follows it: the state holds every token, none
+      // pending (a continuation must bring a prompt), and the output stops short there.
+      decode.jobs[i]->state().pending_token = -1;
+      FinishActive(*decode.jobs[i], FinishReason::kConstraint);
+      continue;
+    }
     EmitToken(*decode.jobs[i], std::move((*decode.drawn)[i]));
   }
   const int64_t finished = Retire(admission.queued_deadline, prefill, stalled);
@@ -827,23 +839,21 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
       FinishActive(*job, FinishReason::kLength);  // prompt fed; its last token stays pending
       continue;
     }
-    if (TokenConstraint* constraint = job->request.constraint.get(); constraint != nullptr) {
-      // Here, before the step: a row whose constraint admits nothing is not decoded at all (its
-      // draw would pick from nothing but -infinity).
-      const absl::Time mask_start = clock_->Now();
-      job->allowed.resize(static_cast<size_t>(constraint->bitmask_words()));
-      constraint->FillAllowed(absl::MakeSpan(job->allowed));
-      out.mask_time += clock_->Now() - mask_start;
-      ++out.constrained_rows;
-      if (std::all_of(job->allowed.begin(), job->allowed.end(),
-                      [](uint32_t word) { return word == 0; })) {
-        FinishActive(*job, FinishReason::kConstraint);
-        continue;
-      }
-    }
     out.jobs.push_back(job.get());
   }
   if (out.jobs.empty()) return out;
+  // The constrained rows' masks, started now and finished where the draw needs them (before_draw
+  // below): on a GPU while the forward runs, and in parallel over rows on the masker's threads.
+  std::vector<ConstraintMasker::Task> masks;
+  for (Job* job : out.jobs) {
+    if (TokenConstraint* constraint = job->request.constraint.get(); constraint != nullptr) {
+      job->allowed.resize(static_cast<size_t>(constraint->bitmask_words()));
+      masks.push_back({constraint, absl::MakeSpan(job->allowed)});
+    }
+  }
+  out.constrained_rows = static_cast<int32_t>(masks.size());
+  out.admits_nothing.assign(out.jobs.size(), false);
+  masker_.Start(std::move(masks));
   std::vector<int32_t> tokens;
   std::vector<int64_t> rows, positions;
   std::vector<std::vector<int32_t>> recent(out.jobs.size());
@@ -861,7 +871,28 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
                 out.jobs[i]->request.top_logprobs, out.jobs[i]->request.logprobs};
     if (out.jobs[i]->request.constraint != nullptr) draws[i].allowed = out.jobs[i]->allowed;
   }
-  out.drawn = model_.Step(tokens, *pool_, rows, positions, draws, options_.batch_invariant);
+  const auto finish_masks = [&] {
+    masker_.Finish();
+    for (size_t i = 0; i < out.jobs.size(); ++i) {
+      std::vector<uint32_t>& allowed = out.jobs[i]->allowed;
+      if (out.jobs[i]->request.constraint == nullptr ||
+          std::any_of(allowed.begin(), allowed.end(), [](uint32_t word) { return word != 0; })) {
+        continue;
+      }
+      // The constraint admits no token (a grammar whose next bytes no token spells): the row is
+      // in the step already, so it draws from everything and its token is dropped.
+      out.admits_nothing[i] = true;
+      std::fill(allowed.begin(), allowed.end(), ~uint32_t{0});
+    }
+  };
+  out.drawn = model_.Step(
+      tokens, *pool_, rows, positions, draws, options_.batch_invariant,
+      out.constrained_rows > 0 ? std::function<void()>(finish_masks) : std::function<void()>());
+  // A step that failed before its draw never called it: no worker may still hold a job's
+  // constraint once the jobs can end.
+  masker_.Finish();
+  out.mask_time = masker_.compute_time();
+  out.mask_wait = masker_.wait_time();
   if (!out.drawn.ok()) {
     for (Job* job : out.jobs) FinishActive(*job, FinishReason::kCancelled, out.drawn.status());
     out.jobs.clear();
@@ -916,6 +947,7 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
     record.inter_token_latency = decode.inter_token;
     record.constrained_rows = decode.constrained_rows;
     record.mask_time = decode.mask_time;
+    record.mask_wait = decode.mask_wait;
     options_.observer->OnStep(record);
   }
 }

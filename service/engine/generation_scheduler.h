@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "service/engine/clock.h"
+#include "service/engine/constraint_masker.h"
 #include "service/engine/constraints.h"
 #include "service/engine/generation_state.h"
 #include "service/engine/model_interface.h"
@@ -183,10 +184,12 @@ struct GenerationStepRecord {
   absl::Span<const absl::Duration> time_to_first_token;
   // One entry per other token emitted: since the same job's previous token.
   absl::Span<const absl::Duration> inter_token_latency;
-  // Constrained generation: decode rows whose draw this step was masked, and the time the
-  // scheduler spent computing their masks (on its thread, before the step).
+  // Constrained generation: decode rows whose draw this step was masked, the time computing
+  // their masks (summed over rows, mostly while the forward ran), and how long the draw waited
+  // for them after the forward was issued.
   int32_t constrained_rows = 0;
   absl::Duration mask_time;
+  absl::Duration mask_wait;
 };
 
 // Called on the step loop's thread after each step that did work; must be cheap and thread-safe.
@@ -223,6 +226,10 @@ struct GenerationSchedulerOptions {
   // A job paused this long (its client reads nothing) is cancelled with its state kept;
   // ZeroDuration: never.
   absl::Duration stream_stall_timeout = absl::Seconds(30);
+  // Threads computing constrained rows' token masks while a decode step's forward runs (and in
+  // parallel with each other); 0: the scheduler's thread computes them after the forward.
+  // Started on the first constrained step.
+  int32_t mask_threads = 2;
   GenerationObserver* observer = nullptr;  // not owned, outlives the scheduler; null: no records
 };
 
@@ -340,7 +347,11 @@ class GenerationScheduler {
     absl::StatusOr<std::vector<model::DrawnToken>> drawn;
     std::vector<absl::Duration> first_token, inter_token;  // filled only for the observer
     int32_t constrained_rows = 0;                          // rows whose draw had a mask
-    absl::Duration mask_time;  // computing those masks (the scheduler's clock)
+    absl::Duration mask_time;  // computing those masks, summed over rows
+    absl::Duration mask_wait;  // the draw's wait for them once the forward was issued
+    // Per job: its constraint admitted no token, so its draw is void (the step fed its pending
+    // token all the same) and it ends with kConstraint.
+    std::vector<bool> admits_nothing;
   };
   // Drops cancelled and expired queued jobs, admits queued jobs to free places (with their rows).
   Admission Schedule(absl::Time now);
@@ -408,6 +419,7 @@ class GenerationScheduler {
   // in place, and a row is copied to the host only for a snapshot or when its job ends.
   const std::unique_ptr<model::StatePool> pool_;
   std::vector<int64_t> free_rows_;
+  ConstraintMasker masker_;
   // The earliest instant at which a deadline or a stall ends an active job (the idle loop's wake).
   absl::Time next_timed_event_ = absl::InfiniteFuture();
   std::thread thread_;

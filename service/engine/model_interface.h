@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -85,10 +86,15 @@ class GenerativeModel {
   // Only the drawn tokens and the requested logprobs come back: a GPU model keeps its logits on
   // the device. With `batch_invariant`, row b's logits are bit-identical whatever else shares the
   // step. A refused step leaves every row untouched.
+  //
+  // `before_draw` (may be empty) runs once the forward is under way and before the draws read
+  // draws[b].allowed: the caller finishes the constrained rows' masks there, so on a device that
+  // computes asynchronously they are computed while the forward runs. It is not called when the
+  // step fails before its draw.
   virtual absl::StatusOr<std::vector<model::DrawnToken>> Step(
       absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
       absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
-      bool batch_invariant) const = 0;
+      bool batch_invariant, const std::function<void()>& before_draw) const = 0;
 };
 
 }  // namespace tost::service

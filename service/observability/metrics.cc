@@ -321,6 +321,7 @@ struct Metrics::Impl {
     Histogram* ttft = nullptr;
     Histogram* itl = nullptr;
     Histogram* mask = nullptr;
+    Histogram* mask_wait = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
@@ -373,7 +374,16 @@ struct Metrics::Impl {
   Family<Histogram>& constraint_mask =
       BuildHistogram()
           .Name("tost_constraint_mask_seconds")
-          .Help("Constrained generation: computing the token masks of one decode step's rows")
+          .Help(
+              "Constrained generation: computing the token masks of one decode step's rows "
+              "(summed over rows)")
+          .Register(*registry);
+  Family<Histogram>& constraint_mask_wait =
+      BuildHistogram()
+          .Name("tost_constraint_mask_wait_seconds")
+          .Help(
+              "Constrained generation: how long a decode step's draw waited for its masks after "
+              "the forward was issued")
           .Register(*registry);
   Family<Histogram>& itl = BuildHistogram()
                                .Name("tost_inter_token_latency_seconds")
@@ -526,6 +536,7 @@ struct Metrics::Impl {
     s.ttft = &ttft.Add({{"model", name}}, kTtftBuckets);
     s.itl = &itl.Add({{"model", name}}, kItlBuckets);
     s.mask = &constraint_mask.Add({{"model", name}}, kMaskBuckets);
+    s.mask_wait = &constraint_mask_wait.Add({{"model", name}}, kMaskBuckets);
     return generate.emplace(name, s).first->second;
   }
 };
@@ -682,7 +693,10 @@ void Metrics::OnStep(const GenerationStepRecord& record) {
     s.generated_tokens->Increment(static_cast<double>(record.tokens_emitted));
   for (absl::Duration d : record.time_to_first_token) s.ttft->Observe(absl::ToDoubleSeconds(d));
   for (absl::Duration d : record.inter_token_latency) s.itl->Observe(absl::ToDoubleSeconds(d));
-  if (record.constrained_rows > 0) s.mask->Observe(absl::ToDoubleSeconds(record.mask_time));
+  if (record.constrained_rows > 0) {
+    s.mask->Observe(absl::ToDoubleSeconds(record.mask_time));
+    s.mask_wait->Observe(absl::ToDoubleSeconds(record.mask_wait));
+  }
 }
 
 std::string Metrics::Render() const {

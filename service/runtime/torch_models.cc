@@ -52,13 +52,11 @@ class LoadedRepository::Generator final : public GenerativeModel {
     return model_.Prefill(tokens, pool, row, position, chunk_tokens);
   }
 
-  absl::StatusOr<std::vector<model::DrawnToken>> Step(absl::Span<const int32_t> tokens,
-                                                      model::StatePool& pool,
-                                                      absl::Span<const int64_t> rows,
-                                                      absl::Span<const int64_t> positions,
-                                                      absl::Span<const model::TokenDraw> draws,
-                                                      bool batch_invariant) const override {
-    return model_.StepAndDraw(tokens, pool, rows, positions, draws, batch_invariant);
+  absl::StatusOr<std::vector<model::DrawnToken>> Step(
+      absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
+      absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
+      bool batch_invariant, const std::function<void()>& before_draw) const override {
+    return model_.StepAndDraw(tokens, pool, rows, positions, draws, batch_invariant, before_draw);
   }
 
  private:

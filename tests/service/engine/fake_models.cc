@@ -339,7 +339,7 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const i
 absl::StatusOr<std::vector<model::DrawnToken>> FakeLanguageModel::Step(
     absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
     absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
-    bool batch_invariant) const {
+    bool batch_invariant, const std::function<void()>& before_draw) const {
   auto* own = dynamic_cast<Pool*>(&pool);
   if (own == nullptr) return absl::InvalidArgumentError("fake LM: a pool of another model");
   if (rows.size() != tokens.size() || positions.size() != tokens.size() ||
@@ -359,6 +359,7 @@ absl::StatusOr<std::vector<model::DrawnToken>> FakeLanguageModel::Step(
   auto logits = Step(tokens, ptrs, batch_invariant);
   if (!logits.ok()) return logits.status();
   for (size_t b = 0; b < rows.size(); ++b) own->Write(rows[b], states[b]);
+  if (before_draw) before_draw();
   return model::DrawTokens(*logits, tokenizer_.vocab_size(), draws);
 }
 

@@ -70,12 +70,10 @@ class FakeLanguageModel final : public GenerativeModel {
                                              model::StatePool& pool, int64_t row, int64_t position,
                                              int64_t chunk_tokens) const override;
   // Draws on the host from the logits of the SequenceState form (model::DrawTokens).
-  absl::StatusOr<std::vector<model::DrawnToken>> Step(absl::Span<const int32_t> tokens,
-                                                      model::StatePool& pool,
-                                                      absl::Span<const int64_t> rows,
-                                                      absl::Span<const int64_t> positions,
-                                                      absl::Span<const model::TokenDraw> draws,
-                                                      bool batch_invariant) const override;
+  absl::StatusOr<std::vector<model::DrawnToken>> Step(
+      absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
+      absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,
+      bool batch_invariant, const std::function<void()>& before_draw) const override;
 
   absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens,
                                              model::SequenceState& state,
