@@ -61,12 +61,22 @@ OPENINGS = ["It is a truth universally acknowledged", "Emma Woodhouse, handsome,
             "My dear Fanny, said her aunt", "Mr. Darcy walked off"]
 
 
+# Every fourth stream is constrained: its blobs carry the constraint's progress, so a resumed
+# stream goes on under it, and equals its uninterrupted (constrained) run only if it does. The
+# pattern cannot complete within MAX_NEW_TOKENS, so every stream ends with LENGTH.
+CONSTRAINT = r"[a-z ,.;]{20000}"
+
+
 def make_request(i):
-    """Half greedy, half seeded sampling (draws keyed by seed and position, so resumable too)."""
+    """Half greedy, half seeded sampling (draws keyed by seed and position, so resumable too); every
+    fourth under CONSTRAINT."""
     prompt = f"{OPENINGS[i % len(OPENINGS)]} (chapter {i}), ".encode()
     sampling = (pb2.SamplingParams(temperature=0.0) if i % 2 == 0
                 else pb2.SamplingParams(temperature=0.8, top_p=0.95, seed=1000 + i))
-    return pb2.GenerateRequest(model=MODEL, prompt_bytes=prompt, max_new_tokens=MAX_NEW_TOKENS, sampling=sampling)
+    request = pb2.GenerateRequest(model=MODEL, prompt_bytes=prompt, max_new_tokens=MAX_NEW_TOKENS, sampling=sampling)
+    if i % 4 == 3:
+        request.constraint.regex = CONSTRAINT
+    return request
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +193,9 @@ class Sessions:
                             f"{expected_tokens[first:first + 3]}, got {got[first:first + 3]}; breaks {gen.breaks}")
             assert gen.final.finish_reason == expected_final.finish_reason
             assert gen.final.position == expected_final.position
+            if i % 4 == 3:
+                text = b"".join(t.bytes for t in gen.tokens).decode()
+                assert re.fullmatch(r"[a-z ,.;]+", text), f"stream {i} left its constraint: {text!r}"
         cut = [g for g in self.gens if g.breaks and g.breaks[0].received > 0]
         resumed = [g for g in self.gens if g.resumed_from_snapshot]
         restarted = [g for g in self.gens if any(b.resume_position is None for b in g.breaks)]
