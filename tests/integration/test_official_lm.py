@@ -118,3 +118,46 @@ def test_official_lm_with_256_ids_answers_token_ids_and_refuses_text(official_re
         models = {m.name: m for m in stub.ListModels(pb2.ListModelsRequest()).models}
         assert models["ids-only"].ready and models["ids-only"].tokenizer == "none"
         assert models["gpt2-files"].ready and models["gpt2-files"].tokenizer == "gpt2"
+
+
+@pytest.mark.parametrize("name", ["gpt2-files", "gpt2-ranks"])
+def test_gpt2_bpe_models_generate_under_json_schemas_and_ids_only_models_refuse(official_repo, proto_modules,
+                                                                                  name):
+    """Constraints compile against a converted checkpoint's GPT-2 BPE vocabulary (multi-byte
+    tokens, padded ids past the tokenizer's): sampled outputs of two schemas, random weights, parse
+    strictly and validate, and never use a padded id. A model without a text tokenizer refuses
+    constraints with FAILED_PRECONDITION naming it."""
+    srv, _ = official_repo
+    pb2, pb2_grpc = proto_modules
+    defined = json.load(open(os.path.join(FIXTURES, "cases.json")))["meta"]["vocab_size"]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from constrained_schemas import SCHEMAS, check_output  # noqa: E402
+    with grpc.insecure_channel(srv.address) as ch:
+        stub = pb2_grpc.TostStub(ch)
+        complete = 0
+        for schema_name in ("bounds", "array_of_enums"):
+            schema = SCHEMAS[schema_name]
+            for seed in range(6):
+                text, final, ids = b"", None, []
+                for msg in stub.Generate(pb2.GenerateRequest(
+                        model=name, prompt_bytes=b"Answer:", max_new_tokens=60,
+                        sampling=pb2.SamplingParams(temperature=1.0, seed=seed),
+                        constraint=pb2.Constraint(json_schema=json.dumps(schema))), timeout=120):
+                    if msg.HasField("token"):
+                        ids.append(msg.token.id)
+                        text += msg.token.bytes
+                    elif msg.HasField("final"):
+                        final = msg.final
+                assert all(i < defined for i in ids), ids
+                if final.finish_reason == pb2.FINISH_REASON_EOS:
+                    check_output(schema, text.decode())
+                    complete += 1
+                else:
+                    assert final.finish_reason == pb2.FINISH_REASON_LENGTH, final
+                    assert text.startswith(b"{"), text
+        assert complete >= 6, f"only {complete} of 12 constrained outputs completed"
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(pb2.GenerateRequest(model="ids-only", prompt_tokens=pb2.TokenIds(ids=[1, 2]),
+                                                   constraint=pb2.Constraint(regex="[a-z]+"))))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "ids-only" in e.value.details() and "constrained generation" in e.value.details()
