@@ -94,6 +94,18 @@ void CheckRowIds(const at::Tensor& row_ids, const at::Tensor& pool, const at::Te
   }
 }
 
+// Host row indices [M] of an R-row tensor: each in [0, R), none twice.
+void CheckHostRows(const at::Tensor& rows, int64_t bound, const char* op) {
+  const at::Tensor sorted = std::get<0>(at::sort(rows.to(at::kLong).contiguous()));
+  const int64_t* s = sorted.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < sorted.numel(); ++i) {
+    TORCH_CHECK(s[i] >= 0 && s[i] < bound, op, ": rows names row ", s[i],
+                ", outside the logits' rows [0, ", bound, ")");
+    TORCH_CHECK(i == 0 || s[i] != s[i - 1], op, ": rows names row ", s[i],
+                " twice; each logits row takes at most one bitmask row");
+  }
+}
+
 }  // namespace
 
 TssaDims CheckTssaArgs(const at::Tensor& w, const at::Tensor& temp) {
@@ -139,6 +151,44 @@ TssaDims CheckStepArgs(const at::Tensor& w, const at::Tensor& temp, const at::Te
     CheckState(state, "tssa_step", w, d);
   }
   CheckPositions(positions, "tssa_step", w, d, denom_bias.size(1));
+  return d;
+}
+
+TokenBitmaskDims CheckTokenBitmaskArgs(const at::Tensor& logits, const at::Tensor& bitmask,
+                                       const std::optional<at::Tensor>& rows) {
+  constexpr const char* op = "apply_token_bitmask_";
+  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [rows, vocab], got shape ",
+              logits.sizes());
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, op, ": logits must be float32, got ",
+              logits.scalar_type());
+  TORCH_CHECK(logits.is_contiguous(), op,
+              ": logits must be contiguous (they are updated in place), got strides ",
+              logits.strides());
+  TokenBitmaskDims d{logits.size(0), logits.size(1), 0, 0};
+  const int64_t needed = TokenBitmaskWords(d.vocab);
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.size(1) >= needed, op,
+              ": bitmask must be [masked_rows, words>=", needed,
+              "] (32 ids per word, vocab=", d.vocab, "), got shape ", bitmask.sizes());
+  TORCH_CHECK(bitmask.scalar_type() == at::kInt, op, ": bitmask must be int32, got ",
+              bitmask.scalar_type());
+  TORCH_CHECK(bitmask.device() == logits.device(), op, ": bitmask is on ", bitmask.device(),
+              " but logits are on ", logits.device());
+  d.masked_rows = bitmask.size(0);
+  d.words = bitmask.size(1);
+  if (!rows.has_value()) {
+    TORCH_CHECK(d.masked_rows == d.rows, op,
+                ": without rows, bitmask must have one row per logits row: expected [", d.rows,
+                ", words], got shape ", bitmask.sizes());
+    return d;
+  }
+  TORCH_CHECK(rows->dim() == 1 && rows->size(0) == d.masked_rows, op,
+              ": rows must be [masked_rows=", d.masked_rows, "] (one per bitmask row), got shape ",
+              rows->sizes());
+  TORCH_CHECK(rows->scalar_type() == at::kInt || rows->scalar_type() == at::kLong, op,
+              ": rows must be int32 or int64, got ", rows->scalar_type());
+  TORCH_CHECK(rows->device().is_cpu() || rows->device() == logits.device(), op, ": rows are on ",
+              rows->device(), " but logits are on ", logits.device());
+  if (rows->device().is_cpu()) CheckHostRows(*rows, d.rows, op);
   return d;
 }
 

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "kernels/arg_checks.h"
 #include "kernels/tssa_ops.h"
 
@@ -111,6 +113,25 @@ at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tens
   auto [y, state_out] = tssa_causal(w.unsqueeze(1), temp, denom_bias, state, positions);
   state.copy_(state_out);
   return y.squeeze(1);
+}
+
+at::Tensor& apply_token_bitmask_(at::Tensor& logits, const at::Tensor& bitmask,
+                                 const std::optional<at::Tensor>& rows) {
+  const TokenBitmaskDims d = CheckTokenBitmaskArgs(logits, bitmask, rows);
+  if (d.masked_rows == 0 || d.vocab == 0) return logits;
+  const auto longs = at::TensorOptions(at::kLong).device(logits.device());
+  // Bit i of a word (an int32 sign-extends to int64, which keeps bits 0-31 where they were).
+  const at::Tensor words = bitmask.narrow(1, 0, TokenBitmaskWords(d.vocab)).to(at::kLong);
+  const at::Tensor allowed = words.unsqueeze(2)
+                                 .bitwise_right_shift(at::arange(32, longs))
+                                 .bitwise_and(1)
+                                 .reshape({d.masked_rows, -1})
+                                 .narrow(1, 0, d.vocab);
+  const at::Tensor target = rows.has_value() ? rows->to(longs) : at::arange(d.masked_rows, longs);
+  at::Tensor selected = logits.index_select(0, target);
+  selected.masked_fill_(allowed.eq(0), -std::numeric_limits<float>::infinity());
+  logits.index_copy_(0, target, selected);
+  return logits;
 }
 
 }  // namespace tost::kernels::reference

@@ -1,6 +1,7 @@
-// ATen reference of the three TSSA operators: plain tensor ops, autograd-capable, written to
-// mirror docs/model-semantics.md §1.1 and §2.1 line by line. It is the oracle that every fused
-// CPU and CUDA kernel is tested against; production code calls tssa_ops.h instead.
+// ATen reference of the `tost::` operators: plain tensor ops, written to mirror their definition
+// line by line (the TSSA operators: docs/model-semantics.md §1.1 and §2.1, autograd-capable; the
+// token bitmask: token_bitmask_ops.h). It is the oracle that every fused CPU and CUDA kernel is
+// tested against; production code calls tssa_ops.h and token_bitmask_ops.h instead.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,5 +26,10 @@ std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Te
 at::Tensor tssa_step(const at::Tensor& w, const at::Tensor& temp, const at::Tensor& denom_bias,
                      const at::Tensor& positions, at::Tensor& state,
                      const std::optional<at::Tensor>& row_ids = std::nullopt);
+
+// Expands the bitmask to one bit per token ([M, V] of 0/1, as the device sampler once did) and
+// fills the clear ones with -infinity, row by row through index_select / index_copy_.
+at::Tensor& apply_token_bitmask_(at::Tensor& logits, const at::Tensor& bitmask,
+                                 const std::optional<at::Tensor>& rows = std::nullopt);
 
 }  // namespace tost::kernels::reference

@@ -6,7 +6,7 @@
 # and prints the reproducer.
 #
 #   scripts/run-fuzzers.sh [--out DIR] [--time SECONDS] [--runs N] [--target NAME]... [--jobs N]
-#                          [--build-only] [--list]
+#                          [--xgrammar DIR] [--build-only] [--list]
 #
 #   --out DIR      work directory: objects, binaries, generated protobuf code, the corpus copies
 #                  (DIR/corpus/<name>, refreshed from the seeds every run), logs and crash
@@ -16,24 +16,31 @@
 #                  target stops at whichever of --time and --runs comes first.
 #   --target NAME  run only this target (repeatable; default: all of them, see --list)
 #   --jobs N       parallel compile jobs (default: the number of CPUs)
+#   --xgrammar DIR XGrammar's patched source tree, which the constraint_compile target compiles
+#                  with the same sanitizers (default: $TOST_XGRAMMAR_SOURCE_DIR, else the one
+#                  build/deps.env records). Without one that target is left out, saying so (named
+#                  with --target, it fails).
 #   --build-only   compile and stop
 #   FUZZ_CXX       the clang++ to use (default clang++); ccache is used when installed.
 #
 # Reproduce a finding: DIR/<name>_fuzz DIR/artifacts/<name>/crash-... (from the repository root).
 # Everything is compiled directly with clang++ (the main build uses GCC, which has no libFuzzer);
 # the fuzzed code is LibTorch-free. The compile is incremental (ninja, with header dependencies).
+# XGrammar's C++ core (constraint_compile) is compiled from its source as cmake/TostXGrammar.cmake
+# lists it, with coverage and the sanitizers: a finding inside it is reported like one in ours.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 all_targets=(npy image_decode safetensors config session_codec bpe_tokenizer gpt2_tokenizer
-             request_input inflate openai_request)
+             request_input inflate openai_request constraint_compile)
 
 out=build-fuzz
 max_time=30
 max_runs=100000
 jobs="$(nproc 2>/dev/null || echo 2)"
 build_only=0
+xgrammar="${TOST_XGRAMMAR_SOURCE_DIR:-}"
 targets=()
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -43,19 +50,35 @@ while (($#)); do
     --runs) max_runs="${2:?--runs needs a count}"; shift 2 ;;
     --target) targets+=("${2:?--target needs a name}"); shift 2 ;;
     --jobs) jobs="${2:?--jobs needs a count}"; shift 2 ;;
+    --xgrammar) xgrammar="${2:?--xgrammar needs a directory}"; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --list) printf '%s\n' "${all_targets[@]}"; exit 0 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run-fuzzers: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-((${#targets[@]})) || targets=("${all_targets[@]}")
-for t in "${targets[@]}"; do
+for t in ${targets[@]+"${targets[@]}"}; do
   [[ " ${all_targets[*]} " == *" $t "* ]] || {
     echo "run-fuzzers: no target '$t' (targets: ${all_targets[*]})" >&2
     exit 2
   }
 done
+# XGrammar's source (cmake/TostXGrammar.cmake compiles the same tree into the main build).
+[ -n "$xgrammar" ] || xgrammar="$(sed -n 's/^TOST_XGRAMMAR_SOURCE_DIR=//p' "$repo/build/deps.env" 2>/dev/null || true)"
+if [ -n "$xgrammar" ] && [ ! -f "$xgrammar/.complete" ]; then
+  echo "run-fuzzers: $xgrammar is not a complete XGrammar source tree (no .complete marker; run scripts/install-deps.sh)" >&2
+  exit 1
+fi
+if [ -z "$xgrammar" ]; then
+  if [[ " ${targets[*]-} " == *" constraint_compile "* ]]; then
+    echo "run-fuzzers: constraint_compile needs XGrammar's source: pass --xgrammar DIR (scripts/install-deps.sh unpacks it)" >&2
+    exit 2
+  fi
+  echo "run-fuzzers: constraint_compile is left out: no XGrammar source (--xgrammar, TOST_XGRAMMAR_SOURCE_DIR or build/deps.env)"
+  all_targets=("${all_targets[@]/constraint_compile/}")
+  mapfile -t all_targets < <(printf '%s\n' "${all_targets[@]}" | grep .)
+fi
+((${#targets[@]})) || targets=("${all_targets[@]}")
 [[ "$max_time" =~ ^[0-9]+$ && "$max_runs" =~ ^[0-9]+$ && "$jobs" =~ ^[1-9][0-9]*$ ]] || {
   echo "run-fuzzers: --time, --runs and --jobs take whole numbers" >&2
   exit 2
@@ -107,13 +130,36 @@ declare -A deps=(
   [gpt2_tokenizer]="model/text/gpt2_tokenizer.cc base/utf8.cc model/config/json_utf8.cc"
   [inflate]="service/api/inflate.cc"
   [request_input]="service/api/request_input.cc imaging/image_decode.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
+  [constraint_compile]="service/structured/constraint.cc service/structured/compiled_constraint.cc service/structured/constraint_matcher.cc service/structured/grammar_vocabulary.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
   [openai_request]="service/openai/request.cc service/openai/chat_template.cc service/openai/error.cc service/openai/response.cc service/engine/text_stream.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
 )
+# XGrammar's sources, as cmake/TostXGrammar.cmake lists them (read from there, so the two builds
+# cannot drift), named xgrammar/cpp/<file> here; its flags are the main build's, plus coverage and
+# the sanitizers. -gline-tables-only: file and line in the reports, a fraction of -g's compile time.
+xgrammar_flags=""
+xgrammar_include=""
+if [ -n "$xgrammar" ]; then
+  mapfile -t xgrammar_sources < <(sed -n '/^set(_tost_xgrammar_sources/,/)/p' "$repo/cmake/TostXGrammar.cmake" |
+    grep -oE '[A-Za-z0-9_/]+\.cc')
+  ((${#xgrammar_sources[@]} > 10)) || {
+    echo "run-fuzzers: could not read XGrammar's sources from cmake/TostXGrammar.cmake" >&2
+    exit 1
+  }
+  for f in "${xgrammar_sources[@]}"; do deps[constraint_compile]+=" xgrammar/cpp/$f"; done
+  xgrammar_include="-isystem $xgrammar/include -isystem $xgrammar/3rdparty/dlpack/include"
+  xgrammar_flags="-std=c++17 -w -gline-tables-only -DXGRAMMAR_ENABLE_CPPTRACE=0 -DXGRAMMAR_ENABLE_INTERNAL_CHECK=0 -I$xgrammar/cpp -isystem $xgrammar/3rdparty/picojson $xgrammar_include"
+fi
 protos=(tost/v1/session_state tost/v1/tost kserve/v2/grpc_service)
 gen_headers=""
 for p in "${protos[@]}"; do gen_headers+=" gen/$p.pb.h"; done
 
-src_path() { case "$1" in gen/*) echo "$1" ;; *) echo "$repo/$1" ;; esac; }  # as ninja names them
+src_path() {  # as ninja names them
+  case "$1" in
+    gen/*) echo "$1" ;;
+    xgrammar/*) echo "$xgrammar/${1#xgrammar/}" ;;
+    *) echo "$repo/$1" ;;
+  esac
+}
 obj_path() { echo "obj/${1%.cc}.o"; }
 {
   echo "# Generated by scripts/run-fuzzers.sh; rewritten on every run."
@@ -148,7 +194,10 @@ obj_path() { echo "obj/${1%.cc}.o"; }
       # (-fsanitize=fuzzer is given at link time).
       echo "build $o: cxx $(src_path "$s") ||$gen_headers"
       case "$s" in
+        tests/fuzz/constraint_compile_fuzz.cc) echo "  extra = -fsanitize=fuzzer-no-link -Wall -Wextra $xgrammar_include" ;;
         tests/fuzz/*) echo "  extra = -fsanitize=fuzzer-no-link -Wall -Wextra" ;;
+        service/structured/*) echo "  extra = -fsanitize=fuzzer-no-link $xgrammar_include" ;;
+        xgrammar/*) echo "  extra = -fsanitize=fuzzer-no-link $xgrammar_flags" ;;
         *) echo "  extra = -fsanitize=fuzzer-no-link" ;;
       esac
     done

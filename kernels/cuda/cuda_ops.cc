@@ -15,6 +15,7 @@ struct CudaBackend {
   static constexpr const char* kTssa = "tost::tssa (CUDA)";
   static constexpr const char* kTssaCausal = "tost::tssa_causal (CUDA)";
   static constexpr const char* kTssaStep = "tost::tssa_step (CUDA)";
+  static constexpr const char* kApplyTokenBitmask = "tost::apply_token_bitmask_ (CUDA)";
 
   static c10::cuda::CUDAGuard Guard(const at::Device& device) {
     return c10::cuda::CUDAGuard(device);
@@ -49,4 +50,5 @@ TORCH_LIBRARY_IMPL(tost, CUDA, m) {
   m.impl("tssa", &tost::kernels::CudaOps::Tssa);
   m.impl("tssa_causal", &tost::kernels::CudaOps::TssaCausal);
   m.impl("tssa_step", &tost::kernels::CudaOps::TssaStep);
+  m.impl("apply_token_bitmask_", &tost::kernels::CudaOps::ApplyTokenBitmask);
 }

@@ -1,12 +1,13 @@
 // The `tost::` operators on a CUDA-like device, templated on the backend that owns the device:
 // validate with the shared argument checks, make the inputs contiguous float32 where the kernels
-// need it, plan, and launch the kernels of tssa_kernels.cu through the plain launchers of
-// tssa_cuda.h. cuda_ops.cc instantiates it for a real GPU; the emulator's test build
-// (tests/kernels/emulator) instantiates it for the same kernels compiled as host code, so both run
-// exactly these checks and this planning.
+// need it, plan, and launch the kernels of tssa_kernels.cu and token_bitmask_kernels.cu through
+// the plain launchers of tssa_cuda.h and token_bitmask_cuda.h. cuda_ops.cc instantiates it for a
+// real GPU; the emulator's test build (tests/kernels/emulator) instantiates it for the same kernels
+// compiled as host code, so both run exactly these checks and this planning.
 //
 // A Backend provides:
-//   static constexpr const char* kTssa, kTssaCausal, kTssaStep   operator names for messages
+//   static constexpr const char* kTssa, kTssaCausal, kTssaStep, kApplyTokenBitmask
+//                                                operator names for messages
 //   static <guard> Guard(const at::Device&)      selects the device for the scope
 //   static cudaStream_t Stream()                 stream the launches are enqueued on
 //   static at::Tensor Workspace(const at::Tensor& like, size_t bytes)
@@ -23,6 +24,7 @@
 #include <tuple>
 
 #include "kernels/arg_checks.h"
+#include "kernels/cuda/token_bitmask_cuda.h"
 #include "kernels/cuda/tssa_cuda.h"
 #include "kernels/reference.h"
 #include "kernels/tssa_ops.h"
@@ -127,6 +129,31 @@ class DeviceOps {
     return y;
   }
 
+  // One launch (plus the upload of host rows, pinned and non-blocking), whatever the mask.
+  static at::Tensor& ApplyTokenBitmask(at::Tensor& logits, const at::Tensor& bitmask_in,
+                                       const std::optional<at::Tensor>& rows_in) {
+    constexpr const char* kOp = Backend::kApplyTokenBitmask;
+    const TokenBitmaskDims d = CheckTokenBitmaskArgs(logits, bitmask_in, rows_in);
+    const gpu::TokenBitmaskShape shape{d.rows, d.vocab, d.masked_rows, d.words};
+    const char* why = gpu::TokenBitmaskUnsupportedReason(shape);
+    TORCH_CHECK(why == nullptr, kOp, ": ", why, " (got logits [", d.rows, ", ", d.vocab,
+                "], bitmask [", d.masked_rows, ", ", d.words, "])");
+    if (d.masked_rows == 0 || d.vocab == 0) return logits;
+    [[maybe_unused]] const auto guard = Backend::Guard(logits.device());
+    const at::Tensor bitmask = bitmask_in.contiguous();
+    const at::Tensor rows =
+        rows_in.has_value() ? Positions(*rows_in, logits.device()) : at::Tensor();
+    const gpu::RowIdType row_type = !rows.defined()                  ? gpu::RowIdType::kNone
+                                    : rows.scalar_type() == at::kInt ? gpu::RowIdType::kInt32
+                                                                     : gpu::RowIdType::kInt64;
+    Backend::CheckLaunch(
+        gpu::LaunchApplyTokenBitmask(
+            shape, logits.mutable_data_ptr<float>(), bitmask.const_data_ptr<int32_t>(),
+            rows.defined() ? rows.const_data_ptr() : nullptr, row_type, Backend::Stream()),
+        kOp);
+    return logits;
+  }
+
  private:
   static bool UseReference(const at::Tensor& w, const TssaDims& d) {
     return w.scalar_type() == at::kDouble || d.channels == 0;
@@ -149,9 +176,9 @@ class DeviceOps {
     return g;
   }
 
-  // Positions (or row_ids) on the device: host ones (range-checked on the host by the argument
-  // checks) are uploaded once, from pinned memory without blocking; device ones are used as they
-  // are (the kernels guard their range).
+  // Positions (or row_ids, or a bitmask's rows) on the device: host ones (range-checked on the host
+  // by the argument checks) are uploaded once, from pinned memory without blocking; device ones are
+  // used as they are (the kernels guard their range).
   static at::Tensor Positions(const at::Tensor& positions, const at::Device& device) {
     if (positions.device() == device) return positions.contiguous();
     return Backend::Upload(positions.contiguous(), device);

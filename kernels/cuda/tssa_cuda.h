@@ -20,15 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
-// The emulated build (tests/kernels/emulator) compiles these kernels as host C++ into a test
-// binary; an inline namespace of its own keeps its symbols apart from libtost_kernels.so's while
-// the sources keep writing `gpu::`.
-#ifdef TOST_CUDA_EMULATION
-#define TOST_GPU_BACKEND_NAMESPACE_BEGIN inline namespace emulated {
-#else
-#define TOST_GPU_BACKEND_NAMESPACE_BEGIN inline namespace device {
-#endif
-#define TOST_GPU_BACKEND_NAMESPACE_END }
+#include "kernels/cuda/backend_namespace.h"
 
 namespace tost::kernels::gpu {
 TOST_GPU_BACKEND_NAMESPACE_BEGIN

@@ -18,6 +18,8 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
+#include "kernels/token_bitmask_ops.h"
+
 namespace tost::model {
 namespace {
 
@@ -129,31 +131,36 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
   }
 
   // Constrained rows (TokenDraw::allowed): the ids a row's bitmask leaves clear are -infinity from
-  // here on, after the check above (that -infinity is the constraint's, not an overflow). The
-  // words go up as one copy and are expanded to a bool mask on the device; the staged words live
-  // until the results come back, past their non-blocking copy.
+  // here on, after the check above (that -infinity is the constraint's, not an overflow). Only the
+  // constrained rows' words go up, as int32 (the same bits), followed by the rows they belong to:
+  // one copy from pinned memory, then one kernel (tost::apply_token_bitmask_) that writes the
+  // forbidden ids and reads nothing else. The staged words live until the results come back, past
+  // their non-blocking copy.
   at::Tensor staged_words;
-  if (std::any_of(draws.begin(), draws.end(),
-                  [](const TokenDraw& d) { return !d.allowed.empty(); })) {
+  std::vector<int32_t> constrained;
+  for (int64_t b = 0; b < rows; ++b) {
+    if (!draws[b].allowed.empty()) constrained.push_back(static_cast<int32_t>(b));
+  }
+  if (!constrained.empty()) {
     const int64_t words = (vocab + 31) / 32;
-    staged_words =
-        at::empty({rows, words}, at::TensorOptions(at::kLong).pinned_memory(device.is_cuda()));
-    int64_t* w = staged_words.data_ptr<int64_t>();
-    for (int64_t b = 0; b < rows; ++b) {
+    const int64_t masked_rows = static_cast<int64_t>(constrained.size());
+    staged_words = at::empty({masked_rows * (words + 1)},
+                             at::TensorOptions(at::kInt).pinned_memory(device.is_cuda()));
+    int32_t* w = staged_words.data_ptr<int32_t>();
+    for (const int32_t b : constrained) {
+      // Words past a row's span allow no id (as DrawTokens); unconstrained rows are not named, so
+      // they allow every id.
       const absl::Span<const uint32_t> allowed = draws[b].allowed;
+      const int64_t given = std::min<int64_t>(words, static_cast<int64_t>(allowed.size()));
       for (int64_t j = 0; j < words; ++j, ++w) {
-        // Unconstrained rows allow every id; words past a row's span allow none (as DrawTokens).
-        *w = allowed.empty() ? int64_t{0xFFFFFFFF}
-                             : (j < static_cast<int64_t>(allowed.size()) ? int64_t{allowed[j]} : 0);
+        *w = j < given ? static_cast<int32_t>(allowed[j]) : 0;
       }
     }
-    const at::Tensor bits = staged_words.to(device, /*non_blocking=*/true)
-                                .unsqueeze(2)
-                                .bitwise_right_shift(at::arange(32, longs))
-                                .bitwise_and(1)
-                                .view({rows, words * 32})
-                                .narrow(1, 0, vocab);
-    masked.masked_fill_(bits.eq(0), -std::numeric_limits<float>::infinity());
+    std::copy(constrained.begin(), constrained.end(), w);
+    const at::Tensor up = staged_words.to(device, /*non_blocking=*/true);
+    kernels::apply_token_bitmask_(masked,
+                                  up.narrow(0, 0, masked_rows * words).view({masked_rows, words}),
+                                  up.narrow(0, masked_rows * words, masked_rows));
   }
 
   // The repetition penalty, on a second copy: the alternatives report the raw logits.

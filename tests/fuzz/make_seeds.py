@@ -467,6 +467,69 @@ def openai_request_seeds():
     seed("chat_session", 1, {**chat, "session_id": "s", "n": 2})
 
 
+# --- constraints of structured output ---------------------------------------------------------------
+def constraint_compile_seeds():
+    """Constraints as the constraint_compile target reads them: a byte picking the kind (0 JSON
+    schema, 1 regex, 2 EBNF grammar, 3 choices), then the text; for choices the text's first byte
+    is the separator the rest is split at."""
+    def seed(name, kind, text):
+        if not isinstance(text, bytes):
+            text = text.encode("utf-8")
+        write("constraint_compile", name, bytes([kind]) + text)
+
+    def schema(name, value):
+        seed(name, 0, json.dumps(value, separators=(",", ":")))
+
+    schema("schema_nested", {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]},
+                     "minItems": 1, "maxItems": 3},
+            "address": {"type": "object",
+                        "properties": {"city": {"type": "string"},
+                                       "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                        "required": ["city"]}},
+        "required": ["name", "age"]})
+    schema("schema_formats", {
+        "type": "object",
+        "properties": {"email": {"type": "string", "format": "email"},
+                       "when": {"type": "string", "format": "date-time"},
+                       "id": {"type": "string", "format": "uuid"},
+                       "ip": {"type": "string", "format": "ipv4"}},
+        "additionalProperties": False})
+    schema("schema_recursive_ref", {
+        "$defs": {"node": {"type": "object",
+                           "properties": {"value": {"type": "number"},
+                                          "next": {"anyOf": [{"$ref": "#/$defs/node"},
+                                                             {"type": "null"}]}},
+                           "required": ["value"]}},
+        "$ref": "#/$defs/node"})
+    schema("schema_enum_const", {"oneOf": [{"enum": ["red", "green", 1, None, True]},
+                                           {"const": {"k": [1, 2.5, "\u00e9"]}}]})
+    schema("schema_tuple", {"type": "array",
+                            "prefixItems": [{"type": "boolean"},
+                                            {"type": "number", "exclusiveMinimum": 0}],
+                            "items": False})
+    schema("schema_bad_ref", {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
+    seed("schema_not_json", 0, '{"type": "object", "properties": {')
+    seed("schema_empty", 0, "")
+    seed("regex_email", 1, r"[a-z]+@[a-z]+\.(com|org)")
+    seed("regex_phone", 1, r"(\d{3}-){2}\d{4}|\(\w+\)\s*[^\n]{0,8}")
+    seed("regex_utf8", 1, "caf[e\u00e9]\u00e9?x{2,5}(?:ab)*")
+    seed("regex_unclosed", 1, "(unclosed[a-")
+    seed("grammar_arithmetic", 2, 'root ::= expr\nexpr ::= term ("+" term)*\n'
+                                  'term ::= [0-9]+ | "(" expr ")"\n')
+    seed("grammar_classes", 2, 'root ::= "\\"" [^"\\\\]* "\\"" | [a-zA-Z_] [a-zA-Z0-9_]{0,7}'
+                               ' | "\\u00e9"+ | "\\x41"?\n')
+    seed("grammar_undefined_rule", 2, "root ::= missing\n")
+    seed("choice_words", 3, "|yes|no|maybe")
+    seed("choice_escapes", 3, '\nsay "hi"\nback\\slash\ntab\there\ncaf\u00e9\n\x01ctl')
+    seed("choice_empty_one", 3, ",a,,b")
+    seed("choice_bad_utf8", 3, b"|ok|\xc3(")
+
+
 def main():
     # Inputs that once crashed a parser (regression-*, added by hand after the fix) are kept.
     if CORPUS.exists():
@@ -480,6 +543,7 @@ def main():
     bpe_seeds()
     inflate_seeds()
     openai_request_seeds()
+    constraint_compile_seeds()
     gpt2_seeds()
     tost_pb2, session_pb2, kserve_pb2 = generated_protos()
     session_seeds(session_pb2)

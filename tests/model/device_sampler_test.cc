@@ -150,7 +150,9 @@ TEST(DeviceSampler, TheLogitsAreLeftAsTheyWere) {
 }
 
 // Constrained rows (TokenDraw::allowed) beside unconstrained ones: the device draws what the host
-// draws, never a forbidden id, and reports the logprobs of the constrained distribution.
+// draws, never a forbidden id, and reports the logprobs of the constrained distribution. (On the
+// CPU the mask is the CPU kernel of tost::apply_token_bitmask_; the CUDA kernel is checked against
+// the same reference in tests/kernels/gpu.)
 TEST(DeviceSampler, ConstrainedRowsDrawOnlyAllowedIdsAsTheHostDoes) {
   std::mt19937 rng(20261126);
   std::normal_distribution<float> normal(0.f, 2.f);
@@ -172,8 +174,12 @@ TEST(DeviceSampler, ConstrainedRowsDrawOnlyAllowedIdsAsTheHostDoes) {
       const int32_t top_logprobs = std::vector<int32_t>{0, 1, 5}[rng() % 3];
       draws[b] = {p, rng() % 100000, {}, top_logprobs, rng() % 2 == 0};
       if (rng() % 4 == 0) continue;  // unconstrained
-      // Some words left off the end (ids past them are forbidden), some ids allowed.
-      const int64_t words = (vocab + 31) / 32 - (vocab > 32 && rng() % 3 == 0 ? 1 : 0);
+      // Some words left off the end (ids past them are forbidden), some past the vocabulary
+      // (ignored, bits and all), some ids allowed.
+      const int64_t needed = (vocab + 31) / 32;
+      const uint32_t span = rng() % 3;
+      const int64_t words =
+          span == 0 && vocab > 32 ? needed - 1 : (span == 1 ? needed + 1 : needed);
       masks[b].assign(static_cast<size_t>(words), 0);
       for (int64_t i = 0; i < 32 * words; ++i) {
         if (rng() % 3 == 0) masks[b][i / 32] |= 1u << (i % 32);

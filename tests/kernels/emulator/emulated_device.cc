@@ -1,5 +1,5 @@
 // The emulated CUDA device: DeviceOps (kernels/cuda/device_ops.h) instantiated for the kernels of
-// tssa_kernels.cu compiled as host code, registered as CPU test operators `tost_emulated::` with
+// kernels/cuda/*.cu compiled as host code, registered as CPU test operators `tost_emulated::` with
 // the schemas of the real ones, and kernel_device.h on top of them (so tssa_cuda_test.cc's cases
 // run here exactly as on a GPU).
 #include <ATen/ATen.h>
@@ -21,6 +21,8 @@ struct EmulatedBackend {
   static constexpr const char* kTssa = "tost_emulated::tssa (emulated CUDA)";
   static constexpr const char* kTssaCausal = "tost_emulated::tssa_causal (emulated CUDA)";
   static constexpr const char* kTssaStep = "tost_emulated::tssa_step (emulated CUDA)";
+  static constexpr const char* kApplyTokenBitmask =
+      "tost_emulated::apply_token_bitmask_ (emulated CUDA)";
 
   struct NoGuard {};
   static NoGuard Guard(const at::Device& device) {
@@ -63,12 +65,14 @@ TORCH_LIBRARY(tost_emulated, m) {
   m.def(tost::kernels::schemas::kTssa);
   m.def(tost::kernels::schemas::kTssaCausal);
   m.def(tost::kernels::schemas::kTssaStep);
+  m.def(tost::kernels::schemas::kApplyTokenBitmask);
 }
 
 TORCH_LIBRARY_IMPL(tost_emulated, CPU, m) {
   m.impl("tssa", &tost::kernels::EmulatedOps::Tssa);
   m.impl("tssa_causal", &tost::kernels::EmulatedOps::TssaCausal);
   m.impl("tssa_step", &tost::kernels::EmulatedOps::TssaStep);
+  m.impl("apply_token_bitmask_", &tost::kernels::EmulatedOps::ApplyTokenBitmask);
 }
 
 namespace tost::kernels::testing {
@@ -107,6 +111,15 @@ at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tenso
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&)>();
   return op.call(w, temp, denom_bias, positions, state, row_ids);
+}
+
+at::Tensor& ApplyTokenBitmask(at::Tensor& logits, const at::Tensor& bitmask,
+                              const std::optional<at::Tensor>& rows) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("tost_emulated::apply_token_bitmask_", "")
+          .typed<at::Tensor&(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(logits, bitmask, rows);
 }
 
 }  // namespace tost::kernels::testing

@@ -14,6 +14,7 @@
 
 #include "emulator.h"
 #include "kernels/cuda/device_launch.h"
+#include "kernels/cuda/token_bitmask_cuda.h"
 #include "kernels/cuda/tssa_cuda.h"
 #include "kernels/reference.h"
 #include "tests/kernels/gpu/kernel_device.h"
@@ -289,6 +290,44 @@ TEST_F(EmulatorTest, DeviceRowIdsOutOfThePoolGiveNaNAndTouchNothing) {
   EXPECT_TRUE(at::equal(pool[2], before[2]));
   EXPECT_TRUE(at::equal(pool[3], before[3]));
   EXPECT_TRUE(emu::TakeReports().empty());
+}
+
+// Bitmask rows on the device are not checked by the host: one naming a row outside the logits is
+// skipped (ASan would report a write past them), the others are applied.
+TEST_F(EmulatorTest, DeviceMaskRowsOutsideTheLogitsAreSkipped) {
+  const int64_t R = 3, V = 70, W = 3;
+  at::manual_seed(9);
+  at::Tensor logits = at::randn({R, V});
+  const at::Tensor before = logits.clone();
+  const at::Tensor mask = at::zeros({3, W}, at::kInt);  // nothing allowed
+  for (const int64_t outside : {int64_t{-1}, R}) {
+    const std::vector<int64_t> rows = {2, outside, 0};
+    logits.copy_(before);
+    ASSERT_EQ(gpu::LaunchApplyTokenBitmask({R, V, 3, W}, logits.mutable_data_ptr<float>(),
+                                           mask.const_data_ptr<int32_t>(), rows.data(),
+                                           gpu::RowIdType::kInt64, nullptr),
+              cudaSuccess)
+        << emu::LastLaunchReport();
+    EXPECT_TRUE(logits[0].isneginf().all().item<bool>());
+    EXPECT_TRUE(at::equal(logits[1], before[1]));
+    EXPECT_TRUE(logits[2].isneginf().all().item<bool>());
+    EXPECT_TRUE(emu::TakeReports().empty());
+  }
+}
+
+// Distinct rows are the caller's promise: two bitmask rows on one logits row are two blocks writing
+// the same words, which the emulator reports as a race (on a GPU both would write -infinity).
+TEST_F(EmulatorTest, OneLogitsRowNamedTwiceByDeviceMaskRowsIsARace) {
+  const int64_t R = 2, V = 40, W = 2;
+  at::Tensor logits = at::zeros({R, V});
+  const at::Tensor mask = at::zeros({2, W}, at::kInt);
+  const std::vector<int32_t> rows = {1, 1};
+  const cudaError_t err = gpu::LaunchApplyTokenBitmask(
+      {R, V, 2, W}, logits.mutable_data_ptr<float>(), mask.const_data_ptr<int32_t>(), rows.data(),
+      gpu::RowIdType::kInt32, nullptr);
+  const std::vector<std::string> reports = emu::TakeReports();
+  EXPECT_NE(err, cudaSuccess);
+  EXPECT_TRUE(AnyContains(reports, "race", "ApplyTokenBitmaskKernel")) << Joined(reports);
 }
 
 // -- The checkers' rules, on kernels of their own ----------------------------------------------

@@ -2,6 +2,7 @@
 // CUDA kernels of kernels/cuda/).
 #include <ATen/ATen.h>
 
+#include "kernels/token_bitmask_ops.h"
 #include "kernels/tssa_ops.h"
 #include "tests/kernels/gpu/kernel_device.h"
 
@@ -23,6 +24,10 @@ at::Tensor TssaStep(const at::Tensor& w, const at::Tensor& temp, const at::Tenso
                     const at::Tensor& positions, at::Tensor& state,
                     const std::optional<at::Tensor>& row_ids) {
   return tssa_step(w, temp, denom_bias, positions, state, row_ids);
+}
+at::Tensor& ApplyTokenBitmask(at::Tensor& logits, const at::Tensor& bitmask,
+                              const std::optional<at::Tensor>& rows) {
+  return apply_token_bitmask_(logits, bitmask, rows);
 }
 
 }  // namespace tost::kernels::testing
