@@ -465,6 +465,18 @@ def openai_request_seeds():
     seed("chat_refused_tools", 1, {**chat, "tools": [{"type": "function"}],
                                    "response_format": {"type": "json_object"}})
     seed("chat_session", 1, {**chat, "session_id": "s", "n": 2})
+    # Structured output: response_format's shapes and vLLM's guided_* fields.
+    seed("chat_json_schema", 1, {**chat, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "strict": True, "description": "d",
+        "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+                   "required": ["b", "a"]}}}})
+    seed("chat_json_object", 1, {**chat, "response_format": {"type": "json_object"}})
+    seed("completion_guided_json_text", 0, {**completion, "guided_json": '{"type": "boolean"}'})
+    seed("completion_guided_regex", 0, {**completion, "guided_regex": "[a-z]+@[a-z]+\\.org"})
+    seed("completion_guided_grammar", 0, {**completion, "guided_grammar": 'root ::= "yes" | "no"'})
+    seed("completion_guided_choice", 0, {**completion, "guided_choice": ["yes", "no", "caf\u00e9"]})
+    seed("completion_two_constraints", 0, {**completion, "guided_choice": ["a"], "guided_regex": "a",
+                                           "response_format": {"type": "json_object"}})
 
 
 # --- constraints of structured output ---------------------------------------------------------------
@@ -519,6 +531,9 @@ def constraint_compile_seeds():
     seed("regex_phone", 1, r"(\d{3}-){2}\d{4}|\(\w+\)\s*[^\n]{0,8}")
     seed("regex_utf8", 1, "caf[e\u00e9]\u00e9?x{2,5}(?:ab)*")
     seed("regex_unclosed", 1, "(unclosed[a-")
+    # Escapes past U+10FFFF overflowed XGrammar's int before patch 0004 (third_party/xgrammar).
+    seed("regex_escape_past_u10ffff", 1, r"a\x80000000b")
+    seed("grammar_escape_past_u10ffff", 2, 'root ::= "\\U7fffffffx" [\\x110000]\n')
     seed("grammar_arithmetic", 2, 'root ::= expr\nexpr ::= term ("+" term)*\n'
                                   'term ::= [0-9]+ | "(" expr ")"\n')
     seed("grammar_classes", 2, 'root ::= "\\"" [^"\\\\]* "\\"" | [a-zA-Z_] [a-zA-Z0-9_]{0,7}'

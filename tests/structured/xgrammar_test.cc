@@ -475,6 +475,25 @@ TEST_F(XGrammarTest, StringFormatsAdmitOnlyValidDatesAndAddresses) {
   }
 }
 
+// An escape past U+10FFFF is not overflowed into another character: XGrammar 0.2.8 read
+// \x80000000 into an int (undefined behaviour; the regex a\x80000000b matched "a\v"). A grammar
+// refuses it; the regex converter, as for any escape it does not recognise, matches the escaped
+// text literally (and logs a warning).
+TEST_F(XGrammarTest, EscapesPastTheLastCodePointDoNotOverflow) {
+  const CompiledGrammar regex = compiler_.CompileRegex(R"(a\x80000000b)");
+  EXPECT_FALSE(AcceptsWhole(regex, "a\vb"));
+  EXPECT_TRUE(AcceptsWhole(regex, "ax80000000b"));
+  EXPECT_FALSE(AcceptsWhole(compiler_.CompileRegex(R"(\Uffffffff)"), "\xff"));
+  for (const std::string grammar :
+       {R"(root ::= "\x80000000")", R"(root ::= [\U7fffffff])", R"(root ::= "\U00110000")"}) {
+    EXPECT_THROW(compiler_.CompileGrammar(grammar, "root"), std::exception) << grammar;
+  }
+  // The last code point itself is still one.
+  EXPECT_TRUE(AcceptsWhole(compiler_.CompileRegex(R"(a\x10FFFF-)"), "a\xf4\x8f\xbf\xbf-"));
+  EXPECT_TRUE(AcceptsWhole(compiler_.CompileGrammar(R"(root ::= "\U0010FFFF")", "root"),
+                           "\xf4\x8f\xbf\xbf"));
+}
+
 // A schema that cannot be converted is an exception naming the problem, not a crash.
 TEST_F(XGrammarTest, InvalidSchemasAreErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
