@@ -168,6 +168,19 @@ def write_bench_lm(out_repo: str, name: str = "bench-lm", quick: bool = False, s
     return cfg.to_dict()
 
 
+def lm_repo(prefix: str, model_dir: str = "", quick: bool = False):
+    """A scratch model repository serving one language model: `model_dir` (linked in) when given,
+    else the benchmark LM written by write_bench_lm. (repo, model name, write_bench_lm's dict or
+    None); the caller removes the repo."""
+    repo = tempfile.mkdtemp(prefix=prefix)
+    if model_dir:
+        model_dir = os.path.abspath(model_dir)
+        model = os.path.basename(model_dir)
+        os.symlink(model_dir, os.path.join(repo, model))
+        return repo, model, None
+    return repo, "bench-lm", write_bench_lm(repo, "bench-lm", quick=quick)
+
+
 def machine() -> dict:
     info = {"cpus": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0))}
     try:

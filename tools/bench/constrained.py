@@ -25,7 +25,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -73,15 +72,7 @@ def main() -> None:
     rounds = 1 if args.quick else args.rounds
     cpus = benchlib.other_cpus(args.loadgen_cpu)
 
-    repo = tempfile.mkdtemp(prefix="constrained_repo_")
-    if args.model_dir:
-        model_dir = os.path.abspath(args.model_dir)
-        model = os.path.basename(model_dir)
-        os.symlink(model_dir, os.path.join(repo, model))
-        lm = None
-    else:
-        model = "bench-lm"
-        lm = benchlib.write_bench_lm(repo, model, quick=args.quick)
+    repo, model, lm = benchlib.lm_repo("constrained_repo_", args.model_dir, quick=args.quick)
     result = {"target": "constrained generation", "machine": benchlib.machine(), "quick": args.quick,
               "model": model, "lm": lm, "tokens_per_call": args.tokens, "duration_s": duration,
               "rounds": rounds, "schema": SCHEMA, "server_args": args.server_arg,

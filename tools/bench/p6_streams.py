@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -36,15 +35,7 @@ def main() -> None:
     duration, warmup = (3.0, 1.0) if args.quick else (args.duration_s, 3.0)
     cpus = benchlib.other_cpus(args.loadgen_cpu)
 
-    repo = tempfile.mkdtemp(prefix="p6_repo_")
-    if args.model_dir:
-        model_dir = os.path.abspath(args.model_dir)
-        model = os.path.basename(model_dir)
-        os.symlink(model_dir, os.path.join(repo, model))
-        lm = None
-    else:
-        model = "bench-lm"
-        lm = benchlib.write_bench_lm(repo, model, quick=args.quick)
+    repo, model, lm = benchlib.lm_repo("p6_repo_", args.model_dir, quick=args.quick)
     result = {"target": "P6", "machine": benchlib.machine(), "quick": args.quick, "model": model, "lm": lm,
               "tokens_per_stream": args.tokens, "max_active_generations": args.max_active,
               "duration_s": duration, "loadgen_cpu": args.loadgen_cpu, "server_cpus": cpus, "points": []}
