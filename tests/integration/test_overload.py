@@ -28,8 +28,12 @@ MEASURE_S, BURST_S = 3.0, 1.0
 # burst) over its resident memory before the burst. Refused requests are dropped before their
 # payload is decoded and the queues bound the accepted ones, so what grows is gRPC's per-call
 # buffers: measured +6 MiB for the Classify burst and +0 for the Generate burst on the 2-core
-# development machine (server at about 435 MiB, LibTorch included).
+# development machine (server at about 435 MiB, LibTorch included), and the threads gRPC's
+# synchronous server adds to answer the burst, each with its touched stack and malloc arena: about
+# 0.3 MiB a thread. How many it adds depends on how fast the client sends: 17 when this test ran
+# alone, 67 to 108 (+19 to +36 MiB) when it ran after the rest of server_end_to_end.
 RSS_GROWTH_BOUND_MIB = 32
+RSS_GROWTH_PER_THREAD_MIB = 0.5
 
 
 def reset_peak(pid):
@@ -207,8 +211,12 @@ def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_m
                 assert per_prompt == int(per_prompt) and 0 < per_prompt <= len(b"It was"), per_prompt
                 assert g1.active == 0 and g1.queued == 0, g1
 
-            assert growth_mib <= RSS_GROWTH_BOUND_MIB, (
+            threads_added = max(0, after["Threads"] - before["Threads"])
+            bound_mib = RSS_GROWTH_BOUND_MIB + RSS_GROWTH_PER_THREAD_MIB * threads_added
+            assert growth_mib <= bound_mib, (
                 f"{rpc} burst: peak resident memory {growth_mib:.1f} MiB above the "
-                f"{before['VmRSS'] / 1024:.0f} MiB before it (bound {RSS_GROWTH_BOUND_MIB} MiB)")
+                f"{before['VmRSS'] / 1024:.0f} MiB before it (bound {bound_mib:.1f} MiB: "
+                f"{RSS_GROWTH_BOUND_MIB} MiB and {RSS_GROWTH_PER_THREAD_MIB} MiB for each of the "
+                f"{threads_added} threads added)")
     finally:
         assert srv.stop() == 0
