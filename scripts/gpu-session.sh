@@ -349,7 +349,7 @@ step_generation_bench() {
 }
 
 step_ncu() {
-  ncu --clock-control none --kernel-name 'regex:TssaStatsKernel|CausalStatsKernel|StepKernel' \
+  ncu --clock-control none --kernel-name 'regex:ChunkSumSqKernel|TssaStatsKernel|TssaApplyKernel|CausalStatsKernel|StepKernel' \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     -f -o "$TOST_OUT/logs/stats_kernels" "$TOST_BIN/tssa_gpu_bench" --profile || return 1

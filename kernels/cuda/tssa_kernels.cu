@@ -55,6 +55,9 @@ constexpr size_t kSmemLimit = kMaxDefaultDynamicSharedBytes;  // no opt-in to mo
 // TssaStats' row-group partials: at most kColumnThreads·V floats, V ≤ 8 (16-byte vectors of
 // 2-byte elements).
 constexpr size_t kStatsPartialFloats = kColumnThreads * 8;
+// TssaStats' tile: about this many bytes of w a tile (16 KiB: 10 rows at D = 384 in float32, 21 in
+// bfloat16), each thread's share loaded at once, 16 bytes a load; the tile holds them as float32.
+constexpr int64_t kStatsTileLoadBytes = 16 * 1024;
 
 #define TOST_RETURN_IF_CUDA_ERROR(expr)             \
   do {                                              \
@@ -113,6 +116,30 @@ __device__ __forceinline__ void StoreVec(T* __restrict__ p, const float (&in)[V]
   }
 }
 
+// The squares of V elements, as float, to 16-byte aligned memory (V = 1, or a multiple of 4), at
+// most 16 bytes per store: the widest a device store is, and the widest the emulator sees as one.
+// Computed in the store: values copied unchanged can become a host memcpy, which the emulator does
+// not see.
+template <typename T, int V>
+__device__ __forceinline__ void StoreSquares(float* __restrict__ p, const Pack<T, V>& in) {
+  if constexpr (V == 1) {
+    const float x = ToFloat(in.v[0]);
+    p[0] = x * x;
+  } else {
+    static_assert(V % 4 == 0, "V floats in 16-byte stores");
+#pragma unroll
+    for (int i0 = 0; i0 < V; i0 += 4) {
+      Pack<float, 4> pk;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float x = ToFloat(in.v[i0 + i]);
+        pk.v[i] = x * x;
+      }
+      *reinterpret_cast<Pack<float, 4>*>(p + i0) = pk;
+    }
+  }
+}
+
 // Row-loop unrolling of the column kernels: enough independent loads in flight without pushing
 // the register count past what keeps them spill-free (V elements per load already).
 template <int V>
@@ -120,11 +147,40 @@ __host__ __device__ constexpr int RowUnroll() {
   return V == 1 ? 4 : (V <= 4 ? 2 : 1);
 }
 
+// The column layout of TssaStats for D channels, V per thread, `block` threads: `lanes` threads
+// cover a row; the block holds `groups` such row groups (1 when a row needs the whole block).
+struct StatsColumns {
+  int lanes;
+  int groups;
+};
+__host__ __device__ constexpr StatsColumns StatsColumnLayout(int D, int V, int block) {
+  const int lanes = (D + V - 1) / V;
+  return {lanes, lanes >= block ? 1 : block / lanes};
+}
+
+// TssaStats' dynamic shared memory, offsets in floats: Π of the chunk's rows [chunk][K], the row
+// groups' partials [groups][D] (none with one group), then the tile of w² [tile_rows][D], 32-byte
+// aligned (float vectors of up to 8).
+struct StatsSmem {
+  int64_t pi_floats;
+  int64_t partial_floats;
+  int64_t tile_floats;
+  int64_t bytes;
+};
+__host__ __device__ constexpr StatsSmem StatsSmemLayout(int64_t chunk_tokens, int D, int K,
+                                                        StatsColumns cols, int tile_rows) {
+  const int64_t partials = chunk_tokens * K;
+  const int64_t tile = (partials + (cols.groups > 1 ? int64_t{cols.groups} * D : 0) + 7) / 8 * 8;
+  return {0, partials, tile, (tile + int64_t{tile_rows} * D) * static_cast<int64_t>(sizeof(float))};
+}
+
 // Minimum resident blocks per SM requested from ptxas for the kernels whose threads keep CPT
 // channels in registers. Without an explicit value ptxas trades a few spills for occupancy;
 // these bounds (register caps 64, 85 or 255 at 256 threads) are the tightest that compile
 // spill-free for sm_80 and sm_90 (checked with -Xptxas=-v, see TOST_CUDA_PTXAS_VERBOSE). Only
 // __launch_bounds__ reads them, which a host compiler (the emulated build) ignores.
+// TssaStats' loads are in flight only while a block fills its tile, so an SM needs several blocks.
+[[maybe_unused]] __host__ __device__ constexpr int StatsMinBlocks(int v) { return v <= 4 ? 4 : 3; }
 [[maybe_unused]] __host__ __device__ constexpr int CausalStatsMinBlocks(int cpt) {
   return cpt <= 4 ? 4 : (cpt <= 16 ? 3 : 1);
 }
@@ -294,95 +350,123 @@ __global__ void __launch_bounds__(kReduceThreads)
   nu[b * D + c] = fmaxf(sqrtf(total), kNormEps);
 }
 
-// Per chunk: Π for every token (softmax over heads of temp[k]·Σ_c (w/ν)²), written to pi[b][t][k],
+// Per chunk: Π for every token (softmax over heads of temp[k]·Σ_c w²/ν²), written to pi[b][t][k],
 // and the chunk partials part[b][g][c] = Σ_t Π[t,k(c)]·w², part[b][g][D+k] = Σ_t Π[t,k]
-// (layout [B][chunks][D+K]). grid B·chunks, dynamic shared memory chunk_tokens·K +
-// kStatsPartialFloats floats.
+// (layout [B][chunks][D+K]). grid B·chunks, dynamic shared memory StatsSmemLayout(...).bytes.
+//
+// Both phases need every row of the chunk: the rows phase (one warp per token: head sums and the
+// softmax) and the columns phase (threads own channels: Σ_t Π·w²). Read from device memory twice,
+// the second read mostly missed L1 (38 % hits on an H100): the kernel moved twice the bytes it
+// needed. So the chunk passes through shared memory in tiles of `tile_rows` rows, each read from
+// device memory once with 16-byte loads by every thread of the block, and kept as w² in float32:
+// both phases need only the squares, so neither converts or squares again.
+//
+// Columns phase: D/V threads cover a row (96 of 256 at D = 384 in float32), so the block splits
+// into row groups of D/V threads, group j summing rows j, j + groups, ... of the chunk, and the
+// groups' partials are added in group order. Each thread's running sum is carried from tile to
+// tile in its own slot of the destination (the group partials, or `part` itself with one group),
+// so the order of every sum is the chunk's row order whatever the tiling: a fixed order for a
+// given D, V and block size, never one that depends on the batch.
 template <typename T, int V>
-__global__ void __launch_bounds__(kColumnThreads)
+__global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
     TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
                     const float* __restrict__ nu, float* __restrict__ pi, float* __restrict__ part,
                     int64_t tokens, int D, int K, int p, int group, int64_t chunk_tokens,
-                    int chunks) {
-  TOST_DYNAMIC_SHARED(float, pi_s);  // [rows][K]
+                    int chunks, int tile_rows) {
+  TOST_DYNAMIC_SHARED(float, smem);
   const int g = static_cast<int>(blockIdx.x % chunks);
   const int b = static_cast<int>(blockIdx.x / chunks);
-  const int lane = threadIdx.x & (kWarpSize - 1);
-  const int warp = threadIdx.x / kWarpSize;
-  const int nwarps = blockDim.x / kWarpSize;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & (kWarpSize - 1);
+  const int warp = tid / kWarpSize;
+  const int block = static_cast<int>(blockDim.x);
+  const int nwarps = block / kWarpSize;
   const int64_t t0 = g * chunk_tokens;
   const int rows = static_cast<int>(min(tokens, t0 + chunk_tokens) - t0);
   const T* wb = w + (static_cast<int64_t>(b) * tokens + t0) * D;
   const float* nub = nu + static_cast<int64_t>(b) * D;
-
-  // Rows: one warp per token.
-  for (int r = warp; r < rows; r += nwarps) {
-    const T* row = wb + static_cast<int64_t>(r) * D;
-    float* prow = pi_s + r * K;
-    HeadSums(
-        K, p, group, 0, 1,
-        [&](int c) {
-          const float x = ToFloat(row[c]) / nub[c];
-          return x * x;
-        },
-        [&](int k, float s) { prow[k] = s * temp[k]; });
-    __syncwarp();
-    WarpSoftmaxInPlace(prow, K);
-    float* pg = pi + (static_cast<int64_t>(b) * tokens + t0 + r) * K;
-    for (int k = lane; k < K; k += kWarpSize) pg[k] = prow[k];
-  }
-  __syncthreads();
-
-  // Columns: Σ_t Π·w² per channel, Σ_t Π per head. D/V threads cover a row (96 of 256 at D=384
-  // in float32, 48 in bfloat16): the rest would idle through the row loop, the longest part of
-  // the kernel, with too few loads in flight to hide the latency of device memory. So the block
-  // splits into row groups of D/V threads, group j summing rows j, j + groups, ..., and the
-  // groups' partials are added in group order: a fixed order for a given D, V and block size,
-  // never one that depends on the batch.
   float* out = part + (static_cast<int64_t>(b) * chunks + g) * (D + K);
-  const int col_lanes = (D + V - 1) / V;
-  const int block = static_cast<int>(blockDim.x);
-  const int groups = col_lanes >= block ? 1 : block / col_lanes;
-  const int rg = groups == 1 ? 0 : static_cast<int>(threadIdx.x) / col_lanes;
-  const int c_first =
-      (groups == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % col_lanes) * V;
-  const int c_stride = groups == 1 ? block * V : D;  // with groups, one pass covers D
-  float* partials = pi_s + chunk_tokens * K;         // [groups][D] when groups > 1
-  if (rg < groups) {
-    for (int c = c_first; c < D; c += c_stride) {
-      int hk[V];
-      float acc[V];
+
+  const StatsColumns cols = StatsColumnLayout(D, V, block);
+  const int rg = cols.groups == 1 ? 0 : tid / cols.lanes;
+  const int c_first = (cols.groups == 1 ? tid : tid % cols.lanes) * V;
+  const int c_stride = cols.groups == 1 ? block * V : D;  // with groups, one pass covers D
+  const StatsSmem sm = StatsSmemLayout(chunk_tokens, D, K, cols, tile_rows);
+  float* pi_s = smem + sm.pi_floats;           // [rows][K]
+  float* partials = smem + sm.partial_floats;  // [groups][D] when groups > 1
+  float* w2_s = smem + sm.tile_floats;         // [tile_rows][D]: w² of the tile's rows
+
+  for (int ts = 0; ts < rows; ts += tile_rows) {
+    const int n = min(tile_rows, rows - ts);
+    // The tile is one contiguous span of n·D elements (w is contiguous), read in units of V
+    // (V > 1 only when D % V == 0 and w is 16-byte aligned: one 16-byte load each), a few loads
+    // in flight per thread.
+    const T* src = wb + static_cast<int64_t>(ts) * D;
+    const int units = n * (D / V);
+    constexpr int kInFlight = 4;
+    // Held as loaded (16 bytes a unit), converted only when stored: fewer registers in bf16.
+    const Pack<T, V>* from = reinterpret_cast<const Pack<T, V>*>(src);
+    for (int u0 = tid; u0 < units; u0 += block * kInFlight) {
+      Pack<T, V> raw[kInFlight];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        hk[i] = (c + i) / p;
-        acc[i] = 0.f;
+      for (int j = 0; j < kInFlight; ++j) {
+        if (u0 + j * block < units) raw[j] = from[u0 + j * block];
       }
-#pragma unroll(RowUnroll <V>())
-      for (int r = rg; r < rows; r += groups) {
-        float v[V];
-        LoadVec<T, V>(wb + static_cast<int64_t>(r) * D + c, v);
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * (v[i] * v[i]);
-      }
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        if (groups == 1) {
-          out[c + i] = acc[i];
-        } else {
-          partials[rg * D + c + i] = acc[i];
-        }
+      for (int j = 0; j < kInFlight; ++j) {
+        if (u0 + j * block < units) StoreSquares<T, V>(w2_s + (u0 + j * block) * V, raw[j]);
       }
     }
-  }
-  if (groups > 1) {  // block-uniform
     __syncthreads();
-    for (int c = threadIdx.x; c < D; c += block) {
+
+    // Rows: one warp per token.
+    for (int r = warp; r < n; r += nwarps) {
+      const float* row = w2_s + r * D;
+      float* prow = pi_s + (ts + r) * K;
+      HeadSums(
+          K, p, group, 0, 1, [&](int c) { return row[c] / (nub[c] * nub[c]); },
+          [&](int k, float s) { prow[k] = s * temp[k]; });
+      __syncwarp();
+      WarpSoftmaxInPlace(prow, K);
+      float* pg = pi + (static_cast<int64_t>(b) * tokens + t0 + ts + r) * K;
+      for (int k = lane; k < K; k += kWarpSize) pg[k] = prow[k];
+    }
+    __syncthreads();
+
+    // Columns: this tile's rows of the thread's row group, added to its running sums.
+    if (rg < cols.groups) {
+      // The tile's first row of group rg (rows rg, rg + groups, ... of the chunk).
+      const int r_first = ts + (rg - ts % cols.groups + cols.groups) % cols.groups;
+      for (int c = c_first; c < D; c += c_stride) {
+        float* dest = cols.groups == 1 ? out + c : partials + rg * D + c;
+        int hk[V];
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          hk[i] = (c + i) / p;
+          acc[i] = ts == 0 ? 0.f : dest[i];
+        }
+#pragma unroll(RowUnroll <V>())
+        for (int r = r_first; r < ts + n; r += cols.groups) {
+          float sq[V];
+          LoadVec<float, V>(w2_s + (r - ts) * D + c, sq);
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * sq[i];
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) dest[i] = acc[i];
+      }
+    }
+    __syncthreads();  // the next tile overwrites this one
+  }
+  if (cols.groups > 1) {  // block-uniform
+    for (int c = tid; c < D; c += block) {
       float s = 0.f;
-      for (int j = 0; j < groups; ++j) s += partials[j * D + c];
+      for (int j = 0; j < cols.groups; ++j) s += partials[j * D + c];
       out[c] = s;
     }
   }
-  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+  for (int k = tid; k < K; k += block) {
     float s = 0.f;
     for (int r = 0; r < rows; ++r) s += pi_s[r * K + k];
     out[D + k] = s;
@@ -759,6 +843,16 @@ int CausalTile(const Dims& d, int64_t chunk_tokens) {
       std::max<int64_t>(1, std::min<int64_t>({fit, kMaxTileTokens, chunk_tokens})));
 }
 
+// Rows of TssaStats' tile: about kStatsTileLoadBytes of w, at least one row (PlanTssa keeps room
+// for it), at most the chunk and what the shared memory left beside Π and the partials holds.
+int StatsTileRows(int64_t chunk_tokens, int D, int K, int V, size_t element_bytes) {
+  const StatsColumns cols = StatsColumnLayout(D, V, kColumnThreads);
+  const int64_t fixed = StatsSmemLayout(chunk_tokens, D, K, cols, 0).bytes;
+  const int64_t fit = (static_cast<int64_t>(kSmemLimit) - fixed) / (D * sizeof(float));
+  const int64_t want = std::max<int64_t>(1, kStatsTileLoadBytes / (D * element_bytes));
+  return static_cast<int>(std::max<int64_t>(1, std::min({want, fit, chunk_tokens})));
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The token-chunked kernels run one block per (sequence, chunk) on a flat grid.x.
@@ -820,10 +914,12 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
   TOST_RETURN_IF_CUDA_ERROR((Launch<NormKernel, kReduceThreads>(
       {reduce_grid, reduce_block, sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec, chunks,
       D)));
-  const size_t stats_smem = sizeof(float) * (plan.chunk_tokens * K + kStatsPartialFloats);
+  const int tile_rows = StatsTileRows(plan.chunk_tokens, D, K, V, sizeof(T));
+  const StatsSmem stats_smem =
+      StatsSmemLayout(plan.chunk_tokens, D, K, StatsColumnLayout(D, V, kColumnThreads), tile_rows);
   TOST_RETURN_IF_CUDA_ERROR((Launch<TssaStatsKernel<T, V>, kColumnThreads>(
-      {grid, dim3(kColumnThreads), stats_smem, stream}, w, temp, ws.vec, ws.pi, ws.part, d.tokens,
-      D, K, p, HeadGroup(p), plan.chunk_tokens, chunks)));
+      {grid, dim3(kColumnThreads), static_cast<size_t>(stats_smem.bytes), stream}, w, temp, ws.vec,
+      ws.pi, ws.part, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks, tile_rows)));
   TOST_RETURN_IF_CUDA_ERROR((Launch<GateKernel, kReduceThreads>(
       {reduce_grid, reduce_block, 2 * sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec,
       chunks, D, K, p)));
@@ -1014,7 +1110,10 @@ Plan PlanTssa(const Dims& d) {
   Plan plan;
   if (d.tokens < 1) return plan;
   int64_t chunk = ChunkTokens(d.tokens);
-  while (chunk > 1 && sizeof(float) * (chunk * d.heads + kStatsPartialFloats) > kSmemLimit) {
+  // TssaStats' shared memory: Π of the chunk, the row groups' partials (at most
+  // kStatsPartialFloats), the tile's alignment (up to 7 floats) and at least one row of w².
+  while (chunk > 1 &&
+         sizeof(float) * (chunk * d.heads + kStatsPartialFloats + 7 + d.channels) > kSmemLimit) {
     chunk /= 2;
   }
   plan.chunk_tokens = chunk;

@@ -158,15 +158,19 @@ const auto kDTypes = ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf);
 // Emulated: the same paths at fewer tokens, plus odd D and K (p = 5, scalar loads) and a width for
 // every per-thread channel count of the row kernels (1, 2, 4, 8, 16, 32).
 // Also K = 1, K = 1024 (p = 1) and D = 1280 with K = 20.
+// The stats kernel's tiles of w² in shared memory: one tile per chunk, several tiles with one row
+// group (D 1280, D 8192 at one row a tile) and with two (D 392 and 384 at 16-token chunks: 10 rows
+// a tile), and one-token chunks (a row of D 8192 fits beside K 1024's Π only so).
 std::vector<Shape> VisionShapes() {
   if (kEmulated) {
-    return {{2, 7, 20, 4},   {1, 1, 20, 4},      {3, 70, 40, 8},    {2, 20, 15, 3},
-            {1, 5, 768, 12}, {1, 2, 2304, 36},   {1, 2, 8192, 128}, {4, 9, 12, 12},
-            {2, 9, 16, 1},   {1, 3, 1024, 1024}, {1, 5, 1280, 20}};
+    return {{2, 7, 20, 4},     {1, 1, 20, 4},      {3, 70, 40, 8},    {2, 20, 15, 3},
+            {1, 5, 768, 12},   {1, 2, 2304, 36},   {1, 2, 8192, 128}, {4, 9, 12, 12},
+            {2, 9, 16, 1},     {1, 3, 1024, 1024}, {1, 5, 1280, 20},  {1, 520, 392, 8},
+            {1, 9, 8192, 1024}};
   }
-  return {{2, 7, 20, 4},       {1, 1, 20, 4},     {3, 1000, 384, 8}, {2, 197, 768, 12},
-          {1, 33, 2304, 36},   {2, 9, 8192, 128}, {4, 50, 12, 12},   {2, 300, 16, 1},
-          {1, 40, 1024, 1024}, {2, 150, 1280, 20}};
+  return {{2, 7, 20, 4},       {1, 1, 20, 4},      {3, 1000, 384, 8}, {2, 197, 768, 12},
+          {1, 33, 2304, 36},   {2, 9, 8192, 128},  {4, 50, 12, 12},   {2, 300, 16, 1},
+          {1, 40, 1024, 1024}, {2, 150, 1280, 20}, {1, 9, 8192, 1024}};
 }
 std::vector<Shape> CausalShapes() {
   if (kEmulated) {
