@@ -55,9 +55,9 @@ constexpr size_t kSmemLimit = kMaxDefaultDynamicSharedBytes;  // no opt-in to mo
 // TssaStats' row-group partials: at most kColumnThreads·V floats, V ≤ 8 (16-byte vectors of
 // 2-byte elements).
 constexpr size_t kStatsPartialFloats = kColumnThreads * 8;
-// TssaStats' tile: about this many bytes of w a tile (16 KiB: 10 rows at D = 384 in float32, 21 in
-// bfloat16), each thread's share loaded at once, 16 bytes a load; the tile holds them as float32.
-constexpr int64_t kStatsTileLoadBytes = 16 * 1024;
+// TssaStats' tile: about this many bytes of w a tile (24 KiB: 16 rows at D = 384 in float32, 24 in
+// bfloat16 where the shared memory ends), 16 bytes a load; the tile holds them as float32.
+constexpr int64_t kStatsTileLoadBytes = 24 * 1024;
 
 #define TOST_RETURN_IF_CUDA_ERROR(expr)             \
   do {                                              \
@@ -116,15 +116,16 @@ __device__ __forceinline__ void StoreVec(T* __restrict__ p, const float (&in)[V]
   }
 }
 
-// The squares of V elements, as float, to 16-byte aligned memory (V = 1, or a multiple of 4), at
-// most 16 bytes per store: the widest a device store is, and the widest the emulator sees as one.
+// in[i]²·scale[i] as float to 16-byte aligned memory (V = 1, or a multiple of 4), at most 16
+// bytes per store: the widest a device store is, and the widest the emulator sees as one.
 // Computed in the store: values copied unchanged can become a host memcpy, which the emulator does
 // not see.
 template <typename T, int V>
-__device__ __forceinline__ void StoreSquares(float* __restrict__ p, const Pack<T, V>& in) {
+__device__ __forceinline__ void StoreScaledSquares(float* __restrict__ p, const Pack<T, V>& in,
+                                                   const float (&scale)[V]) {
   if constexpr (V == 1) {
     const float x = ToFloat(in.v[0]);
-    p[0] = x * x;
+    p[0] = x * x * scale[0];
   } else {
     static_assert(V % 4 == 0, "V floats in 16-byte stores");
 #pragma unroll
@@ -133,7 +134,7 @@ __device__ __forceinline__ void StoreSquares(float* __restrict__ p, const Pack<T
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float x = ToFloat(in.v[i0 + i]);
-        pk.v[i] = x * x;
+        pk.v[i] = x * x * scale[i0 + i];
       }
       *reinterpret_cast<Pack<float, 4>*>(p + i0) = pk;
     }
@@ -358,15 +359,15 @@ __global__ void __launch_bounds__(kReduceThreads)
 // softmax) and the columns phase (threads own channels: Σ_t Π·w²). Read from device memory twice,
 // the second read mostly missed L1 (38 % hits on an H100): the kernel moved twice the bytes it
 // needed. So the chunk passes through shared memory in tiles of `tile_rows` rows, each read from
-// device memory once with 16-byte loads by every thread of the block, and kept as w² in float32:
-// both phases need only the squares, so neither converts or squares again.
+// device memory once, 16 bytes a load, and kept as q = w²/ν² in float32, what the rows phase sums;
+// the columns phase sums Π·q and scales by ν² once at the end.
 //
-// Columns phase: D/V threads cover a row (96 of 256 at D = 384 in float32), so the block splits
-// into row groups of D/V threads, group j summing rows j, j + groups, ... of the chunk, and the
-// groups' partials are added in group order. Each thread's running sum is carried from tile to
-// tile in its own slot of the destination (the group partials, or `part` itself with one group),
-// so the order of every sum is the chunk's row order whatever the tiling: a fixed order for a
-// given D, V and block size, never one that depends on the batch.
+// Columns: D/V threads cover a row (96 of 256 at D = 384 in float32), so the block splits into
+// row groups of D/V threads; each thread loads, and later sums, the same V channels of rows
+// rg, rg + groups, ... Group j's running sums are carried from tile to tile in its own slot of
+// the destination (the group partials, or `part` itself with one group), so every sum keeps the
+// chunk's row order whatever the tiling, and the groups' partials are added in group order: a
+// fixed order for a given D, V and block size, never one that depends on the batch.
 template <typename T, int V>
 __global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
     TssaStatsKernel(const T* __restrict__ w, const float* __restrict__ temp,
@@ -394,37 +395,46 @@ __global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
   const StatsSmem sm = StatsSmemLayout(chunk_tokens, D, K, cols, tile_rows);
   float* pi_s = smem + sm.pi_floats;           // [rows][K]
   float* partials = smem + sm.partial_floats;  // [groups][D] when groups > 1
-  float* w2_s = smem + sm.tile_floats;         // [tile_rows][D]: w² of the tile's rows
+  float* q_s = smem + sm.tile_floats;          // [tile_rows][D]: w²/ν² of the tile's rows
 
   for (int ts = 0; ts < rows; ts += tile_rows) {
     const int n = min(tile_rows, rows - ts);
-    // The tile is one contiguous span of n·D elements (w is contiguous), read in units of V
-    // (V > 1 only when D % V == 0 and w is 16-byte aligned: one 16-byte load each), a few loads
-    // in flight per thread.
-    const T* src = wb + static_cast<int64_t>(ts) * D;
-    const int units = n * (D / V);
-    constexpr int kInFlight = 4;
-    // Held as loaded (16 bytes a unit), converted only when stored: fewer registers in bf16.
-    const Pack<T, V>* from = reinterpret_cast<const Pack<T, V>*>(src);
-    for (int u0 = tid; u0 < units; u0 += block * kInFlight) {
-      Pack<T, V> raw[kInFlight];
+    // The tile: this thread's channels of rows ts + r, r ≡ rg (mod groups) (chunk row order, as
+    // the columns phase sums them), a few 16-byte loads in flight (V > 1 only when D % V == 0 and
+    // w is 16-byte aligned).
+    const int r_first = (rg - ts % cols.groups + cols.groups) % cols.groups;
+    if (rg < cols.groups) {
+      for (int c = c_first; c < D; c += c_stride) {
+        float inv[V];
 #pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        if (u0 + j * block < units) raw[j] = from[u0 + j * block];
-      }
+        for (int i = 0; i < V; ++i) inv[i] = 1.f / (nub[c + i] * nub[c + i]);
+        constexpr int kInFlight = V >= 8 ? 2 : 4;  // 8-wide units: 2, within 80 registers
+        for (int r0 = r_first; r0 < n; r0 += cols.groups * kInFlight) {
+          Pack<T, V> raw[kInFlight];
 #pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        if (u0 + j * block < units) StoreSquares<T, V>(w2_s + (u0 + j * block) * V, raw[j]);
+          for (int j = 0; j < kInFlight; ++j) {
+            const int r = r0 + j * cols.groups;
+            if (r < n) {
+              raw[j] =
+                  *reinterpret_cast<const Pack<T, V>*>(wb + static_cast<int64_t>(ts + r) * D + c);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kInFlight; ++j) {
+            const int r = r0 + j * cols.groups;
+            if (r < n) StoreScaledSquares<T, V>(q_s + r * D + c, raw[j], inv);
+          }
+        }
       }
     }
     __syncthreads();
 
     // Rows: one warp per token.
     for (int r = warp; r < n; r += nwarps) {
-      const float* row = w2_s + r * D;
+      const float* row = q_s + r * D;
       float* prow = pi_s + (ts + r) * K;
       HeadSums(
-          K, p, group, 0, 1, [&](int c) { return row[c] / (nub[c] * nub[c]); },
+          K, p, group, 0, 1, [&](int c) { return row[c]; },
           [&](int k, float s) { prow[k] = s * temp[k]; });
       __syncwarp();
       WarpSoftmaxInPlace(prow, K);
@@ -433,10 +443,8 @@ __global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
     }
     __syncthreads();
 
-    // Columns: this tile's rows of the thread's row group, added to its running sums.
+    // Columns: this tile's rows of the thread's row group, added to its running sums of Π·q.
     if (rg < cols.groups) {
-      // The tile's first row of group rg (rows rg, rg + groups, ... of the chunk).
-      const int r_first = ts + (rg - ts % cols.groups + cols.groups) % cols.groups;
       for (int c = c_first; c < D; c += c_stride) {
         float* dest = cols.groups == 1 ? out + c : partials + rg * D + c;
         int hk[V];
@@ -447,11 +455,11 @@ __global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
           acc[i] = ts == 0 ? 0.f : dest[i];
         }
 #pragma unroll(RowUnroll <V>())
-        for (int r = r_first; r < ts + n; r += cols.groups) {
-          float sq[V];
-          LoadVec<float, V>(w2_s + (r - ts) * D + c, sq);
+        for (int r = r_first; r < n; r += cols.groups) {
+          float q[V];
+          LoadVec<float, V>(q_s + r * D + c, q);
 #pragma unroll
-          for (int i = 0; i < V; ++i) acc[i] += pi_s[r * K + hk[i]] * sq[i];
+          for (int i = 0; i < V; ++i) acc[i] += pi_s[(ts + r) * K + hk[i]] * q[i];
         }
 #pragma unroll
         for (int i = 0; i < V; ++i) dest[i] = acc[i];
@@ -459,11 +467,17 @@ __global__ void __launch_bounds__(kColumnThreads, StatsMinBlocks(V))
     }
     __syncthreads();  // the next tile overwrites this one
   }
+  // Σ Π·w² = ν²·Σ Π·q, each channel's sum scaled by the thread that owns it.
   if (cols.groups > 1) {  // block-uniform
     for (int c = tid; c < D; c += block) {
       float s = 0.f;
       for (int j = 0; j < cols.groups; ++j) s += partials[j * D + c];
-      out[c] = s;
+      out[c] = s * (nub[c] * nub[c]);
+    }
+  } else {
+    for (int c = c_first; c < D; c += c_stride) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[c + i] *= nub[c + i] * nub[c + i];
     }
   }
   for (int k = tid; k < K; k += block) {
@@ -807,6 +821,17 @@ int HeadGroup(int64_t p) {
   return g;
 }
 
+// Lanes per head for TssaStats' rows phase, where the row is already in shared memory: as few as
+// put every head of the row in one pass of the warp (K·group ≤ 32), each lane summing p/group
+// channels, rather than one head a pass over HeadGroup(p) lanes (8 passes of 2 loads and 5
+// shuffles at K = 8, p = 48, against one pass of 12 loads and 2 shuffles). Never more lanes than
+// channels.
+int StatsHeadGroup(int64_t p, int64_t K) {
+  int g = 1;
+  while (2 * g * K <= kWarpSize && g < HeadGroup(p)) g <<= 1;
+  return g;
+}
+
 // Threads of a column kernel covering D channels V at a time: whole warps, at most kColumnThreads.
 int ColumnThreads(int64_t D, int V) {
   const int64_t lanes = CeilDiv(D, V);
@@ -844,13 +869,18 @@ int CausalTile(const Dims& d, int64_t chunk_tokens) {
 }
 
 // Rows of TssaStats' tile: about kStatsTileLoadBytes of w, at least one row (PlanTssa keeps room
-// for it), at most the chunk and what the shared memory left beside Π and the partials holds.
+// for it), at most the chunk and what the shared memory left beside Π and the partials holds;
+// from 8 rows on a multiple of 8, so that the rows phase gives each of the block's 8 warps as many
+// rows.
 int StatsTileRows(int64_t chunk_tokens, int D, int K, int V, size_t element_bytes) {
+  constexpr int64_t kWarps = kColumnThreads / kWarpSize;
   const StatsColumns cols = StatsColumnLayout(D, V, kColumnThreads);
   const int64_t fixed = StatsSmemLayout(chunk_tokens, D, K, cols, 0).bytes;
   const int64_t fit = (static_cast<int64_t>(kSmemLimit) - fixed) / (D * sizeof(float));
   const int64_t want = std::max<int64_t>(1, kStatsTileLoadBytes / (D * element_bytes));
-  return static_cast<int>(std::max<int64_t>(1, std::min({want, fit, chunk_tokens})));
+  int64_t rows = std::max<int64_t>(1, std::min({want, fit, chunk_tokens}));
+  if (rows >= kWarps) rows -= rows % kWarps;
+  return static_cast<int>(rows);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -919,7 +949,8 @@ cudaError_t RunTssa(const Dims& d, const Plan& plan, const T* w, const float* te
       StatsSmemLayout(plan.chunk_tokens, D, K, StatsColumnLayout(D, V, kColumnThreads), tile_rows);
   TOST_RETURN_IF_CUDA_ERROR((Launch<TssaStatsKernel<T, V>, kColumnThreads>(
       {grid, dim3(kColumnThreads), static_cast<size_t>(stats_smem.bytes), stream}, w, temp, ws.vec,
-      ws.pi, ws.part, d.tokens, D, K, p, HeadGroup(p), plan.chunk_tokens, chunks, tile_rows)));
+      ws.pi, ws.part, d.tokens, D, K, p, StatsHeadGroup(p, K), plan.chunk_tokens, chunks,
+      tile_rows)));
   TOST_RETURN_IF_CUDA_ERROR((Launch<GateKernel, kReduceThreads>(
       {reduce_grid, reduce_block, 2 * sizeof(float) * kReduceThreads, stream}, ws.part, ws.vec,
       chunks, D, K, p)));
