@@ -137,9 +137,10 @@ TEST_F(EmulatorTest, SkippingAnyBarrierIsReportedAsARace) {
   };
   const std::vector<Barrier> barriers = {
       {"TssaStatsKernel", 1, Op::kTssa},     {"TssaStatsKernel", 2, Op::kTssa},
-      {"CausalStatsKernel", 1, Op::kCausal}, {"CausalStatsKernel", 2, Op::kCausal},
-      {"StepKernel", 1, Op::kStep},          {"StepKernel", 2, Op::kStep},
-      {"StepKernel", 3, Op::kStep},          {"StepKernel", 4, Op::kStep}};
+      {"TssaStatsKernel", 3, Op::kTssa},     {"CausalStatsKernel", 1, Op::kCausal},
+      {"CausalStatsKernel", 2, Op::kCausal}, {"StepKernel", 1, Op::kStep},
+      {"StepKernel", 2, Op::kStep},          {"StepKernel", 3, Op::kStep},
+      {"StepKernel", 4, Op::kStep}};
   emu::SetOptions({.seed = 3});
   for (const Barrier& b : barriers) {
     emu::SetFaults({.skip_barrier_kernel = b.kernel, .skip_barrier_ordinal = b.ordinal});
@@ -153,7 +154,7 @@ TEST_F(EmulatorTest, SkippingAnyBarrierIsReportedAsARace) {
   }
   // The list above is complete: there is no further barrier to skip.
   for (const auto& [kernel, op, count] :
-       std::vector<std::tuple<const char*, Op, int>>{{"TssaStatsKernel", Op::kTssa, 2},
+       std::vector<std::tuple<const char*, Op, int>>{{"TssaStatsKernel", Op::kTssa, 3},
                                                      {"CausalStatsKernel", Op::kCausal, 2},
                                                      {"StepKernel", Op::kStep, 4}}) {
     emu::SetFaults({.skip_barrier_kernel = kernel, .skip_barrier_ordinal = count + 1});
