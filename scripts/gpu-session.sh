@@ -358,9 +358,9 @@ step_ncu() {
 }
 
 step_sanitizers() {
-  # One shape of each kind (ragged, D=384 in every dtype, the step, the misc and layout cases):
-  # every kernel runs, at sizes the tools get through in seconds.
-  local filter='*B2_T7_D20_K4*:*D384_K8_bf16*:*D384_K8_f16*:TssaStepCuda.*:TssaCudaMisc.*:TssaCausalCudaMisc.*:DTypes/*:TssaCudaStreams.ANonDefault*'
+  # One shape of each kind (ragged, D=384 in every dtype, the step, the misc and layout cases, the
+  # token bitmask at a real vocabulary): every kernel runs, at sizes the tools get through in seconds.
+  local filter='*B2_T7_D20_K4*:*D384_K8_bf16*:*D384_K8_f16*:TssaStepCuda.*:TssaCudaMisc.*:TssaCausalCudaMisc.*:DTypes/*:TssaCudaStreams.ANonDefault*:TokenBitmaskCuda.*:*R8_V50257*'
   local status=0 tool
   for tool in memcheck racecheck synccheck initcheck; do
     echo "== compute-sanitizer --tool $tool"
