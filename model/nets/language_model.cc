@@ -69,8 +69,8 @@ struct LanguageModel::Impl {
   at::ScalarType weight_dtype = at::kFloat;
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
-  // CPU in reduced precision: the tied output projection as a Linear over wte (its product path,
-  // oneDNN-packed for bf16); undefined otherwise (Logits multiplies by wte itself).
+  // CPU in reduced precision: the tied output projection as a Linear sharing wte's storage (its
+  // product path, below); undefined otherwise (Logits multiplies by wte itself).
   std::optional<Linear> lm_head;
   std::vector<Block> blocks;
   LayerNorm ln_f;
@@ -168,8 +168,8 @@ struct LanguageModel::Impl {
     };
     move(ln_f.weight), move(ln_f.bias);
     if (!placement.cuda && weight_dtype != at::kFloat) {
-      // The step reads the packed output projection whole; wte itself only at the fed tokens.
-      // The output projection shares wte's storage. Its bf16 product widens the weight to fp32
+      // A step reads the output projection whole, and wte's rows only at the fed tokens: both
+      // are the one reduced-precision table. Its bf16 product widens the weight to fp32
       // rather than going through oneDNN, whose bf16 products write bf16: logits of magnitude ~10
       // rounded to bf16's 8 bits flipped 1.7% of tost-austen's greedy choices against fp32, and
       // 0.4% with fp32 logits (tools/bench/precision_quality.py). fp16 results keep 11 bits.
