@@ -258,6 +258,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
        {"http_port", server->http_port()},
        {"device", server_placement.DeviceString()},
        {"dtype", model::ComputeDtypeName(server_placement.dtype)},
+       {"cpu_precision_flags", model::CpuPrecisionFlags()},
        {"cuda_devices", serving.cuda_device_count}});
   // Loaded and warmed up before readiness: SERVING only once every model has run once.
   TOST_ASSIGN_OR_RETURN(server->repository_,
@@ -270,7 +271,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
            {"version", m.config.version},
            {"trained", m.config.trained},
            {"device", m.placement.DeviceString()},
-           {"dtype", model::ComputeDtypeName(m.placement.dtype)}});
+           {"dtype", model::ComputeDtypeName(m.placement.dtype)},
+           // Which product path the CPU's instructions gave the weights' precision.
+           {"cpu_products",
+            m.placement.cuda ? "cuda" : model::CpuProductsName(m.placement.CpuProductsUsed())}});
       server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
                                       m.language != nullptr);
     } else {

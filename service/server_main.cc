@@ -56,9 +56,12 @@ ABSL_FLAG(std::string, device, "auto",
           "Where models run: auto (the first CUDA device, else the CPU), cpu, cuda or cuda:N; a "
           "model's config.json \"serving\": {\"device\": ...} overrides it. Asking for CUDA where "
           "there is none stops the server");
-ABSL_FLAG(std::string, dtype, "fp32",
-          "Weights and activations on CUDA: fp32, bf16 or fp16 (TSSA statistics stay fp32; the CPU "
-          "runs fp32); config.json \"serving\": {\"dtype\": ...} overrides it per model");
+ABSL_FLAG(
+    std::string, dtype, "fp32",
+    "Model precision: fp32, bf16 or fp16. On CUDA the weights and activations; on the CPU the "
+    "dense weights and embeddings, stored in that precision at load (activations, norms and "
+    "TSSA statistics stay fp32 everywhere, so state blobs move between precisions); "
+    "config.json \"serving\": {\"dtype\": ...} overrides it per model");
 ABSL_FLAG(bool, cuda_graphs, true,
           "CUDA language models: replay decode steps from CUDA graphs captured per batch bucket "
           "(each checked against the eager step when captured; ServerStatus decode_mode says which "

@@ -40,6 +40,79 @@ const char* ComputeDtypeName(ComputeDtype d) {
   return "?";
 }
 
+const char* CpuProductsName(CpuProducts p) {
+  switch (p) {
+    case CpuProducts::kFloat32:
+      return "fp32";
+    case CpuProducts::kOneDnnBf16:
+      return "onednn-bf16";
+    case CpuProducts::kHalfGemv:
+      return "fp16-gemv";
+    case CpuProducts::kWiden:
+      return "widen-to-fp32";
+  }
+  return "?";
+}
+
+namespace {
+
+struct CpuFlags {
+  bool avx512_core = false;  // what oneDNN needs for bf16 products at all
+  bool avx512_bf16 = false;
+  bool amx_bf16 = false;
+  bool f16c = false;
+};
+
+CpuFlags DetectCpuFlags() {
+  CpuFlags f;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  f.avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+  f.amx_bf16 = __builtin_cpu_supports("amx-bf16");
+  f.f16c = __builtin_cpu_supports("f16c");
+#endif
+  return f;
+}
+
+const CpuFlags& Flags() {
+  static const CpuFlags flags = DetectCpuFlags();
+  return flags;
+}
+
+}  // namespace
+
+CpuProducts CpuProductsFor(ComputeDtype dtype) {
+  switch (dtype) {
+    case ComputeDtype::kFloat32:
+      return CpuProducts::kFloat32;
+    case ComputeDtype::kBFloat16:
+      return Flags().avx512_core ? CpuProducts::kOneDnnBf16 : CpuProducts::kWiden;
+    case ComputeDtype::kFloat16:
+      return CpuProducts::kHalfGemv;
+  }
+  return CpuProducts::kWiden;
+}
+
+std::string CpuPrecisionFlags() {
+  const CpuFlags& f = Flags();
+  std::string out;
+  const auto add = [&](bool on, const char* name) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", on ? "" : "no-", name);
+  };
+  add(f.avx512_core, "avx512");
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.amx_bf16, "amx_bf16");
+  add(f.f16c, "f16c");
+  return out;
+}
+
+CpuProducts Placement::CpuProductsUsed() const {
+  if (dtype == ComputeDtype::kFloat32) return CpuProducts::kFloat32;
+  return cpu_products == CpuProducts::kFloat32 ? CpuProductsFor(dtype) : cpu_products;
+}
+
 std::string Placement::DeviceString() const {
   return cuda ? absl::StrCat("cuda:", index) : std::string("cpu");
 }
@@ -110,9 +183,10 @@ absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
       p.index = spec.index;
       break;
   }
-  // The CPU kernels are float32 kernels: bf16/fp16 apply to CUDA devices only.
-  p.dtype =
-      p.cuda ? (model_dtype.has_value() ? *model_dtype : server_dtype) : ComputeDtype::kFloat32;
+  // Every dtype is served on both kinds of device: on the CPU it is the weights' storage
+  // (device.h), each precision with the product path this CPU makes fastest.
+  p.dtype = model_dtype.has_value() ? *model_dtype : server_dtype;
+  if (!p.cuda) p.cpu_products = CpuProductsFor(p.dtype);
   return p;
 }
 

@@ -22,10 +22,29 @@ struct DeviceSpec {
   std::string ToString() const;
 };
 
-// Weights and activations on a CUDA device; TSSA statistics and reductions are float32 always.
-// On the CPU models run in float32 whatever is asked (the CPU kernels are float32 kernels).
+// On a CUDA device: the dtype of weights and activations. On the CPU: the dtype the dense layers'
+// weights (and the tied embedding) are stored in, converted at load from the file's weights;
+// activations, norms, softmaxes and the TSSA kernels stay float32 there (the CPU TSSA kernels are
+// float32 kernels). TSSA statistics and reductions are float32 everywhere, so a state blob is the
+// same whatever the dtype.
 enum class ComputeDtype { kFloat32, kBFloat16, kFloat16 };
 const char* ComputeDtypeName(ComputeDtype d);
+
+// How the CPU multiplies activations by weights stored in reduced precision:
+//   kFloat32       fp32 weights, fp32 products (MKL);
+//   kOneDnnBf16    bf16 weights in oneDNN's packed layout, activations cast to bf16 for the
+//                  product (AVX-512: native with avx512_bf16 or AMX, emulated by oneDNN otherwise);
+//   kHalfGemv      fp16 weights; one or two rows through LibTorch's fp16 matrix-vector product
+//                  (F16C conversions, fp32 accumulation), more rows widen the weight to fp32 for
+//                  the product (oneDNN has no fp16 products without avx512_fp16/AMX-FP16);
+//   kWiden         bf16 or fp16 weights widened to fp32 for every product: correct everywhere,
+//                  the path of CPUs without AVX-512 for bf16 (it halves the memory only).
+enum class CpuProducts { kFloat32, kOneDnnBf16, kHalfGemv, kWiden };
+const char* CpuProductsName(CpuProducts p);
+// The path this CPU takes for weights in `dtype` (its instructions, checked at run time).
+CpuProducts CpuProductsFor(ComputeDtype dtype);
+// This CPU's instructions that decide the path, for the start-up log ("avx512_bf16 f16c ...").
+std::string CpuPrecisionFlags();
 
 // Parse errors are INVALID_ARGUMENT naming `field` (a flag or a config.json key) and quoting the
 // text received.
@@ -46,8 +65,14 @@ struct Placement {
   // Decode steps draw their tokens where the logits are (device_sampler.h): always on CUDA; on
   // the CPU only when set (tests of that path; the host draw is the reference and cheaper there).
   bool draw_on_device = false;
+  // CPU only: how products with the weights run. ResolvePlacement sets CpuProductsFor(dtype);
+  // tests may pick another path (kWiden, the fallback of CPUs without AVX-512). kFloat32 with a
+  // reduced dtype (a Placement built by hand) means CpuProductsFor(dtype).
+  CpuProducts cpu_products = CpuProducts::kFloat32;
 
-  std::string DeviceString() const;  // "cpu" or "cuda:N"
+  std::string DeviceString() const;
+  // The CPU product path these weights take (kFloat32 at fp32).
+  CpuProducts CpuProductsUsed() const;  // "cpu" or "cuda:N"
 };
 
 // The server's choice, overridden per model by config.json's "serving" object. FAILED_PRECONDITION

@@ -63,9 +63,15 @@ struct LanguageModel::Impl {
   bool decode_graphs = false;         // CUDA: replay decode steps from CUDA graphs (Placement)
   bool pad_decode_steps = false;      // decode at bucket sizes (always on CUDA; Placement)
   bool draw_on_device = false;        // StepAndDraw draws where the logits are (CUDA; Placement)
-  at::ScalarType dtype = at::kFloat;  // weights and activations; statistics are float32
+  at::ScalarType dtype = at::kFloat;  // activations (and weights on CUDA); statistics float32
+  // The dense weights' and embeddings' dtype: `dtype` on CUDA; on the CPU the Placement's dtype
+  // with activations float32 (device.h).
+  at::ScalarType weight_dtype = at::kFloat;
   std::unique_ptr<Tokenizer> tokenizer;
   at::Tensor wte, wpe;
+  // CPU in reduced precision: the tied output projection as a Linear sharing wte's storage (its
+  // product path, below); undefined otherwise (Logits multiplies by wte itself).
+  std::optional<Linear> lm_head;
   std::vector<Block> blocks;
   LayerNorm ln_f;
   // As placed: the weights a decode step reads whole, and the tables it reads one row of per
@@ -109,11 +115,18 @@ struct LanguageModel::Impl {
   }
 
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& pos) const {
-    return wte.index_select(0, tokens.reshape({-1})).view({tokens.size(0), tokens.size(1), -1}) +
-           wpe.index_select(0, pos.reshape({-1})).view({pos.size(0), pos.size(1), -1});
+    // The rows in the tables' dtype, then the activations' (a no-op unless the CPU stores the
+    // tables in reduced precision).
+    return wte.index_select(0, tokens.reshape({-1}))
+               .view({tokens.size(0), tokens.size(1), -1})
+               .to(dtype) +
+           wpe.index_select(0, pos.reshape({-1})).view({pos.size(0), pos.size(1), -1}).to(dtype);
   }
 
-  at::Tensor Logits(const at::Tensor& hidden) const { return at::matmul(hidden, wte.t()); }
+  at::Tensor Logits(const at::Tensor& hidden) const {
+    if (lm_head.has_value()) return (*lm_head)(hidden);
+    return at::matmul(hidden, wte.t());
+  }
 
   // Host tensor → the model's device (states: small, once per call).
   at::Tensor ToDevice(const at::Tensor& host) const { return host.to(device); }
@@ -136,13 +149,16 @@ struct LanguageModel::Impl {
     return std::vector<float>(h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
   }
 
-  // Every parameter to the device; weights in `dtype`, the TSSA parameters float32.
+  // Every parameter to the device: on CUDA in `dtype`; on the CPU the dense weights and the
+  // embeddings in the Placement's dtype, the rest float32; the TSSA parameters float32 always.
   void Place(const Placement& placement) {
     device = TorchDevice(placement);
     decode_graphs = placement.decode_graphs;
     pad_decode_steps = placement.cuda || placement.pad_decode_steps;
     draw_on_device = placement.cuda || placement.draw_on_device;
-    dtype = ComputeScalarType(placement.dtype);
+    weight_dtype = ComputeScalarType(placement.dtype);
+    dtype = placement.cuda ? weight_dtype : at::kFloat;
+    const CpuProducts products = placement.CpuProductsUsed();
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
@@ -150,8 +166,22 @@ struct LanguageModel::Impl {
       t = t.to(device, dtype).contiguous();
       streamed_weight_bytes += t.nbytes();
     };
-    move(wte), move(ln_f.weight), move(ln_f.bias);
-    wpe = wpe.to(device, dtype).contiguous();
+    move(ln_f.weight), move(ln_f.bias);
+    if (!placement.cuda && weight_dtype != at::kFloat) {
+      // A step reads the output projection whole, and wte's rows only at the fed tokens: both
+      // are the one reduced-precision table. Its bf16 product widens the weight to fp32
+      // rather than going through oneDNN, whose bf16 products write bf16: logits of magnitude ~10
+      // rounded to bf16's 8 bits flipped 1.7% of tost-austen's greedy choices against fp32, and
+      // 0.4% with fp32 logits (tools/bench/precision_quality.py). fp16 results keep 11 bits.
+      wte = wte.to(device, weight_dtype).contiguous();
+      lm_head.emplace(wte, at::Tensor());
+      lm_head->Place(device, weight_dtype,
+                     products == CpuProducts::kOneDnnBf16 ? CpuProducts::kWiden : products);
+      streamed_weight_bytes += lm_head->nbytes();
+    } else {
+      move(wte);
+    }
+    wpe = wpe.to(device, weight_dtype).contiguous();
     per_position_bytes = wpe.nbytes() / wpe.size(0);
     for (Block& b : blocks) {
       for (at::Tensor* t :
@@ -159,7 +189,7 @@ struct LanguageModel::Impl {
         move(*t);
       }
       for (Linear* l : {&b.c_attn, &b.c_proj, &b.c_fc, &b.mlp_proj}) {
-        l->Place(device, dtype);
+        l->Place(device, weight_dtype, products);
         streamed_weight_bytes += l->nbytes();
       }
       b.temp = b.temp.to(device, at::kFloat).contiguous();

@@ -1,21 +1,61 @@
 // A dense layer y = x·Wᵀ + b, as both ToST models use it, placed on its device once.
 //
-// On the CPU the weight is kept transposed, [in, out] and contiguous, and multiplied as x·(Wᵀ):
-// LibTorch's CPU BLAS (MKL) repacks a transposed right operand on every call, so the [out, in]
-// layout at::linear uses costs 1.1-1.8x more at the row counts of decode steps and small batches
-// (measured at C 384: 36 → 21 µs for one row of a 384 → 1152 layer, 657 → 462 µs for 64 rows of
-// 1536 → 384), and the same from 32 rows up, where both layouts give bit-identical products. On a
-// GPU cuBLAS reads either layout at the same speed, and at::linear is used as loaded.
+// On the CPU at float32 the weight is kept transposed, [in, out] and contiguous, and multiplied as
+// x·(Wᵀ): LibTorch's CPU BLAS (MKL) repacks a transposed right operand on every call, so the
+// [out, in] layout at::linear uses costs 1.1-1.8x more at the row counts of decode steps and small
+// batches (measured at C 384: 36 → 21 µs for one row of a 384 → 1152 layer, 657 → 462 µs for 64
+// rows of 1536 → 384), and the same from 32 rows up, where both layouts give bit-identical
+// products. On a GPU cuBLAS reads either layout at the same speed, and at::linear is used as
+// loaded.
+//
+// On the CPU in reduced precision (device.h CpuProducts) the weight is stored in bf16 or fp16 and
+// the activations stay float32: x is cast to the weight's dtype for the product only, and the
+// result (rounded to the weight's dtype where the product writes that dtype) comes back as
+// float32 with the float32 bias added. bf16 weights are held in oneDNN's packed layout, packed
+// once here: at::linear on plain bf16 weights reorders them on every call, which made one row of
+// a 384 → 1152 layer 52 µs against 31-40 µs packed (fp32: 34-43 µs) and 64 rows 294 µs against
+// 270-296 µs (fp32: 609-714 µs). fp16 products have no oneDNN kernel without avx512_fp16, and
+// LibTorch's fp16 matrix product is 5x slower than fp32 from 8 rows up (3258 µs for 64 rows of
+// 384 → 1152): one or two rows use its fp16 matrix-vector kernel, more rows widen the weight to
+// float32 for the product.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 
+#include "model/config/device.h"
+
 namespace tost::model {
+
+namespace onednn {
+
+// LibTorch's registered oneDNN ops (the ones its CPU inductor uses for frozen bf16 linears).
+inline at::Tensor PackLinearWeight(const at::Tensor& weight) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
+                             .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
+  return op.call(weight, std::nullopt);
+}
+
+inline at::Tensor PackedLinear(const at::Tensor& x, const at::Tensor& packed) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            c10::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<c10::string_view>)>();
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
+                 std::nullopt);
+}
+
+}  // namespace onednn
 
 class Linear {
  public:
@@ -23,28 +63,78 @@ class Linear {
   // weight [out, in]; bias [out] or undefined (a layer without bias).
   Linear(at::Tensor weight, at::Tensor bias) : weight_(std::move(weight)), bias_(std::move(bias)) {}
 
-  // Moves the layer to `device` in `dtype`, transposed there when that is the CPU.
-  void Place(const at::Device& device, at::ScalarType dtype) {
+  // Moves the layer to `device` with its weight in `dtype`. On a CUDA device the bias is in
+  // `dtype` too and `products` is not read; on the CPU the bias stays float32 and `products` says
+  // how a reduced-precision weight is stored and multiplied.
+  void Place(const at::Device& device, at::ScalarType dtype,
+             CpuProducts products = CpuProducts::kFloat32) {
+    out_features_ = weight_.size(0);
+    in_features_ = weight_.size(1);
+    dtype_ = dtype;
+    if (device.is_cpu() && dtype == at::kFloat) products = CpuProducts::kFloat32;
+    mode_ = device.is_cpu() ? products : CpuProducts::kFloat32;
+    cuda_ = !device.is_cpu();
     weight_ = weight_.to(device, dtype);
-    transposed_ = device.is_cpu();
-    weight_ = transposed_ ? weight_.t().contiguous() : weight_.contiguous();
-    if (bias_.defined()) bias_ = bias_.to(device, dtype).contiguous();
+    if (cuda_) {
+      weight_ = weight_.contiguous();
+    } else if (mode_ == CpuProducts::kFloat32) {
+      weight_ = weight_.t().contiguous();
+    } else if (mode_ == CpuProducts::kOneDnnBf16) {
+      weight_ = onednn::PackLinearWeight(weight_.contiguous());
+    } else {
+      weight_ = weight_.contiguous();
+    }
+    if (bias_.defined()) bias_ = bias_.to(device, cuda_ ? dtype : at::kFloat).contiguous();
   }
 
   at::Tensor operator()(const at::Tensor& x) const {
-    if (!transposed_) return at::linear(x, weight_, bias_);
-    at::Tensor y = at::matmul(x, weight_);
-    return bias_.defined() ? y.add_(bias_) : y;
+    if (cuda_) return at::linear(x, weight_, bias_);
+    switch (mode_) {
+      case CpuProducts::kFloat32: {
+        at::Tensor y = at::matmul(x, weight_);
+        return bias_.defined() ? y.add_(bias_) : y;
+      }
+      case CpuProducts::kOneDnnBf16: {
+        at::Tensor y = onednn::PackedLinear(x.to(dtype_).reshape({-1, in_features_}), weight_);
+        return Finish(y).view(OutShape(x));
+      }
+      case CpuProducts::kHalfGemv:
+        if (x.numel() / in_features_ <= kHalfGemvRows) {
+          return Finish(at::linear(x.to(dtype_), weight_));
+        }
+        [[fallthrough]];
+      case CpuProducts::kWiden:
+        return at::linear(x, weight_.to(at::kFloat), bias_);
+    }
+    return at::Tensor();
   }
 
+  // The bytes of the weight and bias as stored.
   int64_t nbytes() const {
     return static_cast<int64_t>(weight_.nbytes() + (bias_.defined() ? bias_.nbytes() : 0));
   }
+  // The weight's dtype as stored.
+  at::ScalarType weight_dtype() const { return weight_.scalar_type(); }
 
  private:
-  at::Tensor weight_;  // [out, in], or [in, out] when transposed_
+  static constexpr int64_t kHalfGemvRows = 2;
+
+  // A reduced-precision product → float32, with the float32 bias (one promoting add).
+  at::Tensor Finish(const at::Tensor& y) const {
+    return bias_.defined() ? at::add(y, bias_) : y.to(at::kFloat);
+  }
+  c10::DimVector OutShape(const at::Tensor& x) const {
+    c10::DimVector shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = out_features_;
+    return shape;
+  }
+
+  at::Tensor weight_;  // [out, in]; [in, out] at CPU fp32; oneDNN-packed at CPU bf16
   at::Tensor bias_;
-  bool transposed_ = false;
+  at::ScalarType dtype_ = at::kFloat;
+  CpuProducts mode_ = CpuProducts::kFloat32;
+  bool cuda_ = false;
+  int64_t out_features_ = 0, in_features_ = 0;
 };
 
 }  // namespace tost::model

@@ -75,7 +75,8 @@ struct VisionModel::Impl {
   ModelConfig config;
   at::Device device = at::kCPU;
   std::optional<c10::Stream> stream;  // CUDA: the model's own (model_stream.h)
-  at::ScalarType dtype = at::kFloat;  // weights and activations; TSSA statistics are float32
+  // Activations (and weights on CUDA; device.h); TSSA statistics are float32.
+  at::ScalarType dtype = at::kFloat;
   std::vector<StemStage> stem;
   at::Tensor pos_encoding;  // [1, N, D] for the served resolution, projection applied
   at::Tensor cls_token;
@@ -122,10 +123,14 @@ struct VisionModel::Impl {
     return at::cat({b.proj(cls), a.slice(1, 1)}, 1);
   }
 
-  // Every parameter to the device in `dtype`; the TSSA temperatures float32.
+  // Every parameter to the device (dtypes as `dtype` says); the TSSA temperatures float32.
   void Place(const Placement& placement) {
     device = TorchDevice(placement);
-    dtype = ComputeScalarType(placement.dtype);
+    // On the CPU only the dense layers' weights take the reduced dtype (device.h); the stem's
+    // convolutions, embeddings and norms are small and stay float32 with the activations.
+    const at::ScalarType weight_dtype = ComputeScalarType(placement.dtype);
+    dtype = placement.cuda ? weight_dtype : at::kFloat;
+    const CpuProducts products = placement.CpuProductsUsed();
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
@@ -134,7 +139,7 @@ struct VisionModel::Impl {
       weight_bytes += t.nbytes();
     };
     const auto move_linear = [&](Linear& l) {
-      l.Place(device, dtype);
+      l.Place(device, weight_dtype, products);
       weight_bytes += l.nbytes();
     };
     const auto move_norm = [&](LayerNorm& n) { move(n.weight), move(n.bias); };

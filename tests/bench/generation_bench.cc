@@ -378,9 +378,11 @@ void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
     const std::string repo_flag = "--model_repository=" + repo.string();
     const std::string slots = "--max_active_generations=" + std::to_string(args.sessions);
     const std::string device = "--device=" + args.placement.DeviceString();
+    const std::string dtype =
+        std::string("--dtype=") + tost::model::ComputeDtypeName(args.placement.dtype);
     // Metrics and HTTP on (as deployed), on free ports.
-    std::vector<std::string> flags = {repo_flag, "--host=127.0.0.1", "--port=0",     slots,
-                                      device,    "--metrics_port=0", "--http_port=0"};
+    std::vector<std::string> flags = {repo_flag, "--host=127.0.0.1", "--port=0",     slots, device,
+                                      dtype,     "--metrics_port=0", "--http_port=0"};
     flags.insert(flags.end(), args.server_args.begin(), args.server_args.end());
     std::vector<char*> argv = {const_cast<char*>("tost_server")};
     for (std::string& f : flags) argv.push_back(f.data());
@@ -521,6 +523,10 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
 int main(int argc, char** argv) {
   Args args;
   bool eager = false;  // --eager: CUDA decode steps launched one by one, in P4 and in P6's server
+  // --device (cpu, cuda, cuda:N, auto) and --dtype (fp32, bf16, fp16: the weights on the CPU,
+  // weights and activations on CUDA) place the model in-process and in P6's server; the KV-cache
+  // baseline stays fp32.
+  std::string device_text = "cpu", dtype_text = "fp32";
   args.server_bin =
       (fs::path(argv[0]).parent_path() / ".." / ".." / "service" / "tost_server").string();
   for (int i = 1; i < argc; ++i) {
@@ -529,6 +535,7 @@ int main(int argc, char** argv) {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
+          "[--dtype=fp32|bf16|fp16] "
           "[--server_arg=FLAG ...] [--eager]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
@@ -543,19 +550,8 @@ int main(int argc, char** argv) {
     if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a == "--eager") eager = true;
-    if (a.rfind("--device=", 0) == 0) {
-      auto spec = tost::model::ParseDeviceSpec(a.substr(9), "--device");
-      auto placement = spec.ok() ? tost::model::ResolvePlacement(
-                                       *spec, tost::model::ComputeDtype::kFloat32, std::nullopt,
-                                       std::nullopt, tost::model::CudaDeviceCount(), "")
-                                 : absl::StatusOr<tost::model::Placement>(spec.status());
-      if (!placement.ok()) {
-        std::fprintf(stderr, "tost_generation_bench: %s\n",
-                     std::string(placement.status().message()).c_str());
-        return 2;
-      }
-      args.placement = *placement;
-    }
+    if (a.rfind("--device=", 0) == 0) device_text = a.substr(9);
+    if (a.rfind("--dtype=", 0) == 0) dtype_text = a.substr(8);
     if (a.rfind("--positions=", 0) == 0) {
       args.positions.clear();
       std::stringstream list(a.substr(12));
@@ -572,6 +568,21 @@ int main(int argc, char** argv) {
       }
     }
   }
+  {
+    auto spec = tost::model::ParseDeviceSpec(device_text, "--device");
+    auto dtype = tost::model::ParseComputeDtype(dtype_text, "--dtype");
+    auto placement = !spec.ok() ? absl::StatusOr<tost::model::Placement>(spec.status())
+                     : !dtype.ok()
+                         ? absl::StatusOr<tost::model::Placement>(dtype.status())
+                         : tost::model::ResolvePlacement(*spec, *dtype, std::nullopt, std::nullopt,
+                                                         tost::model::CudaDeviceCount(), "");
+    if (!placement.ok()) {
+      std::fprintf(stderr, "tost_generation_bench: %s\n",
+                   std::string(placement.status().message()).c_str());
+      return 2;
+    }
+    args.placement = *placement;
+  }
   if (eager) {  // after --device, which sets the placement
     args.placement.decode_graphs = false;
     args.server_args.push_back("--cuda_graphs=false");
@@ -585,10 +596,17 @@ int main(int argc, char** argv) {
   const fs::path repo = fs::temp_directory_path() / ("tost_gen_bench_" + std::to_string(getpid()));
   const auto config = BenchConfig(args.quick);
   WriteModel(repo, config);
-  std::printf("bench LM: %lld layers, C %lld, %lld heads, context %lld, %u threads, device %s\n",
-              static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
-              static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
-              std::thread::hardware_concurrency(), args.placement.DeviceString().c_str());
+  std::printf(
+      "bench LM: %lld layers, C %lld, %lld heads, context %lld, %u threads, device %s, dtype "
+      "%s%s\n",
+      static_cast<long long>(config.n_layer), static_cast<long long>(config.n_embd),
+      static_cast<long long>(config.n_head), static_cast<long long>(config.context_length),
+      std::thread::hardware_concurrency(), args.placement.DeviceString().c_str(),
+      tost::model::ComputeDtypeName(args.placement.dtype),
+      args.placement.cuda ? ""
+                          : (std::string(" (CPU products: ") +
+                             tost::model::CpuProductsName(args.placement.CpuProductsUsed()) + ")")
+                                .c_str());
   Figures figures;
   // One intra-op thread, as the server computes.
   figures.bandwidth_gbs =

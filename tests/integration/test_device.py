@@ -98,3 +98,42 @@ def test_server_status_reports_the_state_pool_and_no_device_memory_on_cpu(proto_
                 assert g.state_pool_bytes == 7 * layers * (2 * embd + heads) * 4, g
     finally:
         assert s.stop() == 0
+
+
+def _generate(stub, pb2, **request):
+    tokens, final = [], None
+    for msg in stub.Generate(pb2.GenerateRequest(**request), timeout=120):
+        if msg.HasField("token"):
+            tokens.append(msg.token.id)
+        elif msg.HasField("final"):
+            final = msg.final
+    return tokens, final
+
+
+def test_cpu_serves_reduced_precision_weights_and_blobs_cross_precisions(proto_modules, key_file):
+    """--dtype=bf16/fp16 take effect on the CPU (ListModels says so, the log names the product
+    path), and a state blob made at one precision continues at another: statistics stay float32."""
+    pb2, pb2_grpc = proto_modules
+    models = os.path.join(SOURCE_DIR, "models")
+    servers = {d: RunningServer(models, (f"--session_key_file={key_file}", "--device=cpu", f"--dtype={d}"))
+               for d in ("fp32", "bf16", "fp16")}
+    try:
+        stubs = {}
+        for d, s in servers.items():
+            ch = grpc.insecure_channel(s.address)
+            stubs[d] = pb2_grpc.TostStub(ch)
+            listed = {m.name: m for m in stubs[d].ListModels(pb2.ListModelsRequest(), timeout=30).models}
+            for m in listed.values():
+                assert m.ready and m.device == "cpu" and m.dtype == d, m
+            s.log.flush()
+            log = open(s.log.name, encoding="utf-8").read()
+            assert "cpu_precision_flags" in log and "cpu_products" in log, log
+        for a, b in (("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "fp32"), ("fp32", "fp16")):
+            first, final = _generate(stubs[a], pb2, model="tost-austen", prompt_bytes=b"It was a truth ",
+                                     max_new_tokens=6, return_state=True)
+            assert len(first) == 6 and final.state
+            more, _ = _generate(stubs[b], pb2, state=final.state, max_new_tokens=6)
+            assert len(more) == 6, (a, b)
+    finally:
+        for s in servers.values():
+            assert s.stop() == 0

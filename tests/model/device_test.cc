@@ -61,7 +61,8 @@ TEST(Placement, AutoTakesTheFirstCudaDeviceWhenThereIsOne) {
   const Placement cpu =
       *ResolvePlacement({}, ComputeDtype::kBFloat16, std::nullopt, std::nullopt, 0, "m");
   EXPECT_FALSE(cpu.cuda);
-  EXPECT_EQ(cpu.dtype, ComputeDtype::kFloat32) << "the CPU runs fp32";
+  EXPECT_EQ(cpu.dtype, ComputeDtype::kBFloat16) << "the CPU stores the weights in bf16 too";
+  EXPECT_EQ(cpu.cpu_products, CpuProductsFor(ComputeDtype::kBFloat16));
   EXPECT_EQ(cpu.DeviceString(), "cpu");
 }
 
@@ -93,7 +94,30 @@ TEST(Placement, AModelOverridesTheServersDeviceAndDtype) {
   const Placement q = *ResolvePlacement({Kind::kCuda, 0}, ComputeDtype::kBFloat16,
                                         DeviceSpec{Kind::kCpu, 0}, std::nullopt, 1, "m");
   EXPECT_FALSE(q.cuda);
-  EXPECT_EQ(q.dtype, ComputeDtype::kFloat32);
+  EXPECT_EQ(q.dtype, ComputeDtype::kBFloat16) << "the server's dtype holds on the CPU";
+}
+
+TEST(Placement, EveryDtypeTakesEffectOnTheCpuWithThePathThisCpuMakesFastest) {
+  for (ComputeDtype d : {ComputeDtype::kFloat32, ComputeDtype::kBFloat16, ComputeDtype::kFloat16}) {
+    const Placement p =
+        *ResolvePlacement({Kind::kCpu, 0}, ComputeDtype::kFloat32, std::nullopt, d, 0, "m");
+    EXPECT_EQ(p.dtype, d);
+    EXPECT_EQ(p.cpu_products, CpuProductsFor(d));
+    EXPECT_EQ(p.CpuProductsUsed(), CpuProductsFor(d));
+  }
+  EXPECT_EQ(CpuProductsFor(ComputeDtype::kFloat32), CpuProducts::kFloat32);
+  EXPECT_EQ(CpuProductsFor(ComputeDtype::kFloat16), CpuProducts::kHalfGemv);
+  // bf16 goes through oneDNN where there is AVX-512, else it widens to fp32 per product.
+  const bool avx512 = CpuPrecisionFlags().find("no-avx512 ") == std::string::npos;
+  EXPECT_EQ(CpuProductsFor(ComputeDtype::kBFloat16),
+            avx512 ? CpuProducts::kOneDnnBf16 : CpuProducts::kWiden)
+      << CpuPrecisionFlags();
+  // A hand-built Placement at a reduced dtype takes this CPU's path; a test may force another.
+  Placement hand{false, 0, ComputeDtype::kFloat16};
+  EXPECT_EQ(hand.CpuProductsUsed(), CpuProducts::kHalfGemv);
+  hand.cpu_products = CpuProducts::kWiden;
+  EXPECT_EQ(hand.CpuProductsUsed(), CpuProducts::kWiden);
+  EXPECT_STREQ(CpuProductsName(CpuProducts::kOneDnnBf16), "onednn-bf16");
 }
 
 std::string LanguageConfigJson(const std::string& serving) {

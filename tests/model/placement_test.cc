@@ -1,7 +1,8 @@
-// Models placed by a Placement (model/config/device.h): the shipped models in bfloat16 and float16
-// agree with float32 (the dtype path that serves on CUDA, exercised here on the CPU, where LibTorch
-// runs both precisions), and a model whose config.json asks for a CUDA device the process does not
-// see fails alone while the rest of the repository loads.
+// Models placed by a Placement (model/config/device.h): the shipped models with bfloat16 and
+// float16 weights on the CPU agree with float32 through each product path (this CPU's own and the
+// widening fallback of CPUs without AVX-512), store their weights in half the bytes, and carry
+// sequence states across precisions; a model whose config.json asks for a CUDA device the process
+// does not see fails alone while the rest of the repository loads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,13 +36,27 @@ std::vector<float> Softmax(const float* v, size_t n) {
   return p;
 }
 
-class ReducedPrecisionTest : public ::testing::TestWithParam<ComputeDtype> {};
+struct Reduced {
+  ComputeDtype dtype;
+  CpuProducts products;  // kFloat32: this CPU's path for the dtype
+};
+
+Placement CpuPlacement(ComputeDtype dtype, CpuProducts products = CpuProducts::kFloat32) {
+  Placement p{false, 0, dtype};
+  p.cpu_products = products;
+  return p;
+}
+
+class ReducedPrecisionTest : public ::testing::TestWithParam<Reduced> {
+ protected:
+  Placement placement() const { return CpuPlacement(GetParam().dtype, GetParam().products); }
+};
 
 TEST_P(ReducedPrecisionTest, VisionAgreesWithFloat32) {
   const std::string dir = ShippedModel("tost-digits");
   const ModelConfig config = *LoadModelConfig(dir);
   const auto fp32 = VisionModel::Load(dir, config, Placement{});
-  const auto reduced = VisionModel::Load(dir, config, Placement{false, 0, GetParam()});
+  const auto reduced = VisionModel::Load(dir, config, placement());
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   ASSERT_TRUE(reduced.ok()) << reduced.status();
   const VisionConfig& c = config.vision;
@@ -64,7 +79,7 @@ TEST_P(ReducedPrecisionTest, LanguageModelAgreesWithFloat32) {
   const std::string dir = ShippedModel("tost-austen");
   const ModelConfig config = *LoadModelConfig(dir);
   const auto fp32 = LanguageModel::Load(dir, config, Placement{});
-  const auto reduced = LanguageModel::Load(dir, config, Placement{false, 0, GetParam()});
+  const auto reduced = LanguageModel::Load(dir, config, placement());
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   ASSERT_TRUE(reduced.ok()) << reduced.status();
   const std::vector<int32_t> prompt = (*fp32)->tokenizer().Encode(
@@ -92,9 +107,111 @@ TEST_P(ReducedPrecisionTest, LanguageModelAgreesWithFloat32) {
   EXPECT_EQ(sa.position, sb.position);
 }
 
+TEST_P(ReducedPrecisionTest, WeightsAreStoredInHalfTheBytes) {
+  const std::string lm_dir = ShippedModel("tost-austen"), vision_dir = ShippedModel("tost-digits");
+  const ModelConfig lm_config = *LoadModelConfig(lm_dir),
+                    vision_config = *LoadModelConfig(vision_dir);
+  const auto lm32 = LanguageModel::Load(lm_dir, lm_config, Placement{});
+  const auto lm = LanguageModel::Load(lm_dir, lm_config, placement());
+  const auto v32 = VisionModel::Load(vision_dir, vision_config, Placement{});
+  const auto v = VisionModel::Load(vision_dir, vision_config, placement());
+  ASSERT_TRUE(lm32.ok() && lm.ok() && v32.ok() && v.ok());
+  // What a decode step reads: every dense weight and the tied output projection at 2 bytes, the
+  // norms, layer scales and TSSA temperatures (a few KB) at 4.
+  const double lm_ratio =
+      static_cast<double>((*lm)->DecodeStepBytes(0)) / (*lm32)->DecodeStepBytes(0);
+  EXPECT_GT(lm_ratio, 0.49);
+  EXPECT_LT(lm_ratio, 0.52) << (*lm)->DecodeStepBytes(0) << " of " << (*lm32)->DecodeStepBytes(0);
+  // The classifier's stem, embeddings and norms stay float32: its dense layers are most of it.
+  const double v_ratio = static_cast<double>((*v)->ForwardMinBytes(0)) / (*v32)->ForwardMinBytes(0);
+  EXPECT_LT(v_ratio, 0.6) << (*v)->ForwardMinBytes(0) << " of " << (*v32)->ForwardMinBytes(0);
+}
+
+TEST_P(ReducedPrecisionTest, BatchedStepsAgreeWithFloat32AtEveryRowCount) {
+  // Row counts cross the fp16 path's switch from its matrix-vector kernel to widened products.
+  const std::string dir = ShippedModel("tost-austen");
+  const ModelConfig config = *LoadModelConfig(dir);
+  const auto fp32 = LanguageModel::Load(dir, config, Placement{});
+  const auto reduced = LanguageModel::Load(dir, config, placement());
+  ASSERT_TRUE(fp32.ok() && reduced.ok());
+  const size_t vocab = static_cast<size_t>(config.language.vocab_size);
+  for (int64_t rows : {1, 2, 3, 16}) {
+    auto pa = (*fp32)->NewStatePool(rows);
+    auto pb = (*reduced)->NewStatePool(rows);
+    ASSERT_TRUE(pa.ok() && pb.ok());
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> row_ids, positions;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int32_t> prompt =
+          (*fp32)->tokenizer().Encode(std::string("Mr. Darcy said ") + char('a' + r));
+      ASSERT_TRUE((*fp32)->Prefill(prompt, **pa, r, 0).ok());
+      ASSERT_TRUE((*reduced)->Prefill(prompt, **pb, r, 0).ok());
+      tokens.push_back(static_cast<int32_t>(r + 40));
+      row_ids.push_back(r);
+      positions.push_back(static_cast<int64_t>(prompt.size()));
+    }
+    const auto la = (*fp32)->Step(tokens, **pa, row_ids, positions);
+    const auto lb = (*reduced)->Step(tokens, **pb, row_ids, positions);
+    ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+    int agree = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* a = la->data() + r * vocab;
+      const float* b = lb->data() + r * vocab;
+      agree += ArgMax(a, vocab) == ArgMax(b, vocab);
+      const std::vector<float> qa = Softmax(a, vocab), qb = Softmax(b, vocab);
+      float worst = 0;
+      for (size_t k = 0; k < vocab; ++k) worst = std::max(worst, std::abs(qa[k] - qb[k]));
+      EXPECT_LT(worst, 0.03) << rows << " rows, row " << r;
+    }
+    EXPECT_GE(agree, rows * 3 / 4) << rows << " rows";
+  }
+}
+
+// A state (what a session blob holds) made at one precision continues at another: statistics are
+// float32 whatever the weights, so prefilling half a text at bf16/fp16 and the rest at fp32 (and
+// the other way) gives the all-fp32 logits within reduced precision's error.
+TEST_P(ReducedPrecisionTest, StatesCarryAcrossPrecisionsBothWays) {
+  const std::string dir = ShippedModel("tost-austen");
+  const ModelConfig config = *LoadModelConfig(dir);
+  const auto fp32 = LanguageModel::Load(dir, config, Placement{});
+  const auto reduced = LanguageModel::Load(dir, config, placement());
+  ASSERT_TRUE(fp32.ok() && reduced.ok());
+  const std::vector<int32_t> text = (*fp32)->tokenizer().Encode(
+      "She was not sorry, however, to have the pleasure of walking with her sister in the "
+      "shrubbery, and of telling her what had passed in the morning.");
+  const size_t half = text.size() / 2;
+  const absl::Span<const int32_t> first(text.data(), half),
+      rest(text.data() + half, text.size() - half);
+  SequenceState all = (*fp32)->NewSequence();
+  const auto want = (*fp32)->Prefill(text, all);
+  ASSERT_TRUE(want.ok());
+  const size_t vocab = static_cast<size_t>(config.language.vocab_size);
+  const std::vector<float> p_want = Softmax(want->data(), vocab);
+  const LanguageModel* pairs[2][2] = {{fp32->get(), reduced->get()}, {reduced->get(), fp32->get()}};
+  for (const auto& [a, b] : pairs) {
+    SequenceState s = a->NewSequence();
+    ASSERT_TRUE(a->Prefill(first, s).ok());
+    // The state as a blob carries it: float32 statistics and a position, the same size for both.
+    EXPECT_EQ(s.stats.size(), b->NewSequence().stats.size());
+    const auto got = b->Prefill(rest, s);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(s.position, all.position);
+    EXPECT_EQ(ArgMax(got->data(), vocab), ArgMax(want->data(), vocab));
+    const std::vector<float> p = Softmax(got->data(), vocab);
+    for (size_t k = 0; k < vocab; ++k) ASSERT_NEAR(p[k], p_want[k], 0.03) << k;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, ReducedPrecisionTest,
-                         ::testing::Values(ComputeDtype::kBFloat16, ComputeDtype::kFloat16),
-                         [](const auto& info) { return ComputeDtypeName(info.param); });
+                         ::testing::Values(Reduced{ComputeDtype::kBFloat16, CpuProducts::kFloat32},
+                                           Reduced{ComputeDtype::kFloat16, CpuProducts::kFloat32},
+                                           Reduced{ComputeDtype::kBFloat16, CpuProducts::kWiden},
+                                           Reduced{ComputeDtype::kFloat16, CpuProducts::kWiden}),
+                         [](const auto& info) {
+                           return std::string(ComputeDtypeName(info.param.dtype)) +
+                                  (info.param.products == CpuProducts::kWiden ? "_widened"
+                                                                              : "_this_cpu");
+                         });
 
 TEST(Repository, AModelAskingForAnAbsentCudaDeviceFailsAloneWithTheReason) {
   const fs::path repo = fs::temp_directory_path() / "tost-placement-repo";

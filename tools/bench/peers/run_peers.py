@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tost_server against what a user would run instead on a CPU, side by side in one run: llama.cpp's
+"""tost_server (fp32, and with --dtype bf16 / fp16 as the engines tost-bf16 / tost-fp16) against what a
+user would run instead on a CPU, side by side in one run: llama.cpp's
 llama-server (GGUF f32, f16, q8_0) and CTranslate2 (float32, int8), each serving a GPT-2 twin with
 the ToST model's dims (tools/bench/peers/make_twins.py). Every engine is pinned to the same core
 with one thread, decodes greedily, and is warmed up before it is measured; two rounds, the engine
@@ -39,7 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 
-ENGINES = ("tost", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
+# tost-bf16 / tost-fp16: tost_server with --dtype (weights in that precision on the CPU), the
+# counterparts of llama-f16; "tost" is fp32, the one every ratio is taken to.
+ENGINES = ("tost", "tost-bf16", "tost-fp16", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
 MODELS = ("bench-lm", "tost-austen")
 
 
@@ -76,7 +79,7 @@ def free_port() -> int:
 # ---- tost_server ---------------------------------------------------------------------------------
 
 class TostEngine:
-    def __init__(self, binary: str, model_dir: str, model: str, cpu: int):
+    def __init__(self, binary: str, model_dir: str, model: str, cpu: int, dtype: str = "fp32"):
         import grpc
         import tost_launch
         import tost_protos
@@ -86,7 +89,7 @@ class TostEngine:
         self.repo = tempfile.mkdtemp(prefix="peers_tost_")
         os.symlink(os.path.abspath(model_dir), os.path.join(self.repo, model))
         # --prefix_cache_bytes=0: the counterpart of llama-server's cache_prompt false.
-        self.server = tost_launch.TostServer(self.repo, ["--prefix_cache_bytes=0"], binary=binary,
+        self.server = tost_launch.TostServer(self.repo, ["--prefix_cache_bytes=0", f"--dtype={dtype}"], binary=binary,
                                              metrics=False, http=False, log_requests=False,
                                              intra_op_threads=1, cpus=[cpu], stop_timeout_s=60,
                                              remove_log=True).__enter__()
@@ -293,8 +296,10 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
 
 def start_engine(engine: str, model: str, args, dims: dict, parallel: int = 1):
     twin = os.path.join(args.twins, model)
-    if engine == "tost":
-        return TostEngine(args.tost_server, os.path.join(args.twins, "tost-repo", model), model, args.cpu)
+    if engine == "tost" or engine.startswith("tost-"):
+        dtype = engine.split("-", 1)[1] if "-" in engine else "fp32"
+        return TostEngine(args.tost_server, os.path.join(args.twins, "tost-repo", model), model, args.cpu,
+                          dtype)
     if engine.startswith("llama-"):
         # With several slots each needs only the stream test's prompt and reply, not the whole context.
         slot_ctx = dims["context_length"] if parallel == 1 else 256
