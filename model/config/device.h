@@ -70,9 +70,9 @@ struct Placement {
   // reduced dtype (a Placement built by hand) means CpuProductsFor(dtype).
   CpuProducts cpu_products = CpuProducts::kFloat32;
 
-  std::string DeviceString() const;
+  std::string DeviceString() const;  // "cpu" or "cuda:N"
   // The CPU product path these weights take (kFloat32 at fp32).
-  CpuProducts CpuProductsUsed() const;  // "cpu" or "cuda:N"
+  CpuProducts CpuProductsUsed() const;
 };
 
 // The server's choice, overridden per model by config.json's "serving" object. FAILED_PRECONDITION
