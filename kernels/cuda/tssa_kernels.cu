@@ -211,8 +211,9 @@ __device__ __forceinline__ float WarpMax(float v) {
 // Per-head sums Σ_{c<p} q(k·p + c) for every head k handled by the calling warp. Lanes form groups
 // of `group` lanes (power of two, ≤ 32), one head per group per pass; passes first_pass,
 // first_pass + pass_stride, ... cover the heads. The group leader hands (k, sum) to `sink`.
-// Must be called by all 32 lanes of the warp (the pass loop is warp-uniform).
-template <typename Q, typename Sink>
+// Must be called by all 32 lanes of the warp (the pass loop is warp-uniform). kUnroll unrolls the
+// channel loop (the same sum order at any value): 4 where the registers allow it.
+template <int kUnroll, typename Q, typename Sink>
 __device__ __forceinline__ void HeadSums(int heads, int p, int group, int first_pass,
                                          int pass_stride, Q q, Sink sink) {
   const int lane = threadIdx.x & (kWarpSize - 1);
@@ -225,7 +226,7 @@ __device__ __forceinline__ void HeadSums(int heads, int p, int group, int first_
     if (k < heads) {
       const int base = k * p;
       // Unrolled, the loads of several channels are in flight at once (one sum, the same order).
-#pragma unroll 4
+#pragma unroll(kUnroll)
       for (int c = gl; c < p; c += group) s += q(base + c);
     }
     for (int o = group >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
@@ -414,7 +415,7 @@ __global__ void __launch_bounds__(kColumnThreads, kStatsMinBlocks)
         float inv[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) inv[i] = 1.f / (nub[c + i] * nub[c + i]);
-        constexpr int kInFlight = 4;
+        constexpr int kInFlight = sizeof(T) == 2 ? 2 : 4;  // spill-free within 64 registers
         for (int r0 = r_first; r0 < n; r0 += cols.groups * kInFlight) {
           Pack<T, V> raw[kInFlight];
 #pragma unroll
@@ -439,7 +440,7 @@ __global__ void __launch_bounds__(kColumnThreads, kStatsMinBlocks)
     for (int r = warp; r < n; r += nwarps) {
       const float* row = q_s + r * D;
       float* prow = pi_s + (ts + r) * K;
-      HeadSums(
+      HeadSums<4>(
           K, p, group, 0, 1, [&](int c) { return row[c]; },
           [&](int k, float s) { prow[k] = s * temp[k]; });
       __syncwarp();
@@ -655,7 +656,8 @@ __global__ void __launch_bounds__(kRowThreads, CausalStatsMinBlocks(CPT))
       const float* qrow = q_s + j * D;
       float* prow = pi_s + j * K;
       const float* db = denom_bias + (pos_ok ? pos0 + ts + j : 0);
-      HeadSums(
+      // At 16 channels a thread the unrolled loop costs CausalStats a spill (80 registers).
+      HeadSums<CPT >= 16 ? 1 : 4>(
           K, p, group, 0, 1, [&](int c) { return qrow[c]; },
           [&](int k, float s) {
             prow[k] = (s + pf * (pos_ok ? db[k * tmax] : __int_as_float(0x7fc00000))) * temp[k];
@@ -801,7 +803,7 @@ __global__ void __launch_bounds__(kRowThreads, StepMinBlocks(CPT))
     }
   }
   __syncthreads();
-  HeadSums(
+  HeadSums<4>(
       K, p, group, warp, nwarps, [&](int c) { return q_s[c]; },
       [&](int k, float s) {
         pi_s[k] = (s + pf * (pos_ok ? db[k * tmax] : __int_as_float(0x7fc00000))) * temp[k];
