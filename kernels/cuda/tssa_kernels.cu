@@ -21,6 +21,7 @@
 //   step    : one block per sequence; all heads of the token in one block (softmax couples them).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/device_launch.h"
 #include "kernels/cuda/tssa_cuda.h"
@@ -415,7 +416,9 @@ __global__ void __launch_bounds__(kColumnThreads, kStatsMinBlocks)
         float inv[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) inv[i] = 1.f / (nub[c + i] * nub[c + i]);
-        constexpr int kInFlight = sizeof(T) == 2 ? 2 : 4;  // spill-free within 64 registers
+        // Four units in flight; two for float16, whose conversions cost ptxas an 8-byte spill at
+        // four within the 64-register cap (float32 and bfloat16 fit).
+        constexpr int kInFlight = std::is_same_v<T, __half> ? 2 : 4;
         for (int r0 = r_first; r0 < n; r0 += cols.groups * kInFlight) {
           Pack<T, V> raw[kInFlight];
 #pragma unroll
