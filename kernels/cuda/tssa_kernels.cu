@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 // softmax) and the columns phase (threads own channels: Σ_t Π·w²). Read from device memory twice,
 // the second read mostly missed L1 (38 % hits on an H100): the kernel moved twice the bytes it
 // needed. So the chunk passes through shared memory in tiles of `tile_rows` rows, each read from
-// device memory once, 16 bytes a load, and kept as q = w²/ν² in float32, what the rows phase sums;
+// device memory once in vector loads, and kept as q = w²/ν² in float32, what the rows phase sums;
 // the columns phase sums Π·q and scales by ν² once at the end.
 //
 // Columns: D/V threads cover a row (96 of 256 at D = 384 in float32), so the block splits into
@@ -408,8 +408,8 @@ __global__ void __launch_bounds__(kColumnThreads, kStatsMinBlocks)
   for (int ts = 0; ts < rows; ts += tile_rows) {
     const int n = min(tile_rows, rows - ts);
     // The tile: this thread's channels of rows ts + r, r ≡ rg (mod groups) (chunk row order, as
-    // the columns phase sums them), a few 16-byte loads in flight (V > 1 only when D % V == 0 and
-    // w is 16-byte aligned).
+    // the columns phase sums them), a few vector loads in flight (V > 1 only when D % V == 0 and
+    // w is 16-byte aligned: 16 bytes a load in float32, 8 in 2-byte types).
     const int r_first = (rg - ts % cols.groups + cols.groups) % cols.groups;
     if (rg < cols.groups) {
       for (int c = c_first; c < D; c += c_stride) {
