@@ -1,5 +1,9 @@
 #include "model/config/device.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
@@ -69,9 +73,12 @@ CpuFlags DetectCpuFlags() {
   __builtin_cpu_init();
   f.avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
-  f.amx_bf16 = __builtin_cpu_supports("amx-bf16");
-  f.f16c = __builtin_cpu_supports("f16c");
+  // CPUID directly for these three: clang's __builtin_cpu_supports does not know their names.
+  // Each needs the OS to save the vector registers it uses, which avx512f and avx imply.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512_core && ((a >> 5) & 1);
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.amx_bf16 = (d >> 22) & 1;
+  if (__get_cpuid(1, &a, &b, &c, &d)) f.f16c = __builtin_cpu_supports("avx") && ((c >> 29) & 1);
 #endif
   return f;
 }
