@@ -1,8 +1,8 @@
-// Models placed by a Placement (model/config/device.h): the shipped models with bfloat16 and
-// float16 weights on the CPU agree with float32 through each product path (this CPU's own and the
-// widening fallback of CPUs without AVX-512), store their weights in half the bytes, and carry
-// sequence states across precisions; a model whose config.json asks for a CUDA device the process
-// does not see fails alone while the rest of the repository loads.
+// Models placed by a Placement (model/config/device.h): the shipped models with bfloat16, float16
+// and int8 weights on the CPU agree with float32 through each product path (this CPU's own and the
+// widening fallback of CPUs without AVX-512), store their weights in half the bytes (a quarter for
+// int8's dense layers), and carry sequence states across precisions; a model whose config.json asks
+// for a CUDA device the process does not see fails alone while the rest of the repository loads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -107,7 +107,7 @@ TEST_P(ReducedPrecisionTest, LanguageModelAgreesWithFloat32) {
   EXPECT_EQ(sa.position, sb.position);
 }
 
-TEST_P(ReducedPrecisionTest, WeightsAreStoredInHalfTheBytes) {
+TEST_P(ReducedPrecisionTest, WeightsAreStoredInTheReducedBytes) {
   const std::string lm_dir = ShippedModel("tost-austen"), vision_dir = ShippedModel("tost-digits");
   const ModelConfig lm_config = *LoadModelConfig(lm_dir),
                     vision_config = *LoadModelConfig(vision_dir);
@@ -116,6 +116,21 @@ TEST_P(ReducedPrecisionTest, WeightsAreStoredInHalfTheBytes) {
   const auto v32 = VisionModel::Load(vision_dir, vision_config, Placement{});
   const auto v = VisionModel::Load(vision_dir, vision_config, placement());
   ASSERT_TRUE(lm32.ok() && lm.ok() && v32.ok() && v.ok());
+  const double v_ratio = static_cast<double>((*v)->ForwardMinBytes(0)) / (*v32)->ForwardMinBytes(0);
+  if (GetParam().dtype == ComputeDtype::kInt8) {
+    // What a decode step reads: the blocks' dense weights (c_attn and c_proj C → C, the MLP's
+    // C → rC → C) at 1 byte and their float32 scales (one per output channel), the tied table at
+    // bf16's 2 bytes (language_model.cc), the rest (norms, layer scales, temperatures) at 4.
+    const LanguageConfig& c = lm_config.language;
+    const int64_t dense = c.n_layer * (2 + 2 * c.mlp_ratio) * c.n_embd * c.n_embd;
+    const int64_t scales = c.n_layer * (1 + 1 + c.mlp_ratio + 1) * c.n_embd * 4;
+    const int64_t table = c.vocab_size * c.n_embd;
+    const int64_t want = (*lm32)->DecodeStepBytes(0) - 3 * dense + scales - 2 * table;
+    EXPECT_EQ((*lm)->DecodeStepBytes(0), want) << "of " << (*lm32)->DecodeStepBytes(0);
+    // The classifier's stem, embeddings and norms stay float32: its dense layers are most of it.
+    EXPECT_LT(v_ratio, 0.4) << (*v)->ForwardMinBytes(0) << " of " << (*v32)->ForwardMinBytes(0);
+    return;
+  }
   // What a decode step reads: every dense weight and the tied output projection at 2 bytes, the
   // norms, layer scales and TSSA temperatures (a few KB) at 4.
   const double lm_ratio =
@@ -123,7 +138,6 @@ TEST_P(ReducedPrecisionTest, WeightsAreStoredInHalfTheBytes) {
   EXPECT_GT(lm_ratio, 0.49);
   EXPECT_LT(lm_ratio, 0.52) << (*lm)->DecodeStepBytes(0) << " of " << (*lm32)->DecodeStepBytes(0);
   // The classifier's stem, embeddings and norms stay float32: its dense layers are most of it.
-  const double v_ratio = static_cast<double>((*v)->ForwardMinBytes(0)) / (*v32)->ForwardMinBytes(0);
   EXPECT_LT(v_ratio, 0.6) << (*v)->ForwardMinBytes(0) << " of " << (*v32)->ForwardMinBytes(0);
 }
 
@@ -206,7 +220,8 @@ INSTANTIATE_TEST_SUITE_P(DTypes, ReducedPrecisionTest,
                          ::testing::Values(Reduced{ComputeDtype::kBFloat16, CpuProducts::kFloat32},
                                            Reduced{ComputeDtype::kFloat16, CpuProducts::kFloat32},
                                            Reduced{ComputeDtype::kBFloat16, CpuProducts::kWiden},
-                                           Reduced{ComputeDtype::kFloat16, CpuProducts::kWiden}),
+                                           Reduced{ComputeDtype::kFloat16, CpuProducts::kWiden},
+                                           Reduced{ComputeDtype::kInt8, CpuProducts::kFloat32}),
                          [](const auto& info) {
                            return std::string(ComputeDtypeName(info.param.dtype)) +
                                   (info.param.products == CpuProducts::kWiden ? "_widened"
