@@ -196,11 +196,15 @@ absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
   if (p.cuda && p.dtype == ComputeDtype::kInt8) {
     // int8 is a CPU storage format here (weight-only products through the CPU's kernels); the
     // CUDA path computes in the weights' dtype and has no int8 kernels.
-    const std::string field = model_dtype.has_value() ? "config.json serving.dtype" : "--dtype";
+    const bool per_model = model_dtype.has_value();
+    const std::string field = per_model ? "config.json serving.dtype" : "--dtype";
+    const std::string who =
+        model_name.empty() ? field : absl::StrCat("model \"", model_name, "\" (", field, ")");
     return absl::InvalidArgumentError(absl::StrCat(
-        model_name.empty() ? std::string("the server") : absl::StrCat("model \"", model_name, "\""),
-        " (", field, "): int8 is served on the CPU only, but the model is placed on ",
-        p.DeviceString(), "; expected fp32, bf16 or fp16 there (or --device=cpu for int8)"));
+        who, ": int8 is served on the CPU only, but the ", model_name.empty() ? "server" : "model",
+        "'s device is ", p.DeviceString(), "; expected fp32, bf16 or fp16 on CUDA (or ",
+        model_device.has_value() || per_model ? "serving.device \"cpu\"" : "--device=cpu",
+        " for int8)"));
   }
   if (!p.cuda) p.cpu_products = CpuProductsFor(p.dtype);
   return p;

@@ -57,15 +57,23 @@ TEST(Placement, Int8IsRefusedOnCudaNamingTheModelTheFieldAndTheAllowedDtypes) {
   const auto server =
       ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 1, "lm");
   ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(server.status().message().find("model \"lm\" (--dtype): int8 is served on the CPU "
-                                           "only, but the model is placed on cuda:0; expected "
-                                           "fp32, bf16 or fp16 there"),
+  EXPECT_NE(server.status().message().find(
+                "model \"lm\" (--dtype): int8 is served on the CPU only, but the model's device "
+                "is cuda:0; expected fp32, bf16 or fp16 on CUDA (or --device=cpu for int8)"),
             std::string::npos)
       << server.status();
+  const auto flags = ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 1, "");
+  EXPECT_NE(flags.status().message().find(
+                "--dtype: int8 is served on the CPU only, but the server's device is cuda:0"),
+            std::string::npos)
+      << flags.status();
   const auto model = ResolvePlacement({Kind::kCuda, 0}, ComputeDtype::kFloat32, std::nullopt,
                                       ComputeDtype::kInt8, 1, "lm");
   ASSERT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("model \"lm\" (config.json serving.dtype): int8"),
+            std::string::npos)
+      << model.status();
+  EXPECT_NE(model.status().message().find("(or serving.device \"cpu\" for int8)"),
             std::string::npos)
       << model.status();
   // The same model on the CPU (auto without a GPU, or a per-model device) takes int8.
