@@ -47,8 +47,8 @@ struct ServerOptions {
   int connection_receive_buffer_bytes = 65'536;
   int intra_op_threads = 1;  // LibTorch threads; 0 = one per core
   // Where models run (model/config/device.h): auto (the first CUDA device, else the CPU), cpu,
-  // cuda, cuda:N; config.json "serving" overrides per model. dtype: fp32, bf16 or fp16 on CUDA (the
-  // CPU runs fp32).
+  // cuda, cuda:N; config.json "serving" overrides per model. dtype: fp32, bf16 or fp16 anywhere,
+  // int8 on the CPU only (device.h).
   std::string device = "auto";
   std::string dtype = "fp32";
   // CUDA language models: decode steps replayed from CUDA graphs captured per batch bucket (each

@@ -58,10 +58,11 @@ ABSL_FLAG(std::string, device, "auto",
           "there is none stops the server");
 ABSL_FLAG(
     std::string, dtype, "fp32",
-    "Model precision: fp32, bf16 or fp16. On CUDA the weights and activations; on the CPU the "
-    "dense weights and embeddings, stored in that precision at load (activations, norms and "
-    "TSSA statistics stay fp32 everywhere, so state blobs move between precisions); "
-    "config.json \"serving\": {\"dtype\": ...} overrides it per model");
+    "Model precision: fp32, bf16, fp16 or int8 (the CPU only). On CUDA the weights and "
+    "activations; on the CPU the dense weights and embeddings, stored in that precision at load "
+    "(int8: the dense weights quantised per output channel, the tied embedding bf16; "
+    "activations, norms and TSSA statistics stay fp32 everywhere, so state blobs move between "
+    "precisions); config.json \"serving\": {\"dtype\": ...} overrides it per model");
 ABSL_FLAG(bool, cuda_graphs, true,
           "CUDA language models: replay decode steps from CUDA graphs captured per batch bucket "
           "(each checked against the eager step when captured; ServerStatus decode_mode says which "

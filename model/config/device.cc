@@ -40,6 +40,8 @@ const char* ComputeDtypeName(ComputeDtype d) {
       return "bf16";
     case ComputeDtype::kFloat16:
       return "fp16";
+    case ComputeDtype::kInt8:
+      return "int8";
   }
   return "?";
 }
@@ -54,6 +56,8 @@ const char* CpuProductsName(CpuProducts p) {
       return "fp16-gemv";
     case CpuProducts::kWiden:
       return "widen-to-fp32";
+    case CpuProducts::kInt8:
+      return "int8-weights";
   }
   return "?";
 }
@@ -98,6 +102,8 @@ CpuProducts CpuProductsFor(ComputeDtype dtype) {
       return Flags().avx512_core ? CpuProducts::kOneDnnBf16 : CpuProducts::kWiden;
     case ComputeDtype::kFloat16:
       return CpuProducts::kHalfGemv;
+    case ComputeDtype::kInt8:
+      return CpuProducts::kInt8;
   }
   return CpuProducts::kWiden;
 }
@@ -155,8 +161,9 @@ absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view text, absl::str
   if (text == "fp32" || text == "float32") return ComputeDtype::kFloat32;
   if (text == "bf16" || text == "bfloat16") return ComputeDtype::kBFloat16;
   if (text == "fp16" || text == "float16") return ComputeDtype::kFloat16;
+  if (text == "int8") return ComputeDtype::kInt8;
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected fp32, bf16 or fp16, got ", Quoted(text)));
+      absl::StrCat(field, ": expected fp32, bf16, fp16 or int8, got ", Quoted(text)));
 }
 
 absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
@@ -190,9 +197,22 @@ absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
       p.index = spec.index;
       break;
   }
-  // Every dtype is served on both kinds of device: on the CPU it is the weights' storage
-  // (device.h), each precision with the product path this CPU makes fastest.
+  // fp32, bf16 and fp16 are served on both kinds of device: on the CPU they are the weights'
+  // storage (device.h), each precision with the product path this CPU makes fastest.
   p.dtype = model_dtype.has_value() ? *model_dtype : server_dtype;
+  if (p.cuda && p.dtype == ComputeDtype::kInt8) {
+    // int8 is a CPU storage format here (weight-only products through the CPU's kernels); the
+    // CUDA path computes in the weights' dtype and has no int8 kernels.
+    const bool per_model = model_dtype.has_value();
+    const std::string field = per_model ? "config.json serving.dtype" : "--dtype";
+    const std::string who =
+        model_name.empty() ? field : absl::StrCat("model \"", model_name, "\" (", field, ")");
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": int8 is served on the CPU only, but the ", model_name.empty() ? "server" : "model",
+        "'s device is ", p.DeviceString(), "; expected fp32, bf16 or fp16 on CUDA (or ",
+        model_device.has_value() || per_model ? "serving.device \"cpu\"" : "--device=cpu",
+        " for int8)"));
+  }
   if (!p.cuda) p.cpu_products = CpuProductsFor(p.dtype);
   return p;
 }

@@ -26,8 +26,9 @@ struct DeviceSpec {
 // weights (and the tied embedding) are stored in, converted at load from the file's weights;
 // activations, norms, softmaxes and the TSSA kernels stay float32 there (the CPU TSSA kernels are
 // float32 kernels). TSSA statistics and reductions are float32 everywhere, so a state blob is the
-// same whatever the dtype.
-enum class ComputeDtype { kFloat32, kBFloat16, kFloat16 };
+// same whatever the dtype. kInt8 is the CPU only (weight-only quantisation, CpuProducts::kInt8);
+// ResolvePlacement refuses it on CUDA.
+enum class ComputeDtype { kFloat32, kBFloat16, kFloat16, kInt8 };
 const char* ComputeDtypeName(ComputeDtype d);
 
 // How the CPU multiplies activations by weights stored in reduced precision:
@@ -38,8 +39,14 @@ const char* ComputeDtypeName(ComputeDtype d);
 //                  (F16C conversions, fp32 accumulation), more rows widen the weight to fp32 for
 //                  the product (oneDNN has no fp16 products without avx512_fp16/AMX-FP16);
 //   kWiden         bf16 or fp16 weights widened to fp32 for every product: correct everywhere,
-//                  the path of CPUs without AVX-512 for bf16 (it halves the memory only).
-enum class CpuProducts { kFloat32, kOneDnnBf16, kHalfGemv, kWiden };
+//                  the path of CPUs without AVX-512 for bf16 (it halves the memory only);
+//   kInt8          int8 weights [out, in] with a float32 scale per output channel (symmetric,
+//                  absmax/127, computed at load from the float32 weights), activations cast to
+//                  bf16 for the product only: up to kInt8PackRows rows through LibTorch's
+//                  int8-weight matrix product (it reads the int8 weights as stored), more rows
+//                  widen the weight to bf16 for a oneDNN product (linear_layer.h has the
+//                  measurements).
+enum class CpuProducts { kFloat32, kOneDnnBf16, kHalfGemv, kWiden, kInt8 };
 const char* CpuProductsName(CpuProducts p);
 // The path this CPU takes for weights in `dtype` (its instructions, checked at run time).
 CpuProducts CpuProductsFor(ComputeDtype dtype);
@@ -47,7 +54,7 @@ CpuProducts CpuProductsFor(ComputeDtype dtype);
 std::string CpuPrecisionFlags();
 
 // Parse errors are INVALID_ARGUMENT naming `field` (a flag or a config.json key) and quoting the
-// text received.
+// text received. ParseComputeDtype takes fp32, bf16, fp16 and int8 (and their long names).
 absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text, absl::string_view field);
 absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view text, absl::string_view field);
 
@@ -77,7 +84,9 @@ struct Placement {
 
 // The server's choice, overridden per model by config.json's "serving" object. FAILED_PRECONDITION
 // when CUDA is asked for (explicitly) and the process sees no such device, naming the model (empty
-// for the server's own flags) and what was asked and what there is.
+// for the server's own flags) and what was asked and what there is; INVALID_ARGUMENT when int8 is
+// asked for on a CUDA device, naming the model, the field (--dtype or serving.dtype) and the
+// dtypes CUDA allows.
 absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
                                            ComputeDtype server_dtype,
                                            const std::optional<DeviceSpec>& model_device,

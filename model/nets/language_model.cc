@@ -167,21 +167,29 @@ struct LanguageModel::Impl {
       streamed_weight_bytes += t.nbytes();
     };
     move(ln_f.weight), move(ln_f.bias);
+    // At int8 the tied table (embedding and output projection) stays bf16 with the bf16 path's
+    // float32-output product: both int8 products write bf16 before the per-channel scale, which
+    // is what flipped greedy choices at bf16 (below), and the table is read at the fed tokens
+    // too, where one bf16 row is as cheap as an int8 one.
+    const at::ScalarType table_dtype =
+        weight_dtype == at::kChar ? at::ScalarType(at::kBFloat16) : weight_dtype;
     if (!placement.cuda && weight_dtype != at::kFloat) {
       // A step reads the output projection whole, and wte's rows only at the fed tokens: both
       // are the one reduced-precision table. Its bf16 product widens the weight to fp32
       // rather than going through oneDNN, whose bf16 products write bf16: logits of magnitude ~10
       // rounded to bf16's 8 bits flipped 1.7% of tost-austen's greedy choices against fp32, and
       // 0.4% with fp32 logits (tools/bench/precision_quality.py). fp16 results keep 11 bits.
-      wte = wte.to(device, weight_dtype).contiguous();
+      wte = wte.to(device, table_dtype).contiguous();
       lm_head.emplace(wte, at::Tensor());
-      lm_head->Place(device, weight_dtype,
-                     products == CpuProducts::kOneDnnBf16 ? CpuProducts::kWiden : products);
+      lm_head->Place(device, table_dtype,
+                     products == CpuProducts::kOneDnnBf16 || products == CpuProducts::kInt8
+                         ? CpuProducts::kWiden
+                         : products);
       streamed_weight_bytes += lm_head->nbytes();
     } else {
       move(wte);
     }
-    wpe = wpe.to(device, weight_dtype).contiguous();
+    wpe = wpe.to(device, table_dtype).contiguous();
     per_position_bytes = wpe.nbytes() / wpe.size(0);
     for (Block& b : blocks) {
       for (at::Tensor* t :

@@ -14,6 +14,8 @@ inline c10::ScalarType ComputeScalarType(ComputeDtype d) {
       return c10::kBFloat16;
     case ComputeDtype::kFloat16:
       return c10::kHalf;
+    case ComputeDtype::kInt8:
+      return c10::kChar;  // the CPU's dense weights (quantised); ResolvePlacement keeps it off CUDA
     case ComputeDtype::kFloat32:
       break;
   }

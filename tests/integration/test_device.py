@@ -31,7 +31,7 @@ def _run_server(*args, timeout=60):
 
 @pytest.mark.parametrize("args, expected", [
     (["--device=gpu"], '--device: expected auto, cpu, cuda or cuda:N (N a device index), got \\"gpu\\"'),
-    (["--dtype=int8"], '--dtype: expected fp32, bf16 or fp16, got \\"int8\\"'),
+    (["--dtype=int4"], '--dtype: expected fp32, bf16, fp16 or int8, got \\"int4\\"'),
     (["--device=cuda:7"], "--device asks for cuda:7 but this process sees"),
 ])
 def test_bad_or_unavailable_device_stops_the_server_with_the_reason(args, expected):
@@ -40,6 +40,16 @@ def test_bad_or_unavailable_device_stops_the_server_with_the_reason(args, expect
     result = _run_server(*args)
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr
+
+
+def test_int8_on_cuda_stops_the_server_naming_the_field():
+    if _cuda_devices() == 0:
+        pytest.skip("no CUDA device: int8 on the CPU is served (below)")
+    result = _run_server("--device=cuda", "--dtype=int8")
+    assert result.returncode != 0
+    assert "--dtype: int8 is served on the CPU only, but the server's device is cuda:0" in result.stderr, \
+        result.stderr
+    assert "expected fp32, bf16 or fp16 on CUDA" in result.stderr, result.stderr
 
 
 def test_cuda_where_there_is_none_stops_the_server():
@@ -111,12 +121,12 @@ def _generate(stub, pb2, **request):
 
 
 def test_cpu_serves_reduced_precision_weights_and_blobs_cross_precisions(proto_modules, key_file):
-    """--dtype=bf16/fp16 take effect on the CPU (ListModels says so, the log names the product
+    """--dtype=bf16/fp16/int8 take effect on the CPU (ListModels says so, the log names the product
     path), and a state blob made at one precision continues at another: statistics stay float32."""
     pb2, pb2_grpc = proto_modules
     models = os.path.join(SOURCE_DIR, "models")
     servers = {d: RunningServer(models, (f"--session_key_file={key_file}", "--device=cpu", f"--dtype={d}"))
-               for d in ("fp32", "bf16", "fp16")}
+               for d in ("fp32", "bf16", "fp16", "int8")}
     try:
         stubs = {}
         for d, s in servers.items():
@@ -128,7 +138,8 @@ def test_cpu_serves_reduced_precision_weights_and_blobs_cross_precisions(proto_m
             s.log.flush()
             log = open(s.log.name, encoding="utf-8").read()
             assert "cpu_precision_flags" in log and "cpu_products" in log, log
-        for a, b in (("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "fp32"), ("fp32", "fp16")):
+        for a, b in (("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "fp32"), ("fp32", "fp16"), ("int8", "fp32"),
+                     ("fp32", "int8")):
             first, final = _generate(stubs[a], pb2, model="tost-austen", prompt_bytes=b"It was a truth ",
                                      max_new_tokens=6, return_state=True)
             assert len(first) == 6 and final.state

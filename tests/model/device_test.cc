@@ -45,10 +45,45 @@ TEST(ComputeDtype, ParsesShortAndLongNames) {
   EXPECT_EQ(*ParseComputeDtype("fp32", "--dtype"), ComputeDtype::kFloat32);
   EXPECT_EQ(*ParseComputeDtype("bfloat16", "--dtype"), ComputeDtype::kBFloat16);
   EXPECT_EQ(*ParseComputeDtype("fp16", "--dtype"), ComputeDtype::kFloat16);
-  const auto bad = ParseComputeDtype("int8", "--dtype");
+  EXPECT_EQ(*ParseComputeDtype("int8", "serving.dtype"), ComputeDtype::kInt8);
+  const auto bad = ParseComputeDtype("int4", "--dtype");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("--dtype: expected fp32, bf16 or fp16, got \"int8\""),
-            std::string::npos);
+  EXPECT_NE(bad.status().message().find("--dtype: expected fp32, bf16, fp16 or int8, got \"int4\""),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(Placement, Int8IsRefusedOnCudaNamingTheModelTheFieldAndTheAllowedDtypes) {
+  const auto server =
+      ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 1, "lm");
+  ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().message().find(
+                "model \"lm\" (--dtype): int8 is served on the CPU only, but the model's device "
+                "is cuda:0; expected fp32, bf16 or fp16 on CUDA (or --device=cpu for int8)"),
+            std::string::npos)
+      << server.status();
+  const auto flags = ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 1, "");
+  EXPECT_NE(flags.status().message().find(
+                "--dtype: int8 is served on the CPU only, but the server's device is cuda:0"),
+            std::string::npos)
+      << flags.status();
+  const auto model = ResolvePlacement({Kind::kCuda, 0}, ComputeDtype::kFloat32, std::nullopt,
+                                      ComputeDtype::kInt8, 1, "lm");
+  ASSERT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("model \"lm\" (config.json serving.dtype): int8"),
+            std::string::npos)
+      << model.status();
+  EXPECT_NE(model.status().message().find("(or serving.device \"cpu\" for int8)"),
+            std::string::npos)
+      << model.status();
+  // The same model on the CPU (auto without a GPU, or a per-model device) takes int8.
+  const Placement cpu =
+      *ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 0, "lm");
+  EXPECT_EQ(cpu.dtype, ComputeDtype::kInt8);
+  EXPECT_EQ(cpu.CpuProductsUsed(), CpuProducts::kInt8);
+  EXPECT_TRUE(ResolvePlacement({Kind::kCuda, 0}, ComputeDtype::kInt8, DeviceSpec{Kind::kCpu, 0},
+                               std::nullopt, 1, "lm")
+                  .ok());
 }
 
 TEST(Placement, AutoTakesTheFirstCudaDeviceWhenThereIsOne) {
@@ -98,7 +133,8 @@ TEST(Placement, AModelOverridesTheServersDeviceAndDtype) {
 }
 
 TEST(Placement, EveryDtypeTakesEffectOnTheCpuWithThePathThisCpuMakesFastest) {
-  for (ComputeDtype d : {ComputeDtype::kFloat32, ComputeDtype::kBFloat16, ComputeDtype::kFloat16}) {
+  for (ComputeDtype d : {ComputeDtype::kFloat32, ComputeDtype::kBFloat16, ComputeDtype::kFloat16,
+                         ComputeDtype::kInt8}) {
     const Placement p =
         *ResolvePlacement({Kind::kCpu, 0}, ComputeDtype::kFloat32, std::nullopt, d, 0, "m");
     EXPECT_EQ(p.dtype, d);
@@ -107,6 +143,7 @@ TEST(Placement, EveryDtypeTakesEffectOnTheCpuWithThePathThisCpuMakesFastest) {
   }
   EXPECT_EQ(CpuProductsFor(ComputeDtype::kFloat32), CpuProducts::kFloat32);
   EXPECT_EQ(CpuProductsFor(ComputeDtype::kFloat16), CpuProducts::kHalfGemv);
+  EXPECT_EQ(CpuProductsFor(ComputeDtype::kInt8), CpuProducts::kInt8);
   // bf16 goes through oneDNN where there is AVX-512, else it widens to fp32 per product.
   const bool avx512 = CpuPrecisionFlags().find("no-avx512 ") == std::string::npos;
   EXPECT_EQ(CpuProductsFor(ComputeDtype::kBFloat16),
@@ -145,7 +182,7 @@ TEST(ModelConfigServing, RefusesMalformedServingNamingFileAndKey) {
   for (const auto& [serving, expected] : std::vector<std::pair<std::string, std::string>>{
            {R"(, "serving": "cuda")", "\"serving\" must be an object"},
            {R"(, "serving": {"device": "tpu"})", "serving.device: expected auto, cpu"},
-           {R"(, "serving": {"dtype": "fp8"})", "serving.dtype: expected fp32, bf16 or fp16"},
+           {R"(, "serving": {"dtype": "fp8"})", "serving.dtype: expected fp32, bf16, fp16 or int8"},
            {R"(, "serving": {"device": 0})", "serving.device must be a string"},
            {R"(, "serving": {"devices": "cpu"})", "unknown key \"devices\""}}) {
     const auto cfg = ParseModelConfig(LanguageConfigJson(serving), "m/config.json");
