@@ -159,8 +159,8 @@ const auto kDTypes = ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf);
 // every per-thread channel count of the row kernels (1, 2, 4, 8, 16, 32).
 // Also K = 1, K = 1024 (p = 1) and D = 1280 with K = 20.
 // The stats kernel's tiles of w² in shared memory: one tile per chunk, several tiles with one row
-// group (D 1280, D 8192 at one row a tile) and with two (D 392 and 384 at 16-token chunks: 10 rows
-// a tile), and one-token chunks (a row of D 8192 fits beside K 1024's Π only so).
+// group (D 1280, D 8192 at one row a tile) and with two (D 392 and 384 at 16-token chunks: 8 rows
+// a tile in float32), and one-token chunks (a row of D 8192 fits beside K 1024's Π only so).
 std::vector<Shape> VisionShapes() {
   if (kEmulated) {
     return {{2, 7, 20, 4},     {1, 1, 20, 4},      {3, 70, 40, 8},    {2, 20, 15, 3},
