@@ -274,7 +274,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
            {"dtype", model::ComputeDtypeName(m.placement.dtype)},
            // Which product path the CPU's instructions gave the weights' precision.
            {"cpu_products",
-            m.placement.cuda ? "cuda" : model::CpuProductsName(m.placement.CpuProductsUsed())}});
+            m.placement.cuda ? "cuda" : model::CpuProductsName(m.placement.CpuProductsUsed())},
+           // A language model's lean CPU decode step: the memory its packed weights take.
+           {"lean_decode_bytes", m.language != nullptr ? m.language->LeanDecodeBytes() : 0}});
       server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
                                       m.language != nullptr);
     } else {

@@ -797,6 +797,26 @@ def write_fixtures(out: str) -> List[Dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
+# The server's precision names (model/config/device.cc ParseComputeDtype), long forms to short.
+DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+               "fp16": "fp16", "float16": "fp16", "int8": "int8"}
+
+
+def parse_dtypes(text: str) -> List[str]:
+    """--dtypes "fp32,bf16" -> ["fp32", "bf16"]: known names, each once, at least one."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ConversionError(f"--dtypes: expected a comma-separated list of fp32, bf16, fp16, int8, got {text!r}")
+    out: List[str] = []
+    for n in names:
+        if n not in DTYPE_NAMES:
+            raise ConversionError(f"--dtypes: expected fp32, bf16, fp16 or int8, got {n!r}")
+        if DTYPE_NAMES[n] in out:
+            raise ConversionError(f"--dtypes: {DTYPE_NAMES[n]!r} is listed twice in {text!r}")
+        out.append(DTYPE_NAMES[n])
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Convert official ToST checkpoints (vision or LM) to the "
                                              "tost-serve model repository format.")
@@ -814,6 +834,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--tokenizer-files", nargs="+", metavar="FILE", default=None,
                    help="lm: GPT-2's tokenizer, for text prompts: encoder.json and vocab.bpe, or one *.tiktoken "
                         "rank file; validated and copied into the model directory")
+    c.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="the precisions the model may be served in, comma-separated (fp32, bf16, fp16, "
+                        "int8), written as config.json serving.dtypes: list those whose quality you "
+                        "checked (tools/bench/precision_quality.py measures a language model's); the "
+                        "server refuses to load the model at any other. Default: none listed, any "
+                        "precision is allowed")
     c.add_argument("--unsafe-pickle", action="store_true",
                    help="unpickle without weights_only (runs code from the file: trusted files only)")
     f = sub.add_parser("fixtures", help="write random official-layout checkpoints, their conversions and "
@@ -829,12 +855,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.labels:
             with open(args.labels, encoding="utf-8") as fh:
                 labels = [ln.rstrip("\n") for ln in fh if ln.strip()]
+        dtypes = parse_dtypes(args.dtypes) if args.dtypes is not None else None
         # Tokenizer files first: a bad one fails in a second, before the checkpoint is read.
         gpt2 = read_tokenizer_files(args.tokenizer_files) if args.tokenizer_files else None
         ckpt = load_checkpoint(args.checkpoint, args.unsafe_pickle)
         model, config, sd = convert(ckpt, name=args.name, ema=args.ema, image_size=args.image_size,
                                     labels=labels, mean=args.mean, std=args.std,
                                     source=os.path.basename(args.checkpoint), gpt2=gpt2)
+        if dtypes is not None:
+            config.setdefault("serving", {})["dtypes"] = dtypes
         d = os.path.join(args.out, args.name)
         write_converted(model, config, sd, d, gpt2)
     except ConversionError as e:

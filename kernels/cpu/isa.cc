@@ -95,6 +95,21 @@ const RowKernels<T>& KernelsFor(CpuIsa isa) {
   }
 }
 
+const DecodeKernels& DecodeKernelsFor(CpuIsa isa) {
+  TORCH_CHECK(IsAvailable(isa), "tost CPU decode kernels: instruction set ", CpuIsaName(isa),
+              " is not available (not compiled into this build or not supported by this CPU)");
+  switch (isa) {
+#if defined(TOST_CPU_X86_ISAS)
+    case CpuIsa::kAvx512:
+      return DecodeKernelsAvx512();
+    case CpuIsa::kAvx2:
+      return DecodeKernelsAvx2();
+#endif
+    default:
+      return DecodeKernelsDefault();
+  }
+}
+
 template const RowKernels<float>& KernelsFor<float>(CpuIsa);
 template const RowKernels<double>& KernelsFor<double>(CpuIsa);
 template const RowKernels<c10::Half>& KernelsFor<c10::Half>(CpuIsa);

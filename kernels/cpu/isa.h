@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/decode_kernels.h"
 #include "kernels/cpu/row_kernels.h"
 
 namespace tost::kernels::cpu {
@@ -26,5 +27,8 @@ CpuIsa ActiveCpuIsa();
 // The kernel table of `isa`; throws c10::Error naming the ISA when it is not available here.
 template <typename T>
 const RowKernels<T>& KernelsFor(CpuIsa isa);
+
+// The lean decode step's kernel table of `isa`; throws like KernelsFor.
+const DecodeKernels& DecodeKernelsFor(CpuIsa isa);
 
 }  // namespace tost::kernels::cpu

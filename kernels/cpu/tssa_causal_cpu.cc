@@ -18,6 +18,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/arg_checks.h"
@@ -275,6 +276,25 @@ at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w_i
         if (!work.is_same(state)) state.copy_(work);
       });
   return y;
+}
+
+int64_t TssaStepRowScratch(const HeadShape& shape) {
+  return StateWidth(shape.channels, shape.heads) + PiBufferSize(kScanBlockRows, shape.heads);
+}
+
+// ScanSequential's work for one sequence of one token, on raw memory.
+void TssaStepRow(const RowKernels<float>& kernels, const HeadShape& shape, const float* w,
+                 const float* temp, const float* denom_bias, int64_t tmax, int64_t position,
+                 float* state, float* y, float* scratch) {
+  const int64_t D = shape.channels, W = StateWidth(D, shape.heads);
+  float* local = scratch;  // [local1 | local2 | local3]
+  float* pi = scratch + W;
+  std::fill_n(local, W, 0.f);
+  const RowsView<float> row{w, 1, 0};
+  kernels.causal_membership(row, shape, CausalCoeffs<float>{temp, denom_bias + position, tmax},
+                            state, local, pi, nullptr, nullptr);
+  kernels.causal_output(row, shape, pi, state + D, state + 2 * D, local + D, local + 2 * D, y);
+  Fold(state, local, W);
 }
 
 std::tuple<at::Tensor, at::Tensor> tssa_causal(const at::Tensor& w, const at::Tensor& temp,

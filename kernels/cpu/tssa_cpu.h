@@ -57,4 +57,13 @@ at::Tensor tssa_step_with(const CpuKernelOptions& options, const at::Tensor& w,
                           const at::Tensor& temp, const at::Tensor& denom_bias,
                           const at::Tensor& positions, at::Tensor& state);
 
+// One decode token of one sequence on float32 memory the caller owns (the lean decode step, which
+// runs without tensors): the arithmetic of tssa_step for that sequence, bit for bit. w [D],
+// temp [K], denom_bias [K, tmax] (row k at k·tmax), state [2D+K] updated in place, y [D]; `scratch`
+// holds TssaStepRowScratch(shape) floats. position + 1 must not exceed tmax (not checked here).
+int64_t TssaStepRowScratch(const HeadShape& shape);
+void TssaStepRow(const RowKernels<float>& kernels, const HeadShape& shape, const float* w,
+                 const float* temp, const float* denom_bias, int64_t tmax, int64_t position,
+                 float* state, float* y, float* scratch);
+
 }  // namespace tost::kernels::cpu

@@ -301,6 +301,32 @@ absl::StatusOr<ChatTemplate> ParseChatTemplateJson(const json& v, const std::str
   return t;
 }
 
+// serving.dtypes: a non-empty list of distinct precision names (ParseComputeDtype's).
+absl::StatusOr<std::vector<ComputeDtype>> ParseServingDtypes(const json& list,
+                                                             const std::string& source) {
+  if (!list.is_array() || list.empty() || list.size() > 4) {
+    return Invalid(source, absl::StrCat("serving.dtypes must be a list of 1 to 4 of fp32, bf16, "
+                                        "fp16, int8, got ",
+                                        Utf8Prefix(list.dump(), 64)));
+  }
+  std::vector<ComputeDtype> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string field = absl::StrCat("serving.dtypes[", i, "]");
+    if (!list[i].is_string()) {
+      return Invalid(
+          source, absl::StrCat(field, " must be a string, got ", Utf8Prefix(list[i].dump(), 64)));
+    }
+    absl::StatusOr<ComputeDtype> dtype = ParseComputeDtype(list[i].get<std::string>(), field);
+    if (!dtype.ok()) return Invalid(source, std::string(dtype.status().message()));
+    if (std::find(out.begin(), out.end(), *dtype) != out.end()) {
+      return Invalid(source,
+                     absl::StrCat(field, ": \"", ComputeDtypeName(*dtype), "\" is listed twice"));
+    }
+    out.push_back(*dtype);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ParseChatTemplate(const std::string& json_text,
@@ -399,14 +425,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
       const json& serving = root["serving"];
       if (!serving.is_object()) {
         return Invalid(source, absl::StrCat("\"serving\" must be an object with optional "
-                                            "\"device\" and \"dtype\", got ",
+                                            "\"device\", \"dtype\" and \"dtypes\", got ",
                                             Utf8Prefix(serving.dump(), 64)));
       }
       for (const auto& [key, value] : serving.items()) {
-        if (key != "device" && key != "dtype") {
-          return Invalid(source, absl::StrCat("\"serving\" has an unknown key \"",
-                                              Utf8Prefix(key, 64), "\" (expected device, dtype)"));
+        if (key != "device" && key != "dtype" && key != "dtypes") {
+          return Invalid(source,
+                         absl::StrCat("\"serving\" has an unknown key \"", Utf8Prefix(key, 64),
+                                      "\" (expected device, dtype, dtypes)"));
         }
+        if (key == "dtypes") continue;  // a list, read below
         if (!value.is_string()) {
           return Invalid(source, absl::StrCat("serving.", key, " must be a string, got ",
                                               Utf8Prefix(value.dump(), 64)));
@@ -423,6 +451,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
             ParseComputeDtype(serving["dtype"].get<std::string>(), "serving.dtype");
         if (!dtype.ok()) return Invalid(source, std::string(dtype.status().message()));
         cfg.serving_dtype = *dtype;
+      }
+      if (serving.contains("dtypes")) {
+        TOST_ASSIGN_OR_RETURN(cfg.serving_dtypes, ParseServingDtypes(serving["dtypes"], source));
+        if (cfg.serving_dtype.has_value() &&
+            std::find(cfg.serving_dtypes.begin(), cfg.serving_dtypes.end(), *cfg.serving_dtype) ==
+                cfg.serving_dtypes.end()) {
+          return Invalid(source,
+                         absl::StrCat("serving.dtype \"", ComputeDtypeName(*cfg.serving_dtype),
+                                      "\" is not among serving.dtypes ",
+                                      Utf8Prefix(serving["dtypes"].dump(), 64)));
+        }
       }
     }
     cfg.provenance_json = root.contains("provenance") ? root["provenance"].dump() : "{}";

@@ -94,6 +94,9 @@ struct ModelConfig {
   // this model (model/config/device.h). "dtype" above is the weight file's dtype, not this.
   std::optional<DeviceSpec> serving_device;
   std::optional<ComputeDtype> serving_dtype;
+  // "serving": {"dtypes": [...]}: the precisions this model may be served in (whoever checked its
+  // quality at each says so); empty: any. A load at another fails, naming the model and the list.
+  std::vector<ComputeDtype> serving_dtypes;
   VisionConfig vision;                        // when architecture == kVision
   LanguageConfig language;                    // when architecture == kLanguage
   std::optional<ChatTemplate> chat_template;  // tost_lm only; absent: no chat endpoint

@@ -4,6 +4,7 @@
 #include <cpuid.h>
 #endif
 
+#include <algorithm>
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
@@ -170,7 +171,8 @@ absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
                                            ComputeDtype server_dtype,
                                            const std::optional<DeviceSpec>& model_device,
                                            const std::optional<ComputeDtype>& model_dtype,
-                                           int cuda_device_count, absl::string_view model_name) {
+                                           int cuda_device_count, absl::string_view model_name,
+                                           absl::Span<const ComputeDtype> allowed_dtypes) {
   const DeviceSpec& spec = model_device.has_value() ? *model_device : server_device;
   const std::string who =
       model_device.has_value()
@@ -200,6 +202,18 @@ absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
   // fp32, bf16 and fp16 are served on both kinds of device: on the CPU they are the weights'
   // storage (device.h), each precision with the product path this CPU makes fastest.
   p.dtype = model_dtype.has_value() ? *model_dtype : server_dtype;
+  if (!allowed_dtypes.empty() &&
+      std::find(allowed_dtypes.begin(), allowed_dtypes.end(), p.dtype) == allowed_dtypes.end()) {
+    // config.json cannot name a serving.dtype outside its serving.dtypes: the server's --dtype did.
+    std::string allowed;
+    for (ComputeDtype d : allowed_dtypes) {
+      absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", ComputeDtypeName(d));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model \"", model_name, "\" (--dtype): ", ComputeDtypeName(p.dtype),
+        " is not among the precisions this model allows (config.json serving.dtypes: ", allowed,
+        "); serve it at one of those (serving.dtype sets it for this model alone)"));
+  }
   if (p.cuda && p.dtype == ComputeDtype::kInt8) {
     // int8 is a CPU storage format here (weight-only products through the CPU's kernels); the
     // CUDA path computes in the weights' dtype and has no int8 kernels.

@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace tost::model {
 
@@ -76,6 +77,11 @@ struct Placement {
   // tests may pick another path (kWiden, the fallback of CPUs without AVX-512). kFloat32 with a
   // reduced dtype (a Placement built by hand) means CpuProductsFor(dtype).
   CpuProducts cpu_products = CpuProducts::kFloat32;
+  // CPU only: decode steps of at most this many sequences run through the lean decode step
+  // (model/nets/lean_decoder.h) instead of LibTorch operators, and every batch-invariant step;
+  // -1: the language model's own limit for the dtype, 0: never (tests and benchmarks compare the
+  // two paths).
+  int64_t cpu_lean_decode_max_rows = -1;
 
   std::string DeviceString() const;  // "cpu" or "cuda:N"
   // The CPU product path these weights take (kFloat32 at fp32).
@@ -86,11 +92,13 @@ struct Placement {
 // when CUDA is asked for (explicitly) and the process sees no such device, naming the model (empty
 // for the server's own flags) and what was asked and what there is; INVALID_ARGUMENT when int8 is
 // asked for on a CUDA device, naming the model, the field (--dtype or serving.dtype) and the
-// dtypes CUDA allows.
+// dtypes CUDA allows; FAILED_PRECONDITION when the dtype is not among `allowed_dtypes` (the
+// model's serving.dtypes; empty: any), naming the model, the dtype, its field and the list.
 absl::StatusOr<Placement> ResolvePlacement(const DeviceSpec& server_device,
                                            ComputeDtype server_dtype,
                                            const std::optional<DeviceSpec>& model_device,
                                            const std::optional<ComputeDtype>& model_dtype,
-                                           int cuda_device_count, absl::string_view model_name);
+                                           int cuda_device_count, absl::string_view model_name,
+                                           absl::Span<const ComputeDtype> allowed_dtypes = {});
 
 }  // namespace tost::model

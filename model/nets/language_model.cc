@@ -28,6 +28,7 @@
 #include "model/config/tensor_list.h"
 #include "model/device/decode_graphs.h"
 #include "model/device/device_sampler.h"
+#include "model/nets/lean_decoder.h"
 #include "model/nets/linear_layer.h"
 #include "model/nets/model_stream.h"
 #include "model/nets/torch_boundary.h"
@@ -38,6 +39,25 @@ namespace tost::model {
 namespace {
 
 constexpr double kLayerNormEps = 1e-5;
+
+// The most sequences a CPU decode step runs through the lean step (lean_decoder.h); larger steps
+// go through LibTorch's matrix products, whose blocking (and, in bf16, oneDNN's bf16 dot-product
+// instructions) wins once enough rows share each weight. From tost_generation_bench
+// --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time per step): fp32
+// 0.35-0.65 at 1-64 rows; bf16 0.28 at 1 row, 0.82 at 16, 1.08 at 32; fp16 0.25-0.59 at 1-64;
+// int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows nothing was measured.
+int64_t LeanMaxRows(ComputeDtype dtype) {
+  switch (dtype) {
+    case ComputeDtype::kFloat32:
+    case ComputeDtype::kFloat16:
+      return 64;
+    case ComputeDtype::kBFloat16:
+      return 16;
+    case ComputeDtype::kInt8:
+      return 32;
+  }
+  return 0;
+}
 
 struct LayerNorm {
   at::Tensor weight, bias;
@@ -74,6 +94,10 @@ struct LanguageModel::Impl {
   std::optional<Linear> lm_head;
   std::vector<Block> blocks;
   LayerNorm ln_f;
+  // CPU: the lean decode step (lean_decoder.h), for steps of at most lean_max_rows sequences;
+  // null when Placement turns it off.
+  std::unique_ptr<LeanDecoder> lean;
+  int64_t lean_max_rows = 0;
   // As placed: the weights a decode step reads whole, and the tables it reads one row of per
   // sequence (the position embedding, the TSSA denominators).
   int64_t streamed_weight_bytes = 0;
@@ -159,6 +183,18 @@ struct LanguageModel::Impl {
     weight_dtype = ComputeScalarType(placement.dtype);
     dtype = placement.cuda ? weight_dtype : at::kFloat;
     const CpuProducts products = placement.CpuProductsUsed();
+    // The lean step packs the dense weights from their loaded form, which placing replaces.
+    std::optional<LeanDecoder::Source> lean_source;
+    if (!placement.cuda && placement.cpu_lean_decode_max_rows != 0) {
+      lean_source.emplace();
+      for (const Block& b : blocks) {
+        LeanDecoder::Layer& l = lean_source->layers.emplace_back();
+        l.c_attn_weight = b.c_attn.loaded_weight(), l.c_attn_bias = b.c_attn.loaded_bias();
+        l.c_proj_weight = b.c_proj.loaded_weight(), l.c_proj_bias = b.c_proj.loaded_bias();
+        l.c_fc_weight = b.c_fc.loaded_weight(), l.c_fc_bias = b.c_fc.loaded_bias();
+        l.mlp_proj_weight = b.mlp_proj.loaded_weight(), l.mlp_proj_bias = b.mlp_proj.loaded_bias();
+      }
+    }
     stream = ModelStreamFor(device);
     const c10::OptionalStreamGuard on_stream(stream);  // the copies ordered before its kernels
     const auto move = [&](at::Tensor& t) {
@@ -204,6 +240,20 @@ struct LanguageModel::Impl {
       streamed_weight_bytes += b.temp.nbytes();
       b.denom_bias = b.denom_bias.to(device, at::kFloat).contiguous();
       per_position_bytes += b.denom_bias.nbytes() / b.denom_bias.size(1);  // [K, context]
+    }
+    if (lean_source.has_value()) {
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const Block& b = blocks[i];
+        LeanDecoder::Layer& l = lean_source->layers[i];
+        l.ln1_weight = b.ln1.weight, l.ln1_bias = b.ln1.bias;
+        l.ln2_weight = b.ln2.weight, l.ln2_bias = b.ln2.bias;
+        l.gamma1 = b.gamma1, l.gamma2 = b.gamma2, l.temp = b.temp, l.denom_bias = b.denom_bias;
+      }
+      lean_source->ln_f_weight = ln_f.weight, lean_source->ln_f_bias = ln_f.bias;
+      lean_source->wte = wte, lean_source->wpe = wpe;
+      lean = LeanDecoder::Build(config.language, *lean_source, placement.dtype);
+      lean_max_rows = placement.cpu_lean_decode_max_rows < 0 ? LeanMaxRows(placement.dtype)
+                                                             : placement.cpu_lean_decode_max_rows;
     }
   }
 
@@ -462,6 +512,23 @@ at::Tensor LanguageModel::Impl::StepLogits(absl::Span<const int32_t> tokens,
                                            std::vector<at::Tensor>& states,
                                            bool batch_invariant) const {
   const int64_t batch = static_cast<int64_t>(tokens.size());
+  // The lean step computes every row alone whatever the batch, so it is batch-invariant at any
+  // size: in that mode it takes every step (LibTorch's invariant form is one product per row), so
+  // that a sequence's logits do not change when its step grows past lean_max_rows.
+  if (lean != nullptr && (batch_invariant || batch <= lean_max_rows)) {
+    const int64_t width = config.language.state_floats_per_layer();
+    std::vector<float*> state_rows;
+    state_rows.reserve(states.size() * tokens.size());
+    for (const at::Tensor& layer : states) {
+      float* base = layer.data_ptr<float>();
+      for (int64_t b = 0; b < batch; ++b) {
+        state_rows.push_back(base + (rows.empty() ? b : rows[b]) * width);
+      }
+    }
+    at::Tensor logits = at::empty({batch, config.language.vocab_size}, at::kFloat);
+    lean->Step(tokens, positions, state_rows, logits.data_ptr<float>());
+    return logits;
+  }
   const std::vector<int64_t> ids_host = Widen(tokens);
   // Positions were range-checked on the host: uploaded once with the ids (and rows), used by
   // every layer.
@@ -710,6 +777,10 @@ int64_t LanguageModel::DecodeStepBytes(int64_t rows) const {
   const int64_t state_bytes = c.n_layer * c.state_floats_per_layer() * 4;
   const int64_t logits_bytes = c.vocab_size * at::elementSize(m.dtype);
   return m.streamed_weight_bytes + rows * (m.per_position_bytes + 2 * state_bytes + logits_bytes);
+}
+
+int64_t LanguageModel::LeanDecodeBytes() const {
+  return impl_->lean != nullptr ? impl_->lean->bytes() : 0;
 }
 
 absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,

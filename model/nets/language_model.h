@@ -93,6 +93,10 @@ class LanguageModel {
   // the device's measured bandwidth.
   int64_t DecodeStepBytes(int64_t rows) const;
 
+  // The bytes of the lean CPU decode step's packed weights (lean_decoder.h), held beside the
+  // weights prefill reads; 0 when that step is off (CUDA, or Placement turns it off).
+  int64_t LeanDecodeBytes() const;
+
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
   // vocab].
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,

@@ -153,6 +153,10 @@ class Linear {
   }
   // The weight's dtype as stored.
   at::ScalarType weight_dtype() const { return weight_.scalar_type(); }
+  // The weight [out, in] and bias (maybe undefined) as constructed: valid until Place, which
+  // replaces them by their placed forms.
+  const at::Tensor& loaded_weight() const { return weight_; }
+  const at::Tensor& loaded_bias() const { return bias_; }
 
  private:
   static constexpr int64_t kHalfGemvRows = 2;

@@ -37,9 +37,9 @@ LoadedModel LoadModelDirectoryOrFail(const std::string& dir, const ServingOption
                                                        m.name, "\"; they must match"));
     return m;
   }
-  absl::StatusOr<Placement> placement =
-      ResolvePlacement(serving.device, serving.dtype, m.config.serving_device,
-                       m.config.serving_dtype, serving.cuda_device_count, m.name);
+  absl::StatusOr<Placement> placement = ResolvePlacement(
+      serving.device, serving.dtype, m.config.serving_device, m.config.serving_dtype,
+      serving.cuda_device_count, m.name, m.config.serving_dtypes);
   if (!placement.ok()) {
     m.status = placement.status();
     return m;

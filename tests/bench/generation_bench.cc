@@ -368,6 +368,67 @@ void RunP6InProcess(const fs::path& repo, const tost::model::LanguageConfig& c, 
       many_tps / one_tps);
 }
 
+// CPU: the lean decode step (model/nets/lean_decoder.h) against LibTorch's operators on the same
+// weights, in-process, one state-pool step of B rows at a time (greedy draws), interleaved rounds.
+// This is the table LanguageModel's lean row limits come from.
+void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& c,
+                       const Args& args) {
+  if (args.placement.cuda) return;
+  Args lean_args = args, torch_args = args;
+  lean_args.placement.cpu_lean_decode_max_rows = 64;
+  torch_args.placement.cpu_lean_decode_max_rows = 0;
+  const std::unique_ptr<tost::model::LanguageModel> lean = LoadBenchLm(repo, c, lean_args);
+  const std::unique_ptr<tost::model::LanguageModel> torch = LoadBenchLm(repo, c, torch_args);
+  const std::vector<int64_t> batches =
+      args.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64};
+  const int64_t rows = batches.back();
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(32 + i % 90);
+  auto lean_pool = lean->NewStatePool(rows);
+  auto torch_pool = torch->NewStatePool(rows);
+  if (!lean_pool.ok() || !torch_pool.ok()) std::exit(1);
+  std::vector<int64_t> all_rows(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    all_rows[r] = r;
+    if (!lean->Prefill(prompt, **lean_pool, r, 0).ok()) std::exit(1);
+    if (!torch->Prefill(prompt, **torch_pool, r, 0).ok()) std::exit(1);
+  }
+  c10::InferenceMode inference;
+  const int steps = args.quick ? 4 : 24;
+  const int rounds = args.quick ? 2 : 5;
+  std::printf(
+      "\nCPU decode step, lean vs LibTorch operators (in-process, ms/step, median of %d "
+      "interleaved rounds of %d steps at position ~100)\n  %6s %10s %10s %8s %12s\n",
+      rounds, steps, "rows", "lean", "LibTorch", "ratio", "lean tok/s");
+  for (int64_t batch : batches) {
+    const auto n = static_cast<size_t>(batch);
+    std::vector<int32_t> tokens(n, ' ');
+    std::vector<tost::model::TokenDraw> draws(n);
+    for (auto& d : draws) d.params.temperature = 0.f;
+    const auto time_steps = [&](const tost::model::LanguageModel& lm,
+                                tost::model::StatePool& pool) {
+      std::vector<int64_t> positions(n, static_cast<int64_t>(prompt.size()));
+      const auto t0 = Clock::now();
+      for (int k = 0; k < steps; ++k) {
+        auto drawn = lm.StepAndDraw(
+            absl::MakeConstSpan(tokens.data(), n), pool, absl::MakeConstSpan(all_rows.data(), n),
+            absl::MakeConstSpan(positions.data(), n), absl::MakeConstSpan(draws.data(), n));
+        if (!drawn.ok()) std::exit(1);
+        for (auto& p : positions) ++p;
+      }
+      return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+    };
+    std::vector<double> lean_ms, torch_ms;
+    for (int round = 0; round < rounds; ++round) {
+      lean_ms.push_back(time_steps(*lean, **lean_pool));
+      torch_ms.push_back(time_steps(*torch, **torch_pool));
+    }
+    const double a = Median(lean_ms), b = Median(torch_ms);
+    std::printf("  %6lld %10.3f %10.3f %8.2f %12.1f\n", static_cast<long long>(batch), a, b, a / b,
+                1e3 * static_cast<double>(batch) / a);
+  }
+}
+
 void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
   int fds[2];
   if (pipe(fds) != 0) std::exit(1);
@@ -522,6 +583,7 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
 
 int main(int argc, char** argv) {
   Args args;
+  bool lean_table_only = false;  // --lean_table_only: the CPU lean-vs-LibTorch step table alone
   bool eager = false;  // --eager: CUDA decode steps launched one by one, in P4 and in P6's server
   // --device (cpu, cuda, cuda:N, auto) and --dtype (fp32, bf16, fp16: the weights on the CPU,
   // weights and activations on CUDA) place the model in-process and in P6's server; the KV-cache
@@ -536,7 +598,7 @@ int main(int argc, char** argv) {
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
           "[--dtype=fp32|bf16|fp16] "
-          "[--server_arg=FLAG ...] [--eager]\n"
+          "[--server_arg=FLAG ...] [--eager] [--lean_table_only]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -550,6 +612,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--json=", 0) == 0) args.json = a.substr(7);
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a == "--eager") eager = true;
+    if (a == "--lean_table_only") lean_table_only = true;
     if (a.rfind("--device=", 0) == 0) device_text = a.substr(9);
     if (a.rfind("--dtype=", 0) == 0) dtype_text = a.substr(8);
     if (a.rfind("--positions=", 0) == 0) {
@@ -613,6 +676,11 @@ int main(int argc, char** argv) {
       tost::bench::MeasureCopyBandwidthGBs(tost::model::TorchDevice(args.placement));
   std::printf("device copy bandwidth: %.1f GB/s (%s)\n", figures.bandwidth_gbs,
               args.placement.DeviceString().c_str());
+  RunLeanComparison(repo, config, args);
+  if (lean_table_only) {
+    fs::remove_all(repo);
+    return 0;
+  }
   RunP4P5(repo, config, args, figures);
   RunP6InProcess(repo, config, args, figures);
   RunP6(repo, args, figures);

@@ -178,13 +178,43 @@ TEST(ModelConfigServing, ParsesDeviceAndDtype) {
   EXPECT_FALSE(plain->serving_dtype.has_value());
 }
 
+TEST(ModelConfigServing, AllowedDtypesRefuseOthersNamingModelDtypeAndList) {
+  const auto cfg = ParseModelConfig(
+      LanguageConfigJson(R"(, "serving": {"dtypes": ["fp32", "bfloat16"]})"), "c.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->serving_dtypes,
+            (std::vector<ComputeDtype>{ComputeDtype::kFloat32, ComputeDtype::kBFloat16}));
+  EXPECT_TRUE(ResolvePlacement({}, ComputeDtype::kBFloat16, std::nullopt, std::nullopt, 0, "lm",
+                               cfg->serving_dtypes)
+                  .ok());
+  const auto refused = ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 0,
+                                        "lm", cfg->serving_dtypes);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "model \"lm\" (--dtype): int8 is not among the precisions this model allows "
+            "(config.json serving.dtypes: fp32, bf16); serve it at one of those (serving.dtype "
+            "sets it for this model alone)");
+  // Without the list every precision is allowed.
+  EXPECT_TRUE(ResolvePlacement({}, ComputeDtype::kInt8, std::nullopt, std::nullopt, 0, "lm").ok());
+}
+
 TEST(ModelConfigServing, RefusesMalformedServingNamingFileAndKey) {
   for (const auto& [serving, expected] : std::vector<std::pair<std::string, std::string>>{
            {R"(, "serving": "cuda")", "\"serving\" must be an object"},
            {R"(, "serving": {"device": "tpu"})", "serving.device: expected auto, cpu"},
            {R"(, "serving": {"dtype": "fp8"})", "serving.dtype: expected fp32, bf16, fp16 or int8"},
            {R"(, "serving": {"device": 0})", "serving.device must be a string"},
-           {R"(, "serving": {"devices": "cpu"})", "unknown key \"devices\""}}) {
+           {R"(, "serving": {"devices": "cpu"})", "unknown key \"devices\""},
+           {R"(, "serving": {"dtypes": "fp32"})", "serving.dtypes must be a list of 1 to 4"},
+           {R"(, "serving": {"dtypes": []})", "serving.dtypes must be a list of 1 to 4"},
+           {R"(, "serving": {"dtypes": ["fp32", 8]})", "serving.dtypes[1] must be a string"},
+           {R"(, "serving": {"dtypes": ["fp32", "fp4"]})",
+            "serving.dtypes[1]: expected fp32, bf16, fp16 or int8, got \"fp4\""},
+           {R"(, "serving": {"dtypes": ["fp32", "float32"]})",
+            "serving.dtypes[1]: \"fp32\" is listed twice"},
+           {R"(, "serving": {"dtype": "int8", "dtypes": ["fp32", "bf16"]})",
+            "serving.dtype \"int8\" is not among serving.dtypes [\"fp32\",\"bf16\"]"}}) {
     const auto cfg = ParseModelConfig(LanguageConfigJson(serving), "m/config.json");
     ASSERT_FALSE(cfg.ok()) << serving;
     EXPECT_NE(cfg.status().message().find("m/config.json: "), std::string::npos) << cfg.status();

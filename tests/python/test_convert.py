@@ -121,6 +121,23 @@ def test_lm_checkpoint_strips_compile_prefix_and_tied_head(tmp_path):
         torch.testing.assert_close(model(tok), direct.to(F64)(tok), rtol=0, atol=0)
 
 
+def test_dtypes_are_written_as_serving_dtypes_and_checked(tmp_path, capsys):
+    ckpt = CO.official_lm_checkpoint(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=257, bias=False, seed=2)
+    path = tmp_path / "ckpt.pt"
+    torch.save(ckpt, path)
+    assert CO.main(["convert", str(path), "--out", str(tmp_path), "--name", "lm", "--dtypes", "fp32, bfloat16"]) == 0
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    assert config["serving"] == {"dtypes": ["fp32", "bf16"]}
+    # Without --dtypes nothing is listed (any precision).
+    assert CO.main(["convert", str(path), "--out", str(tmp_path), "--name", "plain"]) == 0
+    assert "serving" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    for bad, message in [("fp32,fp8", "expected fp32, bf16, fp16 or int8, got 'fp8'"),
+                         ("fp16,float16", "'fp16' is listed twice"), (",", "expected a comma-separated list")]:
+        assert CO.main(["convert", str(path), "--out", str(tmp_path), "--name", "bad", "--dtypes", bad]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
+
+
 def test_lm_with_bias_and_gpt2_vocabulary():
     ckpt = CO.official_lm_checkpoint(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=50304, bias=True, seed=1)
     model, config, sd = CO.convert(ckpt, name="bpe")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tost_server (fp32, and with --dtype bf16 / fp16 as the engines tost-bf16 / tost-fp16) against what a
+"""tost_server (fp32, and with --dtype bf16 / fp16 / int8 as the engines tost-bf16 / tost-fp16 /
+tost-int8) against what a
 user would run instead on a CPU, side by side in one run: llama.cpp's
 llama-server (GGUF f32, f16, q8_0) and CTranslate2 (float32, int8), each serving a GPT-2 twin with
 the ToST model's dims (tools/bench/peers/make_twins.py). Every engine is pinned to the same core
@@ -40,9 +41,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 
-# tost-bf16 / tost-fp16: tost_server with --dtype (weights in that precision on the CPU), the
-# counterparts of llama-f16; "tost" is fp32, the one every ratio is taken to.
-ENGINES = ("tost", "tost-bf16", "tost-fp16", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
+# tost-bf16 / tost-fp16 / tost-int8: tost_server with --dtype (weights in that precision on the CPU),
+# the counterparts of llama-f16 (bf16, fp16) and of llama-q8_0 and ct2-int8 (int8); "tost" is fp32,
+# the one every ratio is taken to.
+ENGINES = ("tost", "tost-bf16", "tost-fp16", "tost-int8", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
 MODELS = ("bench-lm", "tost-austen")
 
 

@@ -1,0 +1,235 @@
+// Kernels of the lean CPU decode step (contract in decode_kernels.h).
+//
+// Compiled once per instruction set, like row_kernels.cc (which says why this file defines no
+// static data and lives in a namespace named after the ISA).
+#include "kernels/cpu/decode_kernels.h"
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#ifndef TOST_CPU_ISA
+#error \
+    "decode_kernels.cc is compiled through kernels/cpu/CMakeLists.txt, which defines TOST_CPU_ISA"
+#endif
+#define TOST_CPU_CAT_(a, b) a##b
+#define TOST_CPU_CAT(a, b) TOST_CPU_CAT_(a, b)
+#define TOST_CPU_ISA_NAMESPACE TOST_CPU_CAT(isa_, TOST_CPU_ISA)
+#define TOST_CPU_INLINE inline __attribute__((always_inline))
+
+namespace tost::kernels::cpu {
+namespace TOST_CPU_ISA_NAMESPACE {
+namespace {
+
+using at::vec::Vectorized;
+using Vec = Vectorized<float>;
+
+constexpr int64_t kLanes = Vec::size();
+// Vectors of a panel's width, and how many of them one pass over the input keeps accumulating: four
+// (one AVX-512 panel; half of an AVX2 one, which the registers of AVX2 cannot hold whole).
+constexpr int kPanelVecs = static_cast<int>(kPanelWidth / kLanes);
+constexpr int kBlockVecs = std::min(kPanelVecs, 4);
+// Rows multiplied per pass: each weight vector loaded feeds that many rows' accumulators
+// (4 rows x 4 vectors fill half of AVX-512's 32 registers; AVX2 has 16).
+constexpr int kRowBlock = kLanes >= 16 ? 4 : 2;
+static_assert(kPanelWidth % (kLanes * kBlockVecs) == 0, "a panel is whole column blocks");
+
+// How far ahead of the input channel being multiplied the panel is prefetched: about 2 KiB.
+template <typename W>
+constexpr int64_t kPrefetchInputs = 2048 / (kPanelWidth * static_cast<int64_t>(sizeof(W)));
+
+// kLanes stored weight values, widened to float32.
+TOST_CPU_INLINE Vec LoadWeights(const float* p) { return Vec::loadu(p); }
+TOST_CPU_INLINE Vec LoadWeights(const c10::BFloat16* p) {
+  Vec v;
+  at::vec::load_to_float<c10::BFloat16>(p, v);
+  return v;
+}
+TOST_CPU_INLINE Vec LoadWeights(const c10::Half* p) {
+  Vec v;
+  at::vec::load_to_float<c10::Half>(p, v);
+  return v;
+}
+TOST_CPU_INLINE Vec LoadWeights(const int8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  float widened[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) widened[j] = static_cast<float>(p[j]);
+  return Vec::loadu(widened);
+#endif
+}
+
+// Rows [0, kRows) of x times one column block (kBlockVecs vectors, from lane `lane0` of the panel)
+// of the panel at `panel`, with the epilogue (scale, bias) and the store of channels below `out`.
+template <int kRows, typename W>
+TOST_CPU_INLINE void BlockProduct(const PackedMatrix& w, const W* panel, int64_t o0, int64_t lane0,
+                                  const float* x, int64_t ldx, float* y, int64_t ldy) {
+  Vec acc[kRows][kBlockVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kBlockVecs; ++c) acc[r][c] = Vec(0.f);
+  }
+  const W* p = panel + lane0;
+  for (int64_t i = 0; i < w.in; ++i, p += kPanelWidth) {
+    Vec xb[kRows];
+    for (int r = 0; r < kRows; ++r) xb[r] = Vec(x[r * ldx + i]);
+    for (int c = 0; c < kBlockVecs; ++c) {
+      if ((c * kLanes * static_cast<int64_t>(sizeof(W))) % 64 == 0) {  // once per cache line
+        __builtin_prefetch(p + kPrefetchInputs<W> * kPanelWidth + c * kLanes);
+      }
+      const Vec wv = LoadWeights(p + c * kLanes);
+      for (int r = 0; r < kRows; ++r) acc[r][c] = at::vec::fmadd(wv, xb[r], acc[r][c]);
+    }
+  }
+  for (int c = 0; c < kBlockVecs; ++c) {
+    const int64_t o = o0 + lane0 + c * kLanes;
+    const int64_t valid = std::min<int64_t>(kLanes, w.out - o);
+    if (valid <= 0) break;
+    const Vec scale = w.scale != nullptr ? Vec::loadu(w.scale + o) : Vec(1.f);
+    const Vec bias = w.bias != nullptr ? Vec::loadu(w.bias + o) : Vec(0.f);
+    for (int r = 0; r < kRows; ++r) {
+      Vec v = acc[r][c];
+      if (w.scale != nullptr) v = v * scale;
+      if (w.bias != nullptr) v = v + bias;
+      if (valid == kLanes) {
+        v.store(y + r * ldy + o);
+      } else {
+        v.store(y + r * ldy + o, static_cast<int>(valid));
+      }
+    }
+  }
+}
+
+template <typename W>
+void MatmulTyped(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                 int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
+  const W* data = static_cast<const W*>(w.data);
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const W* panel = data + p * w.in * kPanelWidth;
+    const int64_t o0 = p * kPanelWidth;
+    for (int64_t lane0 = 0; lane0 < kPanelWidth; lane0 += kBlockVecs * kLanes) {
+      if (o0 + lane0 >= w.out) break;
+      int64_t r = 0;
+      for (; r + kRowBlock <= rows; r += kRowBlock) {
+        BlockProduct<kRowBlock>(w, panel, o0, lane0, x + r * ldx, ldx, y + r * ldy, ldy);
+      }
+      switch (rows - r) {
+        case 3:
+          BlockProduct<3>(w, panel, o0, lane0, x + r * ldx, ldx, y + r * ldy, ldy);
+          break;
+        case 2:
+          BlockProduct<2>(w, panel, o0, lane0, x + r * ldx, ldx, y + r * ldy, ldy);
+          break;
+        case 1:
+          BlockProduct<1>(w, panel, o0, lane0, x + r * ldx, ldx, y + r * ldy, ldy);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+}
+
+void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx, int64_t panel_begin,
+            int64_t panel_end, float* y, int64_t ldy) {
+  switch (w.type) {
+    case PackedType::kFloat32:
+      return MatmulTyped<float>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+    case PackedType::kBFloat16:
+      return MatmulTyped<c10::BFloat16>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+    case PackedType::kFloat16:
+      return MatmulTyped<c10::Half>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+    case PackedType::kInt8:
+      return MatmulTyped<int8_t>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+  }
+}
+
+// Σ x over n values: lane-wise vector sums, then the lanes and the tail in order.
+float Sum(const float* x, int64_t n) {
+  Vec acc(0.f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = acc + Vec::loadu(x + i);
+  float lanes[kLanes];
+  acc.store(lanes);
+  float total = 0.f;
+  for (int64_t j = 0; j < kLanes; ++j) total += lanes[j];
+  for (; i < n; ++i) total += x[i];
+  return total;
+}
+
+// Σ (x − mean)², the same way.
+float SumSquares(const float* x, int64_t n, float mean) {
+  Vec acc(0.f);
+  const Vec m(mean);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec d = Vec::loadu(x + i) - m;
+    acc = at::vec::fmadd(d, d, acc);
+  }
+  float lanes[kLanes];
+  acc.store(lanes);
+  float total = 0.f;
+  for (int64_t j = 0; j < kLanes; ++j) total += lanes[j];
+  for (; i < n; ++i) total += (x[i] - mean) * (x[i] - mean);
+  return total;
+}
+
+void LayerNorm(const float* x, int64_t n, const float* weight, const float* bias, float eps,
+               float* y) {
+  const float mean = Sum(x, n) / static_cast<float>(n);
+  const float rstd = 1.f / std::sqrt(SumSquares(x, n, mean) / static_cast<float>(n) + eps);
+  const Vec m(mean), s(rstd);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int count = static_cast<int>(std::min<int64_t>(kLanes, n - i));
+    const bool whole = count == kLanes;
+    const Vec xv = whole ? Vec::loadu(x + i) : Vec::loadu(x + i, count);
+    const Vec wv = whole ? Vec::loadu(weight + i) : Vec::loadu(weight + i, count);
+    Vec v = (xv - m) * s * wv;
+    if (bias != nullptr) v = v + (whole ? Vec::loadu(bias + i) : Vec::loadu(bias + i, count));
+    if (whole) {
+      v.store(y + i);
+    } else {
+      v.store(y + i, count);
+    }
+  }
+}
+
+void Gelu(float* x, int64_t n) {
+  const Vec half(0.5f), one(1.f), inv_sqrt2(static_cast<float>(M_SQRT1_2));
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int count = static_cast<int>(std::min<int64_t>(kLanes, n - i));
+    const Vec v = count == kLanes ? Vec::loadu(x + i) : Vec::loadu(x + i, count);
+    const Vec g = v * half * (one + (v * inv_sqrt2).erf());
+    if (count == kLanes) {
+      g.store(x + i);
+    } else {
+      g.store(x + i, count);
+    }
+  }
+}
+
+void AddScaled(float* x, const float* gamma, const float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    at::vec::fmadd(Vec::loadu(gamma + i), Vec::loadu(y + i), Vec::loadu(x + i)).store(x + i);
+  }
+  for (; i < n; ++i) x[i] = std::fma(gamma[i], y[i], x[i]);
+}
+
+constexpr DecodeKernels kTable{&Matmul, &LayerNorm, &Gelu, &AddScaled};
+
+}  // namespace
+}  // namespace TOST_CPU_ISA_NAMESPACE
+
+const DecodeKernels& TOST_CPU_CAT(DecodeKernels, TOST_CPU_ISA)() {
+  return TOST_CPU_ISA_NAMESPACE::kTable;
+}
+
+}  // namespace tost::kernels::cpu

@@ -1,0 +1,234 @@
+#include "model/nets/lean_decoder.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/tssa_cpu.h"
+
+namespace tost::model {
+namespace {
+
+using kernels::cpu::kPanelWidth;
+using kernels::cpu::PackedMatrix;
+using kernels::cpu::PackedType;
+
+constexpr float kLayerNormEps = 1e-5f;
+// Multiply-adds below which a product stays on the calling thread: handing a smaller share to
+// another thread costs more in its wake-up than it saves.
+constexpr int64_t kMinMacsPerTask = int64_t{1} << 17;
+
+PackedType DenseType(ComputeDtype dtype) {
+  switch (dtype) {
+    case ComputeDtype::kFloat32:
+      return PackedType::kFloat32;
+    case ComputeDtype::kBFloat16:
+      return PackedType::kBFloat16;
+    case ComputeDtype::kFloat16:
+      return PackedType::kFloat16;
+    case ComputeDtype::kInt8:
+      return PackedType::kInt8;
+  }
+  return PackedType::kFloat32;
+}
+
+PackedType TableType(at::ScalarType table) {
+  switch (table) {
+    case at::kBFloat16:
+      return PackedType::kBFloat16;
+    case at::kHalf:
+      return PackedType::kFloat16;
+    case at::kFloat:
+      return PackedType::kFloat32;
+    default:
+      TORCH_CHECK(false, "lean decode: embedding tables in ", table,
+                  " (expected float32, bfloat16 or float16)");
+  }
+}
+
+at::ScalarType StoredScalarType(PackedType type) {
+  switch (type) {
+    case PackedType::kFloat32:
+      return at::kFloat;
+    case PackedType::kBFloat16:
+      return at::kBFloat16;
+    case PackedType::kFloat16:
+      return at::kHalf;
+    case PackedType::kInt8:
+      return at::kChar;
+  }
+  return at::kFloat;
+}
+
+// out = wte[token] + wpe[position], widened to float32.
+template <typename T>
+void EmbedRow(const at::Tensor& wte, const at::Tensor& wpe, int64_t token, int64_t position,
+              int64_t channels, float* out) {
+  const T* a = wte.const_data_ptr<T>() + token * channels;
+  const T* b = wpe.const_data_ptr<T>() + position * channels;
+  for (int64_t c = 0; c < channels; ++c)
+    out[c] = static_cast<float>(a[c]) + static_cast<float>(b[c]);
+}
+
+}  // namespace
+
+std::unique_ptr<LeanDecoder> LeanDecoder::Build(const LanguageConfig& config, const Source& source,
+                                                ComputeDtype dtype) {
+  std::unique_ptr<LeanDecoder> d(new LeanDecoder());
+  d->config_ = config;
+  const kernels::cpu::CpuIsa isa = kernels::cpu::ActiveCpuIsa();
+  d->kernels_ = &kernels::cpu::DecodeKernelsFor(isa);
+  d->tssa_kernels_ = &kernels::cpu::KernelsFor<float>(isa);
+  const PackedType dense = DenseType(dtype);
+  for (const Layer& l : source.layers) {
+    PackedLayer p{};
+    p.c_attn = d->Pack(l.c_attn_weight, l.c_attn_bias, dense);
+    p.c_proj = d->Pack(l.c_proj_weight, l.c_proj_bias, dense);
+    p.c_fc = d->Pack(l.c_fc_weight, l.c_fc_bias, dense);
+    p.mlp_proj = d->Pack(l.mlp_proj_weight, l.mlp_proj_bias, dense);
+    p.ln1_weight = d->Keep(l.ln1_weight);
+    p.ln1_bias = d->Keep(l.ln1_bias);
+    p.ln2_weight = d->Keep(l.ln2_weight);
+    p.ln2_bias = d->Keep(l.ln2_bias);
+    p.gamma1 = d->Keep(l.gamma1);
+    p.gamma2 = d->Keep(l.gamma2);
+    p.temp = d->Keep(l.temp);
+    p.denom_bias = d->Keep(l.denom_bias);
+    d->layers_.push_back(p);
+  }
+  d->ln_f_weight_ = d->Keep(source.ln_f_weight);
+  d->ln_f_bias_ = d->Keep(source.ln_f_bias);
+  d->wte_ = source.wte.contiguous();
+  d->wpe_ = source.wpe.contiguous();
+  TORCH_CHECK(d->wte_.scalar_type() == d->wpe_.scalar_type(),
+              "lean decode: wte and wpe differ in dtype");
+  d->lm_head_ = d->Pack(d->wte_, at::Tensor(), TableType(d->wte_.scalar_type()));
+  return d;
+}
+
+PackedMatrix LeanDecoder::Pack(const at::Tensor& weight, const at::Tensor& bias, PackedType type) {
+  at::Tensor w = weight.to(at::kFloat).contiguous();
+  const int64_t out = w.size(0), in = w.size(1);
+  PackedMatrix m;
+  m.type = type;
+  m.in = in;
+  m.out = out;
+  const int64_t padded = m.panels() * kPanelWidth;
+  w = at::constant_pad_nd(w, {0, 0, 0, padded - out});  // zero rows up to a whole panel
+  if (type == PackedType::kInt8) {
+    // LanguageModel's int8 layers quantise the same way (linear_layer.h), so both paths multiply
+    // by the same int8 values; an all-zero row (the padding too) keeps a finite scale.
+    const at::Tensor scale = w.abs().amax({1}).div_(127).clamp_min_(1e-30);
+    w = w.div(scale.unsqueeze(1)).round_().clamp_(-127, 127);
+    m.scale = Keep(scale);
+  }
+  // [panels, kPanelWidth, in] → [panels, in, kPanelWidth]: a panel's values for one input channel
+  // are adjacent.
+  const at::Tensor packed = w.view({m.panels(), kPanelWidth, in})
+                                .permute({0, 2, 1})
+                                .contiguous()
+                                .to(StoredScalarType(type));
+  storage_.push_back(packed);
+  bytes_ += static_cast<int64_t>(packed.nbytes());
+  m.data = packed.const_data_ptr();
+  if (bias.defined()) m.bias = Keep(at::constant_pad_nd(bias.to(at::kFloat), {0, padded - out}));
+  return m;
+}
+
+const float* LeanDecoder::Keep(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  const at::Tensor kept = t.to(at::kFloat).contiguous().view({-1});
+  // Placed float32 parameters are shared, not copied: only a conversion costs memory.
+  if (kept.const_data_ptr() != t.const_data_ptr()) bytes_ += static_cast<int64_t>(kept.nbytes());
+  storage_.push_back(kept);
+  return kept.const_data_ptr<float>();
+}
+
+void LeanDecoder::Product(const PackedMatrix& w, const float* x, int64_t rows, float* y,
+                          int64_t ldy) const {
+  const int64_t panels = w.panels();
+  const int64_t grain = std::max<int64_t>(1, kMinMacsPerTask / (w.in * kPanelWidth * rows));
+  if (panels <= grain) {
+    kernels_->matmul(w, x, rows, w.in, 0, panels, y, ldy);
+    return;
+  }
+  // Panels are independent and each is computed the same way on any thread.
+  kernels::cpu::ParallelTasks((panels + grain - 1) / grain, /*reverse=*/false, [&](int64_t t) {
+    kernels_->matmul(w, x, rows, w.in, t * grain, std::min(panels, (t + 1) * grain), y, ldy);
+  });
+}
+
+void LeanDecoder::Step(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
+                       absl::Span<float* const> state_rows, float* logits) const {
+  const int64_t batch = static_cast<int64_t>(tokens.size());
+  const int64_t layers = static_cast<int64_t>(layers_.size());
+  TORCH_CHECK(static_cast<int64_t>(positions.size()) == batch &&
+                  static_cast<int64_t>(state_rows.size()) == layers * batch,
+              "lean decode: ", batch, " tokens, ", positions.size(), " positions and ",
+              state_rows.size(), " state rows for ", layers, " layers");
+  const int64_t C = config_.n_embd, K = config_.n_head;
+  const int64_t D = layers_.front().c_attn.out, hidden = layers_.front().c_fc.out;
+  const kernels::cpu::HeadShape shape{D, K, D / K};
+  const int64_t tssa_scratch = kernels::cpu::TssaStepRowScratch(shape);
+
+  // A thread's buffers stay with it from one step to the next: no allocation once warm.
+  thread_local std::vector<float> work;
+  const size_t need = static_cast<size_t>(batch * (3 * C + 2 * D + hidden) + tssa_scratch);
+  if (work.size() < need) work.resize(need);
+  float* x = work.data();    // [B, C] the residual stream
+  float* h = x + batch * C;  // [B, C] a normed copy
+  float* p = h + batch * C;  // [B, C] a projection's output
+  float* w = p + batch * C;  // [B, D] TSSA's input
+  float* y = w + batch * D;  // [B, D] TSSA's output
+  float* f = y + batch * D;  // [B, hidden] the MLP's hidden layer
+  float* scratch = f + batch * hidden;
+
+  for (int64_t b = 0; b < batch; ++b) {
+    switch (wte_.scalar_type()) {
+      case at::kBFloat16:
+        EmbedRow<c10::BFloat16>(wte_, wpe_, tokens[b], positions[b], C, x + b * C);
+        break;
+      case at::kHalf:
+        EmbedRow<c10::Half>(wte_, wpe_, tokens[b], positions[b], C, x + b * C);
+        break;
+      default:
+        EmbedRow<float>(wte_, wpe_, tokens[b], positions[b], C, x + b * C);
+        break;
+    }
+  }
+  const kernels::cpu::DecodeKernels& k = *kernels_;
+  for (int64_t l = 0; l < layers; ++l) {
+    const PackedLayer& L = layers_[l];
+    for (int64_t b = 0; b < batch; ++b) {
+      k.layer_norm(x + b * C, C, L.ln1_weight, L.ln1_bias, kLayerNormEps, h + b * C);
+    }
+    Product(L.c_attn, h, batch, w, D);
+    for (int64_t b = 0; b < batch; ++b) {
+      kernels::cpu::TssaStepRow(*tssa_kernels_, shape, w + b * D, L.temp, L.denom_bias,
+                                config_.context_length, positions[b], state_rows[l * batch + b],
+                                y + b * D, scratch);
+    }
+    Product(L.c_proj, y, batch, p, C);
+    for (int64_t b = 0; b < batch; ++b) k.add_scaled(x + b * C, L.gamma1, p + b * C, C);
+    for (int64_t b = 0; b < batch; ++b) {
+      k.layer_norm(x + b * C, C, L.ln2_weight, L.ln2_bias, kLayerNormEps, h + b * C);
+    }
+    Product(L.c_fc, h, batch, f, hidden);
+    k.gelu(f, batch * hidden);
+    Product(L.mlp_proj, f, batch, p, C);
+    for (int64_t b = 0; b < batch; ++b) k.add_scaled(x + b * C, L.gamma2, p + b * C, C);
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    k.layer_norm(x + b * C, C, ln_f_weight_, ln_f_bias_, kLayerNormEps, h + b * C);
+  }
+  Product(lm_head_, h, batch, logits, lm_head_.out);
+}
+
+}  // namespace tost::model

@@ -1,0 +1,162 @@
+// The lean CPU decode step (model/nets/lean_decoder.h) against LibTorch's step, on the shipped
+// tost-austen at every CPU precision: the same logits within the products' rounding, the same
+// statistics, the same greedy continuation, and each row's result bit-identical whatever shares
+// its step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/nets/language_model.h"
+
+namespace tost::model {
+namespace {
+
+std::string Austen() { return std::string(TOST_SOURCE_DIR) + "/models/tost-austen"; }
+
+Placement CpuPlacement(ComputeDtype dtype, bool lean) {
+  Placement p{false, 0, dtype};
+  // Lean at every row count the tests step, whatever the dtype's own limit.
+  p.cpu_lean_decode_max_rows = lean ? 64 : 0;
+  return p;
+}
+
+size_t ArgMax(const float* v, size_t n) { return std::max_element(v, v + n) - v; }
+
+class LeanDecodeTest : public ::testing::TestWithParam<ComputeDtype> {
+ protected:
+  void SetUp() override {
+    config_ = *LoadModelConfig(Austen());
+    auto lean = LanguageModel::Load(Austen(), config_, CpuPlacement(GetParam(), true));
+    auto torch = LanguageModel::Load(Austen(), config_, CpuPlacement(GetParam(), false));
+    ASSERT_TRUE(lean.ok() && torch.ok()) << lean.status() << torch.status();
+    lean_ = *std::move(lean);
+    torch_ = *std::move(torch);
+  }
+
+  // Prefills row r of a fresh pool of each model with its own prompt.
+  std::vector<int64_t> PrefillRows(StatePool& a, StatePool& b, int64_t rows) {
+    std::vector<int64_t> positions;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int32_t> prompt = lean_->tokenizer().Encode(
+          std::string("It is a truth universally acknowledged, ") + char('a' + r % 26));
+      EXPECT_TRUE(lean_->Prefill(prompt, a, r, 0).ok());
+      EXPECT_TRUE(torch_->Prefill(prompt, b, r, 0).ok());
+      positions.push_back(static_cast<int64_t>(prompt.size()));
+    }
+    return positions;
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<LanguageModel> lean_, torch_;
+};
+
+TEST_P(LeanDecodeTest, AgreesWithTheLibTorchStepAtEveryRowCount) {
+  const size_t vocab = static_cast<size_t>(config_.language.vocab_size);
+  // The LibTorch step rounds its products in the weights' precision at bf16 and fp16 (oneDNN and
+  // the fp16 kernel write reduced-precision outputs); the lean step keeps float32 sums.
+  const double tolerance = GetParam() == ComputeDtype::kFloat32 ? 2e-4 : 0.05;
+  for (int64_t rows : {1, 2, 3, 5, 16}) {
+    auto pa = lean_->NewStatePool(rows);
+    auto pb = torch_->NewStatePool(rows);
+    ASSERT_TRUE(pa.ok() && pb.ok());
+    const std::vector<int64_t> positions = PrefillRows(**pa, **pb, rows);
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> row_ids;
+    for (int64_t r = 0; r < rows; ++r) {
+      tokens.push_back(static_cast<int32_t>(17 + 31 * r));
+      row_ids.push_back(r);
+    }
+    const auto la = lean_->Step(tokens, **pa, row_ids, positions);
+    const auto lb = torch_->Step(tokens, **pb, row_ids, positions);
+    ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* a = la->data() + r * vocab;
+      const float* b = lb->data() + r * vocab;
+      double worst = 0, scale = 0;
+      for (size_t v = 0; v < vocab; ++v) {
+        worst = std::max(worst, static_cast<double>(std::abs(a[v] - b[v])));
+        scale = std::max(scale, static_cast<double>(std::abs(b[v])));
+      }
+      EXPECT_LT(worst, tolerance * scale) << rows << " rows, row " << r;
+      if (GetParam() == ComputeDtype::kFloat32) {
+        EXPECT_EQ(ArgMax(a, vocab), ArgMax(b, vocab)) << rows << " rows, row " << r;
+      }
+      // The statistics both steps wrote.
+      std::vector<float> sa((*pa)->floats_per_row()), sb((*pb)->floats_per_row());
+      ASSERT_TRUE((*pa)->Load(r, absl::MakeSpan(sa)).ok());
+      ASSERT_TRUE((*pb)->Load(r, absl::MakeSpan(sb)).ok());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        ASSERT_NEAR(sa[i], sb[i],
+                    (GetParam() == ComputeDtype::kFloat32 ? 1e-4 : 2e-2) * (1 + std::abs(sb[i])))
+            << rows << " rows, row " << r << ", state value " << i;
+      }
+    }
+  }
+}
+
+TEST_P(LeanDecodeTest, ARowIsBitIdenticalAloneAndInABatch) {
+  const int64_t rows = 5;
+  const size_t vocab = static_cast<size_t>(config_.language.vocab_size);
+  auto batch = lean_->NewStatePool(rows);
+  auto alone = lean_->NewStatePool(rows);
+  ASSERT_TRUE(batch.ok() && alone.ok());
+  std::vector<int64_t> positions;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<int32_t> prompt =
+        lean_->tokenizer().Encode(std::string("Elizabeth ") + char('a' + r));
+    ASSERT_TRUE(lean_->Prefill(prompt, **batch, r, 0).ok());
+    ASSERT_TRUE(lean_->Prefill(prompt, **alone, r, 0).ok());
+    positions.push_back(static_cast<int64_t>(prompt.size()));
+  }
+  const std::vector<int32_t> tokens = {5, 60, 700, 1500, 9};
+  const std::vector<int64_t> row_ids = {0, 1, 2, 3, 4};
+  const auto together = lean_->Step(tokens, **batch, row_ids, positions);
+  ASSERT_TRUE(together.ok()) << together.status();
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto one = lean_->Step({tokens[r]}, **alone, {r}, {positions[r]});
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_TRUE(std::equal(one->begin(), one->end(), together->begin() + r * vocab)) << "row " << r;
+    std::vector<float> sa((*batch)->floats_per_row()), sb((*alone)->floats_per_row());
+    ASSERT_TRUE((*batch)->Load(r, absl::MakeSpan(sa)).ok());
+    ASSERT_TRUE((*alone)->Load(r, absl::MakeSpan(sb)).ok());
+    EXPECT_EQ(sa, sb) << "row " << r;
+  }
+}
+
+TEST_P(LeanDecodeTest, SequenceStateStepsContinueGreedilyLikeLibTorch) {
+  // The SequenceState form (Gather/Scatter) through both steps: 24 greedy tokens.
+  const std::vector<int32_t> prompt = lean_->tokenizer().Encode("Mr. Bennet was so odd a mixture");
+  SequenceState a = lean_->NewSequence(), b = torch_->NewSequence();
+  auto la = lean_->Prefill(prompt, a);
+  auto lb = torch_->Prefill(prompt, b);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  const size_t vocab = static_cast<size_t>(config_.language.vocab_size);
+  int same = 0;
+  const int steps = 24;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t ta = static_cast<int32_t>(ArgMax(la->data(), vocab));
+    const int32_t tb = static_cast<int32_t>(ArgMax(lb->data(), vocab));
+    same += ta == tb;
+    SequenceState* sa[] = {&a};
+    SequenceState* sb[] = {&b};
+    // Both continue from the same token, so one differing choice does not derail the rest.
+    la = lean_->Step({tb}, sa);
+    lb = torch_->Step({tb}, sb);
+    ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+  }
+  EXPECT_GE(same, GetParam() == ComputeDtype::kFloat32 ? steps : steps - 2);
+  EXPECT_EQ(a.position, b.position);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, LeanDecodeTest,
+                         ::testing::Values(ComputeDtype::kFloat32, ComputeDtype::kBFloat16,
+                                           ComputeDtype::kFloat16, ComputeDtype::kInt8),
+                         [](const ::testing::TestParamInfo<ComputeDtype>& info) {
+                           return std::string(ComputeDtypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace tost::model
