@@ -141,9 +141,15 @@ double CounterUniform(uint64_t seed, uint64_t counter) {
 
 int32_t SampleToken(absl::Span<const float> raw_logits, const SamplingParams& p, uint64_t position,
                     absl::Span<const int32_t> recent) {
+  const bool greedy = p.temperature == 0.f || p.top_k == 1;
+  if (greedy && (p.repetition_penalty == 1.f || recent.empty())) {
+    // The common greedy draw reads the logits in place (no copy of the vocabulary per token).
+    return static_cast<int32_t>(std::max_element(raw_logits.begin(), raw_logits.end()) -
+                                raw_logits.begin());
+  }
   const std::vector<float> logits = Penalised(raw_logits, p, recent);
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (p.temperature == 0.f || p.top_k == 1) {
+  if (greedy) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   // Candidates sorted by logit (descending, ties by id) so top-k, min-p and top-p cut a prefix.
