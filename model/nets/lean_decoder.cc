@@ -23,7 +23,7 @@ using kernels::cpu::PackedType;
 constexpr float kLayerNormEps = 1e-5f;
 // Multiply-adds below which a product stays on the calling thread: handing a smaller share to
 // another thread costs more in its wake-up than it saves.
-constexpr int64_t kMinMacsPerTask = int64_t{1} << 17;
+constexpr int64_t kMinMacsPerTask = int64_t{1} << 18;
 
 PackedType DenseType(ComputeDtype dtype) {
   switch (dtype) {

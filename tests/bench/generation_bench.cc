@@ -584,6 +584,7 @@ void WriteJson(const std::string& path, const Args& args, const tost::model::Lan
 int main(int argc, char** argv) {
   Args args;
   bool lean_table_only = false;  // --lean_table_only: the CPU lean-vs-LibTorch step table alone
+  int intra_op_threads = 1;
   bool eager = false;  // --eager: CUDA decode steps launched one by one, in P4 and in P6's server
   // --device (cpu, cuda, cuda:N, auto) and --dtype (fp32, bf16, fp16: the weights on the CPU,
   // weights and activations on CUDA) place the model in-process and in P6's server; the KV-cache
@@ -598,7 +599,7 @@ int main(int argc, char** argv) {
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
           "[--dtype=fp32|bf16|fp16] "
-          "[--server_arg=FLAG ...] [--eager] [--lean_table_only]\n"
+          "[--server_arg=FLAG ...] [--eager] [--lean_table_only] [--intra_op_threads=1]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -613,6 +614,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a == "--eager") eager = true;
     if (a == "--lean_table_only") lean_table_only = true;
+    if (a.rfind("--intra_op_threads=", 0) == 0) intra_op_threads = std::stoi(a.substr(19));
     if (a.rfind("--device=", 0) == 0) device_text = a.substr(9);
     if (a.rfind("--dtype=", 0) == 0) dtype_text = a.substr(8);
     if (a.rfind("--positions=", 0) == 0) {
@@ -655,7 +657,12 @@ int main(int argc, char** argv) {
     args.tokens = 8;
     args.steps = 8;
   }
-  tost::model::SetTorchThreads(1);  // as tost_server by default
+  // One intra-op thread, as tost_server by default (--intra_op_threads=N: more, in-process and in
+  // P6's server).
+  tost::model::SetTorchThreads(intra_op_threads);
+  if (intra_op_threads != 1) {
+    args.server_args.push_back("--intra_op_threads=" + std::to_string(intra_op_threads));
+  }
   const fs::path repo = fs::temp_directory_path() / ("tost_gen_bench_" + std::to_string(getpid()));
   const auto config = BenchConfig(args.quick);
   WriteModel(repo, config);
