@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 
 #include <ATen/TensorOperators.h>
@@ -293,6 +294,29 @@ struct LanguageModel::Impl {
     }
     return absl::OkStatus();
   }
+  // The lean step takes every batch-invariant step (it computes each row alone, so it is
+  // invariant at any size, where LibTorch's invariant form is one product per row) and the others
+  // of at most lean_max_rows rows.
+  bool TakesLeanStep(int64_t batch, bool batch_invariant) const {
+    return lean != nullptr && (batch_invariant || batch <= lean_max_rows);
+  }
+  // One step through it on host memory: states[l] [B,W], or pools [P,W] indexed by `rows`.
+  at::Tensor LeanStep(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
+                      absl::Span<const int64_t> rows, std::vector<at::Tensor>& states) const {
+    const int64_t batch = static_cast<int64_t>(tokens.size());
+    const int64_t width = config.language.state_floats_per_layer();
+    std::vector<float*> state_rows;
+    state_rows.reserve(states.size() * tokens.size());
+    for (const at::Tensor& layer : states) {
+      float* base = layer.data_ptr<float>();
+      for (int64_t b = 0; b < batch; ++b) {
+        state_rows.push_back(base + (rows.empty() ? b : rows[b]) * width);
+      }
+    }
+    at::Tensor logits = at::empty({batch, config.language.vocab_size}, at::kFloat);
+    lean->Step(tokens, positions, state_rows, logits.data_ptr<float>());
+    return logits;
+  }
   at::Tensor PrefillChunks(absl::Span<const int32_t> tokens, int64_t position, int64_t chunk_tokens,
                            std::vector<at::Tensor>& states) const;
   at::Tensor StepLogits(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
@@ -489,9 +513,30 @@ at::Tensor LanguageModel::Impl::PrefillChunks(absl::Span<const int32_t> tokens, 
                                               int64_t chunk_tokens,
                                               std::vector<at::Tensor>& states) const {
   const int64_t total = static_cast<int64_t>(tokens.size());
-  at::Tensor last_hidden;
+  at::Tensor last_hidden, last_logits;
   for (int64_t start = 0; start < total; start += chunk_tokens) {
     const int64_t n = std::min(chunk_tokens, total - start);
+    if (lean != nullptr && n <= lean_max_rows) {
+      // A short chunk through the lean step: its n tokens are n rows of one step whose state rows
+      // are all the sequence's, taken in order, which is the causal scan one token at a time. The
+      // path depends only on the chunk's length, so a prompt cut on the same grid gets the same
+      // statistics whatever came before (the prefix cache's exactness rests on that).
+      const int64_t layers = static_cast<int64_t>(states.size());
+      std::vector<float*> rows(static_cast<size_t>(layers * n));
+      for (int64_t l = 0; l < layers; ++l) {
+        states[l] = states[l].to(at::kFloat).contiguous().clone();  // updated in place below
+        std::fill_n(rows.begin() + l * n, n, states[l].data_ptr<float>());
+      }
+      std::vector<int64_t> positions(static_cast<size_t>(n));
+      std::iota(positions.begin(), positions.end(), position);
+      last_logits = at::empty({config.language.vocab_size}, at::kFloat);
+      lean->Step(tokens.subspan(start, n), positions, rows, last_logits.data_ptr<float>(),
+                 /*last_row_logits_only=*/true);
+      last_hidden = at::Tensor();
+      position += n;
+      continue;
+    }
+    last_logits = at::Tensor();
     const std::vector<int64_t> ids_host = Widen(tokens.subspan(start, n));
     const at::Tensor ids = UploadIndices({ids_host}).view({1, n});
     const at::Tensor pos =
@@ -501,7 +546,7 @@ at::Tensor LanguageModel::Impl::PrefillChunks(absl::Span<const int32_t> tokens, 
     last_hidden = hidden.select(1, n - 1);
     position += n;
   }
-  return Logits(last_hidden).reshape({-1});
+  return last_logits.defined() ? last_logits : Logits(last_hidden).reshape({-1});
 }
 
 // One decode step over per-layer states (pools when `rows` is given). Returns logits [B, vocab]
@@ -512,23 +557,7 @@ at::Tensor LanguageModel::Impl::StepLogits(absl::Span<const int32_t> tokens,
                                            std::vector<at::Tensor>& states,
                                            bool batch_invariant) const {
   const int64_t batch = static_cast<int64_t>(tokens.size());
-  // The lean step computes every row alone whatever the batch, so it is batch-invariant at any
-  // size: in that mode it takes every step (LibTorch's invariant form is one product per row), so
-  // that a sequence's logits do not change when its step grows past lean_max_rows.
-  if (lean != nullptr && (batch_invariant || batch <= lean_max_rows)) {
-    const int64_t width = config.language.state_floats_per_layer();
-    std::vector<float*> state_rows;
-    state_rows.reserve(states.size() * tokens.size());
-    for (const at::Tensor& layer : states) {
-      float* base = layer.data_ptr<float>();
-      for (int64_t b = 0; b < batch; ++b) {
-        state_rows.push_back(base + (rows.empty() ? b : rows[b]) * width);
-      }
-    }
-    at::Tensor logits = at::empty({batch, config.language.vocab_size}, at::kFloat);
-    lean->Step(tokens, positions, state_rows, logits.data_ptr<float>());
-    return logits;
-  }
+  if (TakesLeanStep(batch, batch_invariant)) return LeanStep(tokens, positions, rows, states);
   const std::vector<int64_t> ids_host = Widen(tokens);
   // Positions were range-checked on the host: uploaded once with the ids (and rows), used by
   // every layer.
@@ -546,6 +575,19 @@ at::Tensor LanguageModel::Impl::StepOnDevice(const at::Tensor& ids, const at::Te
                                              std::vector<at::Tensor>& states,
                                              bool batch_invariant) const {
   const int64_t batch = ids.size(0);
+  if (TakesLeanStep(batch, batch_invariant)) {
+    // The CPU's padded steps (tests of the padding): the same lean step as unpadded ones.
+    const at::Tensor ids_host = ids.reshape({-1}).to(at::kInt).contiguous();
+    const at::Tensor pos_host = pos.contiguous();
+    std::optional<at::Tensor> rows_host;
+    if (row_ids.has_value()) rows_host = row_ids->contiguous();
+    return LeanStep(absl::MakeConstSpan(ids_host.const_data_ptr<int32_t>(), batch),
+                    absl::MakeConstSpan(pos_host.const_data_ptr<int64_t>(), batch),
+                    rows_host.has_value()
+                        ? absl::MakeConstSpan(rows_host->const_data_ptr<int64_t>(), batch)
+                        : absl::Span<const int64_t>(),
+                    states);
+  }
   const at::Tensor x = Embed(ids, pos.view({batch, 1})).squeeze(1);
   if (!batch_invariant || batch == 1) return Logits(StepHidden(x, pos, states, row_ids));
   std::vector<at::Tensor> out;

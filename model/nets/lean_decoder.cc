@@ -166,7 +166,8 @@ void LeanDecoder::Product(const PackedMatrix& w, const float* x, int64_t rows, f
 }
 
 void LeanDecoder::Step(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
-                       absl::Span<float* const> state_rows, float* logits) const {
+                       absl::Span<float* const> state_rows, float* logits,
+                       bool last_row_logits_only) const {
   const int64_t batch = static_cast<int64_t>(tokens.size());
   const int64_t layers = static_cast<int64_t>(layers_.size());
   TORCH_CHECK(static_cast<int64_t>(positions.size()) == batch &&
@@ -225,10 +226,11 @@ void LeanDecoder::Step(absl::Span<const int32_t> tokens, absl::Span<const int64_
     Product(L.mlp_proj, f, batch, p, C);
     for (int64_t b = 0; b < batch; ++b) k.add_scaled(x + b * C, L.gamma2, p + b * C, C);
   }
-  for (int64_t b = 0; b < batch; ++b) {
+  const int64_t first = last_row_logits_only ? batch - 1 : 0;
+  for (int64_t b = first; b < batch; ++b) {
     k.layer_norm(x + b * C, C, ln_f_weight_, ln_f_bias_, kLayerNormEps, h + b * C);
   }
-  Product(lm_head_, h, batch, logits, lm_head_.out);
+  Product(lm_head_, h + first * C, batch - first, logits, lm_head_.out);
 }
 
 }  // namespace tost::model

@@ -15,7 +15,9 @@
 // operations whatever the batch, so a sequence's logits do not depend on what shares its step.
 // Results differ from the LibTorch step only by the rounding of the products and norms.
 //
-// The packed weights are a second copy beside the ones prefill uses (bytes() says how many).
+// LanguageModel also prefills short chunks through it (a chunk's tokens as rows sharing one state
+// row). The packed weights are a second copy beside the ones LibTorch's prefill uses (bytes()
+// says how many).
 #pragma once
 
 #include <cstdint>
@@ -57,10 +59,13 @@ class LeanDecoder {
                                             ComputeDtype dtype);
 
   // One step: token b at positions[b] for sequence b, whose layer-l state row (float32 [2C+K]) is
-  // state_rows[l·B + b], updated in place. Writes logits [B, vocab] (row-major). Callers check the
-  // tokens, positions and rows first.
+  // state_rows[l·B + b], updated in place, rows in order b = 0, 1, ... (so rows that share a state
+  // row are consecutive tokens of one sequence: a prefill). Writes logits [B, vocab] (row-major),
+  // or only the last row's [vocab] with `last_row_logits_only`. Callers check the tokens,
+  // positions and rows first.
   void Step(absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
-            absl::Span<float* const> state_rows, float* logits) const;
+            absl::Span<float* const> state_rows, float* logits,
+            bool last_row_logits_only = false) const;
 
   // The bytes of the packed weights this decoder holds beyond the model's own.
   int64_t bytes() const { return bytes_; }

@@ -396,6 +396,15 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
   c10::InferenceMode inference;
   const int steps = args.quick ? 4 : 24;
   const int rounds = args.quick ? 2 : 5;
+  // Medians of `rounds` interleaved timings of both models: {lean, LibTorch}.
+  const auto interleaved = [&](const auto& time) {
+    std::vector<double> lean_ms, torch_ms;
+    for (int round = 0; round < rounds; ++round) {
+      lean_ms.push_back(time(*lean, **lean_pool));
+      torch_ms.push_back(time(*torch, **torch_pool));
+    }
+    return std::pair{Median(lean_ms), Median(torch_ms)};
+  };
   std::printf(
       "\nCPU decode step, lean vs LibTorch operators (in-process, ms/step, median of %d "
       "interleaved rounds of %d steps at position ~100)\n  %6s %10s %10s %8s %12s\n",
@@ -418,14 +427,26 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
       }
       return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
     };
-    std::vector<double> lean_ms, torch_ms;
-    for (int round = 0; round < rounds; ++round) {
-      lean_ms.push_back(time_steps(*lean, **lean_pool));
-      torch_ms.push_back(time_steps(*torch, **torch_pool));
-    }
-    const double a = Median(lean_ms), b = Median(torch_ms);
+    const auto [a, b] = interleaved(time_steps);
     std::printf("  %6lld %10.3f %10.3f %8.2f %12.1f\n", static_cast<long long>(batch), a, b, a / b,
                 1e3 * static_cast<double>(batch) / a);
+  }
+  // A short prompt's prefill, as a server request starts (the lean step takes chunks of at most
+  // its row limit).
+  std::printf("  %6s %10s %10s %8s   (prefill of one prompt, ms)\n", "tokens", "lean", "LibTorch",
+              "ratio");
+  for (int64_t n : {int64_t{4}, int64_t{16}, int64_t{64}}) {
+    const std::vector<int32_t> short_prompt(prompt.begin(), prompt.begin() + n);
+    const auto time_prefill = [&](const tost::model::LanguageModel& lm,
+                                  tost::model::StatePool& pool) {
+      const auto t0 = Clock::now();
+      for (int k = 0; k < steps; ++k) {
+        if (!lm.Prefill(short_prompt, pool, 0, 0).ok()) std::exit(1);
+      }
+      return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+    };
+    const auto [a, b] = interleaved(time_prefill);
+    std::printf("  %6lld %10.3f %10.3f %8.2f\n", static_cast<long long>(n), a, b, a / b);
   }
 }
 

@@ -1,7 +1,7 @@
 // The lean CPU decode step (model/nets/lean_decoder.h) against LibTorch's step, on the shipped
 // tost-austen at every CPU precision: the same logits within the products' rounding, the same
-// statistics, the same greedy continuation, and each row's result bit-identical whatever shares
-// its step.
+// statistics, the same greedy continuation, each row's result bit-identical whatever shares its
+// step, and short prefill chunks through it against LibTorch's scan.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -149,6 +149,45 @@ TEST_P(LeanDecodeTest, SequenceStateStepsContinueGreedilyLikeLibTorch) {
   }
   EXPECT_GE(same, GetParam() == ComputeDtype::kFloat32 ? steps : steps - 2);
   EXPECT_EQ(a.position, b.position);
+}
+
+TEST_P(LeanDecodeTest, ShortPrefillChunksAgreeWithLibTorchsScan) {
+  // Chunks of 8 tokens: each goes through the lean step (rows sharing one state row, in order),
+  // against LibTorch's chunked causal scan.
+  const std::vector<int32_t> prompt = lean_->tokenizer().Encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+      "must be in want of a wife.");
+  ASSERT_GE(prompt.size(), 17u);  // three chunks at least, the last one partial or whole
+  SequenceState a = lean_->NewSequence(), b = torch_->NewSequence();
+  const auto la = lean_->Prefill(prompt, a, 8);
+  const auto lb = torch_->Prefill(prompt, b, 8);
+  ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+  const size_t vocab = static_cast<size_t>(config_.language.vocab_size);
+  const bool fp32 = GetParam() == ComputeDtype::kFloat32;
+  double worst = 0, scale = 0;
+  for (size_t v = 0; v < vocab; ++v) {
+    worst = std::max(worst, static_cast<double>(std::abs((*la)[v] - (*lb)[v])));
+    scale = std::max(scale, static_cast<double>(std::abs((*lb)[v])));
+  }
+  EXPECT_LT(worst, (fp32 ? 2e-4 : 0.05) * scale);
+  if (fp32) {
+    EXPECT_EQ(ArgMax(la->data(), vocab), ArgMax(lb->data(), vocab));
+  }
+  ASSERT_EQ(a.position, b.position);
+  for (size_t i = 0; i < a.stats.size(); ++i) {
+    ASSERT_NEAR(a.stats[i], b.stats[i], (fp32 ? 1e-4 : 2e-2) * (1 + std::abs(b.stats[i])))
+        << "state value " << i;
+  }
+  // The path depends only on a chunk's length: the same prompt cut the same way gives the same
+  // statistics bit for bit, through a pool row as through a SequenceState.
+  auto pool = lean_->NewStatePool(2);
+  ASSERT_TRUE(pool.ok());
+  const auto lp = lean_->Prefill(prompt, **pool, 1, 0, 8);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  EXPECT_EQ(*lp, *la);
+  std::vector<float> row((*pool)->floats_per_row());
+  ASSERT_TRUE((*pool)->Load(1, absl::MakeSpan(row)).ok());
+  EXPECT_EQ(row, a.stats);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, LeanDecodeTest,
