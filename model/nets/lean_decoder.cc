@@ -1,10 +1,15 @@
 #include "model/nets/lean_decoder.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -110,7 +115,42 @@ std::unique_ptr<LeanDecoder> LeanDecoder::Build(const LanguageConfig& config, co
   TORCH_CHECK(d->wte_.scalar_type() == d->wpe_.scalar_type(),
               "lean decode: wte and wpe differ in dtype");
   d->lm_head_ = d->Pack(d->wte_, at::Tensor(), TableType(d->wte_.scalar_type()));
+  d->MoveToHugePages();
   return d;
+}
+
+// A step streams every packed weight from memory once: in 4 KiB pages that is one TLB miss per
+// page. One arena of transparent huge pages (asked for with madvise, as the kernel's default
+// "madvise" mode wants) holds them all instead.
+void LeanDecoder::MoveToHugePages() {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  constexpr size_t kAlign = 64;
+  std::vector<PackedMatrix*> matrices;
+  for (PackedLayer& l : layers_) {
+    for (PackedMatrix* m : {&l.c_attn, &l.c_proj, &l.c_fc, &l.mlp_proj}) matrices.push_back(m);
+  }
+  matrices.push_back(&lm_head_);
+  const auto stored_bytes = [](const PackedMatrix& m) {
+    return static_cast<size_t>(m.panels() * kPanelWidth * m.in * PackedTypeBytes(m.type));
+  };
+  size_t total = 0;
+  for (const PackedMatrix* m : matrices) total += (stored_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  const size_t size = (total + kHugePage - 1) / kHugePage * kHugePage;
+  void* arena = std::aligned_alloc(kHugePage, size);
+  if (arena == nullptr) return;  // the packed tensors stay where they are
+#if defined(MADV_HUGEPAGE)
+  madvise(arena, size, MADV_HUGEPAGE);  // advice: 4 KiB pages where it is not taken
+#endif
+  size_t offset = 0;
+  for (PackedMatrix* m : matrices) {
+    auto* dst = static_cast<uint8_t*>(arena) + offset;
+    std::memcpy(dst, m->data, stored_bytes(*m));
+    m->data = dst;
+    offset += (stored_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  }
+  pending_.clear();  // the tensors they were packed into
+  storage_.push_back(at::from_blob(
+      arena, {static_cast<int64_t>(size)}, [](void* p) { std::free(p); }, at::kByte));
 }
 
 PackedMatrix LeanDecoder::Pack(const at::Tensor& weight, const at::Tensor& bias, PackedType type) {
@@ -135,9 +175,9 @@ PackedMatrix LeanDecoder::Pack(const at::Tensor& weight, const at::Tensor& bias,
                                 .permute({0, 2, 1})
                                 .contiguous()
                                 .to(StoredScalarType(type));
-  storage_.push_back(packed);
   bytes_ += static_cast<int64_t>(packed.nbytes());
   m.data = packed.const_data_ptr();
+  pending_.push_back(packed);
   if (bias.defined()) m.bias = Keep(at::constant_pad_nd(bias.to(at::kFloat), {0, padded - out}));
   return m;
 }

@@ -80,6 +80,7 @@ class LeanDecoder {
   kernels::cpu::PackedMatrix Pack(const at::Tensor& weight, const at::Tensor& bias,
                                   kernels::cpu::PackedType type);
   const float* Keep(const at::Tensor& t);  // float32 contiguous, held here; null if undefined
+  void MoveToHugePages();
   // y = x·Wᵀ for `rows` rows, the panels shared among the intra-op threads when worth it.
   void Product(const kernels::cpu::PackedMatrix& w, const float* x, int64_t rows, float* y,
                int64_t ldy) const;
@@ -92,6 +93,7 @@ class LeanDecoder {
   kernels::cpu::PackedMatrix lm_head_;
   at::Tensor wte_, wpe_;
   std::vector<at::Tensor> storage_;  // everything the pointers above point into
+  std::vector<at::Tensor> pending_;  // packed weights until MoveToHugePages copies them
   int64_t bytes_ = 0;
 };
 
