@@ -133,8 +133,11 @@ void LeanDecoder::MoveToHugePages() {
   const auto stored_bytes = [](const PackedMatrix& m) {
     return static_cast<size_t>(m.panels() * kPanelWidth * m.in * PackedTypeBytes(m.type));
   };
-  size_t total = 0;
-  for (const PackedMatrix* m : matrices) total += (stored_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+  size_t total = 0, stored = 0;
+  for (const PackedMatrix* m : matrices) {
+    total += (stored_bytes(*m) + kAlign - 1) / kAlign * kAlign;
+    stored += stored_bytes(*m);
+  }
   const size_t size = (total + kHugePage - 1) / kHugePage * kHugePage;
   void* arena = std::aligned_alloc(kHugePage, size);
   if (arena == nullptr) return;  // the packed tensors stay where they are
@@ -148,7 +151,8 @@ void LeanDecoder::MoveToHugePages() {
     m->data = dst;
     offset += (stored_bytes(*m) + kAlign - 1) / kAlign * kAlign;
   }
-  pending_.clear();  // the tensors they were packed into
+  pending_.clear();                               // the tensors they were packed into
+  bytes_ += static_cast<int64_t>(size - stored);  // the arena's padding (whole huge pages)
   storage_.push_back(at::from_blob(
       arena, {static_cast<int64_t>(size)}, [](void* p) { std::free(p); }, at::kByte));
 }
