@@ -41,12 +41,13 @@ namespace {
 
 constexpr double kLayerNormEps = 1e-5;
 
-// The most sequences a CPU decode step runs through the lean step (lean_decoder.h); larger steps
-// go through LibTorch's matrix products, whose blocking (and, in bf16, oneDNN's bf16 dot-product
-// instructions) wins once enough rows share each weight. From tost_generation_bench
-// --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time per step): fp32
-// 0.35-0.65 at 1-64 rows; bf16 0.28 at 1 row, 0.82 at 16, 1.08 at 32; fp16 0.25-0.59 at 1-64;
-// int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows nothing was measured.
+// The most sequences a CPU decode step (and the most tokens a prefill chunk) runs through the lean
+// step (lean_decoder.h); larger ones go through LibTorch's matrix products, whose blocking (and, in
+// bf16, oneDNN's bf16 dot-product instructions) wins once enough rows share each weight. From
+// tost_generation_bench --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time
+// per step): fp32 0.35-0.65 at 1-64 rows; bf16 0.28 at 1 row, 0.82 at 16, 1.08 at 32; fp16
+// 0.25-0.59 at 1-64; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows nothing
+// was measured.
 int64_t LeanMaxRows(ComputeDtype dtype) {
   switch (dtype) {
     case ComputeDtype::kFloat32:
@@ -95,8 +96,9 @@ struct LanguageModel::Impl {
   std::optional<Linear> lm_head;
   std::vector<Block> blocks;
   LayerNorm ln_f;
-  // CPU: the lean decode step (lean_decoder.h), for steps of at most lean_max_rows sequences;
-  // null when Placement turns it off.
+  // CPU: the lean decode step (lean_decoder.h), for steps of at most lean_max_rows sequences (and
+  // every batch-invariant one) and prefill chunks of at most as many tokens; null when Placement
+  // turns it off.
   std::unique_ptr<LeanDecoder> lean;
   int64_t lean_max_rows = 0;
   // As placed: the weights a decode step reads whole, and the tables it reads one row of per
