@@ -174,13 +174,16 @@ def test_tls_and_mutual_tls_with_the_grpc_ports_files(pki):
 
 def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modules):
     pb2, pb2_grpc = proto_modules
-    # One generation at a time and a dozen queued (about half a second each): the drain waits its
-    # full 3 s for them, so what the HTTP port answers meanwhile is the drain's doing.
+    # One generation at a time and four dozen queued, 1000 tokens each (0.1 to 0.5 s on a CPU: the
+    # lean decode step takes tost-austen's token in about 0.1 ms), so the queue holds more than
+    # the drain's 3 s and the drain waits all of them: what the HTTP port answers meanwhile is the
+    # drain's doing.
     s = RunningServer(MODELS, ["--drain_timeout_s=3", "--max_active_generations=1"])
     try:
         with grpc.insecure_channel(s.address) as channel:
             stub = pb2_grpc.TostStub(channel)
-            first_tokens = threading.Barrier(13)
+            clients_count = 48
+            first_tokens = threading.Barrier(clients_count + 1)
 
             def generate():
                 stream = stub.Generate(pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"It is",
@@ -192,7 +195,7 @@ def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modul
                 except (grpc.RpcError, threading.BrokenBarrierError):
                     pass
 
-            clients = [threading.Thread(target=generate, daemon=True) for _ in range(12)]
+            clients = [threading.Thread(target=generate, daemon=True) for _ in range(clients_count)]
             for c in clients:
                 c.start()
             first_tokens.wait(timeout=30)
