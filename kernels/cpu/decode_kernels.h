@@ -4,11 +4,14 @@
 //
 // A decode step multiplies a few rows of activations by every weight of the model, so it is bound
 // by reading the weights. The product here reads each weight once, in the precision it is stored
-// in (float32, bfloat16, float16 or int8 with one float32 scale per output channel), widens it to
-// float32 in registers and accumulates in float32: fewer bytes than float32 weights, and no
-// product output rounded to the weight's precision. The small operators around the products
-// (layer norm, GELU, the scaled residual) are plain loops over float32 rows, with no dispatcher,
-// allocation or temporary tensor between them.
+// in (float32, bfloat16, float16 or int8 with one float32 scale per output channel) and
+// accumulates in float32 (int32 for int8 quads): fewer bytes than float32 weights, and no product
+// output rounded to the weight's precision. Everywhere it widens the weights to float32 in
+// registers, except on CPUs with AVX-512 BF16 and VNNI, where bfloat16 and int8 weights go
+// through the dot-product instructions (rows rounded to bfloat16, or quantised to 8 bits per row)
+// at two and four times the multiply-adds per instruction, which many-row steps need. The small
+// operators around the products (layer norm, GELU, the scaled residual) are plain loops over
+// float32 rows, with no dispatcher, allocation or temporary tensor between them.
 //
 // Every row's result is computed by the same operations in the same order whatever the number of
 // rows in the call or the range of panels a thread takes, so a sequence's logits do not depend on
@@ -40,27 +43,55 @@ inline int64_t PackedTypeBytes(PackedType type) {
 // float32 vectors of accumulators per row.
 inline constexpr int64_t kPanelWidth = 64;
 
-// A weight W [out, in] packed as panels of kPanelWidth output channels: value (o, i) is element
-// ((o / kPanelWidth)·in + i)·kPanelWidth + o % kPanelWidth of `data`, so a panel is one contiguous
-// stream read once per call. The last panel is padded with zeros to its full width.
+// A weight W [out, in] packed as panels of kPanelWidth output channels, each panel one contiguous
+// stream read once per call. Within a panel the input channels go in groups of `group` (1, 2 or
+// 4; `in` is padded with zeros to whole groups), and for each group the panel's kPanelWidth
+// channels follow one another, each with its `group` adjacent input values: value (o, i) is
+// element ((o / kPanelWidth·groups() + i / group)·kPanelWidth + o % kPanelWidth)·group + i % group
+// of `data`. group 1 is the plain layout the widening product reads; 2 (bfloat16) and 4 (int8)
+// are the pairs and quads that AVX-512's dot-product instructions (vdpbf16ps, vpdpbusd) multiply
+// in one 32-bit lane. The last panel is padded with zeros to its full width.
 struct PackedMatrix {
   const void* data = nullptr;
   PackedType type = PackedType::kFloat32;
   int64_t in = 0, out = 0;
-  // Both padded to panels()·kPanelWidth: int8's one scale per output channel (null otherwise),
-  // and the bias (null for a layer without one).
+  int64_t group = 1;
+  // All padded to panels()·kPanelWidth: int8's one scale per output channel (null otherwise), the
+  // bias (null for a layer without one), and with int8 quads 128·Σᵢ W[o, i] in int32 (the product
+  // of the activations' zero point with the row; null otherwise).
   const float* scale = nullptr;
   const float* bias = nullptr;
+  const int32_t* zero_point_sums = nullptr;
 
   int64_t panels() const { return (out + kPanelWidth - 1) / kPanelWidth; }
+  int64_t groups() const { return (in + group - 1) / group; }
+  // Values stored, padding included.
+  int64_t stored_values() const { return panels() * kPanelWidth * groups() * group; }
 };
 
+// Bytes of scratch memory `matmul` needs for `rows` rows of `w` (the rows converted for the dot
+// products: bfloat16 pairs, or int8 quads and one scale per row), rounded up to 64.
+inline int64_t MatmulScratchBytes(const PackedMatrix& w, int64_t rows) {
+  const int64_t per_row = w.groups() * 4 + 64;
+  return w.group == 1 ? 0 : rows * per_row + 64;
+}
+
 struct DecodeKernels {
+  // The input group (PackedMatrix::group) `matmul` reads for weights of each PackedType, indexed by
+  // the type's value: 1 everywhere but on CPUs with AVX-512 BF16 and VNNI, where bfloat16 weights
+  // are read as pairs and int8 as quads.
+  int8_t input_group[4];
+
   // y[r, o] = Σ_i x[r, i]·W[o, i] (·scale[o] at int8) (+ bias[o]) for r < rows and the output
   // channels of panels [panel_begin, panel_end); x is float32 [rows, w.in] with rows `ldx` apart,
-  // y float32 with rows `ldy` apart (only channels < w.out are written).
+  // y float32 with rows `ldy` apart (only channels < w.out are written). Weights packed with
+  // group 1 are widened to float32 and multiplied by the float32 rows. With pairs, each row is
+  // rounded to bfloat16 (to nearest even) and the pairs' products accumulate in float32; with
+  // quads, each row is quantised to 8 bits (scale absmax/127, zero point 128) and the products
+  // accumulate exactly in int32, as CTranslate2's and llama.cpp's int8 products do. `scratch`
+  // holds MatmulScratchBytes(w, rows) bytes, 64-byte aligned.
   void (*matmul)(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
-                 int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy);
+                 int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy, void* scratch);
 
   // y = (x − mean(x)) / sqrt(var(x) + eps)·weight (+ bias) for one row of n channels (variance
   // biased, as torch.nn.LayerNorm); bias may be null. y may be x.
@@ -78,5 +109,7 @@ struct DecodeKernels {
 const DecodeKernels& DecodeKernelsDefault();
 const DecodeKernels& DecodeKernelsAvx2();
 const DecodeKernels& DecodeKernelsAvx512();
+// AVX-512 with the BF16 and VNNI dot products (pairs and quads); only where the CPU has both.
+const DecodeKernels& DecodeKernelsAvx512Dot();
 
 }  // namespace tost::kernels::cpu

@@ -95,13 +95,24 @@ const RowKernels<T>& KernelsFor(CpuIsa isa) {
   }
 }
 
-const DecodeKernels& DecodeKernelsFor(CpuIsa isa) {
+bool CpuHasDotProducts() {
+#if defined(TOST_CPU_X86_ISAS)
+  static const bool has = IsAvailable(CpuIsa::kAvx512) &&
+                          __builtin_cpu_supports("avx512bf16") != 0 &&
+                          __builtin_cpu_supports("avx512vnni") != 0;
+  return has;
+#else
+  return false;
+#endif
+}
+
+const DecodeKernels& DecodeKernelsFor(CpuIsa isa, bool dot_products) {
   TORCH_CHECK(IsAvailable(isa), "tost CPU decode kernels: instruction set ", CpuIsaName(isa),
               " is not available (not compiled into this build or not supported by this CPU)");
   switch (isa) {
 #if defined(TOST_CPU_X86_ISAS)
     case CpuIsa::kAvx512:
-      return DecodeKernelsAvx512();
+      return dot_products && CpuHasDotProducts() ? DecodeKernelsAvx512Dot() : DecodeKernelsAvx512();
     case CpuIsa::kAvx2:
       return DecodeKernelsAvx2();
 #endif

@@ -28,7 +28,12 @@ CpuIsa ActiveCpuIsa();
 template <typename T>
 const RowKernels<T>& KernelsFor(CpuIsa isa);
 
-// The lean decode step's kernel table of `isa`; throws like KernelsFor.
-const DecodeKernels& DecodeKernelsFor(CpuIsa isa);
+// Whether this build and CPU have AVX-512 with the BF16 and VNNI dot-product instructions.
+bool CpuHasDotProducts();
+
+// The lean decode step's kernel table of `isa`: at AVX-512 the dot-product table
+// (DecodeKernelsAvx512Dot) where CpuHasDotProducts() and `dot_products` allows it. Throws like
+// KernelsFor.
+const DecodeKernels& DecodeKernelsFor(CpuIsa isa, bool dot_products = true);
 
 }  // namespace tost::kernels::cpu

@@ -45,18 +45,20 @@ constexpr double kLayerNormEps = 1e-5;
 // step (lean_decoder.h); larger ones go through LibTorch's matrix products, whose blocking (and, in
 // bf16, oneDNN's bf16 dot-product instructions) wins once enough rows share each weight. From
 // tost_generation_bench --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time
-// per step): fp32 0.35-0.65 at 1-64 rows; bf16 0.28 at 1 row, 0.82 at 16, 1.08 at 32; fp16
-// 0.25-0.59 at 1-64; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows nothing
-// was measured.
-int64_t LeanMaxRows(ComputeDtype dtype) {
+// per step): fp32 0.35-0.65 at 1-64 rows; fp16 0.25-0.59 at 1-64. bf16 and int8 with the
+// AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.28 at 1 row, 0.65 at 16, 0.89 at 64;
+// int8 0.19 at 1, 0.31 at 16, 0.52 at 64. Without them (widening products): bf16 0.28 at 1 row,
+// 0.82 at 16, 1.08 at 32; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows
+// nothing was measured.
+int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products) {
   switch (dtype) {
     case ComputeDtype::kFloat32:
     case ComputeDtype::kFloat16:
       return 64;
     case ComputeDtype::kBFloat16:
-      return 16;
+      return dot_products ? 64 : 16;
     case ComputeDtype::kInt8:
-      return 32;
+      return dot_products ? 64 : 32;
   }
   return 0;
 }
@@ -255,8 +257,9 @@ struct LanguageModel::Impl {
       lean_source->ln_f_weight = ln_f.weight, lean_source->ln_f_bias = ln_f.bias;
       lean_source->wte = wte, lean_source->wpe = wpe;
       lean = LeanDecoder::Build(config.language, *lean_source, placement.dtype);
-      lean_max_rows = placement.cpu_lean_decode_max_rows < 0 ? LeanMaxRows(placement.dtype)
-                                                             : placement.cpu_lean_decode_max_rows;
+      lean_max_rows = placement.cpu_lean_decode_max_rows < 0
+                          ? LeanMaxRows(placement.dtype, lean->dot_products())
+                          : placement.cpu_lean_decode_max_rows;
     }
   }
 

@@ -7,13 +7,12 @@
 #include <cstring>
 #include <vector>
 
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "kernels/cpu/decode_pack.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
@@ -58,20 +57,6 @@ PackedType TableType(at::ScalarType table) {
   }
 }
 
-at::ScalarType StoredScalarType(PackedType type) {
-  switch (type) {
-    case PackedType::kFloat32:
-      return at::kFloat;
-    case PackedType::kBFloat16:
-      return at::kBFloat16;
-    case PackedType::kFloat16:
-      return at::kHalf;
-    case PackedType::kInt8:
-      return at::kChar;
-  }
-  return at::kFloat;
-}
-
 // out = wte[token] + wpe[position], widened to float32.
 template <typename T>
 void EmbedRow(const at::Tensor& wte, const at::Tensor& wpe, int64_t token, int64_t position,
@@ -92,6 +77,7 @@ std::unique_ptr<LeanDecoder> LeanDecoder::Build(const LanguageConfig& config, co
   d->kernels_ = &kernels::cpu::DecodeKernelsFor(isa);
   d->tssa_kernels_ = &kernels::cpu::KernelsFor<float>(isa);
   const PackedType dense = DenseType(dtype);
+  d->dot_products_ = d->kernels_->input_group[static_cast<int>(dense)] > 1;
   for (const Layer& l : source.layers) {
     PackedLayer p{};
     p.c_attn = d->Pack(l.c_attn_weight, l.c_attn_bias, dense);
@@ -131,7 +117,7 @@ void LeanDecoder::MoveToHugePages() {
   }
   matrices.push_back(&lm_head_);
   const auto stored_bytes = [](const PackedMatrix& m) {
-    return static_cast<size_t>(m.panels() * kPanelWidth * m.in * PackedTypeBytes(m.type));
+    return static_cast<size_t>(m.stored_values() * PackedTypeBytes(m.type));
   };
   size_t total = 0, stored = 0;
   for (const PackedMatrix* m : matrices) {
@@ -158,32 +144,16 @@ void LeanDecoder::MoveToHugePages() {
 }
 
 PackedMatrix LeanDecoder::Pack(const at::Tensor& weight, const at::Tensor& bias, PackedType type) {
-  at::Tensor w = weight.to(at::kFloat).contiguous();
-  const int64_t out = w.size(0), in = w.size(1);
-  PackedMatrix m;
-  m.type = type;
-  m.in = in;
-  m.out = out;
-  const int64_t padded = m.panels() * kPanelWidth;
-  w = at::constant_pad_nd(w, {0, 0, 0, padded - out});  // zero rows up to a whole panel
-  if (type == PackedType::kInt8) {
-    // LanguageModel's int8 layers quantise the same way (linear_layer.h), so both paths multiply
-    // by the same int8 values; an all-zero row (the padding too) keeps a finite scale.
-    const at::Tensor scale = w.abs().amax({1}).div_(127).clamp_min_(1e-30);
-    w = w.div(scale.unsqueeze(1)).round_().clamp_(-127, 127);
-    m.scale = Keep(scale);
+  kernels::cpu::PackedWeights p =
+      kernels::cpu::PackWeights(weight, bias, type, kernels_->input_group[static_cast<int>(type)]);
+  for (const at::Tensor* t : {&p.scale, &p.bias, &p.zero_point_sums}) {
+    if (!t->defined()) continue;
+    bytes_ += static_cast<int64_t>(t->nbytes());
+    storage_.push_back(*t);
   }
-  // [panels, kPanelWidth, in] → [panels, in, kPanelWidth]: a panel's values for one input channel
-  // are adjacent.
-  const at::Tensor packed = w.view({m.panels(), kPanelWidth, in})
-                                .permute({0, 2, 1})
-                                .contiguous()
-                                .to(StoredScalarType(type));
-  bytes_ += static_cast<int64_t>(packed.nbytes());
-  m.data = packed.const_data_ptr();
-  pending_.push_back(packed);
-  if (bias.defined()) m.bias = Keep(at::constant_pad_nd(bias.to(at::kFloat), {0, padded - out}));
-  return m;
+  bytes_ += static_cast<int64_t>(p.data.nbytes());
+  pending_.push_back(p.data);
+  return p.matrix;
 }
 
 const float* LeanDecoder::Keep(const at::Tensor& t) {
@@ -199,13 +169,22 @@ void LeanDecoder::Product(const PackedMatrix& w, const float* x, int64_t rows, f
                           int64_t ldy) const {
   const int64_t panels = w.panels();
   const int64_t grain = std::max<int64_t>(1, kMinMacsPerTask / (w.in * kPanelWidth * rows));
+  // The rows converted for the dot products: each thread converts them for itself into a buffer
+  // it keeps (a fraction of a panel's work).
+  const auto scratch = [&] {
+    thread_local std::vector<uint64_t> buffer;
+    const size_t words = static_cast<size_t>(kernels::cpu::MatmulScratchBytes(w, rows) + 7) / 8;
+    if (buffer.size() < words) buffer.resize(words);
+    return static_cast<void*>(buffer.data());
+  };
   if (panels <= grain) {
-    kernels_->matmul(w, x, rows, w.in, 0, panels, y, ldy);
+    kernels_->matmul(w, x, rows, w.in, 0, panels, y, ldy, scratch());
     return;
   }
   // Panels are independent and each is computed the same way on any thread.
   kernels::cpu::ParallelTasks((panels + grain - 1) / grain, /*reverse=*/false, [&](int64_t t) {
-    kernels_->matmul(w, x, rows, w.in, t * grain, std::min(panels, (t + 1) * grain), y, ldy);
+    kernels_->matmul(w, x, rows, w.in, t * grain, std::min(panels, (t + 1) * grain), y, ldy,
+                     scratch());
   });
 }
 

@@ -7,8 +7,9 @@
 // of the step of a model as small as tost-austen, and its reduced-precision products cast the
 // activations and widen the result around every product. Here each product reads the weights
 // packed in their stored precision (float32, bfloat16, float16 or int8 with per-output-channel
-// scales) and accumulates in float32, and the norms, GELU and residuals run in place on buffers
-// that a thread keeps from one step to the next.
+// scales) and accumulates in float32 (with AVX-512 BF16/VNNI, bfloat16 and int8 products round
+// or quantise each row first, as oneDNN's and CTranslate2's do), and the norms, GELU and
+// residuals run in place on buffers that a thread keeps from one step to the next.
 //
 // Semantics are LanguageModel::Step's (docs/model-semantics.md §2); the TSSA statistics are
 // updated by tssa_step's own row kernels, bit for bit. Each row is computed alone by the same
@@ -67,6 +68,10 @@ class LeanDecoder {
             absl::Span<float* const> state_rows, float* logits,
             bool last_row_logits_only = false) const;
 
+  // Whether the dense products run on the CPU's dot-product instructions (bfloat16 pairs or int8
+  // quads, decode_kernels.h), which round or quantise the rows they multiply.
+  bool dot_products() const { return dot_products_; }
+
   // The bytes of the packed weights this decoder holds beyond the model's own.
   int64_t bytes() const { return bytes_; }
 
@@ -95,6 +100,7 @@ class LeanDecoder {
   std::vector<at::Tensor> storage_;  // everything the pointers above point into
   std::vector<at::Tensor> pending_;  // packed weights until MoveToHugePages copies them
   int64_t bytes_ = 0;
+  bool dot_products_ = false;
 };
 
 }  // namespace tost::model

@@ -48,6 +48,7 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 
+#include "kernels/cpu/decode_pack.h"
 #include "model/config/device.h"
 
 namespace tost::model {
@@ -93,11 +94,10 @@ class Linear {
     mode_ = device.is_cpu() ? products : CpuProducts::kFloat32;
     cuda_ = !device.is_cpu();
     if (mode_ == CpuProducts::kInt8) {
-      const at::Tensor w = weight_.to(device, at::kFloat);
-      // An all-zero row's scale is clamped above zero so the division stays finite (its int8
-      // row is all zeros).
-      scale_ = w.abs().amax({1}).div_(127).clamp_min_(1e-30).contiguous();
-      weight_ = w.div(scale_.unsqueeze(1)).round_().clamp_(-127, 127).to(at::kChar).contiguous();
+      // The lean decode step packs the same int8 values, so both paths multiply by them.
+      kernels::cpu::Int8Rows q = kernels::cpu::QuantiseInt8PerRow(weight_.to(device));
+      scale_ = std::move(q.scale);
+      weight_ = std::move(q.values);
       ones_ = at::ones({out_features_}, at::TensorOptions(at::kBFloat16));
       if (bias_.defined()) bias_ = bias_.to(device, at::kFloat).contiguous();
       return;

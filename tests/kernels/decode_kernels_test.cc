@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/decode_kernels.h"
+#include "kernels/cpu/decode_pack.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/tssa_cpu.h"
 #include "kernels/tssa_ops.h"
@@ -18,88 +19,98 @@
 namespace tost::kernels::cpu {
 namespace {
 
-std::string IsaParamName(const ::testing::TestParamInfo<CpuIsa>& info) {
-  return std::string(CpuIsaName(info.param));
-}
-
-class DecodeKernelsTest : public ::testing::TestWithParam<CpuIsa> {
- protected:
-  const DecodeKernels& k() const { return DecodeKernelsFor(GetParam()); }
+// An instruction set, and at AVX-512 whether the dot-product table is taken.
+struct KernelChoice {
+  CpuIsa isa;
+  bool dot_products;
 };
 
-// W [out, in] float32 → the packed layout of decode_kernels.h in `type` (int8 with absmax/127
-// scales), returning the storage and filling `m`; `dequantised` gets the values the packed matrix
-// holds, as float32 [out, in].
-at::Tensor PackForTest(const at::Tensor& w, const at::Tensor& bias, PackedType type,
-                       PackedMatrix& m, at::Tensor& scale, at::Tensor& padded_bias,
-                       at::Tensor& dequantised) {
-  const int64_t out = w.size(0), in = w.size(1);
-  m = PackedMatrix{};
-  m.type = type;
-  m.in = in;
-  m.out = out;
-  const int64_t padded = m.panels() * kPanelWidth;
-  at::Tensor wp = at::constant_pad_nd(w, {0, 0, 0, padded - out});
-  at::ScalarType stored = at::kFloat;
-  if (type == PackedType::kBFloat16) stored = at::kBFloat16;
-  if (type == PackedType::kFloat16) stored = at::kHalf;
-  if (type == PackedType::kInt8) {
-    stored = at::kChar;
-    scale = wp.abs().amax({1}).div_(127).clamp_min_(1e-30).contiguous();
-    wp = wp.div(scale.unsqueeze(1)).round_().clamp_(-127, 127);
-    m.scale = scale.data_ptr<float>();
-    dequantised = (wp * scale.unsqueeze(1)).narrow(0, 0, out).contiguous();
+std::vector<KernelChoice> AvailableChoices() {
+  std::vector<KernelChoice> choices;
+  for (CpuIsa isa : AvailableCpuIsas()) choices.push_back({isa, false});
+  if (CpuHasDotProducts()) choices.push_back({CpuIsa::kAvx512, true});
+  return choices;
+}
+
+std::string ChoiceName(const ::testing::TestParamInfo<KernelChoice>& info) {
+  return std::string(CpuIsaName(info.param.isa)) + (info.param.dot_products ? "_Dot" : "");
+}
+
+class DecodeKernelsTest : public ::testing::TestWithParam<KernelChoice> {
+ protected:
+  const DecodeKernels& k() const {
+    return DecodeKernelsFor(GetParam().isa, GetParam().dot_products);
+  }
+};
+
+// The float64 product the kernel approximates: x's rows as the kernel reads them (rounded to
+// bfloat16 for pairs; quantised to 8 bits with the row's absmax/127, zero point 128, for quads)
+// times the values the packed matrix holds.
+at::Tensor ExpectedProduct(const at::Tensor& x, const PackedWeights& p, const at::Tensor& w) {
+  const PackedMatrix& m = p.matrix;
+  at::Tensor rows = x.to(at::kDouble);
+  if (m.group == 2) rows = x.to(at::kBFloat16).to(at::kDouble);
+  if (m.group == 4) {
+    const at::Tensor scale = x.abs().amax({1}, /*keepdim=*/true).div(127.f);
+    const at::Tensor q =
+        (x * (127.f / x.abs().amax({1}, /*keepdim=*/true))).nan_to_num(0).round().clamp(-128, 127);
+    rows = q.to(at::kDouble) * scale.to(at::kDouble);
+  }
+  at::Tensor held;
+  if (m.type == PackedType::kInt8) {
+    const Int8Rows q = QuantiseInt8PerRow(w);
+    held = q.values.to(at::kDouble) * q.scale.to(at::kDouble).unsqueeze(1);
   } else {
-    dequantised = wp.to(stored).to(at::kFloat).narrow(0, 0, out).contiguous();
+    const at::ScalarType stored = m.type == PackedType::kBFloat16  ? at::kBFloat16
+                                  : m.type == PackedType::kFloat16 ? at::kHalf
+                                                                   : at::kFloat;
+    held = w.to(stored).to(at::kDouble);
   }
-  if (bias.defined()) {
-    padded_bias = at::constant_pad_nd(bias, {0, padded - out}).contiguous();
-    m.bias = padded_bias.data_ptr<float>();
-  }
-  at::Tensor packed =
-      wp.view({m.panels(), kPanelWidth, in}).permute({0, 2, 1}).contiguous().to(stored);
-  m.data = packed.data_ptr();
-  return packed;
+  return at::matmul(rows, held.t());
 }
 
 TEST_P(DecodeKernelsTest, PackedProductMatchesFloat64InEveryPrecision) {
   at::manual_seed(3);
   for (PackedType type :
        {PackedType::kFloat32, PackedType::kBFloat16, PackedType::kFloat16, PackedType::kInt8}) {
+    const int64_t group = k().input_group[static_cast<int>(type)];
     for (auto [out, in] : {std::pair<int64_t, int64_t>{257, 13}, {64, 384}, {130, 7}, {1, 1}}) {
       for (bool with_bias : {false, true}) {
         const at::Tensor w = at::randn({out, in});
         const at::Tensor bias = with_bias ? at::randn({out}) : at::Tensor();
-        PackedMatrix m;
-        at::Tensor scale, padded_bias, deq;
-        const at::Tensor packed = PackForTest(w, bias, type, m, scale, padded_bias, deq);
+        const PackedWeights packed = PackWeights(w, bias, type, group);
+        const PackedMatrix& m = packed.matrix;
         for (int64_t rows : {1, 2, 3, 4, 5, 7, 9}) {
           const at::Tensor x = at::randn({rows, in});
+          std::vector<uint64_t> scratch(MatmulScratchBytes(m, rows) / 8 + 1);
           // y's rows are wider than `out`: the kernel must leave the columns past `out` alone.
           const int64_t ldy = out + 3;
           std::vector<float> y(rows * ldy, -7.f);
-          k().matmul(m, x.data_ptr<float>(), rows, in, 0, m.panels(), y.data(), ldy);
+          k().matmul(m, x.data_ptr<float>(), rows, in, 0, m.panels(), y.data(), ldy,
+                     scratch.data());
           // The same panels in two ranges give the same values.
           std::vector<float> y_split(rows * ldy, -7.f);
           const int64_t half = m.panels() / 2;
-          k().matmul(m, x.data_ptr<float>(), rows, in, 0, half, y_split.data(), ldy);
-          k().matmul(m, x.data_ptr<float>(), rows, in, half, m.panels(), y_split.data(), ldy);
+          k().matmul(m, x.data_ptr<float>(), rows, in, 0, half, y_split.data(), ldy,
+                     scratch.data());
+          k().matmul(m, x.data_ptr<float>(), rows, in, half, m.panels(), y_split.data(), ldy,
+                     scratch.data());
           EXPECT_EQ(y, y_split);
-          at::Tensor want = at::matmul(x.to(at::kDouble), deq.to(at::kDouble).t());
+          at::Tensor want = ExpectedProduct(x, packed, w);
           if (with_bias) want = want + bias.to(at::kDouble);
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t o = 0; o < out; ++o) {
               const double expect = want[r][o].item<double>();
               EXPECT_NEAR(y[r * ldy + o], expect, 1e-5 * (1 + std::abs(expect)) * std::sqrt(in))
-                  << "type " << static_cast<int>(type) << " " << out << "x" << in << " rows "
-                  << rows << " at " << r << "," << o;
+                  << "type " << static_cast<int>(type) << " group " << group << " " << out << "x"
+                  << in << " rows " << rows << " at " << r << "," << o;
             }
             for (int64_t o = out; o < ldy; ++o) EXPECT_EQ(y[r * ldy + o], -7.f);
           }
           // A row's values do not depend on the rows beside it.
           std::vector<float> alone(ldy, -7.f);
           k().matmul(m, x.data_ptr<float>() + (rows - 1) * in, 1, in, 0, m.panels(), alone.data(),
-                     ldy);
+                     ldy, scratch.data());
           EXPECT_EQ(0, std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, out * sizeof(float)))
               << "row " << rows - 1 << " of " << rows;
         }
@@ -151,8 +162,8 @@ TEST_P(DecodeKernelsTest, TssaStepRowIsTssaStepBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, DecodeKernelsTest, ::testing::ValuesIn(AvailableCpuIsas()),
-                         IsaParamName);
+INSTANTIATE_TEST_SUITE_P(Isas, DecodeKernelsTest, ::testing::ValuesIn(AvailableChoices()),
+                         ChoiceName);
 
 }  // namespace
 }  // namespace tost::kernels::cpu
