@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #ifndef TOST_CPU_ISA
 #error \
@@ -137,8 +138,9 @@ void MatmulTyped(const PackedMatrix& w, const float* x, int64_t rows, int64_t ld
   }
 }
 
-void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx, int64_t panel_begin,
-            int64_t panel_end, float* y, int64_t ldy, void* /*scratch*/) {
+void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+            const void* /*prepared*/, int64_t panel_begin, int64_t panel_end, float* y,
+            int64_t ldy) {
   switch (w.type) {
     case PackedType::kFloat32:
       return MatmulTyped<float>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
@@ -165,6 +167,13 @@ constexpr int64_t kDotPrefetchGroups = 2048 / kGroupBytes;
 // Rows per pass: 4 rows × 4 vectors of accumulators (6 rows, which would still fit AVX-512's 32
 // registers with the weights and broadcasts, measured 1.5 times slower at 64 rows: GCC spills).
 constexpr int kDotRows = 4;
+
+// Where the prepared rows' scales follow their words.
+template <typename Word>
+TOST_CPU_INLINE auto* RowScales(const PackedMatrix& w, Word* words, int64_t rows) {
+  using Scale = std::conditional_t<std::is_const_v<Word>, const float, float>;
+  return reinterpret_cast<Scale*>(words + rows * w.groups());
+}
 
 // Rows of x rounded to bfloat16 (to nearest even), two input channels per 32-bit word, `groups`
 // words per row, the padding channel zero.
@@ -296,18 +305,26 @@ TOST_CPU_DOT void DotPanels(const PackedMatrix& w, const uint32_t* words, const 
   }
 }
 
-TOST_CPU_DOT void MatmulDot(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
-                            int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy,
-                            void* scratch) {
-  if (w.group == 1) return Matmul(w, x, rows, ldx, panel_begin, panel_end, y, ldy, scratch);
-  const int64_t groups = w.groups();
-  auto* words = static_cast<uint32_t*>(scratch);
-  auto* row_scale = reinterpret_cast<float*>(words + rows * groups);
+TOST_CPU_DOT void PrepareDot(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                             void* prepared) {
+  if (w.group == 1) return;
+  auto* words = static_cast<uint32_t*>(prepared);
   if (w.group == 4) {
-    RowsToQuads(x, rows, ldx, w.in, groups, words, row_scale);
+    RowsToQuads(x, rows, ldx, w.in, w.groups(), words, RowScales(w, words, rows));
+  } else {
+    RowsToPairs(x, rows, ldx, w.in, w.groups(), words);
+  }
+}
+
+TOST_CPU_DOT void MatmulDot(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                            const void* prepared, int64_t panel_begin, int64_t panel_end, float* y,
+                            int64_t ldy) {
+  if (w.group == 1) return Matmul(w, x, rows, ldx, prepared, panel_begin, panel_end, y, ldy);
+  const auto* words = static_cast<const uint32_t*>(prepared);
+  const float* row_scale = RowScales(w, words, rows);
+  if (w.group == 4) {
     DotPanels<true>(w, words, row_scale, rows, panel_begin, panel_end, y, ldy);
   } else {
-    RowsToPairs(x, rows, ldx, w.in, groups, words);
     DotPanels<false>(w, words, row_scale, rows, panel_begin, panel_end, y, ldy);
   }
 }
@@ -385,10 +402,15 @@ void AddScaled(float* x, const float* gamma, const float* y, int64_t n) {
   for (; i < n; ++i) x[i] = std::fma(gamma[i], y[i], x[i]);
 }
 
-constexpr DecodeKernels kTable{{1, 1, 1, 1}, &Matmul, &LayerNorm, &Gelu, &AddScaled};
+void PrepareNothing(const PackedMatrix& /*w*/, const float* /*x*/, int64_t /*rows*/,
+                    int64_t /*ldx*/, void* /*prepared*/) {}
+
+constexpr DecodeKernels kTable{{1, 1, 1, 1}, &PrepareNothing, &Matmul,
+                               &LayerNorm,   &Gelu,           &AddScaled};
 #if defined(CPU_CAPABILITY_AVX512)
 // Indexed by PackedType: float32, bfloat16 (pairs), float16, int8 (quads).
-constexpr DecodeKernels kDotTable{{1, 2, 1, 4}, &MatmulDot, &LayerNorm, &Gelu, &AddScaled};
+constexpr DecodeKernels kDotTable{{1, 2, 1, 4}, &PrepareDot, &MatmulDot,
+                                  &LayerNorm,   &Gelu,       &AddScaled};
 #endif
 
 }  // namespace

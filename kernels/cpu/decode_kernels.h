@@ -69,11 +69,10 @@ struct PackedMatrix {
   int64_t stored_values() const { return panels() * kPanelWidth * groups() * group; }
 };
 
-// Bytes of scratch memory `matmul` needs for `rows` rows of `w` (the rows converted for the dot
-// products: bfloat16 pairs, or int8 quads and one scale per row), rounded up to 64.
-inline int64_t MatmulScratchBytes(const PackedMatrix& w, int64_t rows) {
-  const int64_t per_row = w.groups() * 4 + 64;
-  return w.group == 1 ? 0 : rows * per_row + 64;
+// Bytes `prepare` writes for `rows` rows of `w` (the rows converted for the dot products, one
+// 32-bit word per input group, and a float32 scale per row); 0 when `w` has groups of 1.
+inline int64_t PreparedRowsBytes(const PackedMatrix& w, int64_t rows) {
+  return w.group == 1 ? 0 : rows * (w.groups() + 1) * 4;
 }
 
 struct DecodeKernels {
@@ -82,16 +81,21 @@ struct DecodeKernels {
   // are read as pairs and int8 as quads.
   int8_t input_group[4];
 
+  // Converts rows of x (float32 [rows, w.in], rows `ldx` apart) into what `matmul` multiplies
+  // `w` by, in `prepared` (PreparedRowsBytes(w, rows) bytes): with pairs each row rounded to
+  // bfloat16 (to nearest even); with quads each row quantised to 8 bits (scale absmax/127, zero
+  // point 128), as CTranslate2's and llama.cpp's int8 products do. Nothing for groups of 1.
+  void (*prepare)(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx, void* prepared);
+
   // y[r, o] = Σ_i x[r, i]·W[o, i] (·scale[o] at int8) (+ bias[o]) for r < rows and the output
-  // channels of panels [panel_begin, panel_end); x is float32 [rows, w.in] with rows `ldx` apart,
-  // y float32 with rows `ldy` apart (only channels < w.out are written). Weights packed with
-  // group 1 are widened to float32 and multiplied by the float32 rows. With pairs, each row is
-  // rounded to bfloat16 (to nearest even) and the pairs' products accumulate in float32; with
-  // quads, each row is quantised to 8 bits (scale absmax/127, zero point 128) and the products
-  // accumulate exactly in int32, as CTranslate2's and llama.cpp's int8 products do. `scratch`
-  // holds MatmulScratchBytes(w, rows) bytes, 64-byte aligned.
+  // channels of panels [panel_begin, panel_end); y float32 with rows `ldy` apart (only channels
+  // < w.out are written). Weights packed with groups of 1 are widened to float32 and multiplied
+  // by x itself (float32 [rows, w.in], rows `ldx` apart); pairs and quads multiply the rows
+  // `prepare` wrote to `prepared` (one preparation serves every panel range), pairs'
+  // products accumulating in float32, quads' exactly in int32.
   void (*matmul)(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
-                 int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy, void* scratch);
+                 const void* prepared, int64_t panel_begin, int64_t panel_end, float* y,
+                 int64_t ldy);
 
   // y = (x − mean(x)) / sqrt(var(x) + eps)·weight (+ bias) for one row of n channels (variance
   // biased, as torch.nn.LayerNorm); bias may be null. y may be x.

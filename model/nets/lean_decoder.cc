@@ -169,22 +169,21 @@ void LeanDecoder::Product(const PackedMatrix& w, const float* x, int64_t rows, f
                           int64_t ldy) const {
   const int64_t panels = w.panels();
   const int64_t grain = std::max<int64_t>(1, kMinMacsPerTask / (w.in * kPanelWidth * rows));
-  // The rows converted for the dot products: each thread converts them for itself into a buffer
-  // it keeps (a fraction of a panel's work).
-  const auto scratch = [&] {
-    thread_local std::vector<uint64_t> buffer;
-    const size_t words = static_cast<size_t>(kernels::cpu::MatmulScratchBytes(w, rows) + 7) / 8;
-    if (buffer.size() < words) buffer.resize(words);
-    return static_cast<void*>(buffer.data());
-  };
+  // The rows as the dot products read them, converted once for every panel, into a buffer the
+  // calling thread keeps.
+  thread_local std::vector<uint32_t> prepared;
+  const size_t words = static_cast<size_t>(kernels::cpu::PreparedRowsBytes(w, rows) / 4);
+  if (prepared.size() < words) prepared.resize(words);
+  kernels_->prepare(w, x, rows, w.in, prepared.data());
+  const void* rows_prepared = prepared.data();
   if (panels <= grain) {
-    kernels_->matmul(w, x, rows, w.in, 0, panels, y, ldy, scratch());
+    kernels_->matmul(w, x, rows, w.in, rows_prepared, 0, panels, y, ldy);
     return;
   }
   // Panels are independent and each is computed the same way on any thread.
   kernels::cpu::ParallelTasks((panels + grain - 1) / grain, /*reverse=*/false, [&](int64_t t) {
-    kernels_->matmul(w, x, rows, w.in, t * grain, std::min(panels, (t + 1) * grain), y, ldy,
-                     scratch());
+    kernels_->matmul(w, x, rows, w.in, rows_prepared, t * grain, std::min(panels, (t + 1) * grain),
+                     y, ldy);
   });
 }
 

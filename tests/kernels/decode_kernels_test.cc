@@ -82,19 +82,20 @@ TEST_P(DecodeKernelsTest, PackedProductMatchesFloat64InEveryPrecision) {
         const PackedMatrix& m = packed.matrix;
         for (int64_t rows : {1, 2, 3, 4, 5, 7, 9}) {
           const at::Tensor x = at::randn({rows, in});
-          std::vector<uint64_t> scratch(MatmulScratchBytes(m, rows) / 8 + 1);
+          std::vector<uint32_t> prepared(PreparedRowsBytes(m, rows) / 4 + 1);
+          k().prepare(m, x.data_ptr<float>(), rows, in, prepared.data());
           // y's rows are wider than `out`: the kernel must leave the columns past `out` alone.
           const int64_t ldy = out + 3;
           std::vector<float> y(rows * ldy, -7.f);
-          k().matmul(m, x.data_ptr<float>(), rows, in, 0, m.panels(), y.data(), ldy,
-                     scratch.data());
+          k().matmul(m, x.data_ptr<float>(), rows, in, prepared.data(), 0, m.panels(), y.data(),
+                     ldy);
           // The same panels in two ranges give the same values.
           std::vector<float> y_split(rows * ldy, -7.f);
           const int64_t half = m.panels() / 2;
-          k().matmul(m, x.data_ptr<float>(), rows, in, 0, half, y_split.data(), ldy,
-                     scratch.data());
-          k().matmul(m, x.data_ptr<float>(), rows, in, half, m.panels(), y_split.data(), ldy,
-                     scratch.data());
+          k().matmul(m, x.data_ptr<float>(), rows, in, prepared.data(), 0, half, y_split.data(),
+                     ldy);
+          k().matmul(m, x.data_ptr<float>(), rows, in, prepared.data(), half, m.panels(),
+                     y_split.data(), ldy);
           EXPECT_EQ(y, y_split);
           at::Tensor want = ExpectedProduct(x, packed, w);
           if (with_bias) want = want + bias.to(at::kDouble);
@@ -109,8 +110,10 @@ TEST_P(DecodeKernelsTest, PackedProductMatchesFloat64InEveryPrecision) {
           }
           // A row's values do not depend on the rows beside it.
           std::vector<float> alone(ldy, -7.f);
-          k().matmul(m, x.data_ptr<float>() + (rows - 1) * in, 1, in, 0, m.panels(), alone.data(),
-                     ldy, scratch.data());
+          std::vector<uint32_t> prepared_alone(PreparedRowsBytes(m, 1) / 4 + 1);
+          k().prepare(m, x.data_ptr<float>() + (rows - 1) * in, 1, in, prepared_alone.data());
+          k().matmul(m, x.data_ptr<float>() + (rows - 1) * in, 1, in, prepared_alone.data(), 0,
+                     m.panels(), alone.data(), ldy);
           EXPECT_EQ(0, std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, out * sizeof(float)))
               << "row " << rows - 1 << " of " << rows;
         }
