@@ -1,5 +1,9 @@
 #include "kernels/cpu/isa.h"
 
+#if defined(TOST_CPU_X86_ISAS)
+#include <cpuid.h>
+#endif
+
 #include <ATen/Version.h>
 #include <c10/util/Exception.h>
 
@@ -97,9 +101,14 @@ const RowKernels<T>& KernelsFor(CpuIsa isa) {
 
 bool CpuHasDotProducts() {
 #if defined(TOST_CPU_X86_ISAS)
-  static const bool has = IsAvailable(CpuIsa::kAvx512) &&
-                          __builtin_cpu_supports("avx512bf16") != 0 &&
-                          __builtin_cpu_supports("avx512vnni") != 0;
+  // CPUID directly: not every compiler's __builtin_cpu_supports knows these names. AVX-512 BF16
+  // is leaf 7, subleaf 1, EAX bit 5; AVX-512 VNNI leaf 7, subleaf 0, ECX bit 11.
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+    const bool vnni = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 11) & 1);
+    return IsAvailable(CpuIsa::kAvx512) && bf16 && vnni;
+  }();
   return has;
 #else
   return false;

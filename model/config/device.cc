@@ -68,6 +68,7 @@ namespace {
 struct CpuFlags {
   bool avx512_core = false;  // what oneDNN needs for bf16 products at all
   bool avx512_bf16 = false;
+  bool avx512_vnni = false;
   bool amx_bf16 = false;
   bool f16c = false;
 };
@@ -78,11 +79,14 @@ CpuFlags DetectCpuFlags() {
   __builtin_cpu_init();
   f.avx512_core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  // CPUID directly for these three: clang's __builtin_cpu_supports does not know their names.
+  // CPUID directly for these four: clang's __builtin_cpu_supports does not know their names.
   // Each needs the OS to save the vector registers it uses, which avx512f and avx imply.
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512_core && ((a >> 5) & 1);
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.amx_bf16 = (d >> 22) & 1;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.amx_bf16 = (d >> 22) & 1;
+    f.avx512_vnni = f.avx512_core && ((c >> 11) & 1);
+  }
   if (__get_cpuid(1, &a, &b, &c, &d)) f.f16c = __builtin_cpu_supports("avx") && ((c >> 29) & 1);
 #endif
   return f;
@@ -117,6 +121,7 @@ std::string CpuPrecisionFlags() {
   };
   add(f.avx512_core, "avx512");
   add(f.avx512_bf16, "avx512_bf16");
+  add(f.avx512_vnni, "avx512_vnni");
   add(f.amx_bf16, "amx_bf16");
   add(f.f16c, "f16c");
   return out;
