@@ -15,8 +15,15 @@ separate process on the same core, called in-process there):
     streamed event to the last over the tokens generated in between (so prefill is excluded);
   prefill tokens/s of a 4000-token prompt: its length over the wall time of a request for one
     token (the prompt, one decode step, the round trip);
-  optionally aggregate decode tokens/s of 1, 8, 32, 64 concurrent streams after a 16-token prompt
-    (tost_server and llama-server only; --streams).
+  optionally (--streams, e.g. 1,8,32,64; tost_server and llama-server only) concurrent streams in a
+    closed loop after 16-token and 2000-token prompts (--stream-prompts): aggregate tokens/s (the
+    streamed tokens that arrive inside the measured window, counted exactly from their arrival
+    times), inter-token latency p50 / p99 (the gaps between consecutive streamed events of a request
+    that arrive inside the window; the first token's wait is TTFT, reported as its p50, not a gap);
+  resident memory per open session at 4000 tokens (clamped to the context; --session-rss-tokens, 0
+    skips it): tost_server's RSS slope over sessions held, llama-server's RSS with N slots of that
+    context over its RSS with one small slot, CTranslate2's RSS slope over live generations held
+    at their first token (definitions: README.md, "How a figure is measured").
 
 Run with the scratch venv's Python of tools/bench/peers/setup.sh (PEERS_PYTHON): it has CTranslate2
 and sees the project venv's grpcio.
@@ -24,6 +31,7 @@ and sees the project venv's grpcio.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import http.client
 import json
 import os
@@ -46,6 +54,11 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 # the one every ratio is taken to.
 ENGINES = ("tost", "tost-bf16", "tost-fp16", "tost-int8", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
 MODELS = ("bench-lm", "tost-austen")
+# Context cells beyond prompt + new tokens that llama-server's slots get (it rounds a slot's context
+# up to a multiple of 256 itself), and that the session-memory prompts stay below the context.
+MARGIN = 16
+# Sessions forked for tost_server's memory per session (TostEngine.session_rss).
+TOST_FORKS = 256
 
 
 # ---- prompts -------------------------------------------------------------------------------------
@@ -72,13 +85,63 @@ def timed_decode(events) -> Dict[str, float]:
             "timed_tokens": last[1] - first[1]}
 
 
+def percentile(xs: List[float], q: float) -> Optional[float]:
+    """The q-quantile (0..1) of xs, linearly interpolated between the closest ranks; None if empty."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = q * (len(xs) - 1)
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def rss_growth(pid: int, add_one, n: int) -> dict:
+    """Resident memory per added session, as tools/bench/p5_session_memory.py measures it: the
+    process's VmRSS read before and after each of n calls of add_one(i) (which leaves one more
+    session held), and the least-squares slope of the growth against the sessions held."""
+    import benchlib
+    from p5_session_memory import slope
+
+    rss0 = benchlib.proc_rss_bytes(pid)
+    xs, ys = [0], [0]
+    for i in range(1, n + 1):
+        add_one(i)
+        xs.append(i)
+        ys.append(benchlib.proc_rss_bytes(pid) - rss0)
+    return {"sessions": n, "rss_before_bytes": rss0, "growth_bytes": ys[-1],
+            "per_session_bytes": slope(xs, ys), "checkpoints": list(zip(xs, ys))}
+
+
 # ---- tost_server ---------------------------------------------------------------------------------
+
+class TostStream:
+    """One streamed Generate: iterating yields (arrival time, tokens so far) per token; cancel()
+    (from any thread) ends it, and the iteration then raises or stops."""
+
+    def __init__(self, call):
+        self.call = call
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+        self.call.cancel()
+
+    def __iter__(self):
+        n = 0
+        for r in self.call:
+            if r.HasField("token"):
+                n += 1
+                yield time.perf_counter(), n
+            elif r.HasField("final") and r.final.cached_tokens:
+                raise RuntimeError(f"expected no prefix-cache hits, got {r.final.cached_tokens} cached tokens")
+
 
 class TostEngine:
     def __init__(self, binary: str, model_dir: str, model: str, cpu: int, dtype: str = "fp32"):
@@ -99,26 +162,77 @@ class TostEngine:
         self.stub = pb2_grpc.TostStub(self.channel)
         self.pid = self.server.proc.pid
 
-    def _stream(self, ids: Sequence[int], new_tokens: int):
+    def open_stream(self, ids: Sequence[int], new_tokens: int) -> "TostStream":
         req = self.pb2.GenerateRequest(model=self.model, prompt_tokens=self.pb2.TokenIds(ids=list(ids)),
                                        max_new_tokens=new_tokens,
                                        sampling=self.pb2.SamplingParams(temperature=0.0))
-        n = 0
-        for r in self.stub.Generate(req, timeout=600):
-            if r.HasField("token"):
-                n += 1
-                yield time.perf_counter(), n
-            elif r.HasField("final") and r.final.cached_tokens:
-                raise RuntimeError(f"expected no prefix-cache hits, got {r.final.cached_tokens} cached tokens")
+        return TostStream(self.stub.Generate(req, timeout=600))
+
+    def _stream(self, ids: Sequence[int], new_tokens: int):
+        return iter(self.open_stream(ids, new_tokens))
 
     def decode(self, ids, new_tokens):
         return timed_decode(self._stream(ids, new_tokens))
 
-    def request(self, ids, new_tokens) -> int:
+    def request(self, ids, new_tokens, events: Optional[list] = None) -> int:
+        """Tokens generated; with `events`, each streamed event's (time, tokens so far) appended."""
         n = 0
-        for _, n in self._stream(ids, new_tokens):
-            pass
+        for e in self._stream(ids, new_tokens):
+            n = e[1]
+            if events is not None:
+                events.append(e)
         return n
+
+    def session_rss(self, vocab_size: int, tokens: int, sessions: int, key: str) -> dict:
+        """Resident memory per open session that has seen `tokens` tokens. `sessions` real ones:
+        CreateSession, then Generate with its session_id of a (tokens - 1)-token prompt and one new
+        token, held open (one opened and closed first: prefill buffers grown to this length); their
+        slope is in `real`. A ToST session's state is a few KiB, below what `sessions` of them move
+        RSS by (pages, allocator arenas), so the figure (`per_session_bytes`) is the slope over
+        TOST_FORKS more sessions forked from those (ForkSession: the same state, copied), as
+        tools/bench/p5_session_memory.py measures, after 32 forks opened and closed."""
+        pb2 = self.pb2
+
+        def open_session(k) -> str:
+            info = self.stub.CreateSession(pb2.CreateSessionRequest(model=self.model), timeout=30)
+            ids = prompt_ids(vocab_size, tokens - 1, f"{key}/{k}")
+            req = pb2.GenerateRequest(model=self.model, session_id=info.session_id, max_new_tokens=1,
+                                      prompt_tokens=pb2.TokenIds(ids=ids), sampling=pb2.SamplingParams(temperature=0.0))
+            final = None
+            for r in self.stub.Generate(req, timeout=600):
+                if r.HasField("final"):
+                    final = r.final
+            # tokens - 1 with an end-of-text token, which the session does not consume.
+            if final is None or not tokens - 1 <= final.position <= tokens:
+                raise RuntimeError(f"expected a session at position {tokens}, got "
+                                   f"{final.position if final else 'no final message'}")
+            return info.session_id
+
+        def fork(sid: str):
+            info = self.stub.ForkSession(pb2.SessionRef(session_id=sid), timeout=30)
+            if not tokens - 1 <= info.position <= tokens:
+                raise RuntimeError(f"expected a fork at position {tokens}, got {info.position}")
+            return info
+
+        warm = open_session("warm")
+        self.stub.CloseSession(pb2.SessionRef(session_id=warm), timeout=30)
+        time.sleep(0.2)
+        held: List[str] = []
+        real = rss_growth(self.pid, lambda i: held.append(open_session(i)), sessions)
+        for w in [fork(held[0]) for _ in range(32)]:
+            self.stub.CloseSession(pb2.SessionRef(session_id=w.session_id), timeout=30)
+        time.sleep(0.2)
+        infos: list = []
+        out = rss_growth(self.pid, lambda i: infos.append(fork(held[i % len(held)])), TOST_FORKS)
+        st = self.stub.ServerStatus(pb2.ServerStatusRequest(), timeout=30)
+        if st.sessions < sessions + TOST_FORKS:
+            raise RuntimeError(f"expected the server to hold {sessions + TOST_FORKS} sessions, "
+                               f"it holds {st.sessions}")
+        out["real"] = real
+        out["server_sessions"] = st.sessions
+        out["server_state_bytes_per_session"] = st.session_state_bytes / st.sessions
+        out["fork_state_bytes"] = infos[-1].state_bytes
+        return out
 
     def stop(self):
         self.channel.close()
@@ -128,14 +242,67 @@ class TostEngine:
 
 # ---- llama-server --------------------------------------------------------------------------------
 
+class LlamaStream:
+    """One streamed /completion (server-sent events): iterating yields (arrival time, tokens so far)
+    per event that carries tokens (an event may carry several: llama-server holds a token back
+    until its text is complete UTF-8; the twins' ASCII vocabulary makes that rare); the closing
+    event, which carries none but the timings, is not yielded. cancel() (from any thread) shuts the
+    connection, which llama-server takes as the client going away."""
+
+    def __init__(self, engine: "LlamaEngine", ids, new_tokens: int):
+        self.engine = engine
+        self.body = engine._body(ids, new_tokens, True)
+        self.conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=600)
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+        sock = self.conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __iter__(self):
+        try:
+            self.conn.connect()
+            if self.cancelled:  # after connect(): a cancel() from now on finds the socket
+                return
+            self.conn.request("POST", "/completion", self.body, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"llama-server /completion: HTTP {resp.status}: {resp.read()[:500]!r}")
+            last = 0
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                if not line.startswith(b"data: "):
+                    continue
+                now = time.perf_counter()
+                event = json.loads(line[6:])
+                n = event["tokens_predicted"]
+                if n > last:
+                    last = n
+                    yield now, n
+                if event.get("stop"):
+                    if "timings" in event:
+                        self.engine.timings.append(event["timings"])
+                    break
+        finally:
+            self.conn.close()
+
+
 class LlamaEngine:
-    def __init__(self, binary: str, gguf: str, slot_context: int, cpu: int, parallel: int = 1):
+    def __init__(self, binary: str, gguf: str, slot_context: int, cpu: int, parallel: int = 1,
+                 extra: Sequence[str] = ()):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="peers_llama_", suffix=".log", delete=False)
         # One thread for generation and for prompt batches, as tost_server's one intra-op thread;
         # the context of the model (per slot with --parallel 1); the web UI off (not measured).
         argv = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-tb", "1",
-                "-c", str(slot_context * parallel), "-np", str(parallel), "--no-webui"]
+                "-c", str(slot_context * parallel), "-np", str(parallel), "--no-webui", *extra]
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
@@ -161,39 +328,35 @@ class LlamaEngine:
         self.timings: List[dict] = []
 
     def _log_tail(self) -> str:
+        return self.log_text()[-3000:]
+
+    def log_text(self) -> str:
         with open(self.log.name, errors="replace") as f:
-            return f.read()[-3000:]
+            return f.read()
 
     def _body(self, ids, new_tokens, stream):
         # temperature 0 is greedy in llama.cpp; ignore_eos as CTranslate2's suppressed end token.
         return json.dumps({"prompt": list(ids), "n_predict": new_tokens, "temperature": 0, "cache_prompt": False,
                            "ignore_eos": True, "stream": stream})
 
+    def open_stream(self, ids, new_tokens) -> "LlamaStream":
+        return LlamaStream(self, ids, new_tokens)
+
     def _stream(self, ids, new_tokens):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        conn.request("POST", "/completion", self._body(ids, new_tokens, True), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"llama-server /completion: HTTP {resp.status}: {resp.read()[:500]!r}")
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            if not line.startswith(b"data: "):
-                continue
-            now = time.perf_counter()
-            event = json.loads(line[6:])
-            yield now, event["tokens_predicted"]
-            if event.get("stop"):
-                if "timings" in event:
-                    self.timings.append(event["timings"])
-                break
-        conn.close()
+        return iter(self.open_stream(ids, new_tokens))
 
     def decode(self, ids, new_tokens):
         return timed_decode(self._stream(ids, new_tokens))
 
-    def request(self, ids, new_tokens) -> int:
+    def request(self, ids, new_tokens, events: Optional[list] = None) -> int:
+        """Tokens generated. Without `events`, one non-streaming /completion (one JSON reply); with
+        it, a streamed one, each event's (time, tokens so far) appended to `events`."""
+        if events is not None:
+            n = 0
+            for e in self._stream(ids, new_tokens):
+                n = e[1]
+                events.append(e)
+            return n
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         conn.request("POST", "/completion", self._body(ids, new_tokens, False), {"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -219,10 +382,12 @@ class LlamaEngine:
 # ---- CTranslate2 (in a worker process on the servers' core) -------------------------------------
 
 class Ct2Engine:
-    def __init__(self, model_dir: str, compute_type: str, cpu: int):
+    def __init__(self, model_dir: str, compute_type: str, cpu: int, inter_threads: int = 1,
+                 env: Optional[Dict[str, str]] = None):
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--ct2-worker", model_dir,
-                                      compute_type, str(cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+                                      compute_type, str(cpu), str(inter_threads)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env={**os.environ, **env} if env else None)
         self.pid = self.proc.pid
         self._call({"op": "ping"})
 
@@ -242,19 +407,36 @@ class Ct2Engine:
     def request(self, ids, new_tokens) -> int:
         return self._call({"op": "request", "ids": list(ids), "new_tokens": new_tokens})["tokens"]
 
+    def session_rss(self, vocab_size: int, tokens: int, sessions: int, key: str) -> dict:
+        """Resident memory per live generation holding a (tokens - 1)-token prompt's KV cache and
+        its first token (the worker's `hold`, which needs inter_threads >= sessions). First,
+        `sessions` short ones held at once and released (every CTranslate2 worker thread has run),
+        and one of full length held and released (buffers grown to this length)."""
+        for i in range(sessions):
+            self._call({"op": "hold", "ids": prompt_ids(vocab_size, 64, f"{key}/warm-short/{i}")})
+        self._call({"op": "release"})
+        self._call({"op": "hold", "ids": prompt_ids(vocab_size, tokens - 1, f"{key}/warm")})
+        self._call({"op": "release"})
+        out = rss_growth(self.pid, lambda i: self._call({"op": "hold", "ids": prompt_ids(vocab_size, tokens - 1,
+                                                                                          f"{key}/{i}")}), sessions)
+        self._call({"op": "release"})
+        return out
+
     def stop(self):
         self.proc.stdin.close()
-        self.proc.wait(30)
+        self.proc.wait(60)
 
 
-def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
+def ct2_worker(model_dir: str, compute_type: str, cpu: int, inter_threads: int = 1) -> None:
     """The CTranslate2 side: each generated token timed as it is made, as a client of the other
-    engines times their streams; one JSON request and reply per line on stdin/stdout."""
+    engines times their streams; one JSON request and reply per line on stdin/stdout.
+    inter_threads > 1 only for the session-memory measurement (`hold`: one live generation per
+    CTranslate2 worker thread)."""
     os.sched_setaffinity(0, {cpu})  # before ctranslate2 starts its threads
     import ctranslate2
 
     generator = ctranslate2.Generator(model_dir, device="cpu", compute_type=compute_type, intra_threads=1,
-                                      inter_threads=1)
+                                      inter_threads=inter_threads)
     with open(os.path.join(model_dir, "vocabulary.json")) as f:
         vocab = json.load(f)
     eos = vocab[-1]
@@ -276,6 +458,48 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
                                  suppress_sequences=[[eos]], include_prompt_in_result=False, callback=step)
         return [(t, n + 1) for n, t in enumerate(times)]
 
+    # Live generations for the session-memory measurement. generate_tokens alone does not hold a
+    # session: its job runs on to max_length in a CTranslate2 worker thread whether or not the
+    # iterator is read, and frees its KV cache when it ends. So the step callback blocks at the
+    # second step until release: the iterator has handed out the first token, and the job, with the
+    # prompt's KV cache (and the first token's), stays live. One job per worker thread
+    # (inter_threads); glibc's arenas trimmed (malloc_trim) before each reading, so what stays
+    # resident is what the live jobs hold.
+    held: List[tuple] = []
+    release = threading.Event()
+    libc = ctypes.CDLL("libc.so.6")
+
+    def hold(ids):
+        if len(held) >= inter_threads:
+            raise RuntimeError(f"expected at most inter_threads={inter_threads} live generations")
+        reached = threading.Event()
+        gate = release
+
+        def step(result):
+            if result.step >= 1:
+                reached.set()
+                gate.wait()
+                return True
+            return False
+
+        it = generator.generate_tokens([vocab[i] for i in ids], max_length=4, sampling_topk=1,
+                                       suppress_sequences=[[eos]], callback=step)
+        first = next(it)
+        if not reached.wait(600):
+            raise RuntimeError("a held generation did not reach its second step in 600 s")
+        held.append((it, first))
+        libc.malloc_trim(0)
+
+    def release_all():
+        nonlocal release
+        release.set()
+        for it, _ in held:
+            for _ in it:
+                pass
+        held.clear()
+        release = threading.Event()
+        libc.malloc_trim(0)
+
     for line in sys.stdin:
         msg = json.loads(line)
         try:
@@ -283,6 +507,12 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
                 out = {"ok": True, "version": ctranslate2.__version__}
             elif msg["op"] == "decode":
                 out = timed_decode(stream(msg["ids"], msg["new_tokens"]))
+            elif msg["op"] == "hold":
+                hold(msg["ids"])
+                out = {"held": len(held)}
+            elif msg["op"] == "release":
+                release_all()
+                out = {"held": 0}
             else:
                 n = 0
                 for _, n in stream(msg["ids"], msg["new_tokens"]):
@@ -296,18 +526,28 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int) -> None:
 
 # ---- measurement ---------------------------------------------------------------------------------
 
-def start_engine(engine: str, model: str, args, dims: dict, parallel: int = 1):
+def start_engine(engine: str, model: str, args, dims: dict, parallel: int = 1, slot_ctx: Optional[int] = None,
+                 llama_extra: Sequence[str] = (), ct2_env: Optional[Dict[str, str]] = None):
+    """`parallel`: llama-server's slots (-np) and CTranslate2's inter_threads; `slot_ctx`: the context of
+    each llama-server slot (default: the model's with one slot, 256 with several); `ct2_env`: more
+    environment for the CTranslate2 worker."""
     twin = os.path.join(args.twins, model)
     if engine == "tost" or engine.startswith("tost-"):
         dtype = engine.split("-", 1)[1] if "-" in engine else "fp32"
         return TostEngine(args.tost_server, os.path.join(args.twins, "tost-repo", model), model, args.cpu,
                           dtype)
     if engine.startswith("llama-"):
-        # With several slots each needs only the stream test's prompt and reply, not the whole context.
-        slot_ctx = dims["context_length"] if parallel == 1 else 256
+        if slot_ctx is None:
+            slot_ctx = dims["context_length"] if parallel == 1 else 256
         return LlamaEngine(args.llama_server, os.path.join(twin, f"gguf-{engine[6:]}.gguf"), slot_ctx,
-                           args.cpu, parallel)
-    return Ct2Engine(os.path.join(twin, f"ct2-{engine[4:]}"), engine[4:], args.cpu)
+                           args.cpu, parallel, llama_extra)
+    return Ct2Engine(os.path.join(twin, f"ct2-{engine[4:]}"), engine[4:], args.cpu, parallel, ct2_env)
+
+
+def stream_slot_ctx(dims: dict, prompt_len: int, new_tokens: int) -> int:
+    """llama-server's context per slot for the streams after `prompt_len`-token prompts: the prompt,
+    the new tokens and MARGIN, at least the 256 of earlier runs, at most the model's context."""
+    return min(dims["context_length"], max(256, prompt_len + new_tokens + MARGIN))
 
 
 def measure_single(eng, model: str, rnd: int, dims: dict, positions: List[int], prefill_len: int,
@@ -328,72 +568,226 @@ def measure_single(eng, model: str, rnd: int, dims: dict, positions: List[int], 
 
 
 def measure_streams(eng, model: str, dims: dict, n: int, prompt_len: int, new_tokens: int,
-                    duration_s: float, warmup_s: float) -> dict:
-    """Closed loop: n client threads each send a request as soon as its last one ended. Each request's
-    tokens count in the proportion of its duration that lies inside the measured window (spread
-    evenly over it): counting only requests that end inside the window would step the figure by
-    whole waves of n requests."""
+                    duration_s: float, warmup_s: float, max_warmup_s: float, max_window_s: float) -> dict:
+    """Closed loop: n client threads each send a streamed request as soon as its last one ended, and
+    record every streamed event's arrival time. The measured window begins once warmup_s has passed
+    and every stream has received its first token (the prompts of the first wave, all sent at once,
+    have been prefilled), but at most max_warmup_s after the start. It lasts duration_s and until n
+    requests have ended in it (one cycle of the loop: where prefill dominates, a server may run the
+    streams in waves, a burst of prefills then a burst of decoding, and a window shorter than a wave
+    would see one or the other), at most max_window_s; then the requests still in flight are
+    cancelled. Counted inside
+    the window [t_begin, t_end): the tokens that arrived in it (exactly, from the events' counts),
+    the gaps between consecutive events of one request whose later event arrived in it (inter-token
+    latency; a llama-server event that carries several tokens is one gap), and the times to first
+    token of requests whose first token arrived in it."""
     v = dims["vocab_size"]
-    start = time.perf_counter()
-    t_begin, t_end = start + warmup_s, start + warmup_s + duration_s
-    done: List[tuple] = []
-    errors: List[str] = []
     lock = threading.Lock()
+    stop = threading.Event()
+    everyone_started = threading.Event()
+    live: Dict[int, object] = {}
+    records: List[tuple] = []  # (sent, [(time, tokens so far), ...])
+    errors: List[str] = []
+    started = [False] * n
+    n_started = [0]
+    window = {"begin": None, "ended": 0}  # requests that ended since the window began
 
     def client(i: int):
         k = 0
-        while time.perf_counter() < t_end:
-            ids = prompt_ids(v, prompt_len, f"{model}/streams/{n}/{i}/{k}")
+        while not stop.is_set():
+            ids = prompt_ids(v, prompt_len, f"{model}/streams/{prompt_len}/{n}/{i}/{k}")
             k += 1
-            began = time.perf_counter()
-            try:
-                got = eng.request(ids, new_tokens)
-            except Exception as e:  # counted, the loop goes on
-                with lock:
-                    errors.append(str(e)[:200])
-                continue
-            now = time.perf_counter()
+            sent = time.perf_counter()
+            s = eng.open_stream(ids, new_tokens)
             with lock:
-                done.append((began, now, got))
+                if stop.is_set():
+                    s.cancel()
+                    break
+                live[i] = s
+            events: List[tuple] = []
+            try:
+                for e in s:
+                    events.append(e)
+                    if not started[i]:
+                        with lock:
+                            started[i] = True
+                            n_started[0] += 1
+                            if n_started[0] == n:
+                                everyone_started.set()
+                if events and not s.cancelled and window["begin"] is not None and events[-1][0] >= window["begin"]:
+                    with lock:
+                        window["ended"] += 1
+            except Exception as e:  # counted, the loop goes on; a cancelled stream's end is not an error
+                if not s.cancelled:
+                    with lock:
+                        errors.append(str(e)[:200])
+                    time.sleep(0.1)
+            with lock:
+                live.pop(i, None)
+                records.append((sent, events))
 
+    start = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    everyone_started.wait(max_warmup_s)
+    time.sleep(max(0.0, start + warmup_s - time.perf_counter()))
+    t_begin = time.perf_counter()
+    window["begin"] = t_begin
+    time.sleep(duration_s)
+    while window["ended"] < n and time.perf_counter() < t_begin + max_window_s:
+        time.sleep(0.05)
+    t_end = time.perf_counter()
+    with lock:
+        stop.set()
+        in_flight = list(live.values())
+    for s in in_flight:
+        s.cancel()
     for t in threads:
-        t.join()
-    tokens = sum(g * max(0.0, min(e, t_end) - max(b, t_begin)) / (e - b) for b, e, g in done if e > b)
-    return {"streams": n, "tokens_per_s": tokens / duration_s, "requests": len(done),
-            "requests_in_window": sum(1 for b, e, _ in done if b < t_end and e > t_begin), "errors": len(errors),
+        t.join(120)
+    stuck = sum(1 for t in threads if t.is_alive())
+
+    tokens = 0
+    gaps: List[float] = []
+    ttft: List[float] = []
+    for sent, events in records:
+        prev_t, prev_n = sent, 0
+        for j, (t, c) in enumerate(events):
+            if t_begin <= t < t_end:
+                tokens += c - prev_n
+                (gaps if j else ttft).append(t - prev_t)
+            prev_t, prev_n = t, c
+    ms = 1e3
+    itl50, itl99, ttft50 = percentile(gaps, 0.5), percentile(gaps, 0.99), percentile(ttft, 0.5)
+    return {"streams": n, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
+            "warmup_s": t_begin - start, "warmup_capped": not everyone_started.is_set(), "window_s": t_end - t_begin,
+            "window_capped": window["ended"] < n, "requests_ended_in_window": window["ended"],
+            "tokens_in_window": tokens, "tokens_per_s": tokens / (t_end - t_begin),
+            "itl_p50_ms": itl50 * ms if itl50 is not None else None,
+            "itl_p99_ms": itl99 * ms if itl99 is not None else None, "gaps_in_window": len(gaps),
+            "ttft_p50_ms": ttft50 * ms if ttft50 is not None else None, "first_tokens_in_window": len(ttft),
+            "requests": len(records),
+            "requests_completed": sum(1 for _, e in records if e and e[-1][1] >= new_tokens),
+            "requests_in_window": sum(1 for _, e in records if e and e[0][0] < t_end and e[-1][0] >= t_begin),
+            "cancelled_in_flight": len(in_flight), "stuck_clients": stuck, "errors": len(errors),
             "first_error": errors[0] if errors else None}
+
+
+def llama_session_rss(args, engine: str, model: str, dims: dict, tokens: int, sessions: int) -> dict:
+    """llama-server allocates its KV cache for its whole context at start-up, so a slope over
+    requests would show nothing: (RSS of a server with `sessions` slots of tokens + MARGIN context,
+    after every slot has processed a (tokens - 1)-token prompt for one new token, all at once) minus
+    (RSS of one with one 256-token slot after a short request), over `sessions`. Both servers log at
+    verbosity 4, which prints llama.cpp's own KV cache and compute buffer sizes."""
+    import benchlib
+
+    v = dims["vocab_size"]
+    sizes = ("llama_kv_cache: size", "CPU compute buffer size", "n_ctx_seq ")
+
+    def logged(eng) -> List[str]:
+        return [ln.strip() for ln in eng.log_text().splitlines() if any(k in ln for k in sizes)]
+
+    small = start_engine(engine, model, args, dims, parallel=1, slot_ctx=256, llama_extra=("-lv", "4"))
+    try:
+        small.request(prompt_ids(v, 64, f"{model}/rss/{tokens}/warm"), 8)
+        time.sleep(0.2)
+        rss_small = benchlib.proc_rss_bytes(small.pid)
+        small_log = logged(small)
+    finally:
+        small.stop()
+    slot_ctx = min(dims["context_length"], tokens + MARGIN)
+    big = start_engine(engine, model, args, dims, parallel=sessions, slot_ctx=slot_ctx, llama_extra=("-lv", "4"))
+    try:
+        rss_idle = benchlib.proc_rss_bytes(big.pid)
+        got: List[int] = []
+        errors: List[str] = []
+
+        def one(i):
+            try:
+                got.append(big.request(prompt_ids(v, tokens - 1, f"{model}/rss/{tokens}/{i}"), 1))
+            except Exception as e:
+                errors.append(str(e)[:300])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError(f"llama-server session-memory requests failed: {errors[0]}")
+        time.sleep(0.2)
+        rss_big = benchlib.proc_rss_bytes(big.pid)
+        big_log = logged(big)
+        argv = big.argv
+    finally:
+        big.stop()
+    return {"sessions": sessions, "slot_ctx": slot_ctx, "argv": argv, "rss_one_small_slot_bytes": rss_small,
+            "rss_idle_bytes": rss_idle, "rss_after_bytes": rss_big,
+            "per_session_bytes": (rss_big - rss_small) / sessions, "log_small": small_log, "log": big_log}
+
+
+def measure_session_rss(engine: str, model: str, args, dims: dict, tokens: int, sessions: int) -> dict:
+    key = f"{model}/rss/{tokens}"
+    if engine.startswith("llama-"):
+        out = llama_session_rss(args, engine, model, dims, tokens, sessions)
+    else:
+        # CTranslate2: one worker thread per live generation, and glibc's mmap threshold fixed (which
+        # also stops it from rising) so that freed prefill buffers go back to the system instead of
+        # staying resident in those threads' arenas (on tost-austen they otherwise added about 16 MiB
+        # to each session's 4 MiB KV cache).
+        ct2 = engine.startswith("ct2-")
+        eng = start_engine(engine, model, args, dims, parallel=sessions if ct2 else 1,
+                           ct2_env={"MALLOC_MMAP_THRESHOLD_": "131072"} if ct2 else None)
+        try:
+            out = eng.session_rss(dims["vocab_size"], tokens, sessions, key)
+        finally:
+            eng.stop()
+    out["tokens"] = tokens
+    out["mib_per_session"] = out["per_session_bytes"] / 2**20
+    return out
 
 
 def best(values: List[float], higher_is_better: bool) -> float:
     return max(values) if higher_is_better else min(values)
 
 
+def fmt_num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3f}"
+
+
+def fmt_ratio(r: float) -> str:
+    return f"{r:.2f}" if abs(r) >= 0.1 else f"{r:.2g}"
+
+
 def fmt_table(result: dict) -> str:
     engines = result["engines"]
-    lines = [f"{'model':<12} {'metric':<26} " + " ".join(f"{e:>20}" for e in engines)]
-    lines.append("  (each peer: its figure, then tost/peer in parentheses; ms/token: below 1 means tost is "
-                 "faster; tokens/s: above 1 means tost is faster)")
+    w = 34
+    lines = [f"{'model':<12} {'metric':<{w}} " + " ".join(f"{e:>20}" for e in engines)]
+    lines.append("  (each peer: its figure, then tost/peer in parentheses; ms and MiB: below 1 means tost is "
+                 "faster or smaller; tokens/s: above 1 means tost is faster)")
     for model, m in result["models"].items():
-        rows = [(f"decode ms/token @{p}", m["decode_ms"][p], False) for p in m["decode_ms"]]
-        rows.append((f"prefill tok/s ({m['prefill_len']})", m["prefill_tps"], True))
-        for n, vals in m.get("streams_tps", {}).items():
-            rows.append((f"aggregate tok/s x{n}", vals, True))
-        for name, vals, _ in rows:
+        rows = [(f"decode ms/token @{p}", m["decode_ms"][p]) for p in m["decode_ms"]]
+        rows.append((f"prefill tok/s ({m['prefill_len']})", m["prefill_tps"]))
+        for plen, by_n in m.get("streams", {}).items():
+            for n, by_engine in by_n.items():
+                for key, label in (("tokens_per_s", "tok/s"), ("itl_p50_ms", "ITL p50 ms"),
+                                   ("itl_p99_ms", "ITL p99 ms"), ("ttft_p50_ms", "TTFT p50 ms")):
+                    rows.append((f"x{n} after {plen}: {label}", {e: r.get(key) for e, r in by_engine.items()}))
+        if m.get("session_rss"):
+            rows.append((f"RSS MiB/session @{m['session_rss_tokens']}",
+                         {e: r["mib_per_session"] for e, r in m["session_rss"].items()}))
+        for name, vals in rows:
             cells = []
             tost = vals.get("tost")
             for e in engines:
                 x = vals.get(e)
                 if x is None:
                     cells.append(f"{'-':>20}")
-                elif e == "tost" or tost is None:
-                    cells.append(f"{x:>20.3f}" if x < 100 else f"{x:>20.0f}")
+                elif e == "tost" or not tost or not x:
+                    cells.append(f"{fmt_num(x):>20}")
                 else:
-                    num = f"{x:.3f}" if x < 100 else f"{x:.0f}"
-                    cells.append(f"{num + f' ({tost / x:.2f})':>20}")
-            lines.append(f"{model:<12} {name:<26} " + " ".join(cells))
+                    cells.append(f"{fmt_num(x) + f' ({fmt_ratio(tost / x)})':>20}")
+            lines.append(f"{model:<12} {name:<{w}} " + " ".join(cells))
     return "\n".join(lines)
 
 
@@ -412,8 +806,8 @@ def llama_version(binary: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--ct2-worker":
-        ct2_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--ct2-worker":
+        ct2_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return
     deps = os.environ.get("TOST_DEPS_DIR", "/opt/tost-deps")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -430,16 +824,34 @@ def main() -> None:
     ap.add_argument("--prefill-len", type=int, default=4000)
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens generated per decode measurement")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--streams", default="", help="concurrent streams for aggregate tokens/s, e.g. 1,8,32,64 "
-                    "(tost and llama-server only; off by default)")
-    ap.add_argument("--stream-tokens", type=int, default=64)
-    ap.add_argument("--stream-duration-s", type=float, default=10)
-    ap.add_argument("--quick", action="store_true", help="positions 100,4000, 16 new tokens, no streams")
+    ap.add_argument("--streams", default="", help="concurrent streams for aggregate tokens/s and inter-token "
+                    "latency, e.g. 1,8,32,64 (tost and llama-server only; off by default)")
+    ap.add_argument("--stream-prompts", default="16,2000",
+                    help="prompt lengths the streams are measured after (clamped so prompt + --stream-tokens fit "
+                    "the context); 16 alone is the streams of earlier runs")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="new tokens per stream request")
+    ap.add_argument("--stream-duration-s", type=float, default=8,
+                    help="least measured window after prompts of at most 256 tokens")
+    ap.add_argument("--long-stream-duration-s", type=float, default=5,
+                    help="least measured window after longer prompts (prefill-dominated)")
+    ap.add_argument("--stream-window-max-s", type=float, default=300,
+                    help="most measured window (it also lasts until as many requests as streams ended in it)")
+    ap.add_argument("--stream-warmup-s", type=float, default=2,
+                    help="least warm-up before a window; it also lasts until every stream has had a first token")
+    ap.add_argument("--stream-warmup-max-s", type=float, default=300, help="most warm-up before a window")
+    ap.add_argument("--session-rss-tokens", type=int, default=4000,
+                    help="resident memory per open session of this many tokens (clamped to the context "
+                    "less 16); 0 skips it")
+    ap.add_argument("--session-rss-sessions", type=int, default=8, help="sessions held for it")
+    ap.add_argument("--quick", action="store_true", help="positions 100,4000, 16 new tokens, no streams, "
+                    "session memory at 1000 tokens with 4 sessions")
     ap.add_argument("--dry-run", action="store_true", help="check the arguments and inputs, measure nothing")
     ap.add_argument("--out", default="peers.json")
     args = ap.parse_args()
     if args.quick:
         args.positions, args.new_tokens, args.streams = "100,4000", 16, ""
+        args.session_rss_tokens = min(args.session_rss_tokens, 1000)
+        args.session_rss_sessions = min(args.session_rss_sessions, 4)
     engines = [e for e in args.engines.split(",") if e]
     models = [m for m in args.models.split(",") if m]
     bad = [e for e in engines if e not in ENGINES] + [m for m in models if m not in MODELS]
@@ -461,15 +873,30 @@ def main() -> None:
         raise SystemExit(f"expected ctranslate2 importable by {sys.executable}; run it with setup.sh's PEERS_PYTHON")
     positions = [int(p) for p in args.positions.split(",") if p]
     streams = [int(s) for s in args.streams.split(",") if s]
+    stream_prompts = [int(s) for s in args.stream_prompts.split(",") if s]
+    if streams and (not stream_prompts or min(stream_prompts) < 1 or min(streams) < 1):
+        raise SystemExit(f"expected positive --streams and --stream-prompts, got {streams} and {stream_prompts}")
+    if args.session_rss_tokens and (args.session_rss_tokens < 2 or args.session_rss_sessions < 2):
+        raise SystemExit("expected --session-rss-tokens >= 2 (or 0) and --session-rss-sessions >= 2")
     if args.dry_run:
-        print(f"ok: engines {engines}, models {models}, positions {positions}, streams {streams}")
+        print(f"ok: engines {engines}, models {models}, positions {positions}, streams {streams} after prompts "
+              f"{stream_prompts if streams else []}, session memory "
+              + (f"at {args.session_rss_tokens} tokens, {args.session_rss_sessions} sessions"
+                 if args.session_rss_tokens else "off"))
         return
     import benchlib
 
     machine = benchlib.machine()  # before this process pins itself: its affinity is the machine's
     os.sched_setaffinity(0, {args.client_cpu})
+    run_t0 = time.monotonic()
     result: dict = {"machine": machine, "argv": sys.argv, "engines": engines, "cpu": args.cpu,
                     "client_cpu": args.client_cpu, "new_tokens": args.new_tokens, "rounds": args.rounds,
+                    "streams": {"counts": streams, "prompts": stream_prompts if streams else [],
+                                "new_tokens": args.stream_tokens, "duration_s": args.stream_duration_s,
+                                "long_duration_s": args.long_stream_duration_s,
+                                "window_max_s": args.stream_window_max_s,
+                                "warmup_s": args.stream_warmup_s, "warmup_max_s": args.stream_warmup_max_s},
+                    "session_rss": {"tokens": args.session_rss_tokens, "sessions": args.session_rss_sessions},
                     "versions": {"ctranslate2": ct2_version(), "llama-server": llama_version(args.llama_server)},
                     "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "models": {}, "raw": []}
     for model in models:
@@ -479,7 +906,8 @@ def main() -> None:
         pos = sorted({min(p, ctx - args.new_tokens - 1) for p in positions})
         prefill_len = min(args.prefill_len, ctx - 2)
         result["models"][model] = {"dims": d, "positions": pos, "prefill_len": prefill_len,
-                                   "decode_ms": {str(p): {} for p in pos}, "prefill_tps": {}}
+                                   "decode_ms": {str(p): {} for p in pos}, "prefill_tps": {}, "seconds": {}}
+        t0 = time.monotonic()
         for rnd in range(args.rounds):
             order = engines if rnd % 2 == 0 else engines[::-1]
             for engine in order:
@@ -498,20 +926,61 @@ def main() -> None:
                 result["models"][model]["decode_ms"][str(p)][e] = best(
                     [r["decode"][str(p)]["ms_per_token"] for r in raws], False)
             result["models"][model]["prefill_tps"][e] = best([r["prefill"]["tokens_per_s"] for r in raws], True)
+        result["models"][model]["seconds"]["single"] = time.monotonic() - t0
         if streams:
-            agg: Dict[str, Dict[str, float]] = {str(n): {} for n in streams}
+            t0 = time.monotonic()
+            agg: Dict[str, Dict[str, Dict[str, dict]]] = {}
+            plens = sorted({min(p, ctx - args.stream_tokens - 1) for p in stream_prompts})
             for engine in [e for e in engines if not e.startswith("ct2-")]:
-                print(f"[{model} streams] {engine} ...", flush=True)
-                eng = start_engine(engine, model, args, d, parallel=max(streams))
-                try:
-                    eng.request(prompt_ids(d["vocab_size"], 16, f"{model}/streams/warm"), args.stream_tokens)
-                    for n in streams:
-                        s = measure_streams(eng, model, d, n, 16, args.stream_tokens, args.stream_duration_s, 2.0)
-                        result["raw"].append({"model": model, "engine": engine, "streams": s})
-                        agg[str(n)][engine] = s["tokens_per_s"]
-                finally:
-                    eng.stop()
-            result["models"][model]["streams_tps"] = agg
+                for plen in plens:
+                    print(f"[{model} streams after {plen}-token prompts] {engine} ...", flush=True)
+                    eng = start_engine(engine, model, args, d, parallel=max(streams),
+                                       slot_ctx=stream_slot_ctx(d, plen, args.stream_tokens))
+                    try:
+                        # Warm-up, not measured: a stream, and one prompt of this length.
+                        eng.request(prompt_ids(d["vocab_size"], 16, f"{model}/streams/warm"), args.stream_tokens)
+                        if plen > 16:
+                            eng.request(prompt_ids(d["vocab_size"], plen, f"{model}/streams/warm/{plen}"), 1)
+                        duration = args.long_stream_duration_s if plen > 256 else args.stream_duration_s
+                        for n in streams:
+                            p0 = time.monotonic()
+                            s = measure_streams(eng, model, d, n, plen, args.stream_tokens, duration,
+                                                args.stream_warmup_s, args.stream_warmup_max_s,
+                                                args.stream_window_max_s)
+                            s["point_s"] = time.monotonic() - p0
+                            if isinstance(eng, LlamaEngine):
+                                s["llama_argv"] = eng.argv
+                            result["raw"].append({"model": model, "engine": engine, "streams": s})
+                            agg.setdefault(str(plen), {}).setdefault(str(n), {})[engine] = {
+                                k: s[k] for k in ("tokens_per_s", "itl_p50_ms", "itl_p99_ms", "ttft_p50_ms")}
+                            print(f"  x{n}: {s['tokens_per_s']:.0f} tok/s, ITL p50/p99 "
+                                  f"{s['itl_p50_ms'] or 0:.1f}/{s['itl_p99_ms'] or 0:.1f} ms, warm-up "
+                                  f"{s['warmup_s']:.0f} s{' (capped)' if s['warmup_capped'] else ''}, window "
+                                  f"{s['window_s']:.0f} s{' (capped)' if s['window_capped'] else ''}, "
+                                  f"{s['point_s']:.0f} s in all", flush=True)
+                    finally:
+                        eng.stop()
+            result["models"][model]["streams"] = agg
+            result["models"][model]["seconds"]["streams"] = time.monotonic() - t0
+        if args.session_rss_tokens:
+            t0 = time.monotonic()
+            rss_tokens = min(args.session_rss_tokens, ctx - MARGIN)
+            m = result["models"][model]
+            m["session_rss_tokens"] = rss_tokens
+            # For reference: the twin's KV cache of that many tokens (K and V, every layer).
+            kv = 2 * d["n_layer"] * d["n_embd"] * rss_tokens
+            m["twin_kv_bytes"] = {"f32": 4 * kv, "f16": 2 * kv}
+            m["session_rss"] = {}
+            for engine in engines:
+                print(f"[{model} session memory at {rss_tokens} tokens] {engine} ...", flush=True)
+                r = measure_session_rss(engine, model, args, d, rss_tokens, args.session_rss_sessions)
+                m["session_rss"][engine] = r
+                real = (f" ({r['real']['per_session_bytes'] / 2**20:.3f} over the {r['real']['sessions']} "
+                        f"prefilled ones; the server counts {r['server_state_bytes_per_session'] / 1024:.1f} KiB)"
+                        if "real" in r else "")
+                print(f"  {r['mib_per_session']:.3f} MiB/session{real}", flush=True)
+            m["seconds"]["session_rss"] = time.monotonic() - t0
+    result["seconds"] = time.monotonic() - run_t0
     table = fmt_table(result)
     result["table"] = table
     benchlib.write_json(args.out, result)
