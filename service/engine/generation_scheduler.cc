@@ -104,12 +104,13 @@ void GenerationJob::WakeListener() {
   if (listener_) listener_();
 }
 
-void GenerationJob::Publish(GenerationEvent e) {
+void GenerationJob::Publish(GenerationEvent e, ListenerDelivery* delivery) {
   {
     absl::MutexLock lock(&mu_);
     if (e.kind == GenerationEvent::Kind::kToken) ++buffered_tokens_;
     events_.push_back(std::move(e));
   }
+  if (delivery != nullptr) return;  // the caller queues this job's wake with it
   absl::MutexLock lock(&listener_mu_);
   if (listener_) listener_();
 }
@@ -672,7 +673,8 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   e.token.text = out.text;
   e.token.top_logprobs = std::move(drawn.top_logprobs);
   if (job.request.logprobs || job.request.top_logprobs > 0) e.token.logprob = drawn.logprob;
-  job.handle->Publish(std::move(e));
+  job.handle->Publish(std::move(e), delivery_.get());
+  if (delivery_ != nullptr) delivery_->Queue(job.handle);
 
   const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
                        st.stop_token_ids.end();
@@ -699,7 +701,8 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
     }
     snap.snapshot.utf8_pending = job.text->utf8_pending();
     snap.snapshot.held_text = job.text->held();
-    job.handle->Publish(std::move(snap));
+    job.handle->Publish(std::move(snap), delivery_.get());
+    if (delivery_ != nullptr) delivery_->Queue(job.handle);
   }
   return !job.finished;
 }
@@ -1003,6 +1006,7 @@ int64_t GenerationScheduler::UpdatePauses(absl::Time now) {
 void GenerationScheduler::Start() {
   absl::MutexLock lock(&mu_);
   if (thread_.joinable() || stopping_) return;
+  delivery_ = std::make_unique<ListenerDelivery>();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -1038,6 +1042,7 @@ void GenerationScheduler::Shutdown() {
   }
   doorbell_->Ring();
   if (thread_.joinable()) thread_.join();
+  delivery_.reset();  // the loop's token events woken, its thread joined
   // The loop has stopped: this thread now owns active_ and queued_.
   std::deque<std::unique_ptr<Job>> queued;
   {

@@ -39,6 +39,7 @@
 #include "service/engine/constraint_masker.h"
 #include "service/engine/constraints.h"
 #include "service/engine/generation_state.h"
+#include "service/engine/listener_delivery.h"
 #include "service/engine/model_interface.h"
 #include "service/engine/prefix_cache.h"
 
@@ -128,8 +129,10 @@ class GenerationJob {
   std::optional<GenerationEvent> Next(absl::Duration timeout);
   // The next event if one is ready.
   std::optional<GenerationEvent> TryNext() { return Next(absl::ZeroDuration()); }
-  // `listener` is called after each event is published (on the scheduler's thread, with no lock
-  // of the job or the scheduler held; it must not block), so a consumer need not poll. Setting
+  // `listener` is called after each event is published (with no lock of the job or the scheduler
+  // held; it must not block), so a consumer need not poll: for a final event on the thread that
+  // published it, for tokens and snapshots of a started scheduler on its ListenerDelivery thread
+  // (once for events published together), otherwise on the scheduler's thread. Setting
   // another listener (or null) returns only once no call of the previous one is in progress, so a
   // consumer can clear it and then be destroyed.
   void SetListener(absl::AnyInvocable<void()> listener);
@@ -153,11 +156,13 @@ class GenerationJob {
 
  private:
   friend class GenerationScheduler;
+  friend class ListenerDelivery;
   struct Doorbell;
   struct Owner;
   GenerationJob(std::shared_ptr<Doorbell> doorbell, std::shared_ptr<Owner> owner)
       : doorbell_(std::move(doorbell)), owner_(std::move(owner)) {}
-  void Publish(GenerationEvent e);
+  // Queues `e` and calls the listener now; or, with `delivery`, has it call the listener.
+  void Publish(GenerationEvent e, ListenerDelivery* delivery = nullptr);
 
   // Rung when the consumer takes a token or cancels, so a scheduler waiting on paused jobs wakes.
   const std::shared_ptr<Doorbell> doorbell_;
@@ -165,6 +170,7 @@ class GenerationJob {
   const std::shared_ptr<Owner> owner_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> stalled_{false};
+  std::atomic<bool> wake_queued_{false};  // a ListenerDelivery wake of this job is queued
   mutable absl::Mutex mu_;
   std::deque<GenerationEvent> events_ ABSL_GUARDED_BY(mu_);
   int32_t buffered_tokens_ ABSL_GUARDED_BY(mu_) = 0;
@@ -422,6 +428,9 @@ class GenerationScheduler {
   ConstraintMasker masker_;
   // The earliest instant at which a deadline or a stall ends an active job (the idle loop's wake).
   absl::Time next_timed_event_ = absl::InfiniteFuture();
+  // Started with the loop's thread (Start), stopped after it (Shutdown): the token events' listener
+  // calls. Null when the test's thread steps the scheduler: then they run inline, as a test wants.
+  std::unique_ptr<ListenerDelivery> delivery_;
   std::thread thread_;
 };
 
