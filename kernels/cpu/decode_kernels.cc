@@ -183,7 +183,7 @@ TOST_CPU_DOT void RowsToPairs(const float* x, int64_t rows, int64_t ldx, int64_t
     const float* xr = x + r * ldx;
     auto* out = reinterpret_cast<uint16_t*>(words + r * groups);
     for (int64_t i = 0; i < groups * 2; i += 16) {
-      const int64_t valid = std::min<int64_t>(16, in - i);
+      const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, in - i));
       const __mmask16 load = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
       const __mmask16 store =
           static_cast<__mmask16>(groups * 2 - i >= 16 ? 0xffff : (1u << (groups * 2 - i)) - 1);

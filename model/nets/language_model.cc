@@ -45,9 +45,9 @@ constexpr double kLayerNormEps = 1e-5;
 // step (lean_decoder.h); larger ones go through LibTorch's matrix products, whose blocking (and, in
 // bf16, oneDNN's bf16 dot-product instructions) wins once enough rows share each weight. From
 // tost_generation_bench --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time
-// per step): fp32 0.35-0.65 at 1-64 rows; fp16 0.25-0.59 at 1-64. bf16 and int8 with the
-// AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.28 at 1 row, 0.65 at 16, 0.89 at 64;
-// int8 0.19 at 1, 0.31 at 16, 0.52 at 64. Without them (widening products): bf16 0.28 at 1 row,
+// per step): fp32 0.26-0.73 at 1-64 rows; fp16 0.25-0.59 at 1-64. bf16 and int8 with the
+// AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.33 at 1 row, 0.70 at 16, 0.90 at 64;
+// int8 0.20 at 1, 0.22 at 16, 0.40 at 64. Without them (widening products): bf16 0.28 at 1 row,
 // 0.82 at 16, 1.08 at 32; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows
 // nothing was measured.
 int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products) {
