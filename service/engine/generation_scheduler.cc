@@ -104,13 +104,14 @@ void GenerationJob::WakeListener() {
   if (listener_) listener_();
 }
 
-void GenerationJob::Publish(GenerationEvent e, ListenerDelivery* delivery) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (e.kind == GenerationEvent::Kind::kToken) ++buffered_tokens_;
-    events_.push_back(std::move(e));
-  }
-  if (delivery != nullptr) return;  // the caller queues this job's wake with it
+void GenerationJob::Append(GenerationEvent e) {
+  absl::MutexLock lock(&mu_);
+  if (e.kind == GenerationEvent::Kind::kToken) ++buffered_tokens_;
+  events_.push_back(std::move(e));
+}
+
+void GenerationJob::Publish(GenerationEvent e) {
+  Append(std::move(e));
   absl::MutexLock lock(&listener_mu_);
   if (listener_) listener_();
 }
@@ -623,6 +624,15 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   job.finished = true;
 }
 
+void GenerationScheduler::PublishStreamed(Job& job, GenerationEvent e) {
+  if (delivery_ == nullptr) {
+    job.handle->Publish(std::move(e));
+    return;
+  }
+  job.handle->Append(std::move(e));
+  delivery_->Queue(job.handle);
+}
+
 bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   GenerationState& st = job.state();
   const model::LanguageConfig& c = model_.config().language;
@@ -673,8 +683,7 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   e.token.text = out.text;
   e.token.top_logprobs = std::move(drawn.top_logprobs);
   if (job.request.logprobs || job.request.top_logprobs > 0) e.token.logprob = drawn.logprob;
-  job.handle->Publish(std::move(e), delivery_.get());
-  if (delivery_ != nullptr) delivery_->Queue(job.handle);
+  PublishStreamed(job, std::move(e));
 
   const bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), token) !=
                        st.stop_token_ids.end();
@@ -701,8 +710,7 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
     }
     snap.snapshot.utf8_pending = job.text->utf8_pending();
     snap.snapshot.held_text = job.text->held();
-    job.handle->Publish(std::move(snap), delivery_.get());
-    if (delivery_ != nullptr) delivery_->Queue(job.handle);
+    PublishStreamed(job, std::move(snap));
   }
   return !job.finished;
 }

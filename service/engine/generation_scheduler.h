@@ -161,8 +161,10 @@ class GenerationJob {
   struct Owner;
   GenerationJob(std::shared_ptr<Doorbell> doorbell, std::shared_ptr<Owner> owner)
       : doorbell_(std::move(doorbell)), owner_(std::move(owner)) {}
-  // Queues `e` and calls the listener now; or, with `delivery`, has it call the listener.
-  void Publish(GenerationEvent e, ListenerDelivery* delivery = nullptr);
+  // Queues `e` for the consumer and calls the listener.
+  void Publish(GenerationEvent e);
+  // Queues `e` for the consumer without calling the listener (ListenerDelivery will).
+  void Append(GenerationEvent e);
 
   // Rung when the consumer takes a token or cancels, so a scheduler waiting on paused jobs wakes.
   const std::shared_ptr<Doorbell> doorbell_;
@@ -401,6 +403,9 @@ class GenerationScheduler {
   // Publishes the token the step drew for `job` and applies the stop rules. Returns false when
   // the job finished.
   bool EmitToken(Job& job, model::DrawnToken drawn);
+  // Publishes a token or snapshot of the step loop: its listener is woken by delivery_ once there
+  // is one, inline otherwise.
+  void PublishStreamed(Job& job, GenerationEvent e);
 
   const GenerativeModel& model_;
   const GenerationSchedulerOptions options_;

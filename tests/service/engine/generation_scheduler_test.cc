@@ -17,6 +17,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
@@ -1170,6 +1173,50 @@ TEST_F(SchedulerTest, CancelsRacingTheSchedulerThreadEndEveryJobOnce) {
   EXPECT_EQ(st.queued, 0);
   EXPECT_EQ(st.active, 0);
   EXPECT_TRUE(s->Reserve().ok());
+  s->Shutdown();
+}
+
+// A started scheduler wakes its streams' listeners for tokens on a delivery thread: a listener
+// that takes its time (a gRPC write) does not hold up the step loop, which goes on publishing the
+// job's tokens meanwhile; the listener then takes them all, in order, and the final event.
+TEST_F(SchedulerTest, AStartedSchedulersStepLoopDoesNotWaitForTokenListeners) {
+  auto s = Make(GenerationSchedulerOptions{});
+  constexpr int kTokens = 8;
+  auto job = s->Submit(Request(*s, "ab", kTokens));
+  ASSERT_TRUE(job.ok()) << job.status();
+  GenerationJob* raw = job->get();
+  absl::Notification release;
+  std::atomic<int> calls{0};
+  absl::Mutex mu;
+  Collected c;
+  raw->SetListener([&] {
+    if (calls.fetch_add(1) == 0) release.WaitForNotification();
+    absl::MutexLock lock(&mu);
+    Drain(*raw, c);
+  });
+  s->Start();
+  // The first listener call waits; the step loop publishes every token regardless (it then waits
+  // to publish the final event inline, which takes the listener's lock).
+  for (int i = 0; i < 10000 && raw->buffered_tokens() < kTokens; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(raw->buffered_tokens(), kTokens);
+  EXPECT_EQ(calls.load(), 1);
+  release.Notify();
+  for (int i = 0; i < 10000; ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      if (c.final.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  raw->SetListener(nullptr);
+  ASSERT_TRUE(c.final.has_value());
+  EXPECT_EQ(c.final->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.tokens.size(), static_cast<size_t>(kTokens));
+  for (int i = 1; i < static_cast<int>(c.positions.size()); ++i) {
+    EXPECT_EQ(c.positions[i], c.positions[i - 1] + 1) << "token " << i;
+  }
   s->Shutdown();
 }
 
