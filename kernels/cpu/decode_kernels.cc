@@ -168,6 +168,11 @@ constexpr int64_t kDotPrefetchGroups = 2048 / kGroupBytes;
 // registers with the weights and broadcasts, measured 1.5 times slower at 64 rows: GCC spills).
 constexpr int kDotRows = 4;
 
+// The mask of the first n of 16 lanes (n clamped to 0..16).
+TOST_CPU_INLINE __mmask16 FirstLanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(0, n)) - 1);
+}
+
 // Where the prepared rows' scales follow their words.
 template <typename Word>
 TOST_CPU_INLINE auto* RowScales(const PackedMatrix& w, Word* words, int64_t rows) {
@@ -183,12 +188,8 @@ TOST_CPU_DOT void RowsToPairs(const float* x, int64_t rows, int64_t ldx, int64_t
     const float* xr = x + r * ldx;
     auto* out = reinterpret_cast<uint16_t*>(words + r * groups);
     for (int64_t i = 0; i < groups * 2; i += 16) {
-      const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, in - i));
-      const __mmask16 load = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
-      const __mmask16 store =
-          static_cast<__mmask16>(groups * 2 - i >= 16 ? 0xffff : (1u << (groups * 2 - i)) - 1);
-      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(load, xr + i));
-      _mm256_mask_storeu_epi16(out + i, store, (__m256i)v);
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(FirstLanes(in - i), xr + i));
+      _mm256_mask_storeu_epi16(out + i, FirstLanes(groups * 2 - i), (__m256i)v);
     }
   }
 }
@@ -202,9 +203,7 @@ TOST_CPU_DOT void RowsToQuads(const float* x, int64_t rows, int64_t ldx, int64_t
     const float* xr = x + r * ldx;
     __m512 amax = _mm512_setzero_ps();
     for (int64_t i = 0; i < in; i += 16) {
-      const int64_t valid = std::min<int64_t>(16, in - i);
-      const __mmask16 load = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(load, xr + i)));
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(FirstLanes(in - i), xr + i)));
     }
     const float absmax = _mm512_reduce_max_ps(amax);
     row_scale[r] = absmax / 127.f;
@@ -213,15 +212,12 @@ TOST_CPU_DOT void RowsToQuads(const float* x, int64_t rows, int64_t ldx, int64_t
                   hi = _mm512_set1_epi32(255);
     auto* out = reinterpret_cast<uint8_t*>(words + r * groups);
     for (int64_t i = 0; i < groups * 4; i += 16) {
-      const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, in - i));
-      const __mmask16 load = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
-      const __mmask16 store =
-          static_cast<__mmask16>(groups * 4 - i >= 16 ? 0xffff : (1u << (groups * 4 - i)) - 1);
       // _mm512_cvtps_epi32 rounds to nearest even (the default MXCSR mode).
       __m512i q = _mm512_add_epi32(
-          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(load, xr + i), inv)), zero_point);
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(FirstLanes(in - i), xr + i), inv)),
+          zero_point);
       q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
-      _mm_mask_storeu_epi8(out + i, store, _mm512_cvtepi32_epi8(q));
+      _mm_mask_storeu_epi8(out + i, FirstLanes(groups * 4 - i), _mm512_cvtepi32_epi8(q));
     }
   }
 }
@@ -256,9 +252,8 @@ TOST_CPU_DOT TOST_CPU_INLINE void DotPanel(const PackedMatrix& w, const uint8_t*
   }
   for (int c = 0; c < 4; ++c) {
     const int64_t o = o0 + c * 16;
-    const int64_t valid = std::min<int64_t>(16, w.out - o);
-    if (valid <= 0) break;
-    const __mmask16 store = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
+    if (o >= w.out) break;
+    const __mmask16 store = FirstLanes(w.out - o);
     for (int r = 0; r < kRows; ++r) {
       __m512 v;
       if constexpr (kQuads) {

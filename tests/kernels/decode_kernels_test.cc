@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@ struct KernelChoice {
   CpuIsa isa;
   bool dot_products;
 };
+
+// gtest prints a parameter's bytes otherwise, padding included.
+void PrintTo(const KernelChoice& c, std::ostream* os) {
+  *os << CpuIsaName(c.isa) << (c.dot_products ? " with dot products" : "");
+}
 
 std::vector<KernelChoice> AvailableChoices() {
   std::vector<KernelChoice> choices;
