@@ -184,13 +184,27 @@ def test_return_state_continues_from_the_blob(srv):
     assert cont.usage.prompt_tokens >= 1 and cont.choices[0].model_extra.get("state")
 
 
+def metric_reaching(srv, name, want, timeout_s=10.0, **labels):
+    """The series' value once it is at least `want`, or its last value after timeout_s. A request is
+    counted when its last byte is written, which the client may see a moment before the server
+    records it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = metric(srv, name, **labels)
+        if value >= want or time.monotonic() > deadline:
+            return value
+        time.sleep(0.01)
+
+
 def test_http_metrics_count_routes_and_codes(srv):
     before = metric(srv, "tost_http_requests_total", route="/v1/completions", code="200")
     client(srv).completions.create(model=MODEL, prompt="x", max_tokens=1)
-    assert metric(srv, "tost_http_requests_total", route="/v1/completions", code="200") == before + 1
+    assert metric_reaching(srv, "tost_http_requests_total", before + 1, route="/v1/completions",
+                           code="200") == before + 1
     post(srv, "/v1/completions", b"{")
-    assert metric(srv, "tost_http_requests_total", route="/v1/completions", code="400") >= 1
-    assert metric(srv, "tost_http_request_duration_seconds_count", route="/v1/completions") >= before + 2
+    assert metric_reaching(srv, "tost_http_requests_total", 1, route="/v1/completions", code="400") >= 1
+    assert metric_reaching(srv, "tost_http_request_duration_seconds_count", before + 2,
+                           route="/v1/completions") >= before + 2
 
 
 # --- errors -------------------------------------------------------------------------------------
