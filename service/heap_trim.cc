@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
+#include "base/thread_name.h"
 #include "service/observability/logging.h"
 #include "service/observability/process_memory.h"
 
@@ -14,6 +15,7 @@ HeapTrimmer::HeapTrimmer(absl::Duration interval, int64_t min_free_bytes)
     : min_free_bytes_(min_free_bytes) {
   if (interval <= absl::ZeroDuration()) return;
   thread_ = std::thread([this, interval] {
+    NameThisThread("heap-trim");
     while (!stop_.WaitForNotificationWithTimeout(interval)) Check();
   });
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "model/config/device.h"
 #include "model/device/device_memory.h"
 #include "model/nets/torch_threads.h"
@@ -132,6 +133,13 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
 namespace {
 
 constexpr int kFinalMessagesGraceMs = 1000;
+
+// The admission pool's threads: admissions mostly compute (parse, tokenise) and at times wait for
+// the shared store (its client has 8 connections) or a compile (bounded by --max_compile_ms), so a
+// few dozen serve any number of cores. Past them calls wait in order, and past the queue they are
+// refused RESOURCE_EXHAUSTED (HTTP 429 with Retry-After).
+constexpr int kMaxAdmissionThreads = 32;
+constexpr int kMaxQueuedAdmissions = 4096;
 
 // tost_model_info's backend label: every model runs on LibTorch's CPU backend today.
 constexpr char kModelBackend[] = "libtorch_cpu";
@@ -249,6 +257,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->metrics_ = std::move(metrics);
   server->auth_ = std::move(auth);
   server->limits_ = options.limits;
+  server->admission_ =
+      std::make_unique<HandlerPool>("admit", kMaxAdmissionThreads, kMaxQueuedAdmissions);
   // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
   // while the models load.
   TOST_RETURN_IF_ERROR(server->StartHttp(options));
@@ -299,7 +309,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));
   server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
-                                                   model::CudaDeviceMemory);
+                                                   *server->admission_, model::CudaDeviceMemory);
   server->kserve_ = std::make_unique<KServeService>(
       *server->engine_, server->auth_.keys_configured() ? &server->auth_ : nullptr, options.limits);
 
@@ -356,6 +366,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Server* raw = server.get();
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
   server->reaper_ = std::thread([raw, reap_every] {
+    NameThisThread("session-reaper");
     while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every))
       raw->engine_->ReapIdleSessions();
   });
@@ -396,7 +407,7 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
       },
       {.is_public = true});
   // The OpenAI-compatible API, on the engine's schedulers (as tost.v1 Generate).
-  AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, router);
+  AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, *admission_, router);
   router.SetAuthenticator([this](const http::HttpRequest& r) {
     return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
                                             .authorization = r.Header("authorization"),
@@ -456,6 +467,7 @@ void Server::Shutdown(int grace_ms) {
     http_->Drain(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     http_.reset();
   }
+  admission_.reset();  // runs what is still queued (answering nobody), joins the threads
 }
 
 void Server::Wait() {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "service/api/auth.h"
+#include "service/api/handler_pool.h"
 #include "service/api/kserve_service.h"
 #include "service/api/tost_service.h"
 #include "service/engine/engine.h"
@@ -120,6 +121,10 @@ class Server {
   std::unique_ptr<Engine> engine_;
   Authenticator auth_;
   ServiceLimits limits_;  // the OpenAI routes' (the gRPC services keep their own copy)
+  // Both front ends' generation admissions (Generate's, the OpenAI routes'), off gRPC's callback
+  // threads and the HTTP I/O threads; after engine_ (its tasks use it), before service_ and http_
+  // (gone before it, so nothing schedules on it once it runs its last tasks).
+  std::unique_ptr<HandlerPool> admission_;
   std::unique_ptr<TostService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;

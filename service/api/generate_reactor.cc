@@ -1,5 +1,5 @@
-// tost.v1 Generate on gRPC's callback API. The request is resolved and admitted on the gRPC
-// thread that delivers it (where its state comes from: fresh, a server-held session, or a state
+// tost.v1 Generate on gRPC's callback API. The request is resolved and admitted on one of the
+// server's admission threads (where its state comes from: fresh, a server-held session, or a state
 // blob); from then on the stream is driven by two kinds of events and holds no thread:
 //   - the scheduler publishes an event to the job, and the job's listener pumps it to the stream;
 //   - gRPC reports a write done (OnWriteDone), and the next waiting event is written.
@@ -24,6 +24,7 @@
 #include "service/api/generation_request.h"
 #include "service/api/generation_source.h"
 #include "service/api/grpc_status.h"
+#include "service/api/handler_pool.h"
 #include "service/api/raw_request.h"
 #include "service/api/request_deadline.h"
 #include "service/api/tost_service.h"
@@ -37,24 +38,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
                   grpc::CallbackServerContext* context)
       : engine_(engine), auth_(auth), limits_(limits), context_(context) {}
 
-  // Parses the request and admits the job, or finishes the call with the reason it was refused.
-  void Start(const grpc::ByteBuffer& raw) {
+  // Hands the request to `admission` (the server's admission threads), which parses and admits it
+  // or finishes the call with the reason it was refused. Not on the gRPC thread that delivered
+  // it: admission may wait (a session checked out of a shared store, a prompt of up to a MiB
+  // tokenised, a constraint compiled for up to max_compile_ms), and gRPC's callback threads are
+  // few, so one waiting admission would hold up every other call and stream. False when the
+  // pool's queue is full (the caller finishes the call). `raw` lives until Finish.
+  [[nodiscard]] bool Start(const grpc::ByteBuffer& raw, HandlerPool& admission) {
     // A stream reset before it got here (HTTP/2 "rapid reset") is not admitted: it would take a
     // place in the queue until its cancellation is seen.
-    if (context_->IsCancelled()) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          std::string("Generate").append(kCancelledBeforeHandlerMessageEnd)));
-      return;
-    }
-    absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
-    if (admitted.ok()) admitted = Admit();
-    if (!admitted.ok()) {
-      ReleaseSession();
-      Finish(ToGrpcStatus(admitted));
-      return;
-    }
-    job_->SetListener([this] { Pump(); });
-    Pump();  // events published before the listener was set
+    if (FinishIfCancelled()) return true;
+    return admission.Schedule([this, &raw] { Admit(raw); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -73,7 +67,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   // inside Cancel and its final event is pumped from here (the session gets its state back, the
   // call finishes), so its place is free before this returns.
   void OnCancel() override {
-    if (job_ != nullptr) job_->Cancel();
+    std::shared_ptr<GenerationJob> job;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      job = job_;  // null while the call is being admitted: Admit sees cancelled_
+    }
+    if (job != nullptr) job->Cancel();
   }
 
   void OnDone() override {
@@ -83,7 +83,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   }
 
  private:
-  absl::Status Admit();
+  bool FinishIfCancelled() {
+    if (!context_->IsCancelled()) return false;
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        std::string("Generate").append(kCancelledBeforeHandlerMessageEnd)));
+    return true;
+  }
+  // On a handler thread: parses and admits the request, then streams the job's events (or
+  // finishes the call with the reason it was refused).
+  void Admit(const grpc::ByteBuffer& raw);
+  absl::Status AdmitJob();
   // Writes the next waiting event if no write is in flight; finishes the call on the final one.
   void Pump();
   // Builds the message of a token or snapshot event.
@@ -106,13 +115,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   const Authenticator& auth_;
   const ServiceLimits& limits_;
   grpc::CallbackServerContext* const context_;
-  tost::v1::GenerateRequest request_;  // parsed by Start(), then read-only
+  tost::v1::GenerateRequest request_;  // parsed by Admit(), then read-only
 
-  // Set by Admit() before any other reaction can run, then read-only.
+  // Set by Admit() before any reaction that reads them can run, then read-only.
   std::string owner_;  // the caller: the blobs this call returns are bound to it
   std::string model_name_;
   ModelIdentity identity_;
   bool stateless_ = false;
+  // Published under mu_ (OnCancel may run while the call is admitted), then never changed.
   std::shared_ptr<GenerationJob> job_;
   // The session this call holds busy, until its state is checked in (cleared by the Pump that takes
   // the final event, under mu_).
@@ -121,6 +131,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   absl::Mutex mu_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // TryCancel() called on a stalled stream
   tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the next one, before serialising
@@ -133,7 +144,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   bool completed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-absl::Status GenerateReactor::Admit() {
+void GenerateReactor::Admit(const grpc::ByteBuffer& raw) {
+  // Cancelled while it waited for a thread: not admitted either.
+  if (FinishIfCancelled()) return;
+  absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
+  if (admitted.ok()) admitted = AdmitJob();
+  if (!admitted.ok()) {
+    ReleaseSession();
+    Finish(ToGrpcStatus(admitted));
+    return;
+  }
+  job_->SetListener([this] { Pump(); });
+  Pump();  // events published before the listener was set
+}
+
+absl::Status GenerateReactor::AdmitJob() {
   TOST_ASSIGN_OR_RETURN(owner_, auth_.Identify(*context_));
   const std::string& owner = owner_;
   const tost::v1::GenerateRequest& request = request_;
@@ -176,7 +201,17 @@ absl::Status GenerateReactor::Admit() {
   // its own state, and only stores what it reaches.
   job_request.owner = owner;
   job_request.prefix_cache = fresh ? PrefixCacheUse::kLookupAndInsert : PrefixCacheUse::kInsert;
-  TOST_ASSIGN_OR_RETURN(job_, scheduler->Submit(std::move(reservation), std::move(job_request)));
+  TOST_ASSIGN_OR_RETURN(std::shared_ptr<GenerationJob> job,
+                        scheduler->Submit(std::move(reservation), std::move(job_request)));
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    job_ = job;
+    cancelled = cancelled_;
+  }
+  // Cancelled while it was admitted: the job ends at once, and its final event (the session's
+  // state back, CANCELLED) finishes the call as any cancel does.
+  if (cancelled) job->Cancel();
   return absl::OkStatus();
 }
 
@@ -324,7 +359,9 @@ void GenerateReactor::Complete(GenerationEvent event, absl::Status stored) {
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TostService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer& request) {
   auto* reactor = new GenerateReactor(engine_, auth_, limits_, context);
-  reactor->Start(request);
+  if (!reactor->Start(request, admission_)) {
+    reactor->Finish(ToGrpcStatus(admission_.Refusal("/tost.v1.Tost/Generate")));
+  }
   return reactor;
 }
 

@@ -4,10 +4,15 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
+
 namespace tost::service {
 
-HandlerPool::HandlerPool(int max_threads, int max_queued, absl::Duration idle_timeout)
-    : max_threads_(std::max(1, max_threads)),
+HandlerPool::HandlerPool(std::string thread_name, int max_threads, int max_queued,
+                         absl::Duration idle_timeout)
+    : thread_name_(std::move(thread_name)),
+      max_threads_(std::max(1, max_threads)),
       max_queued_(std::max(0, max_queued)),
       idle_timeout_(idle_timeout) {}
 
@@ -41,6 +46,12 @@ bool HandlerPool::Schedule(std::function<void()> task) {
   return true;
 }
 
+absl::Status HandlerPool::Refusal(std::string_view what) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      absl::string_view(what.data(), what.size()), ": ", max_threads_, " calls are running and ",
+      max_queued_, " more are waiting for a thread; retry after 1000 ms"));
+}
+
 int HandlerPool::threads() const {
   absl::MutexLock lock(&mu_);
   return running_;
@@ -56,6 +67,7 @@ void HandlerPool::JoinExited() {
 }
 
 void HandlerPool::Work(std::list<std::thread>::iterator self) {
+  NameThisThread(thread_name_);
   for (;;) {
     std::function<void()> task;
     {

@@ -11,9 +11,12 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -21,7 +24,9 @@ namespace tost::service {
 
 class HandlerPool {
  public:
-  HandlerPool(int max_threads, int max_queued, absl::Duration idle_timeout = absl::Seconds(10));
+  // `thread_name`: what its threads are called (base/thread_name.h: 15 bytes are kept).
+  HandlerPool(std::string thread_name, int max_threads, int max_queued,
+              absl::Duration idle_timeout = absl::Seconds(10));
   // Runs every task already scheduled, then joins the threads.
   ~HandlerPool();
   HandlerPool(const HandlerPool&) = delete;
@@ -32,10 +37,15 @@ class HandlerPool {
 
   int threads() const;  // running now
 
+  // RESOURCE_EXHAUSTED for `what` (a method, a route) that Schedule refused: the limits it met,
+  // and a second to wait before retrying (which the HTTP front end sends as Retry-After).
+  absl::Status Refusal(std::string_view what) const;
+
  private:
   void Work(std::list<std::thread>::iterator self);
   void JoinExited();
 
+  const std::string thread_name_;
   const int max_threads_;
   const int max_queued_;
   const absl::Duration idle_timeout_;

@@ -19,7 +19,10 @@ namespace {
 RawService::RawService(const std::string& service_full_name, int64_t max_request_bytes)
     : service_(
           google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service_full_name)),
-      max_request_bytes_(max_request_bytes) {
+      max_request_bytes_(max_request_bytes),
+      // "rpc:Tost", "rpc:GRPCInferenceService" (cut to 15 bytes): the service's last name.
+      handlers_(absl::StrCat("rpc:", service_full_name.substr(service_full_name.rfind('.') + 1)),
+                kMaxHandlerThreads, kMaxQueuedHandlerCalls) {
   if (service_ == nullptr) {
     Fatal(absl::StrCat("the proto service ", service_full_name, " is not linked in"));
   }

@@ -160,7 +160,7 @@ class RawService : public grpc::Service {
   std::deque<std::string> paths_;  // gRPC keeps the method names' pointers
   int methods_added_ = 0;          // the index of the next method
   const int64_t max_request_bytes_;
-  HandlerPool handlers_{kMaxHandlerThreads, kMaxQueuedHandlerCalls};
+  HandlerPool handlers_;
 };
 
 }  // namespace tost::service

@@ -22,11 +22,12 @@
 namespace tost::service {
 
 TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
-                         DeviceMemoryProbe device_memory)
+                         HandlerPool& admission, DeviceMemoryProbe device_memory)
     : RawService(tost::v1::Tost::service_full_name(), limits.max_request_bytes),
       engine_(engine),
       auth_(auth),
       limits_(limits),
+      admission_(admission),
       device_memory_(std::move(device_memory)) {
   AddUnary("Classify", &TostService::Classify);
   AddServerStreaming<tost::v1::GenerateRequest, tost::v1::GenerateResponse>("Generate",

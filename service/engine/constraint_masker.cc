@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "base/thread_name.h"
 
 namespace tost::service {
 
@@ -51,6 +52,7 @@ bool ConstraintMasker::RunOne() {
 }
 
 void ConstraintMasker::Work() {
+  NameThisThread("constraint-mask");
   for (;;) {
     {
       absl::MutexLock lock(&mu_);

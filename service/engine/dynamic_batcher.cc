@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/thread_name.h"
 
 namespace tost::service {
 
@@ -429,6 +430,7 @@ absl::Time DynamicBatcher::NextWakeTime() const {
 }
 
 void DynamicBatcher::WorkerLoop() {
+  NameThisThread(absl::StrCat("batch:", options_.model_name));
   for (;;) {
     Work work;
     {

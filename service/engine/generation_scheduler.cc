@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "model/text/tokenizer.h"
 #include "service/engine/text_stream.h"
 
@@ -1014,11 +1015,12 @@ int64_t GenerationScheduler::UpdatePauses(absl::Time now) {
 void GenerationScheduler::Start() {
   absl::MutexLock lock(&mu_);
   if (thread_.joinable() || stopping_) return;
-  delivery_ = std::make_unique<ListenerDelivery>();
+  delivery_ = std::make_unique<ListenerDelivery>(absl::StrCat("emit:", model_.config().name));
   thread_ = std::thread([this] { Loop(); });
 }
 
 void GenerationScheduler::Loop() {
+  NameThisThread(absl::StrCat("step:", model_.config().name));
   while (true) {
     // Read before looking at the jobs: a ring from here on ends the wait below at once.
     const int64_t seen = doorbell_->Count();

@@ -1,11 +1,17 @@
 #include "service/engine/listener_delivery.h"
 
+#include <utility>
+
+#include "base/thread_name.h"
 #include "service/engine/generation_scheduler.h"
 
 namespace tost::service {
 
-ListenerDelivery::ListenerDelivery() {
-  thread_ = std::thread([this] { Run(); });
+ListenerDelivery::ListenerDelivery(std::string thread_name) {
+  thread_ = std::thread([this, thread_name = std::move(thread_name)] {
+    NameThisThread(thread_name);
+    Run();
+  });
 }
 
 ListenerDelivery::~ListenerDelivery() {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,7 +22,8 @@ class GenerationJob;
 
 class ListenerDelivery {
  public:
-  ListenerDelivery();
+  // `thread_name`: the delivery thread's (base/thread_name.h).
+  explicit ListenerDelivery(std::string thread_name);
   // Wakes what is still queued, then joins the thread.
   ~ListenerDelivery();
   ListenerDelivery(const ListenerDelivery&) = delete;

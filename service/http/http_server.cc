@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
+#include "base/thread_name.h"
 #include "service/observability/logging.h"
 
 namespace tost::http {
@@ -1094,6 +1095,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   for (int i = 0; i < o.threads; ++i) {
     core->running_threads.fetch_add(1);
     server->threads_.emplace_back([core] {
+      NameThisThread(absl::StrCat(core->options.name, "-io"));
       // Handlers do not throw; should one, the loop goes on rather than the process ending.
       for (;;) {
         try {

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/thread_name.h"
 #include "model/device/device_memory.h"
 #include "proto/grpc_code_name.h"
 #include "service/api/before_handler.h"
@@ -717,6 +718,7 @@ class Metrics::EndedBeforeHandlerLog {
 
   explicit EndedBeforeHandlerLog(absl::Duration interval) : interval_(interval) {
     thread_ = std::thread([this] {
+      NameThisThread("ended-log");
       while (!stop_.WaitForNotificationWithTimeout(interval_)) Flush();
       Flush();
     });

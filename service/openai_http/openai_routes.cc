@@ -45,7 +45,10 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
              Endpoint endpoint)
       : engine_(engine), limits_(limits), exchange_(std::move(exchange)), endpoint_(endpoint) {}
 
+  // On an admission thread (AddOpenAiRoutes' pool), never the connection's strand: admission may
+  // wait (see the header).
   void Start() {
+    if (exchange_->cancelled()) return;  // gone while it waited for a thread: nothing to admit
     if (absl::Status admitted = Admit(); !admitted.ok()) {
       if (!source_.checked_out.empty()) engine_.sessions().Release(source_.checked_out);
       jobs_.clear();  // none was submitted unless every one was (Admit submits last)
@@ -200,7 +203,7 @@ absl::Status OpenAiCall::Admit() {
         GenerationRequest job_request,
         BuildGenerationRequest(choice, *source_.scheduler, source_.state, limits_, names));
     if (request_.constraint.has_value()) {
-      // On this (the request's) thread, with the places held, as tost.v1 Generate does: a compile
+      // On this (an admission) thread, with the places held, as tost.v1 Generate does: a compile
       // waits at most the engine's max_compile_ms, and never on the scheduler's thread. One
       // TokenConstraint per choice (each steps its own); the choices after the first find the
       // compiled form in the model's cache.
@@ -399,10 +402,12 @@ void OpenAiCall::End() {
   exchange_->Finish();
 }
 
-void Route(Engine& engine, const ServiceLimits& limits, Endpoint endpoint,
+void Route(Engine& engine, const ServiceLimits& limits, HandlerPool& admission, Endpoint endpoint,
            std::shared_ptr<HttpExchange> exchange) {
-  auto call = std::make_shared<OpenAiCall>(engine, limits, std::move(exchange), endpoint);
-  call->Start();
+  auto call = std::make_shared<OpenAiCall>(engine, limits, exchange, endpoint);
+  if (!admission.Schedule([call] { call->Start(); })) {
+    RespondError(*exchange, admission.Refusal(exchange->request().path));
+  }
 }
 
 // The engine, or a 503 answered and null while the models load.
@@ -418,20 +423,21 @@ Engine* EngineOrLoading(const ServingEngine& engine, HttpExchange& exchange) {
 
 }  // namespace
 
-void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, http::HttpRouter& router) {
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+                     http::HttpRouter& router) {
   router.Handle("GET", "/v1/models", [engine](std::shared_ptr<HttpExchange> exchange) {
     if (Engine* e = EngineOrLoading(engine, *exchange))
       exchange->Respond(http::MakeResponse(200, openai::ModelsListBody(e->models())));
   });
   router.Handle("POST", "/v1/completions",
-                [engine, &limits](std::shared_ptr<HttpExchange> exchange) {
+                [engine, &limits, &admission](std::shared_ptr<HttpExchange> exchange) {
                   if (Engine* e = EngineOrLoading(engine, *exchange))
-                    Route(*e, limits, Endpoint::kCompletions, std::move(exchange));
+                    Route(*e, limits, admission, Endpoint::kCompletions, std::move(exchange));
                 });
   router.Handle("POST", "/v1/chat/completions",
-                [engine, &limits](std::shared_ptr<HttpExchange> exchange) {
+                [engine, &limits, &admission](std::shared_ptr<HttpExchange> exchange) {
                   if (Engine* e = EngineOrLoading(engine, *exchange))
-                    Route(*e, limits, Endpoint::kChatCompletions, std::move(exchange));
+                    Route(*e, limits, admission, Endpoint::kChatCompletions, std::move(exchange));
                 });
 }
 

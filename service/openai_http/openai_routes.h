@@ -6,9 +6,15 @@
 //   parse -> resolve the model and the state (fresh, session_id, or a state blob: the same owner
 //   checks as gRPC, ResolveGenerationSource) -> one scheduler place per choice (429 with
 //   Retry-After when full, 503 while draining) -> build, compile the request's constraint if it
-//   has one (Engine::CompileConstraint, on this thread as tost.v1 Generate does; a refused one is
-//   400 naming its field, a compile past its time bound 429 with Retry-After) and submit ->
-//   consume the jobs' events from their listeners, holding no thread per request.
+//   has one (Engine::CompileConstraint; a refused one is 400 naming its field, a compile past its
+//   time bound 429 with Retry-After) and submit -> consume the jobs' events from their listeners,
+//   holding no thread per request.
+//
+// Admission (everything up to the submit) runs on the `admission` pool's threads, as tost.v1
+// Generate's does (the server gives both the same pool), never on the HTTP server's I/O threads: it
+// may wait (a session checked out of a shared store, a prompt of up to a MiB tokenised, a
+// constraint compiled for up to --max_compile_ms), and an I/O thread that waits holds up every
+// connection on it: other streams' tokens, health probes, /metrics.
 //
 // A non-streamed request collects its events and answers once. A streamed one (stream: true)
 // writes each SSE chunk as its token is produced. When the client reads slower than the server
@@ -28,6 +34,7 @@
 
 #include <functional>
 
+#include "service/api/handler_pool.h"
 #include "service/api/request_input.h"
 #include "service/engine/engine.h"
 #include "service/http/http_server.h"
@@ -38,9 +45,12 @@ namespace tost::service {
 // (as gRPC's loading responder does), and the routes answer 503 until then.
 using ServingEngine = std::function<Engine*()>;
 
-// Adds the three routes to `router`. The engine it returns and `limits` must outlive the HTTP
-// server. Every route needs the router's authenticator: the request's `caller` owns the sessions,
-// blobs and prefix-cache entries it creates.
-void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, http::HttpRouter& router);
+// Adds the three routes to `router`. The engine it returns, `limits` and `admission` must outlive
+// the HTTP server, and the engine must outlive `admission` too (its destructor runs the tasks still
+// queued). A request `admission` refuses (its queue full) is answered 429 with Retry-After. Every
+// route needs the router's authenticator: the request's `caller` owns the sessions, blobs and
+// prefix-cache entries it creates.
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+                     http::HttpRouter& router);
 
 }  // namespace tost::service

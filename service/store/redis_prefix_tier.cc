@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/little_endian.h"
+#include "base/thread_name.h"
 
 namespace tost::store {
 namespace {
@@ -178,6 +179,7 @@ void RedisPrefixTier::Publish(const service::PrefixCacheScope& scope,
 }
 
 void RedisPrefixTier::PublishLoop() {
+  NameThisThread("redis-publish");
   const std::string ttl_ms = absl::StrCat(absl::ToInt64Milliseconds(options_.ttl));
   for (;;) {
     Pending p;

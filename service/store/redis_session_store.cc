@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "service/engine/client_text.h"
 
 namespace tost::store {
@@ -431,6 +432,7 @@ void RedisSessionStore::Enqueue(absl::AnyInvocable<void() &&> work) {
 }
 
 void RedisSessionStore::WriterLoop() {
+  NameThisThread("redis-write");
   for (;;) {
     absl::AnyInvocable<void() &&> work;
     {
@@ -450,6 +452,7 @@ void RedisSessionStore::WriterLoop() {
 }
 
 void RedisSessionStore::RenewLoop() {
+  NameThisThread("redis-renew");
   const absl::Duration period = options_.lease / 3;
   for (;;) {
     std::vector<std::pair<std::string, std::string>> held;  // id, token

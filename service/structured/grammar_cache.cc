@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/thread_name.h"
 
 namespace tost::structured {
 
@@ -77,6 +78,7 @@ void GrammarCache::InsertLocked(const std::string& key,
 
 void GrammarCache::RunCompile(std::shared_ptr<Pending> pending, Constraint constraint,
                               std::string key, std::list<Worker>::iterator worker) {
+  NameThisThread("grammar-compile");
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result = compile_(constraint);
   const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);

@@ -17,11 +17,13 @@ invariant decode makes them independent of batching), wherever the call lands:
 - store: Redis SIGKILLed with an AOF (appendfsync always, and everysec after 1.5 s) and started
   again: every acknowledged session survives and the replicas reconnect by themselves; Redis paused
   or stopped: session calls answer UNAVAILABLE naming the store within the command timeout while
-  stateless calls and health go on, and session calls work again once it is back; the flag
-  combinations a replica refuses at startup.
+  stateless calls and health go on, and session calls work again once it is back; calls waiting
+  for a paused store, more than either front end has I/O threads, hold up neither the HTTP health
+  probe nor stateless calls on gRPC and HTTP; the flag combinations a replica refuses at startup.
 
 The `shared_sessions_*` ctest tests (tests/integration/CMakeLists.txt) run them; server_end_to_end
 leaves this file out."""
+import json
 import os
 import re
 import subprocess
@@ -544,6 +546,92 @@ def test_store_down_fails_session_calls_fast_and_keeps_the_rest_serving(key_file
                 check_messages_name_the_store(messages, redis)
         finally:
             assert server.stop() == 0
+
+
+def test_store_paused_holds_up_no_call_that_needs_none(key_file):
+    """Admission (a session's checkout from the store among it) runs on handler threads, not on
+    gRPC's callback threads nor the HTTP server's I/O threads: while Generate(session_id) calls and
+    OpenAI session requests wait for a paused Redis, more of them than either front end has I/O
+    threads, the HTTP health probe, a stateless OpenAI completion, a stateless Generate and gRPC
+    health each answer in a fraction of the store's timeout; the waiting calls then fail UNAVAILABLE
+    and session calls work again once the store is back."""
+    import openai
+
+    timeout_ms = 4000
+    quick_s = 1.5  # well under the store's timeout: nothing waited for it
+    waiting_grpc, waiting_http = 8, 6
+    with RedisServer() as redis, RunningServer(MODELS, [
+            f"--session_key_file={key_file}", *store_args(redis, f"--session_store_timeout_ms={timeout_ms}")]) as server:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="unused",
+                               max_retries=0, timeout=CALL_TIMEOUT_S)
+        ch, stub = stub_for(server.address)
+        with ch:
+            # One session each: calls on a session that is checked out fail at once, store or not.
+            sids = [create(stub, i) for i in range(waiting_grpc + waiting_http)]
+            outcomes = {}
+
+            def session_call(i):
+                t0 = time.monotonic()
+                try:
+                    if i < waiting_grpc:
+                        advance(stub, sids[i], i, 1)
+                        outcomes[i] = ("ok", time.monotonic() - t0)
+                    else:
+                        client.completions.create(model=MODEL, prompt="Then,", max_tokens=TOKENS,
+                                                  extra_body={"session_id": sids[i]})
+                        outcomes[i] = ("ok", time.monotonic() - t0)
+                except grpc.RpcError as e:
+                    outcomes[i] = (e.code().name, time.monotonic() - t0)
+                except openai.APIStatusError as e:
+                    outcomes[i] = (e.status_code, time.monotonic() - t0)
+
+            redis.pause()
+            try:
+                threads = [threading.Thread(target=session_call, args=(i,), daemon=True)
+                           for i in range(waiting_grpc + waiting_http)]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)  # every one of them is in its admission, waiting for the store
+                took = {}
+
+                def timed(name, call):
+                    t0 = time.monotonic()
+                    call()
+                    took[name] = time.monotonic() - t0
+
+                def http_live():
+                    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v1/health/live",
+                                                timeout=CALL_TIMEOUT_S) as r:
+                        assert r.status == 200
+
+                timed("GET /v1/health/live", http_live)
+                def stateless_completion():
+                    # On a connection of its own (the client's pooled ones are the waiting calls').
+                    # Its prefix-cache lookup in the store gives up after the shared tier's 200 ms.
+                    body = json.dumps({"model": MODEL, "prompt": "Stateless,", "max_tokens": TOKENS}).encode()
+                    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/completions", data=body,
+                                                     headers={"Content-Type": "application/json"})
+                    with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as r:
+                        assert json.loads(r.read())["choices"][0]["text"]
+
+                timed("stateless /v1/completions", stateless_completion)
+                timed("stateless Generate", lambda: advance_stateless(stub))
+                timed("gRPC health", lambda: health(server.address))
+                still_waiting = sum(t.is_alive() for t in threads)
+                for t in threads:
+                    t.join(timeout_ms / 1000 + 10)
+            finally:
+                redis.resume()
+            print(f"\nwhile {waiting_grpc} Generate(session_id) and {waiting_http} OpenAI session requests "
+                  "waited for the paused store: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in took.items()))
+            slow = {k: round(v, 2) for k, v in took.items() if v >= quick_s}
+            assert not slow, f"calls that need no store waited for it (s; its timeout is {timeout_ms} ms): {slow}"
+            assert still_waiting == waiting_grpc + waiting_http, \
+                f"only {still_waiting} session calls were still waiting for the store when the others were timed"
+            assert sorted(outcomes) == list(range(waiting_grpc + waiting_http)), f"calls did not end: {outcomes}"
+            assert all(outcomes[i][0] == "UNAVAILABLE" for i in range(waiting_grpc)), outcomes
+            assert all(outcomes[i][0] == 503 for i in range(waiting_grpc, waiting_grpc + waiting_http)), outcomes
+            wait_session_calls_work([stub])
 
 
 def advance_stateless(stub, state=b"", return_state=False):

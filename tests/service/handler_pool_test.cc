@@ -15,7 +15,7 @@ namespace tost::service {
 namespace {
 
 TEST(HandlerPool, ABlockedTaskNeverHoldsUpTheNextOne) {
-  HandlerPool pool(8, 64);
+  HandlerPool pool("test-pool", 8, 64);
   absl::Notification release, second_ran;
   EXPECT_TRUE(pool.Schedule([&] { release.WaitForNotification(); }));
   EXPECT_TRUE(pool.Schedule([&] { second_ran.Notify(); }));
@@ -26,7 +26,7 @@ TEST(HandlerPool, ABlockedTaskNeverHoldsUpTheNextOne) {
 }
 
 TEST(HandlerPool, IdleThreadsAreReusedAndTheCapIsKept) {
-  HandlerPool pool(3, 64);
+  HandlerPool pool("test-pool", 3, 64);
   for (int i = 0; i < 20; ++i) {
     absl::Notification done;
     EXPECT_TRUE(pool.Schedule([&] { done.Notify(); }));
@@ -52,14 +52,14 @@ TEST(HandlerPool, IdleThreadsAreReusedAndTheCapIsKept) {
 TEST(HandlerPool, DestructionRunsEveryScheduledTask) {
   std::atomic<int> ran{0};
   {
-    HandlerPool pool(1, 64);
+    HandlerPool pool("test-pool", 1, 64);
     for (int i = 0; i < 50; ++i) EXPECT_TRUE(pool.Schedule([&] { ++ran; }));
   }
   EXPECT_EQ(ran.load(), 50);
 }
 
 TEST(HandlerPool, RefusesTasksPastTheQueueBoundOnceEveryThreadRuns) {
-  HandlerPool pool(2, 3);
+  HandlerPool pool("test-pool", 2, 3);
   absl::Notification release;
   std::atomic<int> started{0}, ran{0};
   for (int i = 0; i < 2; ++i) {
@@ -79,7 +79,7 @@ TEST(HandlerPool, RefusesTasksPastTheQueueBoundOnceEveryThreadRuns) {
 }
 
 TEST(HandlerPool, IdleThreadsExitAndComeBackWhenNeeded) {
-  HandlerPool pool(8, 64, absl::Milliseconds(50));
+  HandlerPool pool("test-pool", 8, 64, absl::Milliseconds(50));
   absl::Notification release;
   std::atomic<int> started{0};
   for (int i = 0; i < 4; ++i) {
