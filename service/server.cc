@@ -259,6 +259,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->limits_ = options.limits;
   server->admission_ =
       std::make_unique<HandlerPool>("admit", kMaxAdmissionThreads, kMaxQueuedAdmissions);
+  if (server->metrics_ != nullptr) server->metrics_->WatchAdmission(server->admission_.get());
   // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
   // while the models load.
   TOST_RETURN_IF_ERROR(server->StartHttp(options));
@@ -467,6 +468,7 @@ void Server::Shutdown(int grace_ms) {
     http_->Drain(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     http_.reset();
   }
+  if (metrics_ != nullptr) metrics_->WatchAdmission(nullptr);
   admission_.reset();  // runs what is still queued (answering nobody), joins the threads
 }
 

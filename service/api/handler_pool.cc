@@ -52,6 +52,13 @@ absl::Status HandlerPool::Refusal(std::string_view what) const {
       max_queued_, " more are waiting for a thread; retry after 1000 ms"));
 }
 
+HandlerPool::Load HandlerPool::load() const {
+  absl::MutexLock lock(&mu_);
+  // A task an idle thread is about to take still counts as queued until that thread wakes.
+  const int queued = static_cast<int>(tasks_.size());
+  return {running_ - idle_, queued};
+}
+
 int HandlerPool::threads() const {
   absl::MutexLock lock(&mu_);
   return running_;

@@ -36,6 +36,12 @@ class HandlerPool {
   [[nodiscard]] bool Schedule(std::function<void()> task);
 
   int threads() const;  // running now
+  // Tasks running now, and tasks waiting for a thread.
+  struct Load {
+    int running = 0;
+    int queued = 0;
+  };
+  Load load() const;
 
   // RESOURCE_EXHAUSTED for `what` (a method, a route) that Schedule refused: the limits it met,
   // and a second to wait before retrying (which the HTTP front end sends as Retry-After).

@@ -133,6 +133,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     engine_ = engine;
   }
+  void WatchAdmission(const HandlerPool* admission) {
+    absl::MutexLock lock(&mu_);
+    admission_ = admission;
+  }
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
@@ -158,6 +162,16 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
                                MetricType::Gauge, std::move(reserved)));
     }
     absl::MutexLock lock(&mu_);
+    if (admission_ != nullptr) {
+      const HandlerPool::Load load = admission_->load();
+      out.push_back(MakeFamily(
+          "tost_admissions",
+          "Generation calls (Generate and the OpenAI routes) being admitted: running on an "
+          "admission thread, or queued for one",
+          MetricType::Gauge,
+          {GaugeSample(static_cast<double>(load.running), {{"state", "running"}}),
+           GaugeSample(static_cast<double>(load.queued), {{"state", "queued"}})}));
+    }
     if (engine_ == nullptr) return out;
     const EngineStats stats = engine_->Stats();
     const SessionStoreStats& s = stats.sessions;
@@ -292,6 +306,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
  private:
   mutable absl::Mutex mu_;
   const Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const HandlerPool* admission_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -624,6 +639,10 @@ void Metrics::RegisterModel(const std::string& name, const std::string& version,
 }
 
 void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine); }
+
+void Metrics::WatchAdmission(const HandlerPool* admission) {
+  impl_->collector->WatchAdmission(admission);
+}
 
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {
   impl_->ObserveRpc(*impl_->Rpc(rpc), code, elapsed);

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "service/api/handler_pool.h"
 #include "service/engine/dynamic_batcher.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/session_store.h"
@@ -88,6 +89,9 @@ class Metrics final : public BatchObserver,
   // Sessions and queue depths are read from `engine` at each scrape. Not owned; must outlive
   // serving.
   void WatchEngine(const Engine* engine);
+  // Generation admissions running and queued (tost_admissions) are read from `admission` at each
+  // scrape. Not owned; null stops reading it (before it goes).
+  void WatchAdmission(const HandlerPool* admission);
 
   // Counts every RPC (tost_requests_total, tost_request_duration_seconds, tost_rejections_total),
   // tags it with a request id (the client's x-request-id if valid, else a new one, echoed in the

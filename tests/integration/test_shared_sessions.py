@@ -618,6 +618,7 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
                 timed("stateless Generate", lambda: advance_stateless(stub))
                 timed("gRPC health", lambda: health(server.address))
                 still_waiting = sum(t.is_alive() for t in threads)
+                admitting = metric(server, "tost_admissions", state="running")
                 for t in threads:
                     t.join(timeout_ms / 1000 + 10)
             finally:
@@ -628,6 +629,8 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
             assert not slow, f"calls that need no store waited for it (s; its timeout is {timeout_ms} ms): {slow}"
             assert still_waiting == waiting_grpc + waiting_http, \
                 f"only {still_waiting} session calls were still waiting for the store when the others were timed"
+            assert admitting == waiting_grpc + waiting_http, \
+                f"tost_admissions{{state=\"running\"}} should count the calls waiting for the store: {admitting}"
             assert sorted(outcomes) == list(range(waiting_grpc + waiting_http)), f"calls did not end: {outcomes}"
             assert all(outcomes[i][0] == "UNAVAILABLE" for i in range(waiting_grpc)), outcomes
             assert all(outcomes[i][0] == 503 for i in range(waiting_grpc, waiting_grpc + waiting_http)), outcomes

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "service/api/before_handler.h"
 #include "service/engine/engine.h"
 #include "service/observability/grpc_log_bridge.h"
@@ -172,6 +173,31 @@ TEST(MetricsTest, DecodeGraphsGaugeFollowsTheDecodeModeAndTheirEndIsLogged) {
   EXPECT_EQ(enabled("gpu-lm"), 0);
   EXPECT_EQ(enabled("cpu-lm"), 0);
   metrics.WatchEngine(nullptr);
+}
+
+TEST(MetricsTest, AdmissionsGaugeShowsCallsRunningAndQueuedForAThread) {
+  Metrics metrics;
+  HandlerPool admission("test-admit", /*max_threads=*/1, /*max_queued=*/8);
+  metrics.WatchAdmission(&admission);
+  const auto admissions = [&](const std::string& state) {
+    return Value(metrics.Render(), "tost_admissions{state=\"" + state + "\"}");
+  };
+  EXPECT_EQ(admissions("running"), 0);
+  EXPECT_EQ(admissions("queued"), 0);
+  // One admission holds the only thread (as one waiting for a shared store would); two wait.
+  absl::Notification started, release;
+  ASSERT_TRUE(admission.Schedule([&] {
+    started.Notify();
+    release.WaitForNotification();
+  }));
+  started.WaitForNotification();
+  ASSERT_TRUE(admission.Schedule([] {}));
+  ASSERT_TRUE(admission.Schedule([] {}));
+  EXPECT_EQ(admissions("running"), 1);
+  EXPECT_EQ(admissions("queued"), 2);
+  release.Notify();
+  metrics.WatchAdmission(nullptr);
+  EXPECT_EQ(metrics.Render().find("tost_admissions"), std::string::npos);
 }
 
 TEST(MetricsTest, BatchRecordsFeedQueueComputeBatchSizeAndSuccessfulImages) {
