@@ -9,7 +9,6 @@ import json
 import os
 import re
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -17,6 +16,7 @@ import pytest
 
 from conftest import SOURCE_DIR, RunningServer, generator_status
 from constrained_schemas import SCHEMAS, check_output
+from tost_harness import collect_generate, metric_value, scrape_metrics
 
 MODEL = "tost-austen"
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -40,14 +40,8 @@ def generate(api, constraint, seed, prompt=b"Her answer, written plainly:", **kw
                                   sampling=sampling, **kw)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
-    text, final, tokens = b"", None, []
-    for msg in stub.Generate(request, timeout=300):
-        if msg.HasField("token"):
-            tokens.append(msg.token)
-            text += msg.token.bytes
-        elif msg.HasField("final"):
-            final = msg.final
-    return text.decode("utf-8"), final, tokens
+    got = collect_generate(stub.Generate(request, timeout=300))
+    return got.output_bytes.decode("utf-8"), got.final, got.tokens
 
 
 def generate_compiled(api, constraint, seed, timeout_s=60, **kw):
@@ -257,14 +251,11 @@ def test_a_blob_cut_mid_structure_resumes_on_another_replica_under_its_constrain
         request = pb2.GenerateRequest(model=MODEL, prompt_bytes=b"Her answer, written plainly:", max_new_tokens=256,
                                       sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=42),
                                       constraint=pb2.Constraint(json_schema=json.dumps(schema)), state_every_tokens=8)
-        tokens, snapshot = [], None
-        for msg in on_a[1].Generate(request, timeout=300):
-            if msg.HasField("token"):
-                tokens.append(msg.token.bytes)
-            elif msg.HasField("snapshot") and snapshot is None and len(tokens) >= 16:
-                snapshot, upto = msg.snapshot, len(tokens)
+        got = collect_generate(on_a[1].Generate(request, timeout=300))
+        upto, snapshot = next(((n, s) for n, s in zip(got.snapshot_token_counts, got.snapshots) if n >= 16),
+                              (None, None))
         assert snapshot is not None
-        prefix = b"".join(tokens[:upto]).decode()
+        prefix = b"".join(t.bytes for t in got.tokens[:upto]).decode()
         more, final, _ = generate(on_b, None, 0, prompt=b"", state=snapshot.state, max_new_tokens=200)
         check_output(schema, continue_until_complete(on_b, prefix + more, final, state=final.state))
         # The same blob with clear_constraint goes on unconstrained.
@@ -292,17 +283,6 @@ def test_batch_invariant_constrained_outputs_do_not_depend_on_their_neighbours(p
     assert together == alone
 
 
-def scrape(metrics_port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("tost_constraint_") and f'model="{MODEL}"' in line:
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
 def test_metrics_count_compiles_cache_hits_and_mask_time(proto_modules):
     """A new schema compiles once (its time counted), the same schema again is a cache hit, a bad
     one counts as invalid; every constrained decode step observes its mask time."""
@@ -314,19 +294,22 @@ def test_metrics_count_compiles_cache_hits_and_mask_time(proto_modules):
         _, first, _ = generate(api, schema, 1, max_new_tokens=8)
         _, second, _ = generate(api, schema, 2, max_new_tokens=8)
         expect_error(api, grpc.StatusCode.INVALID_ARGUMENT, [], pb2.Constraint(regex="([a-z"))
-        m = scrape(srv.metrics_port)
-    label = f'model="{MODEL}"'
-    assert m[f'tost_constraint_compiles_total{{{label},outcome="ok"}}'] == 1
-    assert m[f'tost_constraint_compiles_total{{{label},outcome="invalid"}}'] == 1
-    assert m[f"tost_constraint_cache_hits_total{{{label}}}"] == 1
-    assert m[f"tost_constraint_cache_entries{{{label}}}"] == 1
-    assert 0 < m[f"tost_constraint_compile_seconds_total{{{label}}}"] < 10
-    assert m[f"tost_constraint_compile_timeouts_total{{{label}}}"] == 0
+        samples = scrape_metrics(srv)
+
+    def m(name, **labels):  # None when the series is absent: each must be there, zeros included
+        return metric_value(samples, name, default=None, model=MODEL, **labels)
+
+    assert m("tost_constraint_compiles_total", outcome="ok") == 1
+    assert m("tost_constraint_compiles_total", outcome="invalid") == 1
+    assert m("tost_constraint_cache_hits_total") == 1
+    assert m("tost_constraint_cache_entries") == 1
+    assert 0 < m("tost_constraint_compile_seconds_total") < 10
+    assert m("tost_constraint_compile_timeouts_total") == 0
     # One observation per decode step with a constrained row, and each of the calls' tokens (one
     # after the other) was drawn by a step of its own.
-    steps = m[f"tost_constraint_mask_seconds_count{{{label}}}"]
+    steps = m("tost_constraint_mask_seconds_count")
     assert steps == first.generated_tokens + second.generated_tokens, steps
-    assert 0 < m[f"tost_constraint_mask_seconds_sum{{{label}}}"] < 1
+    assert 0 < m("tost_constraint_mask_seconds_sum") < 1
 
 
 def test_bad_and_pathological_constraints_are_refused_while_a_stream_finishes(proto_modules):

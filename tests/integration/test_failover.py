@@ -21,13 +21,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
 from failover_proxy import Cluster
+from tost_harness import collect_generate, metric_value, scrape_metrics
 
 # The client library generates its stubs on first import into this cache (not the user's home).
 os.environ.setdefault("TOST_CLIENT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tost_client_tests"))
@@ -86,13 +86,8 @@ def requests():
 
 def plain_run(stub, request):
     """One uninterrupted Generate: [(position, id)] and the final message."""
-    tokens, final = [], None
-    for msg in stub.Generate(request, timeout=RUN_TIMEOUT_S):
-        if msg.HasField("token"):
-            tokens.append((msg.token.position, msg.token.id))
-        elif msg.HasField("final"):
-            final = msg.final
-    return tokens, final
+    got = collect_generate(stub.Generate(request, timeout=RUN_TIMEOUT_S))
+    return list(zip(got.positions, got.ids)), got.final
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +213,7 @@ def generator(address):
 
 def generate_calls(replica):
     """Generate RPCs the replica finished (tost_requests_total, any status)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{replica.server.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(v) for v in re.findall(r'^tost_requests_total\{[^}]*rpc="Generate"[^}]*\} (\S+)$', text, re.M))
+    return metric_value(scrape_metrics(replica.server), "tost_requests_total", rpc="Generate")
 
 
 @failover_run

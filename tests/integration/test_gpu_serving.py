@@ -15,10 +15,8 @@ skipped; where it has one, even one this venv's torch cannot use, the tests run.
 """
 import json
 import os
-import re
 import struct
 import sys
-import urllib.request
 
 import grpc
 import numpy as np
@@ -26,6 +24,7 @@ import pytest
 
 from conftest import SOURCE_DIR, RunningServer, concurrent_generates
 import tost_protos  # tools/pylib, on sys.path once conftest is imported
+from tost_harness import collect_generate, metric_value, scrape_metrics
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
@@ -103,15 +102,10 @@ def _probabilities(response):
 
 
 def _greedy(stub, pb2, tokens=64, **request):
-    ids, logprobs = [], []
-    for msg in stub.Generate(pb2.GenerateRequest(max_new_tokens=tokens, top_logprobs=2,
-                                                 sampling=pb2.SamplingParams(temperature=0.0), **request), timeout=300):
-        if msg.HasField("token"):
-            ids.append(msg.token.id)
-            logprobs.append([(t.id, t.logprob) for t in msg.token.top_logprobs])
-        elif msg.HasField("final"):
-            final = msg.final
-    return ids, logprobs, final
+    got = collect_generate(stub.Generate(pb2.GenerateRequest(max_new_tokens=tokens, top_logprobs=2,
+                                                             sampling=pb2.SamplingParams(temperature=0.0), **request),
+                                         timeout=300))
+    return got.ids, got.top_logprobs, got.final
 
 
 def test_fp32_classify_matches_the_cpu(servers, proto_modules):
@@ -214,9 +208,8 @@ def test_sixty_four_streams_share_steps_and_memory_is_reported(servers, proto_mo
     after = stub.ServerStatus(pb2.ServerStatusRequest()).generators[0]
     assert after.max_decode_batch > 1
     assert (after.decoded_tokens - before.decoded_tokens) / (after.decode_steps - before.decode_steps) > 4
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    allocated = re.findall(r'^tost_device_memory_allocated_bytes\{device="cuda:0"\} (\S+)$', text, re.M)
-    assert allocated and float(allocated[0]) > 0, "no device memory reported"
+    allocated = metric_value(scrape_metrics(server), "tost_device_memory_allocated_bytes", device="cuda:0")
+    assert allocated > 0, "no device memory reported"
     status = stub.ServerStatus(pb2.ServerStatusRequest())
     assert status.device_memory and status.device_memory[0].allocated_bytes > 0, status
     assert status.device_memory[0].reserved_bytes >= status.device_memory[0].allocated_bytes
@@ -236,9 +229,9 @@ def test_graph_decode_equals_eager_decode_and_is_batch_invariant(servers, proto_
     eager_tokens = concurrent_generates(eager_stub, pb2, LM, streams=48, tokens=24)
     assert graph_tokens == eager_tokens
     for i in (0, 17, 47):  # alone: bucket 1 instead of the 48-row bucket
-        alone = [m.token.id for m in graph_stub.Generate(pb2.GenerateRequest(
+        alone = collect_generate(graph_stub.Generate(pb2.GenerateRequest(
             model=LM, prompt_bytes=b"x", max_new_tokens=24,
-            sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300) if m.HasField("token")]
+            sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300)).ids
         assert alone == graph_tokens[i], f"stream {i} differs alone"
 
 
@@ -254,13 +247,8 @@ def _constrained(stub, pb2, seed):
     request = pb2.GenerateRequest(model=LM, prompt_bytes=b"Her answer, written plainly:", max_new_tokens=96,
                                   sampling=pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed))
     request.constraint.json_schema = json.dumps(CONSTRAINED_SCHEMA)
-    text, final = b"", None
-    for msg in stub.Generate(request, timeout=300):
-        if msg.HasField("token"):
-            text += msg.token.bytes
-        elif msg.HasField("final"):
-            final = msg.final
-    return text.decode("utf-8"), final
+    got = collect_generate(stub.Generate(request, timeout=300))
+    return got.output_bytes.decode("utf-8"), got.final
 
 
 def test_constrained_decode_on_the_device_matches_eager_and_validates(servers, proto_modules):

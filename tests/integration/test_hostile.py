@@ -7,6 +7,9 @@ import pytest
 import tritonclient.grpc as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import conftest  # noqa: F401 - puts tools/pylib on sys.path
+from tost_harness import acollect_generate, collect_generate, metric_value, scrape_metrics
+
 HUGE = "m" * 300_000  # a 300 KB string where a model name or a session id belongs
 
 
@@ -88,11 +91,10 @@ def test_inputs_that_would_overflow_the_model_are_refused(server, stub, channel,
             model="tost-austen", prompt_bytes=b"a", max_new_tokens=2, sampling=sampling))),
             grpc.StatusCode.INVALID_ARGUMENT, fragment, channel)
     # Logprobs of the largest accepted temperature and penalty are finite.
-    for msg in stub.Generate(pb2.GenerateRequest(
+    for token in collect_generate(stub.Generate(pb2.GenerateRequest(
             model="tost-austen", prompt_bytes=b"It was", max_new_tokens=8, top_logprobs=5,
-            sampling=pb2.SamplingParams(temperature=100, repetition_penalty=100, seed=1))):
-        if msg.HasField("token"):
-            assert all(np.isfinite(alt.logprob) for alt in msg.token.top_logprobs)
+            sampling=pb2.SamplingParams(temperature=100, repetition_penalty=100, seed=1)))).tokens:
+        assert all(np.isfinite(alt.logprob) for alt in token.top_logprobs)
 
 
 def test_an_image_far_larger_than_the_model_input_is_refused_before_decoding(stub, channel,
@@ -151,15 +153,15 @@ def test_a_rapid_reset_burst_leaves_other_clients_answered_within_their_deadline
                     # retries within its deadline, and the reset streams must free their places.
                     while True:
                         try:
-                            tokens = [m async for m in stub.Generate(pb2.GenerateRequest(
+                            got = await acollect_generate(stub.Generate(pb2.GenerateRequest(
                                 model="tost-austen", prompt_bytes=b"It was", max_new_tokens=4),
-                                timeout=10)]
+                                timeout=10))
                             break
                         except grpc.aio.AioRpcError as e:
                             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
                             assert time.monotonic() - start < 10, "no place freed within 10 s"
                             await asyncio.sleep(0.05)
-                    assert tokens[-1].HasField("final")
+                    assert got.final is not None  # and nothing after it (collect_generate checks)
                     worst = max(worst, time.monotonic() - start)
                 return worst
 
@@ -171,10 +173,7 @@ def test_a_rapid_reset_burst_leaves_other_clients_answered_within_their_deadline
         print(f"slowest bystander round trip during the burst: {worst:.3f} s")
         # The burst reached the server: it counted the streams it saw (a stream reset before its
         # handler ran is not counted, so this is a floor).
-        import urllib.request
-        text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics").read().decode()
-        seen = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith('tost_requests_total{') and 'rpc="Generate"' in line)
+        seen = metric_value(scrape_metrics(srv), "tost_requests_total", rpc="Generate")
         print(f"Generate calls the server saw: {seen:.0f}")
         assert seen >= 1000
         # Afterwards nothing is left running: the cancelled streams freed their places.

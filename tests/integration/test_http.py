@@ -10,13 +10,13 @@ import socket
 import ssl
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
 import tost_launch
 from conftest import SOURCE_DIR, RunningServer, _binary, port_while_loading, slow_loading_repository
+from tost_harness import wait_for_metric
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 API_KEY = "http-test-key-0123456789"
@@ -201,16 +201,8 @@ def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modul
             first_tokens.wait(timeout=30)
             # Every call admitted (one active, the rest queued) before the signal: one sent after
             # it would be refused, and the drain end early.
-            queued = 'tost_queue_depth{model="tost-austen",workload="generate"} '
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics", timeout=10).read().decode()
-                depth = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(queued)]
-                if depth and depth[0] >= 8:
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail("the generations were not queued")
+            wait_for_metric(s, "tost_queue_depth", lambda depth: depth >= 8, timeout_s=30, interval_s=0.05,
+                            message="the generations were not queued", model="tost-austen", workload="generate")
             kept = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=10)
             kept.request("GET", "/v1/health/ready")
             assert kept.getresponse().status == 200

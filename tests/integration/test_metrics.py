@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
+from tost_harness import collect_generate, fetch_metrics, metric_value, scrape_metrics
 
 LM = "tost-austen"
 VISION = "tost-digits"
@@ -43,30 +44,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def fetch_metrics(server):
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        assert r.status == 200
-        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return r.read().decode()
-
-
-def parse_samples(text):
-    """{(name, frozenset(labels)): value} of a text exposition."""
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$', line)
-        assert m, f"unparsable sample line {line!r}"
-        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-        samples[(m.group(1), labels)] = float(m.group(4))
-    return samples
-
-
-def sample(samples, name, **labels):
-    return samples.get((name, frozenset(labels.items())))
 
 
 def family_types(text):
@@ -143,16 +120,6 @@ scrape_configs:
         self.log.close()
 
 
-def collect(stream):
-    tokens, final = 0, None
-    for msg in stream:
-        if msg.HasField("token"):
-            tokens += 1
-        elif msg.HasField("final"):
-            final = msg.final
-    return tokens, final
-
-
 def image_tensor(pb2, batch):
     values = [((i * 37) % 255) / 255.0 for i in range(batch * 32 * 32)]
     return pb2.FloatTensor(shape=[batch, 1, 32, 32], raw=struct.pack(f"<{len(values)}f", *values))
@@ -177,7 +144,8 @@ def observed(proto_modules, tmp_path_factory):
         lock = threading.Lock()
 
         def generate(request):
-            tokens, final = collect(stub.Generate(request, timeout=300))
+            got = collect_generate(stub.Generate(request, timeout=300))
+            tokens, final = len(got.tokens), got.final
             with lock:
                 seen["tokens"] += tokens
                 seen["streams_with_tokens"] += 1 if tokens else 0
@@ -265,14 +233,14 @@ def observed(proto_modules, tmp_path_factory):
         b_thread.start()
         # b is checked out from its Generate's start until every blocker has run (seconds).
         while True:
-            direct = parse_samples(fetch_metrics(server))
-            if sample(direct, "tost_sessions", state="active") == 1:
+            direct = scrape_metrics(server)
+            if metric_value(direct, "tost_sessions", state="active") == 1:
                 break
             assert time.time() < deadline, "b never showed as an active session"
             time.sleep(0.005)
         active_window = {
-            "direct_idle": sample(direct, "tost_sessions", state="idle"),
-            "direct_state_bytes": sample(direct, "tost_session_state_bytes"),
+            "direct_idle": metric_value(direct, "tost_sessions", default=None, state="idle"),
+            "direct_state_bytes": metric_value(direct, "tost_session_state_bytes", default=None),
             "blockers_left": stub.ServerStatus(pb2.ServerStatusRequest()).generators[0].queued,
         }
         prom.wait_for([('tost_sessions{state="active"}', 1.0), ('tost_sessions{state="idle"}', 1.0),

@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
+from tost_harness import collect_generate, scrape_metrics
 
 START_LIMIT_S = 120  # loading the shipped models takes seconds; a blocked read would never end
 
@@ -131,19 +131,18 @@ def test_bad_entries_fail_alone_and_the_good_models_serve(hostile_repo, proto_mo
             tensor = pb2.FloatTensor(shape=list(x.shape), raw=x.tobytes())
             assert len(stub.Classify(pb2.ClassifyRequest(model="tost-digits", tensor=tensor),
                                      timeout=30).results) == 1
-            tokens = [m.token.id for m in stub.Generate(
+            tokens = collect_generate(stub.Generate(
                 pb2.GenerateRequest(model="tost-austen", prompt_bytes=b"It is a truth", max_new_tokens=4),
-                timeout=60) if m.HasField("token")]
+                timeout=60)).ids
             assert len(tokens) == 4
             with pytest.raises(grpc.RpcError) as e:
                 stub.Classify(pb2.ClassifyRequest(model="zero-weights", tensor=tensor), timeout=30)
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "character device" in e.value.details()
 
-        # The metrics page names the served models; it must stay UTF-8 too.
-        with urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics", timeout=10) as r:
-            page = r.read().decode("utf-8", errors="strict")
-        assert 'model="tost-digits"' in page
+        # The metrics page names the served models; it must stay UTF-8 too (scrape_metrics decodes
+        # it strictly).
+        assert any(sample.labels.get("model") == "tost-digits" for sample in scrape_metrics(s))
     finally:
         assert s.stop() == 0
 

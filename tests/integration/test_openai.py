@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, generator_status
+from tost_harness import metric_value, scrape_metrics, wait_for_metric
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 MODEL = "tost-austen"
@@ -45,19 +46,6 @@ def error_of(body):
     e = json.loads(body)["error"]
     assert set(e) == {"message", "type", "param", "code"}, e
     return e
-
-
-def metric(srv, name, **labels):
-    """The value of one series on the metrics endpoint (0 when absent)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + "{" if labels else name + " "):
-            series, value = line.rsplit(" ", 1)
-            got = series[len(name):].strip("{}")
-            if ",".join(sorted(got.split(","))) == want or not labels:
-                return float(value)
-    return 0.0
 
 
 @pytest.fixture(scope="module")
@@ -184,26 +172,17 @@ def test_return_state_continues_from_the_blob(srv):
     assert cont.usage.prompt_tokens >= 1 and cont.choices[0].model_extra.get("state")
 
 
-def metric_reaching(srv, name, want, timeout_s=10.0, **labels):
-    """The series' value once it is at least `want`, or its last value after timeout_s. A request is
-    counted when its last byte is written, which the client may see a moment before the server
-    records it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = metric(srv, name, **labels)
-        if value >= want or time.monotonic() > deadline:
-            return value
-        time.sleep(0.01)
-
-
 def test_http_metrics_count_routes_and_codes(srv):
-    before = metric(srv, "tost_http_requests_total", route="/v1/completions", code="200")
+    # A request is counted when its last byte is written, which the client may see a moment before
+    # the server records it: each count is waited for (10 s at most), then checked.
+    before = metric_value(scrape_metrics(srv), "tost_http_requests_total", route="/v1/completions", code="200")
     client(srv).completions.create(model=MODEL, prompt="x", max_tokens=1)
-    assert metric_reaching(srv, "tost_http_requests_total", before + 1, route="/v1/completions",
+    assert wait_for_metric(srv, "tost_http_requests_total", lambda v: v >= before + 1, route="/v1/completions",
                            code="200") == before + 1
     post(srv, "/v1/completions", b"{")
-    assert metric_reaching(srv, "tost_http_requests_total", 1, route="/v1/completions", code="400") >= 1
-    assert metric_reaching(srv, "tost_http_request_duration_seconds_count", before + 2,
+    assert wait_for_metric(srv, "tost_http_requests_total", lambda v: v >= 1, route="/v1/completions",
+                           code="400") >= 1
+    assert wait_for_metric(srv, "tost_http_request_duration_seconds_count", lambda v: v >= before + 2,
                            route="/v1/completions") >= before + 2
 
 

@@ -9,13 +9,12 @@ rate for one second. The counters say whether a refused request ran: images batc
 tokens started must match the accepted requests exactly."""
 import asyncio
 import os
-import re
 import time
-import urllib.request
 
 import grpc
 
 from conftest import SOURCE_DIR, RunningServer, generator_status, proc_status
+from tost_harness import acollect_generate, metric_value, scrape_metrics
 
 VISION, LM = "tost-digits", "tost-austen"
 CLASSIFY_PLACES = 8             # --max_queue_size
@@ -48,30 +47,6 @@ def reset_peak(pid):
         return False
 
 
-def scrape(port):
-    """Every sample of the metrics endpoint, keyed by its name with its labels."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            samples[key] = float(value)
-    return samples
-
-
-def sample(samples, name, **labels):
-    """The sum of `name`'s samples whose labels include `labels`."""
-    total = 0.0
-    for key, value in samples.items():
-        m = re.fullmatch(r"([a-z_]+)(?:\{(.*)\})?", key)
-        if m.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
-
-
 def generator(status):
     return generator_status(status, LM)
 
@@ -97,10 +72,7 @@ def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_m
     async def run_generate(stub):
         start = time.monotonic()
         try:
-            final = None
-            async for msg in stub.Generate(generate, timeout=GENERATE_DEADLINE_S):
-                if msg.HasField("final"):
-                    final = msg.final
+            final = (await acollect_generate(stub.Generate(generate, timeout=GENERATE_DEADLINE_S))).final
             assert final is not None
             return "OK", time.monotonic() - start, final.generated_tokens, ""
         except grpc.aio.AioRpcError as e:
@@ -147,11 +119,11 @@ def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_m
                 for rpc, call in (("Classify", run_classify), ("Generate", run_generate)):
                     peak_reset = reset_peak(srv.proc.pid)
                     before = proc_status(srv.proc.pid)
-                    metrics_before = scrape(srv.metrics_port)
+                    metrics_before = scrape_metrics(srv, timeout_s=5)
                     status_before = generator(await stub.ServerStatus(pb2.ServerStatusRequest()))
                     offered, outcomes = await burst(stub, call, 10 * rates[rpc])
                     after = proc_status(srv.proc.pid)
-                    metrics_after = scrape(srv.metrics_port)
+                    metrics_after = scrape_metrics(srv, timeout_s=5)
                     status_after = generator(await stub.ServerStatus(pb2.ServerStatusRequest()))
                     if not peak_reset:  # the peak since start says nothing of the burst
                         after["VmHWM"] = after["VmRSS"]
@@ -190,7 +162,7 @@ def test_a_10x_burst_is_refused_before_any_work_and_memory_stays_bounded(proto_m
 
             # Refused requests did no work: the counters moved by the accepted requests alone.
             def delta(name, **labels):
-                return sample(m1, name, **labels) - sample(m0, name, **labels)
+                return metric_value(m1, name, **labels) - metric_value(m0, name, **labels)
 
             assert delta("tost_rejections_total", reason="queue_full") == len(refused)
             assert delta("tost_requests_total", rpc=rpc, code="RESOURCE_EXHAUSTED") == len(refused)

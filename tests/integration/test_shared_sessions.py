@@ -23,9 +23,9 @@ invariant decode makes them independent of batching), wherever the call lands:
 
 The `shared_sessions_*` ctest tests (tests/integration/CMakeLists.txt) run them; server_end_to_end
 leaves this file out."""
+import itertools
 import json
 import os
-import re
 import subprocess
 import threading
 import time
@@ -39,6 +39,7 @@ import tost_protos
 from conftest import SOURCE_DIR, RunningServer
 from failover_proxy import Cluster
 from redis_server import RedisServer
+from tost_harness import collect_generate, metric_value, scrape_metrics
 
 pb2, pb2_grpc = tost_protos.tost()
 
@@ -78,16 +79,11 @@ def create(stub, i):
 
 def advance(stub, session_id, i, k, max_new_tokens=TOKENS):
     """Call k of session i: (token ids, text, finish reason, position after)."""
-    ids, text, final = [], [], None
-    for msg in stub.Generate(pb2.GenerateRequest(session_id=session_id, prompt_bytes=prompt(i, k),
-                                                 max_new_tokens=max_new_tokens), timeout=CALL_TIMEOUT_S):
-        if msg.HasField("token"):
-            ids.append(msg.token.id)
-            text.append(msg.token.text)
-        elif msg.HasField("final"):
-            final = msg.final
+    got = collect_generate(stub.Generate(pb2.GenerateRequest(session_id=session_id, prompt_bytes=prompt(i, k),
+                                                             max_new_tokens=max_new_tokens), timeout=CALL_TIMEOUT_S))
+    final = got.final
     assert final is not None and final.session_id == session_id
-    return tuple(ids), "".join(text) + final.text, final.finish_reason, final.position
+    return tuple(got.ids), got.text, final.finish_reason, final.position  # text: the tokens' and final.text
 
 
 def for_each(n, fn, timeout_s=180):
@@ -160,23 +156,8 @@ def store_args(redis, *extra, db=0):
     return [f"--session_store={redis.url(db)}", f"--session_idle_timeout_s={IDLE_TIMEOUT_S}", *extra]
 
 
-def metrics_text(server):
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def metric(server, name, **labels):
-    """The sum of the samples of `name` whose labels include `labels` (0 when none)."""
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", metrics_text(server), re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 def served_generates(replica):
-    return metric(replica.server, "tost_requests_total", rpc="Generate", code="OK")
+    return metric_value(scrape_metrics(replica.server), "tost_requests_total", rpc="Generate", code="OK")
 
 
 def stub_for(address):
@@ -247,9 +228,9 @@ def test_replicas_share_sessions_through_the_proxy(key_file, reference):
         assert sum(served) == SESSIONS * CALLS
         assert all(s > 0 for s in served), f"both replicas should serve session calls: {served}"
         for r in cluster.replicas:
-            assert metric(r.server, "tost_session_store_commands_total", outcome="ok") > 0
-            assert metric(r.server, "tost_session_store_commands_total", outcome="error") == 0
-            assert metric(r.server, "tost_session_store_command_duration_seconds_count") > 0
+            assert metric_value(scrape_metrics(r.server), "tost_session_store_commands_total", outcome="ok") > 0
+            assert metric_value(scrape_metrics(r.server), "tost_session_store_commands_total", outcome="error") == 0
+            assert metric_value(scrape_metrics(r.server), "tost_session_store_command_duration_seconds_count") > 0
         check_store_layout(redis, [sid for sid, _ in out], min_version=CALLS)
 
 
@@ -327,14 +308,13 @@ def generate_outcome(stub, sid, max_new_tokens, barrier=None, hold_s=0.0):
     if barrier is not None:
         barrier.wait()
     try:
-        final = None
-        for n, msg in enumerate(stub.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=max_new_tokens),
-                                              timeout=CALL_TIMEOUT_S)):
-            if n == 0 and hold_s:
-                time.sleep(hold_s)
-            if msg.HasField("final"):
-                final = msg.final
-        return "ok", final.position
+        stream = stub.Generate(pb2.GenerateRequest(session_id=sid, max_new_tokens=max_new_tokens),
+                               timeout=CALL_TIMEOUT_S)
+        if hold_s:
+            first = next(stream)
+            time.sleep(hold_s)
+            stream = itertools.chain([first], stream)
+        return "ok", collect_generate(stream).final.position
     except grpc.RpcError as e:
         return e.code(), e.details()
 
@@ -371,7 +351,7 @@ def test_replicas_two_generates_on_one_session_one_wins(key_file, reference):
                 with pytest.raises(grpc.RpcError) as e:
                     call()
                 busy[name] = (e.value.code(), e.value.details())
-            final = [m.final for m in stream if m.HasField("final")][-1]
+            final = collect_generate(stream).final
             for name, (code, details) in busy.items():
                 assert code == grpc.StatusCode.FAILED_PRECONDITION, f"{name} on a busy session: {code.name}: {details}"
             assert "in use by another Generate" in busy["Generate on B"][1], busy["Generate on B"]
@@ -437,7 +417,8 @@ def test_store_sigkill_of_redis_with_an_aof_loses_no_acknowledged_call(key_file,
             failures = wait_session_calls_work(stubs)
             after = for_each(n, lambda i: [advance(stubs[(i + k) % 2], ids[i], i, k) for k in range(2, 4)])
             check_calls(after, reference, 2, f"after Redis' SIGKILL and restart (appendfsync {appendfsync})")
-            reconnects = [metric(r.server, "tost_session_store_reconnects_total") for r in cluster.replicas]
+            reconnects = [metric_value(scrape_metrics(r.server), "tost_session_store_reconnects_total")
+                          for r in cluster.replicas]
             print(f"\nappendfsync {appendfsync}: {n} sessions survived Redis' SIGKILL; {len(failures)} calls failed "
                   f"before the replicas reached it again; reconnects per replica {reconnects}")
             assert all(x > 0 for x in reconnects), f"each replica should count its reconnection: {reconnects}"
@@ -495,7 +476,8 @@ def test_store_down_fails_session_calls_fast_and_keeps_the_rest_serving(key_file
                 messages = []
                 for outage in ("pause", "stop"):
                     victim_of_close = create(stub, 1)
-                    errors_before = metric(server, "tost_session_store_commands_total", outcome="error")
+                    errors_before = metric_value(scrape_metrics(server), "tost_session_store_commands_total",
+                                                 outcome="error")
                     if outage == "pause":
                         redis.pause()
                     else:
@@ -514,7 +496,8 @@ def test_store_down_fails_session_calls_fast_and_keeps_the_rest_serving(key_file
                     tokens, final = advance_stateless(stub, state=blob)
                     assert tokens and final.state
                     assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
-                    errors = metric(server, "tost_session_store_commands_total", outcome="error") - errors_before
+                    errors = metric_value(scrape_metrics(server), "tost_session_store_commands_total",
+                                          outcome="error") - errors_before
                     assert errors > 0, "tost_session_store_commands_total{outcome=\"error\"} should rise"
                     print(f"\nRedis {outage}: UNAVAILABLE after " +
                           ", ".join(f"{name} {s * 1000:.0f} ms" for name, (s, _) in took.items()) +
@@ -541,7 +524,7 @@ def test_store_down_fails_session_calls_fast_and_keeps_the_rest_serving(key_file
                     assert position(stub, sid) == call[3]
                     k += 1
                     create(stub, 0)
-                assert metric(server, "tost_session_store_reconnects_total") > 0
+                assert metric_value(scrape_metrics(server), "tost_session_store_reconnects_total") > 0
                 assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
                 check_messages_name_the_store(messages, redis)
         finally:
@@ -618,7 +601,7 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
                 timed("stateless Generate", lambda: advance_stateless(stub))
                 timed("gRPC health", lambda: health(server.address))
                 still_waiting = sum(t.is_alive() for t in threads)
-                admitting = metric(server, "tost_admissions", state="running")
+                admitting = metric_value(scrape_metrics(server), "tost_admissions", state="running")
                 for t in threads:
                     t.join(timeout_ms / 1000 + 10)
             finally:
@@ -642,13 +625,8 @@ def advance_stateless(stub, state=b"", return_state=False):
     request = (pb2.GenerateRequest(state=state, max_new_tokens=TOKENS) if state else
                pb2.GenerateRequest(model=MODEL, prompt_bytes=b"Stateless, ", max_new_tokens=TOKENS,
                                    return_state=return_state))
-    tokens, final = [], None
-    for msg in stub.Generate(request, timeout=CALL_TIMEOUT_S):
-        if msg.HasField("token"):
-            tokens.append(msg.token.id)
-        elif msg.HasField("final"):
-            final = msg.final
-    return tokens, final
+    got = collect_generate(stub.Generate(request, timeout=CALL_TIMEOUT_S))
+    return got.ids, got.final
 
 
 def server_refuses(*args):
@@ -730,15 +708,14 @@ def test_replicas_share_openai_sessions_and_the_prefix_cache(key_file):
                     assert done.choices[0].text, done
                     positions.append(position(stub, sid))
                 assert positions == sorted(set(positions)), f"each call advances the session: {positions}"
-                assert metric(a, "tost_http_requests_total", route="/v1/completions", code="200") == 2
-                assert metric(b, "tost_http_requests_total", route="/v1/completions", code="200") == 2
+                assert metric_value(scrape_metrics(a), "tost_http_requests_total", route="/v1/completions", code="200") == 2
+                assert metric_value(scrape_metrics(b), "tost_http_requests_total", route="/v1/completions", code="200") == 2
 
                 # A long prompt, prefilled on A only (a stateless call).
                 long_prompt = (" ".join(OPENINGS) * 3).encode()
-                final = None
-                for msg in stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=long_prompt,
-                                                             max_new_tokens=2), timeout=CALL_TIMEOUT_S):
-                    final = msg.final if msg.HasField("final") else final
+                final = collect_generate(stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=long_prompt,
+                                                                           max_new_tokens=2),
+                                                       timeout=CALL_TIMEOUT_S)).final
                 assert final.cached_tokens == 0
             # Entries reach the store asynchronously.
             deadline = time.monotonic() + 10
@@ -747,8 +724,9 @@ def test_replicas_share_openai_sessions_and_the_prefix_cache(key_file):
             assert redis.keys("tost:p:*"), "replica A published no prefix-cache entry to the store"
             ch, stub = stub_for(b.address)
             with ch:
-                for msg in stub.Generate(pb2.GenerateRequest(model=MODEL, prompt_bytes=long_prompt + b" More.",
-                                                             max_new_tokens=2), timeout=CALL_TIMEOUT_S):
-                    final = msg.final if msg.HasField("final") else final
+                final = collect_generate(stub.Generate(pb2.GenerateRequest(model=MODEL,
+                                                                           prompt_bytes=long_prompt + b" More.",
+                                                                           max_new_tokens=2),
+                                                       timeout=CALL_TIMEOUT_S)).final
             assert final.cached_tokens >= 64, f"B should start from A's prefill: {final}"
-            assert metric(b, "tost_prefix_cache_shared_hits_total", model=MODEL) >= 1
+            assert metric_value(scrape_metrics(b), "tost_prefix_cache_shared_hits_total", model=MODEL) >= 1

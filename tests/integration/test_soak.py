@@ -11,16 +11,15 @@ the `soak` ctest test (label `slow`) sets TOST_SOAK=1, and it runs for TOST_SOAK
 caller sets that (a short local check), 600 otherwise."""
 import os
 import random
-import re
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, proc_status
+from tost_harness import collect_generate, metric_value, scrape_metrics
 
 SOAK_S = float(os.environ.get("TOST_SOAK_SECONDS", "600"))
 pytestmark = pytest.mark.skipif(not os.environ.get("TOST_SOAK") and "TOST_SOAK_SECONDS" not in os.environ,
@@ -39,23 +38,6 @@ EXPECTED = {"OK", "CANCELLED", "RESOURCE_EXHAUSTED"}
 # Python's channels share one connection per address unless told otherwise: a client that
 # disconnects must own its connection, so that closing its channel closes the TCP connection.
 OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
-
-
-def scrape(port):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {key: float(value) for key, value in
-            (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
-
-
-def metric(samples, name, **labels):
-    total = 0.0
-    for key, value in samples.items():
-        m = re.fullmatch(r"([a-z_]+)(?:\{(.*)\})?", key)
-        if m.group(1) == name and all(
-                dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")).get(k) == v
-                for k, v in labels.items()):
-            total += value
-    return total
 
 
 class Soak:
@@ -136,9 +118,9 @@ class Soak:
                 blob = []
 
                 def generate():
-                    final = [m for m in stub.Generate(self.request(
+                    final = collect_generate(stub.Generate(self.request(
                         rng, model=LM, max_new_tokens=rng.randint(4, 48), return_state=True),
-                        timeout=60)][-1].final
+                        timeout=60)).final
                     blob.append(final.state)
 
                 self.call("generate", generate)
@@ -371,7 +353,7 @@ def test_soak_memory_flat_and_nothing_leaked(proto_modules):
         # and the threads that served the traffic are gone.
         allowed = thread_allowance(base_names)
         status, g, st, end_names, settle_s = settle(stub, pb2, pid, status0.sessions, allowed)
-        m = scrape(srv.metrics_port)
+        m = scrape_metrics(srv, timeout_s=5)
 
         total = sum(soak.codes.values())
         by_worker = {}
@@ -382,7 +364,7 @@ def test_soak_memory_flat_and_nothing_leaked(proto_modules):
         last = sum(s[1] for s in samples[-q:]) / q / 1024
         slope = (np.polyfit([s[0] for s in samples], [s[1] / 1024 for s in samples], 1)[0] * 60
                  if len(samples) >= 2 else float("nan"))
-        requests = metric(m, "tost_requests_total")
+        requests = metric_value(m, "tost_requests_total")
         print(f"soak: {warmup_s:.0f} s warm-up + {traffic_s:.0f} s of traffic, {total} client "
               f"operations, {requests:.0f} RPCs answered; by worker: {by_worker}")
         print(f"  VmRSS: {cold['VmRSS'] / 1024:.0f} MiB cold, {base['VmRSS'] / 1024:.0f} MiB after the "
@@ -401,10 +383,10 @@ def test_soak_memory_flat_and_nothing_leaked(proto_modules):
         assert (g.active, g.queued, g.paused) == (0, 0, 0), g
         assert (status.sessions, status.session_state_bytes) == (
             status0.sessions, status0.session_state_bytes), status
-        assert metric(m, "tost_sessions") == status0.sessions
-        assert metric(m, "tost_queue_depth") == 0
+        assert metric_value(m, "tost_sessions") == status0.sessions
+        assert metric_value(m, "tost_queue_depth") == 0
         for code in ("INTERNAL", "UNKNOWN", "DATA_LOSS"):
-            assert metric(m, "tost_requests_total", code=code) == 0, code
+            assert metric_value(m, "tost_requests_total", code=code) == 0, code
         assert threads_within(end_names, allowed), (
             f"{st['Threads']} threads {end_names}, {base['Threads']} after the warm-up {base_names}")
         # Every kind of client ran, misbehaving ones included.
