@@ -3,7 +3,10 @@ gRPC stubs generated from our .proto files at test time (grpcio-tools, pinned in
 
 Both come from the repository's helpers in tools/pylib (tost_launch.py, tost_protos.py), which this
 file puts on sys.path once: every test module (and failover_proxy.py) imports conftest first, so
-`import tost_launch` and `import tost_protos` work in them too, under ctest or pytest alike."""
+`import tost_launch` and `import tost_protos` work in them too, under ctest or pytest alike. So does
+`import tost_harness` (tools/pylib/tost_harness.py): the one metrics scraper (scrape_metrics,
+metric_value, wait_for_metric) and the one Generate stream decoder (collect_generate) the tests
+share."""
 import os
 import re
 import subprocess
@@ -17,6 +20,7 @@ SOURCE_DIR = os.environ.get("TOST_SOURCE_DIR", os.path.abspath(os.path.join(os.p
 PYLIB = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "pylib"))
 if PYLIB not in sys.path:
     sys.path.insert(0, PYLIB)
+import tost_harness  # noqa: E402
 import tost_launch  # noqa: E402
 import tost_protos  # noqa: E402
 
@@ -62,9 +66,9 @@ def concurrent_generates(stub, pb2, model, streams=64, tokens=16):
     def run(i):
         try:
             barrier.wait()
-            results[i] = [msg.token.id for msg in stub.Generate(pb2.GenerateRequest(
+            results[i] = tost_harness.collect_generate(stub.Generate(pb2.GenerateRequest(
                 model=model, prompt_bytes=b"x", max_new_tokens=tokens,
-                sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300) if msg.HasField("token")]
+                sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300)).ids
         except Exception as e:  # pragma: no cover
             errors.append(e)
 

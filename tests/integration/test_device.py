@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, _binary
+from tost_harness import collect_generate
 
 
 def _cuda_devices() -> int:
@@ -111,13 +112,8 @@ def test_server_status_reports_the_state_pool_and_no_device_memory_on_cpu(proto_
 
 
 def _generate(stub, pb2, **request):
-    tokens, final = [], None
-    for msg in stub.Generate(pb2.GenerateRequest(**request), timeout=120):
-        if msg.HasField("token"):
-            tokens.append(msg.token.id)
-        elif msg.HasField("final"):
-            final = msg.final
-    return tokens, final
+    got = collect_generate(stub.Generate(pb2.GenerateRequest(**request), timeout=120))
+    return got.ids, got.final
 
 
 def test_cpu_serves_reduced_precision_weights_and_blobs_cross_precisions(proto_modules, key_file):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import SOURCE_DIR, RunningServer
+from tost_harness import collect_generate
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import convert_official  # noqa: E402
@@ -81,16 +82,13 @@ def test_gpt2_prompt_tokens_equal_tiktoken_and_sampled_ids_stay_inside_the_token
     text = "Don't stop: 1,000 ships sailed!"
     with grpc.insecure_channel(srv.address) as ch:
         stub = pb2_grpc.TostStub(ch)
-        ids, final = [], None
-        for msg in stub.Generate(pb2.GenerateRequest(
-                model="gpt2-files", prompt_bytes=text.encode(), max_new_tokens=40, top_logprobs=5,
-                sampling=pb2.SamplingParams(temperature=1.5, seed=11))):
-            if msg.HasField("token"):
-                ids.append(msg.token.id)
-                # The padded ids (737 .. 50303 here) mean nothing: never sampled, never offered.
-                assert all(alt.id < defined for alt in msg.token.top_logprobs)
-            elif msg.HasField("final"):
-                final = msg.final
+        got = collect_generate(stub.Generate(pb2.GenerateRequest(
+            model="gpt2-files", prompt_bytes=text.encode(), max_new_tokens=40, top_logprobs=5,
+            sampling=pb2.SamplingParams(temperature=1.5, seed=11))))
+        ids, final = got.ids, got.final
+        # The padded ids (737 .. 50303 here) mean nothing: never sampled, never offered.
+        for token in got.tokens:
+            assert all(alt.id < defined for alt in token.top_logprobs)
     import tiktoken  # noqa: E402 (a test dependency, pinned in requirements.txt)
     from tiktoken.load import load_tiktoken_bpe  # noqa: E402
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken caches local files by path; read this one
@@ -138,16 +136,11 @@ def test_gpt2_bpe_models_generate_under_json_schemas_and_ids_only_models_refuse(
         for schema_name in ("bounds", "array_of_enums"):
             schema = SCHEMAS[schema_name]
             for seed in range(6):
-                text, final, ids = b"", None, []
-                for msg in stub.Generate(pb2.GenerateRequest(
-                        model=name, prompt_bytes=b"Answer:", max_new_tokens=60,
-                        sampling=pb2.SamplingParams(temperature=1.0, seed=seed),
-                        constraint=pb2.Constraint(json_schema=json.dumps(schema))), timeout=120):
-                    if msg.HasField("token"):
-                        ids.append(msg.token.id)
-                        text += msg.token.bytes
-                    elif msg.HasField("final"):
-                        final = msg.final
+                got = collect_generate(stub.Generate(pb2.GenerateRequest(
+                    model=name, prompt_bytes=b"Answer:", max_new_tokens=60,
+                    sampling=pb2.SamplingParams(temperature=1.0, seed=seed),
+                    constraint=pb2.Constraint(json_schema=json.dumps(schema))), timeout=120))
+                text, final, ids = got.output_bytes, got.final, got.ids
                 assert all(i < defined for i in ids), ids
                 if final.finish_reason == pb2.FINISH_REASON_EOS:
                     check_output(schema, text.decode())

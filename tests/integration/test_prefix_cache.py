@@ -13,6 +13,7 @@ import pytest
 
 import tost_protos
 from conftest import SOURCE_DIR, RunningServer, generator_status
+from tost_harness import collect_generate
 
 MODEL = "tost-austen"
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -30,15 +31,10 @@ BOB = [("authorization", "Bearer fedcba9876543210fedc")]
 
 def generate(stub, pb2, ids, metadata=None, **kw):
     """(reply token ids, GenerateFinal) of one Generate on token ids."""
-    reply, final = [], None
     request = pb2.GenerateRequest(model=MODEL, prompt_tokens=pb2.TokenIds(ids=ids), max_new_tokens=REPLY_TOKENS,
                                   sampling=pb2.SamplingParams(temperature=0.8, top_k=40, seed=11), **kw)
-    for msg in stub.Generate(request, metadata=metadata, timeout=120):
-        if msg.HasField("token"):
-            reply.append(msg.token.id)
-        elif msg.HasField("final"):
-            final = msg.final
-    return reply, final
+    got = collect_generate(stub.Generate(request, metadata=metadata, timeout=120))
+    return got.ids, got.final
 
 
 def statistics(blob):

@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import SOURCE_DIR, RunningServer, _binary
+from tost_harness import collect_generate
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
@@ -78,12 +79,8 @@ def test_generate_streams_token_by_token(stub, proto_modules):
     prompt_ids = _lm_tokenizer().encode(prompt)  # the server must tokenize as tools/bpe.py does
     req = pb2.GenerateRequest(model=LM, prompt_bytes=prompt, max_new_tokens=24,
                               sampling=pb2.SamplingParams(temperature=0.8, seed=5))
-    tokens, final = [], None
-    for msg in stub.Generate(req):
-        if msg.HasField("token"):
-            tokens.append(msg.token)
-        else:
-            final = msg.final
+    got = collect_generate(stub.Generate(req))
+    tokens, final = got.tokens, got.final
     assert final is not None
     n = len(prompt_ids)
     assert final.prompt_tokens == n
@@ -94,10 +91,10 @@ def test_generate_streams_token_by_token(stub, proto_modules):
     if final.finish_reason == pb2.FINISH_REASON_LENGTH:
         assert len(tokens) == 24
     # text is released in complete characters only, and the concatenation is valid UTF-8
-    text = "".join(t.text for t in tokens) + final.text
+    text = got.text  # the tokens' texts, then final.text
     assert text.encode("utf-8").decode("utf-8") == text
     # the same seed gives the same tokens
-    again = [m.token.id for m in stub.Generate(req) if m.HasField("token")]
+    again = collect_generate(stub.Generate(req)).ids
     assert again == [t.id for t in tokens]
 
 
@@ -109,7 +106,7 @@ def test_generate_reports_each_sampled_tokens_own_logprob(stub, proto_modules):
     def tokens(**fields):
         req = pb2.GenerateRequest(model=LM, prompt_bytes=b"It was a truth", max_new_tokens=24,
                                   sampling=pb2.SamplingParams(temperature=1.5, seed=3), **fields)
-        return [m.token for m in stub.Generate(req) if m.HasField("token")]
+        return collect_generate(stub.Generate(req)).tokens
 
     own = tokens(logprobs=True, top_logprobs=0)
     assert own and all(t.HasField("logprob") and not t.top_logprobs for t in own)

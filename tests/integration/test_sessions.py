@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import SOURCE_DIR, RunningServer, concurrent_generates
+from tost_harness import collect_generate
 
 MODEL = "tost-austen"
 PROMPT = b"It was a bright cold day in April, and "
@@ -38,15 +39,9 @@ def stub_for(server, pb2_grpc):
 
 
 def collect(stream):
-    tokens, final, snapshots = [], None, []
-    for msg in stream:
-        if msg.HasField("token"):
-            tokens.append(msg.token.id)
-        elif msg.HasField("snapshot"):
-            snapshots.append(msg.snapshot)
-        else:
-            final = msg.final
-    return tokens, final, snapshots
+    """(token ids, GenerateFinal, StateSnapshots) of a Generate stream."""
+    got = collect_generate(stream)
+    return got.ids, got.final, got.snapshots
 
 
 def background_load(stub, pb2, n, tokens=24):

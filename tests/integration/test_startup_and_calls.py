@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, _binary
+from tost_harness import collect_generate
 
 LM = "tost-austen"
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -153,10 +154,11 @@ def _generate_on(stub, pb2, sid, timeout, max_new_tokens=400):
     """A Generate on session `sid`; its final message, or the RpcError it failed with."""
     request = pb2.GenerateRequest(session_id=sid, prompt_bytes=b"The weather was fine, and ",
                                   max_new_tokens=max_new_tokens)
-    try:
-        return [m.final for m in stub.Generate(request, timeout=timeout) if m.HasField("final")][0]
-    except grpc.RpcError as e:
-        return e
+    got = collect_generate(stub.Generate(request, timeout=timeout), capture_error=True)
+    if got.error is not None:
+        return got.error
+    assert got.final is not None, "the stream ended without its final message"
+    return got.final
 
 
 def _settled_position(stub, pb2, sid):
@@ -253,7 +255,7 @@ def test_deadlines_far_ahead_are_in_the_future(server, proto_modules, timeout):
         server.address, "/tost.v1.Tost/Generate",
         pb2.GenerateRequest(model=LM, prompt_bytes=b"It was ", max_new_tokens=4), [("grpc-timeout", timeout)])
     assert code == 0, (code, message)
-    tokens = [r for r in map(pb2.GenerateResponse.FromString, replies) if r.HasField("token")]
+    tokens = collect_generate(map(pb2.GenerateResponse.FromString, replies)).tokens
     assert len(tokens) == 4
     with open(os.path.join(MODELS, "tost-digits", "config.json")) as f:
         v = json.load(f)["vision"]

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer, generator_status
+from tost_harness import acollect_generate, collect_generate
 
 MODEL = "tost-austen"
 
@@ -47,13 +48,8 @@ def test_256_streams_all_admitted_run_on_fewer_than_64_threads(proto_modules):
                 busy_threads = server_threads(srv.proc.pid)
 
                 async def read(call):
-                    tokens, final = 0, None
-                    async for msg in call:
-                        if msg.HasField("token"):
-                            tokens += 1
-                        elif msg.HasField("final"):
-                            final = msg.final
-                    return tokens, final
+                    got = await acollect_generate(call)
+                    return len(got.tokens), got.final
 
                 results = await asyncio.gather(*(read(c) for c in calls))
                 return busy_threads, results
@@ -106,11 +102,10 @@ def test_client_that_stops_reading_pauses_and_is_cancelled_with_its_session_kept
             assert time.monotonic() < deadline, "the stalled stream was never ended"
             time.sleep(0.05)
         # The server cancelled the call (the client was not reading, so it cannot hear why).
-        received = 0
-        with pytest.raises(grpc.RpcError) as e:
-            for msg in call:
-                received += msg.HasField("token")
-        assert e.value.code() == grpc.StatusCode.CANCELLED
+        got = collect_generate(call, capture_error=True)
+        assert got.error is not None, "the stalled stream ended without an error"
+        assert got.error.code() == grpc.StatusCode.CANCELLED
+        received = len(got.tokens)
         g = generator(stub.ServerStatus(pb2.ServerStatusRequest()))
         assert g.decoded_tokens == paused_at and g.paused == 0 and g.active == 0
         assert received <= paused_at
@@ -119,10 +114,8 @@ def test_client_that_stops_reading_pauses_and_is_cancelled_with_its_session_kept
         info = stub.ExportSession(pb2.SessionRef(session_id=session.session_id)).session
         prompt_tokens = info.position - paused_at
         assert prompt_tokens > 0
-        final = None
-        for msg in stub.Generate(pb2.GenerateRequest(session_id=session.session_id, max_new_tokens=4)):
-            if msg.HasField("final"):
-                final = msg.final
+        final = collect_generate(stub.Generate(pb2.GenerateRequest(session_id=session.session_id,
+                                                                   max_new_tokens=4))).final
         assert final is not None and final.position == info.position + final.generated_tokens
         slow.close()
         control.close()
