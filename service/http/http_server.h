@@ -254,7 +254,7 @@ class HttpServer {
   // handler.
   void Stop();
 
-  struct Core;  // shared with the connections (http_server.cc)
+  struct Core;  // shared with the connections (service/http/internal/core.h)
 
  private:
   HttpServer() = default;
