@@ -2,7 +2,7 @@
 """Reads nvcc output compiled with -Xptxas=-v on stdin, prints registers, shared memory and spills
 of every kernel per architecture, and exits 1 if any kernel spills or if no ptxas report was seen.
 
-  ninja -C build <tssa_kernels.cu.o target> 2>&1 | tools/ptxas_report.py
+  ninja -C build <a kernels/cuda/*.cu.o target> 2>&1 | tools/ptxas_report.py
 """
 import re
 import subprocess

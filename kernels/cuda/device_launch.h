@@ -1,4 +1,4 @@
-// How tssa_kernels.cu reaches the device: the one launch helper, the dynamic shared memory
+// How the tssa_*.cu kernels reach the device: the one launch helper, the dynamic shared memory
 // declaration and the carving of workspace buffers. Under nvcc these are a real `<<<...>>>` launch
 // and plain pointer arithmetic. Compiled as host C++ with TOST_CUDA_EMULATION (tests/kernels/
 // emulator), the same names come from the emulator, which runs every thread of a block as a fiber

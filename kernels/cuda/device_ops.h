@@ -1,6 +1,6 @@
 // The `tost::` operators on a CUDA-like device, templated on the backend that owns the device:
 // validate with the shared argument checks, make the inputs contiguous float32 where the kernels
-// need it, plan, and launch the kernels of tssa_kernels.cu and token_bitmask_kernels.cu through
+// need it, plan, and launch the kernels of tssa_*.cu and token_bitmask_kernels.cu through
 // the plain launchers of tssa_cuda.h and token_bitmask_cuda.h. cuda_ops.cc instantiates it for a
 // real GPU; the emulator's test build (tests/kernels/emulator) instantiates it for the same kernels
 // compiled as host code, so both run exactly these checks and this planning.

@@ -1,5 +1,5 @@
-// Launchers of the CUDA TSSA kernels: plain C++ (no LibTorch types), so the .cu translation unit
-// needs nothing but the CUDA toolkit. cuda_ops.cc adapts them to the `tost::` operators.
+// Launchers of the CUDA TSSA kernels: plain C++ (no LibTorch types), so the .cu translation units
+// need nothing but the CUDA toolkit. cuda_ops.cc adapts them to the `tost::` operators.
 //
 // Every tensor argument is a raw pointer to contiguous row-major device memory:
 //   w, y          [B, N, D] (tssa, tssa_causal) or [B, D] (tssa_step), element type `dtype`

@@ -1,4 +1,4 @@
-// The CUDA device API of kernels/cuda/tssa_kernels.cu as host C++, for the emulated build
+// The CUDA device API of kernels/cuda/*.cu as host C++, for the emulated build
 // (TOST_CUDA_EMULATION): kernels/cuda/device_launch.h includes this instead of launching with
 // `<<<...>>>`. Every thread of a block runs as a fiber of the emulator (emulator.h); the intrinsics
 // below are its synchronisation points. half and bfloat16 come from the CUDA headers' host code;
