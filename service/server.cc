@@ -141,8 +141,11 @@ constexpr int kFinalMessagesGraceMs = 1000;
 constexpr int kMaxAdmissionThreads = 32;
 constexpr int kMaxQueuedAdmissions = 4096;
 
-// tost_model_info's backend label: every model runs on LibTorch's CPU backend today.
-constexpr char kModelBackend[] = "libtorch_cpu";
+// tost_model_info's backend label: the LibTorch backend the model's placement runs it on, so a
+// dashboard tells the models on a GPU from those on the CPU.
+const char* ModelBackend(const model::Placement& placement) {
+  return placement.cuda ? "libtorch_cuda" : "libtorch_cpu";
+}
 
 absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file, int64_t blob_ttl_s) {
   const SessionCodecOptions codec_options{.ttl = absl::Seconds(blob_ttl_s),
@@ -288,7 +291,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             m.placement.cuda ? "cuda" : model::CpuProductsName(m.placement.CpuProductsUsed())},
            // A language model's lean CPU decode step: the memory its packed weights take.
            {"lean_decode_bytes", m.language != nullptr ? m.language->LeanDecodeBytes() : 0}});
-      server->metrics_->RegisterModel(m.name, m.config.version, kModelBackend,
+      server->metrics_->RegisterModel(m.name, m.config.version, ModelBackend(m.placement),
                                       m.language != nullptr);
     } else {
       Log(LogLevel::kError, "model failed to load",
