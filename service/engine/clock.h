@@ -2,9 +2,9 @@
 // read time through a Clock so their tests can drive it by hand with FakeClock instead of sleeping.
 //
 //   RealClock  wall time (absl::Now()); RealClock::Get() is a process-wide instance.
-//   FakeClock  time that moves only when a test calls Advance() or SetNow().
+//   FakeClock  time that moves only when a test calls Advance().
 //
-// Thread-safety: Now() may be called from any thread on both implementations; FakeClock's setters
+// Thread-safety: Now() may be called from any thread on both implementations; FakeClock's Advance()
 // too. A Clock is never owned by the components that read it: it must outlive them.
 #pragma once
 
@@ -47,12 +47,6 @@ class FakeClock final : public Clock {
   void Advance(absl::Duration delta) {
     absl::MutexLock lock(&mu_);
     if (delta > absl::ZeroDuration()) now_ += delta;
-  }
-
-  // Sets the time; ignored if `t` is before the current time.
-  void SetNow(absl::Time t) {
-    absl::MutexLock lock(&mu_);
-    if (t > now_) now_ = t;
   }
 
  private:

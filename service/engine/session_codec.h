@@ -120,8 +120,6 @@ class SessionCodec {
   // The model a blob claims to belong to (after authentication only: no owner or expiry check).
   absl::StatusOr<std::string> PeekModel(const std::string& blob) const;
 
-  absl::Duration ttl() const { return options_.ttl; }
-
   // Other records this server keeps where others could write (the shared prefix-state cache's
   // entries): `data` followed by HMAC-SHA256 under the signing key of `purpose` and `data`, so a
   // record of one purpose never verifies as another's, nor as a session blob.

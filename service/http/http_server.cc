@@ -92,8 +92,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
 
 HttpServer::~HttpServer() { Stop(); }
 
-bool HttpServer::tls() const { return core_->ssl.has_value(); }
-
 int64_t HttpServer::open_connections() const {
   int64_t n = 0;
   for (const auto& c : core_->Live()) n += c->phase() != internal::ConnectionBase::Phase::kClosed;

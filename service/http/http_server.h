@@ -241,7 +241,6 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const { return port_; }
-  bool tls() const;
   int64_t open_connections() const;
   int64_t requests_in_flight() const;
 

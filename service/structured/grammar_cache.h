@@ -70,7 +70,6 @@ class GrammarCache {
   absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Get(const Constraint& constraint);
 
   GrammarCacheStats stats() const;
-  const std::shared_ptr<GrammarVocabulary>& vocabulary() const { return vocabulary_; }
 
   // Blocks until no compile is running (tests, and orderly shutdown).
   void WaitForCompiles();
