@@ -31,6 +31,31 @@ function(tost_target_warnings target)
     $<$<COMPILE_LANGUAGE:CUDA>:${_werror_cuda} -Xcompiler=-Wall,-Wextra${_werror_host},-Wno-unused-parameter>)
 endfunction()
 
+# tost_forbid_includes(NAME test PATHS file-or-folder... FORBID prefix... [PATTERNS regex...])
+# A unit test that fails, naming each line, when a C++ or CUDA source under PATHS (relative to the
+# source tree) includes a header under one of the FORBID prefixes (`grpc` forbids <grpc/...> and
+# "grpc/...") or matches one of PATTERNS (extended regexes, e.g. a generated header's name): the
+# layer boundary a target's links draw, checked on the sources too, so that a forbidden include
+# shows here and not first in a build that lacks the dependency.
+function(tost_forbid_includes)
+  cmake_parse_arguments(arg "" "NAME" "PATHS;FORBID;PATTERNS" ${ARGN})
+  if(NOT arg_NAME OR NOT arg_PATHS OR NOT (arg_FORBID OR arg_PATTERNS))
+    message(FATAL_ERROR "tost_forbid_includes needs NAME, PATHS and FORBID or PATTERNS")
+  endif()
+  set(_alternatives "")
+  if(arg_FORBID)
+    list(JOIN arg_FORBID "|" _prefixes)
+    string(REPLACE "." "[.]" _prefixes "${_prefixes}")
+    list(APPEND _alternatives "^[[:space:]]*#[[:space:]]*include[[:space:]]*[<\"](${_prefixes})/")
+  endif()
+  list(APPEND _alternatives ${arg_PATTERNS})
+  list(JOIN _alternatives "|" _regex)
+  list(TRANSFORM arg_PATHS PREPEND ${PROJECT_SOURCE_DIR}/)
+  add_test(NAME ${arg_NAME}
+           COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/forbid-includes.sh "${_regex}" ${arg_PATHS})
+  set_tests_properties(${arg_NAME} PROPERTIES LABELS unit)
+endfunction()
+
 if(TOST_ENABLE_CUDA)
   if(NOT CMAKE_CUDA_COMPILER)
     find_program(_tost_nvcc nvcc HINTS /usr/local/cuda/bin)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs clang's thread-safety analysis over the serving engine, the session store's Redis client
-# (service/store: its connection pool), the gRPC and HTTP front ends (service/api, service/http and
-# the OpenAI routes of service/openai_http), metrics and logging (service/observability) and, given
+# Runs clang's thread-safety analysis over the serving engine, the generation call
+# (service/generation), the session store's Redis client (service/store: its connection pool), the
+# gRPC and HTTP front ends (service/api, service/http and the OpenAI routes of service/openai_http),
+# metrics and logging (service/observability) and, given
 # XGrammar's source tree, structured output's grammar cache (service/structured): GCC ignores the
 # ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations, so without this pass they are
 # comments. Syntax only (no code is generated). gRPC, Boost, prometheus-cpp and nlohmann/json are
@@ -12,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 gen_dir="${1:?usage: $0 GENERATED_PROTO_DIR [XGRAMMAR_SOURCE_DIR]}"
 xgrammar_dir="${2:-}"
 status=0
-dirs=(service/engine service/store service/api service/http service/openai_http service/observability)
+dirs=(service/engine service/store service/generation service/api service/http service/openai_http service/observability)
 includes=(-I. -isystem "$gen_dir")
 # What the build defines for these folders: tost_http's Asio and Beast configuration (public, so
 # every includer of its headers sees the same types), and tost_api's version string for KServe's

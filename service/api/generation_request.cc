@@ -69,11 +69,11 @@ absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::Generat
   return in;
 }
 
-absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& constraint) {
-  ConstraintSpec spec;
+absl::StatusOr<structured::Constraint> ConstraintFromProto(const tost::v1::Constraint& constraint) {
+  structured::Constraint spec;
   switch (constraint.kind_case()) {
     case tost::v1::Constraint::kJsonSchema:
-      spec.kind = ConstraintSpec::Kind::kJsonSchema;
+      spec.kind = structured::Constraint::Kind::kJsonSchema;
       spec.text = constraint.json_schema();
       break;
     case tost::v1::Constraint::kJsonObject:
@@ -82,18 +82,18 @@ absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& c
             "constraint.json_object: expected true (any JSON object), got false; leave "
             "`constraint` unset for unconstrained output");
       }
-      spec.kind = ConstraintSpec::Kind::kJsonObject;
+      spec.kind = structured::Constraint::Kind::kJsonObject;
       break;
     case tost::v1::Constraint::kRegex:
-      spec.kind = ConstraintSpec::Kind::kRegex;
+      spec.kind = structured::Constraint::Kind::kRegex;
       spec.text = constraint.regex();
       break;
     case tost::v1::Constraint::kGrammar:
-      spec.kind = ConstraintSpec::Kind::kGrammar;
+      spec.kind = structured::Constraint::Kind::kGrammar;
       spec.text = constraint.grammar();
       break;
     case tost::v1::Constraint::kChoice:
-      spec.kind = ConstraintSpec::Kind::kChoice;
+      spec.kind = structured::Constraint::Kind::kChoice;
       spec.choices.assign(constraint.choice().choices().begin(),
                           constraint.choice().choices().end());
       break;

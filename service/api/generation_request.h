@@ -11,11 +11,11 @@
 #include "model/config/config.h"
 #include "model/sampling/sampler.h"
 #include "model/text/tokenizer.h"
-#include "service/api/generation_input.h"
 #include "service/api/request_input.h"
 #include "service/engine/constraints.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/generation_state.h"
+#include "service/generation/generation_input.h"
 #include "tost/v1/tost.pb.h"
 
 namespace tost::service {
@@ -37,10 +37,10 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st
 // the request holds a place in the scheduler, like the rest of BuildGenerationRequest's checks.
 absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::GenerateRequest& req);
 
-// The request's constraint (GenerateRequest.constraint) as the engine's ConstraintSpec:
+// The request's constraint (GenerateRequest.constraint) as the engine's structured::Constraint:
 // INVALID_ARGUMENT naming the field when no kind is set or json_object is false. Its contents
 // are the compiler's to check (Engine::CompileConstraint).
-absl::StatusOr<ConstraintSpec> ConstraintFromProto(const tost::v1::Constraint& constraint);
+absl::StatusOr<structured::Constraint> ConstraintFromProto(const tost::v1::Constraint& constraint);
 
 // INVALID_ARGUMENT when `req` both sets a constraint and asks to clear the state's.
 absl::Status CheckConstraintUse(const tost::v1::GenerateRequest& req);

@@ -21,7 +21,7 @@ namespace {
 
 class MatcherConstraint final : public TokenConstraint {
  public:
-  MatcherConstraint(ConstraintSpec spec,
+  MatcherConstraint(structured::Constraint spec,
                     std::shared_ptr<const structured::CompiledConstraint> compiled)
       : spec_(std::move(spec)), matcher_(std::move(compiled)) {}
   int64_t bitmask_words() const override { return matcher_.bitmask_words(); }
@@ -29,28 +29,12 @@ class MatcherConstraint final : public TokenConstraint {
   absl::Status Accept(int32_t token) override { return matcher_.Accept(token); }
   bool Ended() const override { return matcher_.Ended(); }
   absl::Status Replay(absl::Span<const int32_t> output) override { return matcher_.Replay(output); }
-  const ConstraintSpec& spec() const override { return spec_; }
+  const structured::Constraint& spec() const override { return spec_; }
 
  private:
-  const ConstraintSpec spec_;
+  const structured::Constraint spec_;
   structured::ConstraintMatcher matcher_;
 };
-
-structured::Constraint::Kind ToKind(ConstraintSpec::Kind kind) {
-  switch (kind) {
-    case ConstraintSpec::Kind::kJsonSchema:
-      return structured::Constraint::Kind::kJsonSchema;
-    case ConstraintSpec::Kind::kJsonObject:
-      return structured::Constraint::Kind::kJsonObject;
-    case ConstraintSpec::Kind::kRegex:
-      return structured::Constraint::Kind::kRegex;
-    case ConstraintSpec::Kind::kGrammar:
-      return structured::Constraint::Kind::kGrammar;
-    case ConstraintSpec::Kind::kChoice:
-      return structured::Constraint::Kind::kChoice;
-  }
-  return structured::Constraint::Kind::kJsonObject;
-}
 
 }  // namespace
 
@@ -101,16 +85,12 @@ ConstraintCompiler::ConstraintCompiler(const GenerativeModel& model,
 ConstraintCompiler::~ConstraintCompiler() = default;
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
-    const ConstraintSpec& spec) {
-  structured::Constraint constraint;
-  constraint.kind = ToKind(spec.kind);
-  constraint.text = spec.text;
-  constraint.choices = spec.choices;
+    const structured::Constraint& spec) {
   // Shape first: a malformed request is refused before the model's vocabulary is built.
-  TOST_RETURN_IF_ERROR(structured::Validate(constraint));
+  TOST_RETURN_IF_ERROR(structured::Validate(spec));
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<structured::GrammarCache> cache, impl_->Cache());
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledConstraint> compiled,
-                        cache->Get(constraint));
+                        cache->Get(spec));
   return std::make_unique<MatcherConstraint>(spec, std::move(compiled));
 }
 
@@ -145,7 +125,7 @@ ConstraintCompiler::ConstraintCompiler(const GenerativeModel& model,
 ConstraintCompiler::~ConstraintCompiler() = default;
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
-    const ConstraintSpec& spec) {
+    const structured::Constraint& spec) {
   return absl::FailedPreconditionError(
       absl::StrCat("model \"", impl_->model_name,
                    "\" does not support constrained generation: this server was built without "

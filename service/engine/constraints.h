@@ -15,8 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "service/engine/constraint_spec.h"
+#include "service/engine/constraint_progress.h"
 #include "service/engine/model_interface.h"
+#include "service/structured/constraint.h"
 
 namespace tost::service {
 
@@ -40,7 +41,7 @@ class TokenConstraint {
   virtual absl::Status Replay(absl::Span<const int32_t> output) = 0;
   // What it was compiled from: a state carries it (ConstraintProgress) to be compiled again where
   // the sequence continues.
-  virtual const ConstraintSpec& spec() const = 0;
+  virtual const structured::Constraint& spec() const = 0;
 };
 
 // What a model's compiled-constraint cache did since the server started (metrics).
@@ -80,7 +81,7 @@ class ConstraintCompiler {
   // RESOURCE_EXHAUSTED when the compile takes longer than max_compile_ms; FAILED_PRECONDITION,
   // naming the model, when the model's tokenizer cannot support constraints (or the server was
   // built without XGrammar). The model's grammar vocabulary is built on the first call.
-  absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const ConstraintSpec& spec);
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const structured::Constraint& spec);
 
   // All zero until the first constrained request builds the cache.
   ConstraintCacheStats stats() const;

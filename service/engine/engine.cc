@@ -120,7 +120,7 @@ absl::StatusOr<ServedClassifier> Engine::Classifier(const std::string& name) con
 }
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> Engine::CompileConstraint(
-    const std::string& name, const ConstraintSpec& spec) const {
+    const std::string& name, const structured::Constraint& spec) const {
   TOST_RETURN_IF_ERROR(Scheduler(name).status());
   return constraints_.at(name)->Compile(spec);
 }

@@ -154,10 +154,9 @@ class Engine {
   // in the model's cache) on the calling thread: errors as ConstraintCompiler::Compile's, and
   // Generator()'s for the name.
   absl::StatusOr<std::unique_ptr<TokenConstraint>> CompileConstraint(
-      const std::string& name, const ConstraintSpec& spec) const;
+      const std::string& name, const structured::Constraint& spec) const;
 
   SessionStore& sessions() { return *sessions_; }
-  PrefixStateCache& prefix_cache() { return prefix_cache_; }
   const SessionCodec& codec() const { return codec_; }
 
   // The first half of a drain: new generations are refused (UNAVAILABLE), queued classification

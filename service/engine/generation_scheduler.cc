@@ -8,6 +8,7 @@
 #include "base/thread_name.h"
 #include "model/text/tokenizer.h"
 #include "service/engine/text_stream.h"
+#include "service/generation/generation_limits.h"
 
 namespace tost::service {
 namespace {
@@ -21,26 +22,6 @@ constexpr absl::Duration kDeadlineCancelSlack = absl::Milliseconds(20);
 bool GraphsTurnedOff(std::string_view decode_mode) { return decode_mode.starts_with("eager: "); }
 
 }  // namespace
-
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kContext:
-      return "context";
-    case FinishReason::kDrained:
-      return "drained";
-    case FinishReason::kConstraint:
-      return "constraint";
-  }
-  return "?";
-}
 
 // A counter the scheduler's idle loop waits on: every reason to look at the jobs again rings it.
 struct GenerationJob::Doorbell {
@@ -388,17 +369,21 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   }
   GenerationState& st = request.state;
   TOST_RETURN_IF_ERROR(CheckState(st));
+  // The front ends check these first under the names their callers sent
+  // (BuildGenerationRequest); the engine's words name no protocol's fields.
   if (request.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 0, got ", request.max_new_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", name, ": the new-token limit must be >= 0, got ", request.max_new_tokens));
   }
-  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
+  if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs must be in [0, 20], got ", request.top_logprobs));
+        absl::StrCat("model ", name, ": alternatives per token must be in [0, ", kMaxTopLogprobs,
+                     "], got ", request.top_logprobs));
   }
   if (request.snapshot_every < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("state_every_tokens must be >= 0, got ", request.snapshot_every));
+        absl::StrCat("model ", name, ": the snapshot interval must be >= 0 tokens, got ",
+                     request.snapshot_every));
   }
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t t = request.prompt[i];
@@ -434,8 +419,10 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
   std::vector<int32_t> feed;
   if (st.pending_token >= 0) feed.push_back(st.pending_token);
   feed.insert(feed.end(), request.prompt.begin(), request.prompt.end());
-  if (feed.empty())
-    return absl::InvalidArgumentError("prompt is empty: send prompt_bytes or prompt_tokens");
+  if (feed.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", name, ": the prompt is empty and the state has no pending token"));
+  }
   if (st.sequence.position + static_cast<int64_t>(feed.size()) > c.context_length) {
     return absl::OutOfRangeError(absl::StrCat(
         "model ", name, ": position ", st.sequence.position, " + ", feed.size(),

@@ -16,16 +16,15 @@
 
 #include "model/sampling/sampler.h"
 #include "model/state/sequence_state.h"
-#include "service/engine/constraint_spec.h"
+#include "service/engine/constraint_progress.h"
+#include "service/generation/generation_limits.h"
 
 namespace tost::service {
 
-// Bounds on what a state carries besides its fixed-size statistics (GenerationScheduler::CheckState
-// enforces them, whatever the state's source): stop conditions are scanned after every token on
-// the scheduler's thread and copied into every snapshot.
-inline constexpr size_t kMaxStopStrings = 16;
-inline constexpr size_t kMaxStopStringBytes = 256;
-inline constexpr size_t kMaxStopTokenIds = 64;
+// What a state carries besides its fixed-size statistics is bounded by generation_limits.h's stop
+// limits (GenerationScheduler::CheckState enforces them, whatever the state's source): stop
+// conditions are scanned after every token on the scheduler's thread and copied into every
+// snapshot.
 
 struct GenerationState {
   std::string model;

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "base/thread_name.h"
-#include "service/engine/generation_scheduler.h"
+#include "service/engine/generation_job.h"
 
 namespace tost::service {
 

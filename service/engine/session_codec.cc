@@ -51,17 +51,17 @@ absl::Status Mismatch(const std::string& what, const std::string& blob_value,
 
 using ProtoKind = tost::v1::internal::ConstraintProgress;
 
-ProtoKind::Kind ToProto(ConstraintSpec::Kind kind) {
+ProtoKind::Kind ToProto(structured::Constraint::Kind kind) {
   switch (kind) {
-    case ConstraintSpec::Kind::kJsonSchema:
+    case structured::Constraint::Kind::kJsonSchema:
       return ProtoKind::JSON_SCHEMA;
-    case ConstraintSpec::Kind::kJsonObject:
+    case structured::Constraint::Kind::kJsonObject:
       return ProtoKind::JSON_OBJECT;
-    case ConstraintSpec::Kind::kRegex:
+    case structured::Constraint::Kind::kRegex:
       return ProtoKind::REGEX;
-    case ConstraintSpec::Kind::kGrammar:
+    case structured::Constraint::Kind::kGrammar:
       return ProtoKind::GRAMMAR;
-    case ConstraintSpec::Kind::kChoice:
+    case structured::Constraint::Kind::kChoice:
       return ProtoKind::CHOICE;
   }
   return ProtoKind::KIND_UNSPECIFIED;
@@ -72,19 +72,19 @@ absl::StatusOr<ConstraintProgress> FromProto(const tost::v1::internal::Constrain
   ConstraintProgress c;
   switch (p.kind()) {
     case ProtoKind::JSON_SCHEMA:
-      c.spec.kind = ConstraintSpec::Kind::kJsonSchema;
+      c.spec.kind = structured::Constraint::Kind::kJsonSchema;
       break;
     case ProtoKind::JSON_OBJECT:
-      c.spec.kind = ConstraintSpec::Kind::kJsonObject;
+      c.spec.kind = structured::Constraint::Kind::kJsonObject;
       break;
     case ProtoKind::REGEX:
-      c.spec.kind = ConstraintSpec::Kind::kRegex;
+      c.spec.kind = structured::Constraint::Kind::kRegex;
       break;
     case ProtoKind::GRAMMAR:
-      c.spec.kind = ConstraintSpec::Kind::kGrammar;
+      c.spec.kind = structured::Constraint::Kind::kGrammar;
       break;
     case ProtoKind::CHOICE:
-      c.spec.kind = ConstraintSpec::Kind::kChoice;
+      c.spec.kind = structured::Constraint::Kind::kChoice;
       break;
     default:
       return absl::InvalidArgumentError(

@@ -198,8 +198,8 @@ absl::Status ParseStop(const json& v, OpenAiRequest& r) {
   std::vector<std::string> stop;
   auto one = [&](const json& s, const std::string& field) -> absl::Status {
     if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
-        s.get_ref<const std::string&>().size() > kMaxStopBytes) {
-      return Expected(field, absl::StrCat("a string of 1 to ", kMaxStopBytes, " bytes"), s);
+        s.get_ref<const std::string&>().size() > kMaxStopStringBytes) {
+      return Expected(field, absl::StrCat("a string of 1 to ", kMaxStopStringBytes, " bytes"), s);
     }
     stop.push_back(s.get<std::string>());
     return absl::OkStatus();
@@ -321,7 +321,7 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
   {
     const json& v = Field(body, "best_of");
     if (!v.is_null()) {
-      TOST_ASSIGN_OR_RETURN(int64_t best_of, Int(v, "best_of", 1, kMaxChoices));
+      TOST_ASSIGN_OR_RETURN(int64_t best_of, Int(v, "best_of", 1, kMaxChoicesPerRequest));
       if (best_of != r.n) {
         return Unsupported(
             "best_of",
@@ -391,7 +391,7 @@ bool ValidSchemaName(const std::string& name) {
 // Records the request's constraint, from body field `source` (reported as `field`); a second
 // source is refused, naming both.
 absl::Status SetConstraint(OpenAiRequest& r, std::string& source, const std::string& new_source,
-                           std::string field, ConstraintSpec spec) {
+                           std::string field, structured::Constraint spec) {
   if (r.constraint.has_value()) {
     return FieldError(
         new_source, absl::StrCat("expected one constraint per request, got two: ", source, " and ",
@@ -419,9 +419,9 @@ absl::Status ParseResponseFormat(std::string_view raw_body, const json& v, OpenA
   if (!type.is_string()) return Expected("response_format.type", kTypes, type);
   const std::string& t = type.get_ref<const std::string&>();
   if (t == "text") return absl::OkStatus();
-  ConstraintSpec spec;
+  structured::Constraint spec;
   if (t == "json_object") {
-    spec.kind = ConstraintSpec::Kind::kJsonObject;
+    spec.kind = structured::Constraint::Kind::kJsonObject;
     return SetConstraint(r, source, "response_format", "response_format", std::move(spec));
   }
   if (t != "json_schema") return Expected("response_format.type", kTypes, type);
@@ -456,7 +456,7 @@ absl::Status ParseResponseFormat(std::string_view raw_body, const json& v, OpenA
     return FieldError(schema_field, "missing: expected a JSON schema (an object)");
   }
   if (!schema.is_object()) return Expected(schema_field, "a JSON schema (an object)", schema);
-  spec.kind = ConstraintSpec::Kind::kJsonSchema;
+  spec.kind = structured::Constraint::Kind::kJsonSchema;
   spec.text = OrderedSchemaText(raw_body, {"response_format", "json_schema", "schema"}, schema);
   return SetConstraint(r, source, "response_format", schema_field, std::move(spec));
 }
@@ -467,8 +467,8 @@ absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAi
   std::string source;  // the field the constraint came from, for the refusal of a second one
   TOST_RETURN_IF_ERROR(ParseResponseFormat(raw_body, Field(body, "response_format"), r, source));
   if (const json& v = Field(body, "guided_json"); !v.is_null()) {
-    ConstraintSpec spec;
-    spec.kind = ConstraintSpec::Kind::kJsonSchema;
+    structured::Constraint spec;
+    spec.kind = structured::Constraint::Kind::kJsonSchema;
     if (v.is_object()) {
       spec.text = OrderedSchemaText(raw_body, {"guided_json"}, v);
     } else if (v.is_string() && !v.get_ref<const std::string&>().empty()) {
@@ -479,14 +479,14 @@ absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAi
     TOST_RETURN_IF_ERROR(SetConstraint(r, source, "guided_json", "guided_json", std::move(spec)));
   }
   for (const auto& [key, kind, what] :
-       {std::tuple{"guided_regex", ConstraintSpec::Kind::kRegex,
+       {std::tuple{"guided_regex", structured::Constraint::Kind::kRegex,
                    "a non-empty string (a regular expression the whole output matches)"},
-        std::tuple{"guided_grammar", ConstraintSpec::Kind::kGrammar,
+        std::tuple{"guided_grammar", structured::Constraint::Kind::kGrammar,
                    "a non-empty string (an XGrammar EBNF grammar whose start rule is root)"}}) {
     const json& v = Field(body, key);
     if (v.is_null()) continue;
     if (!v.is_string() || v.get_ref<const std::string&>().empty()) return Expected(key, what, v);
-    ConstraintSpec spec;
+    structured::Constraint spec;
     spec.kind = kind;
     spec.text = v.get<std::string>();
     TOST_RETURN_IF_ERROR(SetConstraint(r, source, key, key, std::move(spec)));
@@ -494,8 +494,8 @@ absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAi
   if (const json& v = Field(body, "guided_choice"); !v.is_null()) {
     if (!v.is_array() || v.empty())
       return Expected("guided_choice", "a non-empty array of strings", v);
-    ConstraintSpec spec;
-    spec.kind = ConstraintSpec::Kind::kChoice;
+    structured::Constraint spec;
+    spec.kind = structured::Constraint::Kind::kChoice;
     for (size_t i = 0; i < v.size(); ++i) {
       if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty()) {
         return Expected(absl::StrCat("guided_choice[", i, "]"), "a non-empty string", v[i]);
@@ -528,11 +528,11 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
   }
   TOST_RETURN_IF_ERROR(ParseMaxTokens(body, r));
   if (const json& v = Field(body, "temperature"); !v.is_null()) {
-    TOST_ASSIGN_OR_RETURN(double t, Number(v, "temperature", 0.0, kMaxTemperature));
+    TOST_ASSIGN_OR_RETURN(double t, Number(v, "temperature", 0.0, kOpenAiMaxTemperature));
     if (t != 0.0 && t < model::kMinTemperature) {
       return Expected("temperature",
                       absl::StrCat("0 (greedy) or a number in [", model::kMinTemperature, ", ",
-                                   kMaxTemperature, "]"),
+                                   kOpenAiMaxTemperature, "]"),
                       v);
     }
     r.temperature = static_cast<float>(t);
@@ -552,7 +552,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
   TOST_RETURN_IF_ERROR(ParseStop(Field(body, "stop"), r));
   TOST_RETURN_IF_ERROR(ParseLogprobs(body, r));
   if (const json& v = Field(body, "n"); !v.is_null()) {
-    TOST_ASSIGN_OR_RETURN(int64_t n, Int(v, "n", 1, kMaxChoices));
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(v, "n", 1, kMaxChoicesPerRequest));
     r.n = static_cast<int32_t>(n);
   }
   if (const json& v = Field(body, "stream"); !v.is_null()) {
@@ -668,15 +668,6 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
   in.logprobs = request.logprobs.has_value();
   in.top_logprobs = request.logprobs.value_or(0);
   return in;
-}
-
-uint64_t ChoiceSeed(uint64_t seed, int32_t index) {
-  if (index == 0) return seed;
-  // SplitMix64's finaliser over (seed, index): well-separated streams for neighbouring seeds.
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 }  // namespace tost::service::openai

@@ -1,7 +1,8 @@
 // The request bodies of the OpenAI-compatible API, POST /v1/completions and
 // POST /v1/chat/completions, parsed and validated into OpenAiRequest, and OpenAiRequest turned into
-// the protocol-neutral GenerationInput that BuildGenerationRequest (service/api/generation_input.h)
-// makes an engine job of. Pure: no HTTP, no gRPC, no LibTorch; fuzzed (tests/fuzz).
+// the protocol-neutral GenerationInput that BuildGenerationRequest
+// (service/generation/generation_input.h) makes an engine job of. Pure: no HTTP, no gRPC, no
+// LibTorch; fuzzed (tests/fuzz).
 //
 // Every refusal is INVALID_ARGUMENT whose message starts with the field's path ("stop[2]",
 // "messages[1].content[0].type"), says what was expected and what came, and carries the path as
@@ -18,19 +19,17 @@
 
 #include "absl/status/statusor.h"
 #include "model/config/config.h"
-#include "service/api/generation_input.h"
-#include "service/engine/constraint_spec.h"
+#include "service/generation/generation_input.h"
+#include "service/generation/generation_limits.h"
 #include "service/openai/chat_template.h"
+#include "service/structured/constraint.h"
 
 namespace tost::service::openai {
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
-inline constexpr int32_t kMaxStop = 4;          // OpenAI's limit on "stop"
-inline constexpr int32_t kMaxTopLogprobs = 20;  // alternatives per token
-inline constexpr int32_t kMaxChoices = 16;      // "n": each choice is a job in the scheduler
-inline constexpr double kMaxTemperature = 2.0;  // OpenAI's range, [0, 2]
-inline constexpr size_t kMaxStopBytes = 256;    // a state's limit (generation_state.h)
+// OpenAI's limit on "stop"; the other limits are every front end's (generation_limits.h).
+inline constexpr int32_t kMaxStop = 4;
 // OpenAI's limit on response_format.json_schema.name, 1 to 64 of [a-zA-Z0-9_-].
 inline constexpr size_t kMaxSchemaNameBytes = 64;
 
@@ -50,7 +49,7 @@ struct OpenAiRequest {
   // Unset: the HTTP routes draw a random one (unseeded requests vary, as OpenAI's do);
   // ToGenerationInput alone uses 0.
   std::optional<uint64_t> seed;
-  // At most kMaxStop, each 1..kMaxStopBytes bytes; unset when the request has no "stop" (null
+  // At most kMaxStop, each 1..kMaxStopStringBytes bytes; unset when the request has no "stop" (null
   // included), so that a continued generation keeps its state's.
   std::optional<std::vector<std::string>> stop;
   // Alternatives per token to report: completions "logprobs", chat "top_logprobs" (with
@@ -69,7 +68,7 @@ struct OpenAiRequest {
   // guided_choice (at most one source per request). Unset: unconstrained. Its shape is checked
   // here; the schema, regex or grammar itself is the engine's compiler's to judge
   // (Engine::CompileConstraint), whose errors the routes report under `constraint_field`.
-  std::optional<ConstraintSpec> constraint;
+  std::optional<structured::Constraint> constraint;
   // The field the constraint came from, as errors name it: "response_format",
   // "response_format.json_schema.schema", "guided_json", "guided_regex", "guided_grammar" or
   // "guided_choice". Empty without a constraint.
@@ -102,9 +101,5 @@ GenerationFieldNames FieldNames(const OpenAiRequest& request);
 absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
                                                   const model::ModelConfig& config,
                                                   std::string* prompt_storage);
-
-// The seed of choice `index` of a request with n > 1 (whose choices start from the same prompt,
-// and would otherwise draw the same tokens): choice 0 keeps the request's seed.
-uint64_t ChoiceSeed(uint64_t seed, int32_t index);
 
 }  // namespace tost::service::openai

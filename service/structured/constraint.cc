@@ -51,9 +51,10 @@ absl::Status Validate(const Constraint& constraint) {
   }
   if (constraint.kind != Constraint::Kind::kChoice) return absl::OkStatus();
   const auto& choices = constraint.choices;
-  if (choices.empty() || choices.size() > kMaxChoices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "constraint choices: expected 1 to ", kMaxChoices, " choices, received ", choices.size()));
+  if (choices.empty() || choices.size() > kMaxConstraintChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("constraint choices: expected 1 to ",
+                                                   kMaxConstraintChoices, " choices, received ",
+                                                   choices.size()));
   }
   for (size_t i = 0; i < choices.size(); ++i) {
     if (choices[i].empty()) {

@@ -1,7 +1,9 @@
 // What a request asks its output to conform to (a JSON schema, any JSON object, a regex, an
 // XGrammar EBNF grammar, or one of a list of strings), its checks, and the key the grammar cache
-// files its compiled form under. No tokenizer here: the same constraint compiles once per model
-// vocabulary (grammar_cache.h).
+// files its compiled form under: the one constraint type, from the parsers (tost.v1, OpenAI)
+// through the engine and a session's state to the masker. No tokenizer and no XGrammar here (its
+// own target, tost_constraint): the same constraint compiles once per model vocabulary
+// (grammar_cache.h).
 #pragma once
 
 #include <cstddef>
@@ -23,12 +25,14 @@ struct Constraint {
   Kind kind = Kind::kJsonObject;
   std::string text;
   std::vector<std::string> choices;
+
+  friend bool operator==(const Constraint&, const Constraint&) = default;
 };
 
 // Bounds Validate enforces: a constraint is compiled on the serving path, and its size bounds the
 // compile's memory (the compile time is bounded separately, grammar_cache.h).
 inline constexpr size_t kMaxConstraintTextBytes = 64 * 1024;
-inline constexpr size_t kMaxChoices = 1024;
+inline constexpr size_t kMaxConstraintChoices = 1024;
 inline constexpr size_t kMaxChoiceBytes = 4 * 1024;
 
 // "json_schema", "json_object", "regex", "grammar", "choice": the names errors and stats use.
@@ -36,9 +40,9 @@ const char* KindName(Constraint::Kind kind);
 
 // INVALID_ARGUMENT, naming the field, what was expected and what was received, when `constraint`
 // cannot be compiled for its shape alone: text over kMaxConstraintTextBytes or empty where the
-// kind needs it, choices outside 1..kMaxChoices, an empty choice, a choice over kMaxChoiceBytes
-// or not valid UTF-8 (the grammar matches text, and choices come from JSON requests). Whether the
-// schema, regex or grammar itself is valid is the compiler's to say.
+// kind needs it, choices outside 1..kMaxConstraintChoices, an empty choice, a choice over
+// kMaxChoiceBytes or not valid UTF-8 (the grammar matches text, and choices come from JSON
+// requests). Whether the schema, regex or grammar itself is valid is the compiler's to say.
 absl::Status Validate(const Constraint& constraint);
 
 // The cache key of a constraint: the kind and the full content, each part length-prefixed, so two

@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOST_FUZZ_CHECK(!FirstInvalidUtf8(body).has_value());
   TOST_FUZZ_CHECK(r->endpoint == endpoint);
   TOST_FUZZ_CHECK(!r->model.empty());
-  TOST_FUZZ_CHECK(r->n >= 1 && r->n <= kMaxChoices);
+  TOST_FUZZ_CHECK(r->n >= 1 && r->n <= kMaxChoicesPerRequest);
   TOST_FUZZ_CHECK(!r->logprobs.has_value() || (*r->logprobs >= 0 && *r->logprobs <= 20));
   TOST_FUZZ_CHECK(!r->max_tokens.has_value() || *r->max_tokens >= 1);
   TOST_FUZZ_CHECK(!r->temperature.has_value() ||
@@ -82,7 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOST_FUZZ_CHECK(r->session_id.empty() || !r->state.has_value());
   if (r->stop.has_value()) {
     TOST_FUZZ_CHECK(r->stop->size() <= static_cast<size_t>(kMaxStop));
-    for (const std::string& s : *r->stop) TOST_FUZZ_CHECK(!s.empty() && s.size() <= kMaxStopBytes);
+    for (const std::string& s : *r->stop)
+      TOST_FUZZ_CHECK(!s.empty() && s.size() <= kMaxStopStringBytes);
   }
   if (endpoint == Endpoint::kCompletions) {
     TOST_FUZZ_CHECK(r->prompt_text.has_value() != r->prompt_tokens.has_value());

@@ -45,7 +45,8 @@ TEST(StructuredConstraint, ValidateNamesTheFieldExpectedAndReceived) {
   EXPECT_THAT(none.message(),
               HasSubstr("constraint choices: expected 1 to 1024 choices, received 0"));
 
-  absl::Status too_many = Validate(Choice(std::vector<std::string>(kMaxChoices + 1, "x")));
+  absl::Status too_many =
+      Validate(Choice(std::vector<std::string>(kMaxConstraintChoices + 1, "x")));
   EXPECT_THAT(too_many.message(), HasSubstr("received 1025"));
 
   absl::Status empty_choice = Validate(Choice({"a", ""}));

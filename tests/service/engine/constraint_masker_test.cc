@@ -28,13 +28,13 @@ class Marker final : public TokenConstraint {
   absl::Status Accept(int32_t) override { return absl::OkStatus(); }
   bool Ended() const override { return false; }
   absl::Status Replay(absl::Span<const int32_t>) override { return absl::OkStatus(); }
-  const ConstraintSpec& spec() const override { return spec_; }
+  const structured::Constraint& spec() const override { return spec_; }
 
  private:
   const uint32_t id_;
   std::set<std::thread::id>* threads_;
   absl::Mutex* mu_;
-  const ConstraintSpec spec_;
+  const structured::Constraint spec_;
 };
 
 // Every row's mask is filled exactly as its constraint says, by the workers and the finishing

@@ -16,6 +16,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/time/clock.h"
+#include "tests/service/engine/engine_testing.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
@@ -130,16 +131,9 @@ class EngineTest : public ::testing::Test {
   // Steps `scheduler` until `job` ends (bounded); returns its tokens and its end.
   std::pair<std::vector<int32_t>, std::optional<GenerationEvent>> Run(GenerationScheduler& s,
                                                                       GenerationJob& job) {
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < 1000; ++i) {
-      while (auto e = job.TryNext()) {
-        if (e->kind == GenerationEvent::Kind::kToken) tokens.push_back(e->token.id);
-        if (e->kind == GenerationEvent::Kind::kFinished) return {tokens, *std::move(e)};
-      }
-      s.StepOnce();
-    }
-    ADD_FAILURE() << "the job did not finish";
-    return {tokens, std::nullopt};
+    testing::Collected run = testing::RunToEnd(s, job, /*max_steps=*/1000);
+    if (!run.final.has_value()) ADD_FAILURE() << "the job did not finish";
+    return {std::move(run.tokens), std::move(run.final)};
   }
 
   static inline const std::string kWeights = std::string(32, 'w');

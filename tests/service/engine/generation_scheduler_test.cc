@@ -20,41 +20,20 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "tests/service/engine/engine_testing.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
 namespace {
 
+using testing::Collected;
+using testing::Drain;
 using ::testing::Each;
 using testing::FakeLanguageModel;
 using testing::FakeLanguageOptions;
 using ::testing::HasSubstr;
 using ::testing::Le;
-
-struct Collected {
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> positions;
-  std::string text;
-  std::optional<GenerationEvent> final;
-  int snapshots = 0;
-};
-
-void Record(GenerationEvent e, Collected& out) {
-  if (e.kind == GenerationEvent::Kind::kToken) {
-    out.tokens.push_back(e.token.id);
-    out.positions.push_back(e.token.position);
-    out.text += e.token.text;
-  } else if (e.kind == GenerationEvent::Kind::kSnapshot) {
-    ++out.snapshots;
-  } else {
-    out.final = std::move(e);
-  }
-}
-
-// Pulls whatever events are ready (never waits).
-void Drain(GenerationJob& job, Collected& out) {
-  while (auto e = job.TryNext()) Record(*std::move(e), out);
-}
+using testing::Record;
 
 // Takes exactly `n` ready events, as a consumer that catches up a little.
 void Take(GenerationJob& job, int n, Collected& out) {
@@ -242,7 +221,7 @@ class DigitsConstraint final : public TokenConstraint {
     }
     return absl::OkStatus();
   }
-  const ConstraintSpec& spec() const override { return spec_; }
+  const structured::Constraint& spec() const override { return spec_; }
 
   static constexpr int32_t kEos = 256;  // FakeLanguageOptions::eos_token_id
 
@@ -254,9 +233,9 @@ class DigitsConstraint final : public TokenConstraint {
   const int32_t digits_;
   const int64_t vocab_words_;
   const bool admit_nothing_;
-  const ConstraintSpec spec_{.kind = ConstraintSpec::Kind::kRegex,
-                             .text = absl::StrCat("[0-9]{", digits_, "}"),
-                             .choices = {}};
+  const structured::Constraint spec_{.kind = structured::Constraint::Kind::kRegex,
+                                     .text = absl::StrCat("[0-9]{", digits_, "}"),
+                                     .choices = {}};
   int32_t accepted_ = 0;
   bool ended_ = false;
 };
@@ -457,8 +436,8 @@ TEST_F(SchedulerTest, AConstraintThatAdmitsNoTokenFinishesWithConstraint) {
 // job exists.
 TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
   ConstraintCompiler compiler(lm_);
-  ConstraintSpec spec;
-  spec.kind = ConstraintSpec::Kind::kRegex;
+  structured::Constraint spec;
+  spec.kind = structured::Constraint::Kind::kRegex;
   spec.text = "[a-c]{2}-[0-9]{2,3}";
   auto first = compiler.Compile(spec);
   if (!first.ok() && absl::StrContains(first.status().message(), "without XGrammar")) {

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "service/engine/generation_scheduler.h"
+#include "tests/service/engine/engine_testing.h"
 #include "tests/service/engine/fake_models.h"
 
 namespace tost::service {
@@ -182,19 +183,13 @@ class PrefixSchedulerTest : public ::testing::Test {
     auto job = scheduler_->Submit(std::move(r));
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) return out;
-    for (int i = 0; i < 10000; ++i) {
-      bool done = false;
-      while (auto e = (*job)->TryNext()) {
-        if (e->kind == GenerationEvent::Kind::kToken) out.tokens.push_back(e->token.id);
-        if (e->kind == GenerationEvent::Kind::kFinished) {
-          EXPECT_TRUE(e->status.ok()) << e->status;
-          out.cached_tokens = e->cached_tokens;
-          done = true;
-        }
-      }
-      if (done) break;
-      scheduler_->StepOnce();
+    const testing::Collected run = testing::RunToEnd(*scheduler_, **job);
+    EXPECT_TRUE(run.final.has_value()) << "the job never ended";
+    if (run.final.has_value()) {
+      EXPECT_TRUE(run.final->status.ok()) << run.final->status;
+      out.cached_tokens = run.final->cached_tokens;
     }
+    out.tokens = run.tokens;
     out.prefill_tokens = scheduler_->stats().prefill_tokens - prefill_before;
     const std::vector<int64_t> sizes = lm_->prefill_sizes();
     out.prefill_sizes.assign(sizes.begin() + calls_before, sizes.end());
@@ -313,14 +308,9 @@ TEST_F(PrefixSchedulerTest, BatchInvariantChunksAreCutAtAbsolutePositions) {
     first.persistent = true;
     auto job = scheduler_->Submit(std::move(first));
     ASSERT_TRUE(job.ok());
-    std::optional<GenerationState> state;
-    for (int i = 0; i < 100 && !state.has_value(); ++i) {
-      scheduler_->StepOnce();
-      while (auto e = (*job)->TryNext()) {
-        if (e->kind == GenerationEvent::Kind::kFinished) state = std::move(e->snapshot);
-      }
-    }
-    ASSERT_TRUE(state.has_value());
+    testing::Collected ran = testing::RunToEnd(*scheduler_, **job, /*max_steps=*/100);
+    ASSERT_TRUE(ran.final.has_value());
+    std::optional<GenerationState> state = std::move(ran.final->snapshot);
     ASSERT_EQ(state->sequence.position, 10);
     GenerationRequest next;
     next.state = *std::move(state);

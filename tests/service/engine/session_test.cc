@@ -215,16 +215,18 @@ TEST_F(SessionCodecTest, AConstraintInProgressRoundTripsAsVersionThree) {
   };
   EXPECT_EQ(version(Blob(codec)), 2);
   GenerationState s = SmallState(config.name, floats());
-  s.constraint = ConstraintProgress{
-      .spec = {.kind = ConstraintSpec::Kind::kChoice, .text = "", .choices = {"yes", "no\n"}},
-      .output = {'n', 'o'}};
+  s.constraint = ConstraintProgress{.spec = {.kind = structured::Constraint::Kind::kChoice,
+                                             .text = "",
+                                             .choices = {"yes", "no\n"}},
+                                    .output = {'n', 'o'}};
   std::string blob = codec.Encode(s, identity, kAnonymousCaller);
   EXPECT_EQ(version(blob), 3);
   auto back = codec.Decode(blob, identity, kAnonymousCaller);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->constraint, s.constraint);
-  s.constraint->spec = {
-      .kind = ConstraintSpec::Kind::kJsonSchema, .text = R"({"type":"integer"})", .choices = {}};
+  s.constraint->spec = {.kind = structured::Constraint::Kind::kJsonSchema,
+                        .text = R"({"type":"integer"})",
+                        .choices = {}};
   back = codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->constraint, s.constraint);

@@ -375,7 +375,7 @@ TEST(OpenAiRequest, ResponseFormatJsonObject) {
   for (const OpenAiRequest& r : {Chat(R"(, "response_format": {"type": "json_object"})"),
                                  Completion(R"(, "response_format": {"type": "json_object"})")}) {
     ASSERT_TRUE(r.constraint.has_value());
-    EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonObject);
+    EXPECT_EQ(r.constraint->kind, structured::Constraint::Kind::kJsonObject);
     EXPECT_EQ(r.constraint_field, "response_format");
   }
 }
@@ -390,7 +390,7 @@ TEST(OpenAiRequest, ResponseFormatJsonSchemaKeepsTheSchemasKeyOrder) {
                  "required": ["zeta", "alpha"]}}},
       "other": {"schema": {"b": 1, "a": 2}})");
   ASSERT_TRUE(r.constraint.has_value());
-  EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(r.constraint->kind, structured::Constraint::Kind::kJsonSchema);
   EXPECT_EQ(r.constraint->text,
             R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string",)"
             R"("maxLength":3}},"required":["zeta","alpha"]})");
@@ -481,7 +481,7 @@ TEST(OpenAiRequest, GuidedJsonTakesAnObjectOrAString) {
   const OpenAiRequest object =
       Completion(R"(, "guided_json": {"type": "object", "properties": {"b": {}, "a": {}}})");
   ASSERT_TRUE(object.constraint.has_value());
-  EXPECT_EQ(object.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ(object.constraint->kind, structured::Constraint::Kind::kJsonSchema);
   EXPECT_EQ(object.constraint->text, R"({"type":"object","properties":{"b":{},"a":{}}})");
   EXPECT_EQ(object.constraint_field, "guided_json");
   // A string is passed on as sent: the compiler says whether it is a schema.
@@ -501,19 +501,19 @@ TEST(OpenAiRequest, GuidedJsonTakesAnObjectOrAString) {
 TEST(OpenAiRequest, GuidedRegexGrammarAndChoice) {
   const OpenAiRequest regex = Completion(R"(, "guided_regex": "[a-z]+\\d")");
   ASSERT_TRUE(regex.constraint.has_value());
-  EXPECT_EQ(regex.constraint->kind, ConstraintSpec::Kind::kRegex);
+  EXPECT_EQ(regex.constraint->kind, structured::Constraint::Kind::kRegex);
   EXPECT_EQ(regex.constraint->text, R"([a-z]+\d)");
   EXPECT_EQ(regex.constraint_field, "guided_regex");
 
   const OpenAiRequest grammar = Chat(R"(, "guided_grammar": "root ::= \"yes\" | \"no\"")");
   ASSERT_TRUE(grammar.constraint.has_value());
-  EXPECT_EQ(grammar.constraint->kind, ConstraintSpec::Kind::kGrammar);
+  EXPECT_EQ(grammar.constraint->kind, structured::Constraint::Kind::kGrammar);
   EXPECT_EQ(grammar.constraint->text, R"(root ::= "yes" | "no")");
   EXPECT_EQ(grammar.constraint_field, "guided_grammar");
 
   const OpenAiRequest choice = Chat(R"(, "guided_choice": ["yes", "no", "\u00e9"])");
   ASSERT_TRUE(choice.constraint.has_value());
-  EXPECT_EQ(choice.constraint->kind, ConstraintSpec::Kind::kChoice);
+  EXPECT_EQ(choice.constraint->kind, structured::Constraint::Kind::kChoice);
   EXPECT_EQ(choice.constraint->choices, (std::vector<std::string>{"yes", "no", "\xc3\xa9"}));
   EXPECT_EQ(choice.constraint_field, "guided_choice");
 
@@ -699,10 +699,10 @@ TEST(OpenAiToGenerationInput, ChatNeedsATemplate) {
 }
 
 TEST(OpenAiToGenerationInput, ChoiceSeeds) {
-  EXPECT_EQ(ChoiceSeed(7, 0), 7u);
-  EXPECT_NE(ChoiceSeed(7, 1), 7u);
-  EXPECT_NE(ChoiceSeed(7, 1), ChoiceSeed(7, 2));
-  EXPECT_NE(ChoiceSeed(7, 1), ChoiceSeed(8, 1));
+  EXPECT_EQ(service::ChoiceSeed(7, 0), 7u);
+  EXPECT_NE(service::ChoiceSeed(7, 1), 7u);
+  EXPECT_NE(service::ChoiceSeed(7, 1), service::ChoiceSeed(7, 2));
+  EXPECT_NE(service::ChoiceSeed(7, 1), service::ChoiceSeed(8, 1));
 }
 
 // The input runs through the same builder as tost.v1 Generate, whose errors name this request's

@@ -1,4 +1,4 @@
-#include "service/api/generation_input.h"
+#include "service/generation/generation_input.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,6 +7,15 @@
 #include "base/status_macros.h"
 
 namespace tost::service {
+
+uint64_t ChoiceSeed(uint64_t seed, int32_t index) {
+  if (index == 0) return seed;
+  // SplitMix64's finaliser over (seed, index): well-separated streams for neighbouring seeds.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 absl::Status CheckStopCounts(size_t strings, size_t token_ids, const GenerationFieldNames& names) {
   // Counts only: the limits on the contents are GenerationScheduler::CheckState's.
@@ -82,9 +91,21 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& 
     return absl::InvalidArgumentError(absl::StrCat(names.max_new_tokens, " must be in [0, ",
                                                    limits.max_new_tokens, "], got ", max_new));
   }
+  if (in.top_logprobs < 0 || in.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat(names.top_logprobs, " must be in [0, ",
+                                                   kMaxTopLogprobs, "], got ", in.top_logprobs));
+  }
+  if (in.snapshot_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(names.snapshot_every, " must be >= 0, got ", in.snapshot_every));
+  }
   GenerationRequest request;
   TOST_ASSIGN_OR_RETURN(request.prompt,
                         PromptTokenIds(in, scheduler.model().tokenizer(), limits, names));
+  if (request.prompt.empty() && state.pending_token < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt is empty: send ", names.prompt_text, " or ", names.prompt_tokens));
+  }
   request.state = std::move(state);
   request.max_new_tokens = max_new;
   request.top_logprobs = in.top_logprobs;

@@ -1,23 +1,15 @@
-// What a request asks its output to conform to, and how far a sequence has got under it: plain
-// data, so that a generation's state (generation_state.h) can carry its constraint into sessions
-// and exported blobs without naming the compiler (constraints.h) or XGrammar.
+// How far a sequence has got under the constraint its output must conform to: plain data, so that
+// a generation's state (generation_state.h) carries its constraint into sessions and exported blobs
+// without naming the compiler (constraints.h) or XGrammar.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "service/structured/constraint.h"
+
 namespace tost::service {
-
-// A constraint as the request gave it (structured::Constraint, without its header).
-struct ConstraintSpec {
-  enum class Kind { kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
-  Kind kind = Kind::kJsonObject;
-  std::string text;                  // the schema, the regex or the grammar
-  std::vector<std::string> choices;  // kChoice
-
-  friend bool operator==(const ConstraintSpec&, const ConstraintSpec&) = default;
-};
 
 // A constraint a sequence's output is still under: its spec, and every token of the output since
 // it started (drawn, or given as a later call's prompt). A sequence continued elsewhere (a session
@@ -25,7 +17,7 @@ struct ConstraintSpec {
 // `output` to stand exactly where it was: XGrammar's matcher state has no portable form, and the
 // output is what determines it. It is dropped once the output is complete (end-of-text accepted).
 struct ConstraintProgress {
-  ConstraintSpec spec;
+  structured::Constraint spec;
   std::vector<int32_t> output;
 
   size_t ByteSize() const {

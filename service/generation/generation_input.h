@@ -1,11 +1,7 @@
-// The protocol-neutral half of turning a generation request into an engine job: what a front end
-// asks of one generation (prompt, sampling, stop conditions, token counts) in no protocol's types,
-// and the checks and conversions every front end applies to it against the server's limits and
-// the model's tokenizer. tost.v1 Generate (generation_request.h converts its proto) and the
-// OpenAI-compatible API (service/openai) both go through BuildGenerationRequest, so both refuse
-// the same input with the same words; each passes the names its own request gives the fields.
-//
-// Neither gRPC nor LibTorch: it links the engine and the shared input limits only.
+// A generation request as every front end asks it (prompt, sampling, stops, counts), in no
+// protocol's types, and the checks and conversions that make an engine job of it against the
+// server's limits and the model's tokenizer. Errors name the fields through GenerationFieldNames:
+// the engine's own messages name none, so each front end's caller reads the names it sent.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +16,7 @@
 #include "service/api/request_input.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/engine/generation_state.h"
+#include "service/generation/generation_limits.h"
 
 namespace tost::service {
 
@@ -45,14 +42,21 @@ struct GenerationInput {
   int32_t snapshot_every = 0;  // publish the state every k tokens (0: only at the end)
 };
 
-// How the front end's request names the fields, for error messages.
+// How the front end's request names the fields, for error messages (tost.v1's by default).
 struct GenerationFieldNames {
+  std::string model = "model";
   std::string max_new_tokens = "max_new_tokens";
   std::string prompt_tokens = "prompt_tokens";
   std::string prompt_text = "prompt_bytes";
   std::string stop = "stop";
   std::string stop_token_ids = "stop_token_ids";
+  std::string top_logprobs = "top_logprobs";
+  std::string snapshot_every = "state_every_tokens";
 };
+
+// The seed of choice `index` of a request with several choices (which start from the same prompt,
+// and would otherwise draw the same tokens): choice 0 keeps the request's seed.
+uint64_t ChoiceSeed(uint64_t seed, int32_t index);
 
 // INVALID_ARGUMENT when a request carries more stop strings or ids than a state may hold: checked
 // on the counts alone, before a front end copies any of them.
@@ -74,8 +78,10 @@ absl::StatusOr<std::vector<int32_t>> PromptTokenIds(const GenerationInput& in,
 // The engine job for `in`, once the front end holds a place in the scheduler (Reserve: a full
 // scheduler refuses before the prompt is tokenised). `continued` is the state of a session or a
 // state blob being continued; nullopt starts a fresh one. Checks, in order: the stop counts, the
-// max_new_tokens range [0, limits.max_new_tokens], the prompt's size. The state's own contents are
-// left to Submit (CheckState). The caller sets `persistent` and `deadline`.
+// max_new_tokens range [0, limits.max_new_tokens], the top_logprobs range [0, kMaxTopLogprobs], a
+// snapshot interval >= 0, the prompt's size, and a prompt that is not empty unless the state has a
+// pending token to feed. The state's own contents are left to Submit (CheckState). The caller sets
+// `persistent` and `deadline`.
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& in,
                                                          const GenerationScheduler& scheduler,
                                                          std::optional<GenerationState> continued,

@@ -1,4 +1,4 @@
-#include "service/api/generation_source.h"
+#include "service/generation/generation_source.h"
 
 #include <utility>
 
