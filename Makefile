@@ -4,6 +4,9 @@ BUILD      ?= build
 PORT       ?= 8500
 CUDA       ?= ON
 CTEST_ARGS ?=
+# Tests run side by side, one per core: most of them wait on a server or a socket, and the ones
+# that compile (the sanitizer, fuzz and emulator builds) are marked RUN_SERIAL and run alone.
+CTEST_JOBS ?= $(shell nproc)
 # Tests labelled `slow` (the 10-minute soak) stay out of `make test`; `make test CTEST_SLOW=` runs
 # them too, `ctest --test-dir build -L slow` alone.
 CTEST_SLOW ?= -LE slow
@@ -34,7 +37,7 @@ run: build
 	$(BUILD)/service/tost_server --model_repository=models --port=$(PORT)
 
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure $(CTEST_SLOW) $(CTEST_ARGS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS) $(CTEST_SLOW) $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD)

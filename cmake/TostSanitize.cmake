@@ -43,8 +43,10 @@ elseif(TOST_SANITIZE STREQUAL "thread")
 else()
   message(FATAL_ERROR "TOST_SANITIZE must be 'address,undefined' or 'thread', not '${TOST_SANITIZE}'")
 endif()
-# -O1 keeps the tests fast and the reports' stacks exact; asserts stay on (no NDEBUG).
-add_compile_options(${_tost_sanitize_flags} -O1 -g -fno-omit-frame-pointer)
+# -O1 keeps the tests fast and the reports' stacks exact; asserts stay on (no NDEBUG). -g1 (after
+# the Debug configuration's -g, so it wins): the line tables and function names a report's stack
+# needs, compiled in about two thirds of -g's time (37 s -> 25 s for the scheduler's test).
+add_compile_options(${_tost_sanitize_flags} -O1 -g1 -fno-omit-frame-pointer)
 add_link_options(${_tost_sanitize_flags})
 message(STATUS "Sanitizers: ${_tost_sanitize_flags} (absl: ${absl_DIR})")
 

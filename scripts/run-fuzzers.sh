@@ -115,7 +115,8 @@ pc_libs="$(pkg-config --libs "${pc_modules[@]}")"
 
 gen="$out/gen"
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-cxxflags="-std=c++20 -O1 -g -fno-omit-frame-pointer $sanitize -I$repo -isystem $gen $pc_cflags"
+# -gline-tables-only: a report's file and line, without -g's full debug info (and its compile time).
+cxxflags="-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer $sanitize -I$repo -isystem $gen $pc_cflags"
 
 # --- build graph -----------------------------------------------------------------------------------
 # Sources each target links besides its own tests/fuzz/<name>_fuzz.cc. Everything fuzzed is

@@ -7,6 +7,7 @@
 #   asan  -DTOST_SANITIZE=address,undefined (-fno-sanitize-recover=all: the first report ends the
 #         process): the LibTorch-free libraries' tests (tost_torch_free_tests: base/, config,
 #         safetensors, tokenizers, sampler, image decoding), the engine's (tost_engine_tests), the
+#         generation call's and the OpenAI protocol layer's (tost_generation_tests), the
 #         session store's Redis client's (tost_store_tests, on real redis-server processes), and
 #         the committed fuzz seeds replayed through every fuzz target (tests/sanitize: npy, image
 #         decoding, safetensors, config.json, session blobs, both tokenizers, the request input
@@ -159,6 +160,8 @@ asan_tests() {
   run_one "$d" tost_torch_free_tests "$d/tests/tost_torch_free_tests" --gtest_brief=1 \
     --gtest_filter='-Parity*' || status=1
   run_one "$d" tost_engine_tests "$d/tests/service/tost_engine_tests" --gtest_brief=1 || status=1
+  run_one "$d" tost_generation_tests "$d/tests/service/tost_generation_tests" --gtest_brief=1 ||
+    status=1
   run_one "$d" tost_store_tests "$d/tests/service/store/tost_store_tests" --gtest_brief=1 || status=1
   # Every fuzz target's replay (tests/sanitize/CMakeLists.txt) over its committed seeds.
   local replay t
