@@ -30,10 +30,16 @@ def test_256_streams_all_admitted_run_on_fewer_than_64_threads(proto_modules):
         idle_threads = server_threads(srv.proc.pid)
 
         async def main():
-            async with grpc.aio.insecure_channel(srv.address) as ch:
+            # A small receive window, never grown: the transport holds about a kilobyte per
+            # stream, so unread streams really stop. With gRPC's default window a stream's 24
+            # tokens fit in the transport's buffers unread, the jobs never pause, and a client
+            # slow to poll (a loaded CI machine) found every generation already over: (0, 0).
+            async with grpc.aio.insecure_channel(srv.address,
+                                                 options=[("grpc.http2.lookahead_bytes", 1024),
+                                                          ("grpc.http2.bdp_probe", 0)]) as ch:
                 stub = pb2_grpc.TostStub(ch)
                 calls = [stub.Generate(pb2.GenerateRequest(
-                    model=MODEL, prompt_bytes=b"It was", max_new_tokens=24,
+                    model=MODEL, prompt_bytes=b"It was", max_new_tokens=200,
                     sampling=pb2.SamplingParams(temperature=1.0, seed=i)), timeout=300)
                     for i in range(256)]
                 # Nothing is read yet: the 64 active streams pause after their buffered tokens and
