@@ -65,7 +65,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                                                 std::shared_ptr<CallSink> sink);
 
   // Admits `request` and starts pumping its events into the sink. On an error nothing is held and
-  // no sink method but Refine ran: the front end answers with the error.
+  // no sink method but the admission hooks (Refine, Input) ran: the front end answers with it.
   absl::Status Admit(GenerationCallRequest request);
 
   // Stops every choice (a cancelled RPC, a passed deadline); their final states still go back, and
