@@ -37,7 +37,7 @@ absl::Status ApplyStop(const tost::v1::StopConditions& stop, GenerationState& st
 // the request holds a place in the scheduler, like the rest of BuildGenerationRequest's checks.
 absl::StatusOr<GenerationInput> GenerationInputFromProto(const tost::v1::GenerateRequest& req);
 
-// The request's constraint (GenerateRequest.constraint) as the engine's structured::Constraint:
+// The request's constraint (GenerateRequest.constraint) as the one constraint type:
 // INVALID_ARGUMENT naming the field when no kind is set or json_object is false. Its contents
 // are the compiler's to check (Engine::CompileConstraint).
 absl::StatusOr<structured::Constraint> ConstraintFromProto(const tost::v1::Constraint& constraint);
