@@ -3,7 +3,8 @@
 # with TOST_WERROR=OFF no compile line of the project's own targets carries -Werror: what a lent GPU
 # machine (no Debian packages, a newer compiler) needs. Configures a scratch build directory with
 # the tools hidden behind paths that do not exist, then checks the configure log, the tests it
-# registered and the compile lines it generated.
+# registered and the compile lines it generated (no -Werror; -g1, the default TOST_DEBUG_INFO), and
+# that an unknown TOST_DEBUG_INFO stops the configure with a message naming it.
 #   scripts/check-configure-options.sh --out DIR [cmake arguments...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,9 +43,23 @@ if grep -qE -- '-Werror( |=|,)' "$out/build.ninja"; then
   grep -oE -- '[^ ]*-Werror[^ ]*' "$out/build.ninja" | sort | uniq -c
   failed=1
 fi
+# Debug information: line tables by default (TOST_DEBUG_INFO=lines), and a value it does not know
+# is refused at configure time, naming the option and what it takes.
+if ! grep -qE -- ' -g1( |$)' "$out/build.ninja"; then
+  echo "FAIL: TOST_DEBUG_INFO defaults to lines, yet no compile line has -g1"
+  failed=1
+fi
+if cmake -S "$here" -B "$out-bad" "$@" -DTOST_DEBUG_INFO=everything >"$out-bad.log" 2>&1; then
+  echo "FAIL: the tree configured with TOST_DEBUG_INFO=everything"
+  failed=1
+elif ! grep -q "TOST_DEBUG_INFO must be lines or full, got 'everything'" "$out-bad.log"; then
+  echo "FAIL: TOST_DEBUG_INFO=everything was refused without saying why (log: $out-bad.log)"
+  failed=1
+fi
+rm -rf "$out-bad" "$out-bad.log"
 if [[ $failed == 1 ]]; then
   echo "(the build directory $out and its configure log $log are kept)"
   exit 1
 fi
 rm -rf "$out" "$log"
-echo "configures without promtool, nginx and redis (their tests left out, saying so) and without -Werror"
+echo "configures without promtool, nginx and redis (their tests left out, saying so), without -Werror, with line-table debug info by default, and refuses an unknown TOST_DEBUG_INFO"
