@@ -267,6 +267,7 @@ class Connection final : public internal::ConnectionBase {
     r.tls_client_identity = tls_peer_.identity;
     const HttpRouter::Match match = core_->router.Find(r.method, r.path);
     r.route = match.route;
+    r.path_params = match.path_params;
     BeginRequest(r);
     if (std::optional<HttpResponse> refusal = internal::RouteRefusal(*core_, match, r)) {
       return Answer(std::move(r), *std::move(refusal));

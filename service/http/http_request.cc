@@ -26,6 +26,13 @@ std::string_view HttpRequest::Header(std::string_view lower_name) const {
   return {};
 }
 
+std::string_view HttpRequest::PathParam(std::string_view name) const {
+  for (const auto& [param, value] : path_params) {
+    if (param == name) return value;
+  }
+  return {};
+}
+
 namespace internal {
 
 HttpRequest ParseRequest(bhttp::request<bhttp::string_body>& message, const std::string& peer) {

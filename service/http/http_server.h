@@ -58,13 +58,18 @@ struct HttpRequest {
   std::string bearer_token;
   std::string tls_client_subject;
   std::string tls_client_identity;
-  // Set by the router: the route's path ("" when no route matched; a bounded metrics label), and
-  // the caller's identity from the router's authenticator ("" for public routes or without one).
+  // Set by the router: the route's path as registered, a pattern's `{name}` segments kept ("" when
+  // no route matched; a bounded metrics label, whatever ids the path carries), the values the
+  // pattern captured (name and percent-decoded segment, in path order), and the caller's identity
+  // from the router's authenticator ("" for public routes or without one).
   std::string route;
+  std::vector<std::pair<std::string, std::string>> path_params;
   std::string caller;
 
   // The first value of header `lower_name` (lower case), "" if absent.
   std::string_view Header(std::string_view lower_name) const;
+  // The value captured by the route's `{name}` segment, "" if the route has none.
+  std::string_view PathParam(std::string_view name) const;
 };
 
 struct HttpResponse {
@@ -150,11 +155,20 @@ struct RouteOptions {
   bool is_public = false;
 };
 
-// Exact-path routes by method. HEAD is served by a path's GET handler (the body is not sent). A
-// path with routes but not for the method: 405 with Allow; no route: 404. Fixed once the server
-// starts (HttpServer::Start takes it by value).
+// Routes by method and path. A route's path is compared segment by segment (between '/'s): a
+// literal segment must equal the request's as sent (percent-encoding kept), and a whole segment
+// `{name}` matches any one non-empty segment, captured percent-decoded into the request's
+// path_params; a segment whose decoding is invalid or holds '/' or NUL matches no `{name}`.
+// Segment counts must be equal. Of the routes that match a request's path and method, the most
+// specific wins: at the first segment where two differ, a literal beats a `{name}` (so an exact
+// path beats any pattern); equals go by registration order. HEAD is served by a path's GET handler
+// (the body is not sent). A path that some route matches but none for the method: 405, with Allow
+// listing the methods of every route that matches it; no route: 404. Fixed once the server starts
+// (HttpServer::Start takes it by value).
 class HttpRouter {
  public:
+  // `path` starts with '/'. A '{' or '}' anywhere but around a whole segment's name, or a name
+  // used twice in one path, is a programming error: the process aborts, saying which route.
   void Handle(std::string method, std::string path, HttpHandler handler, RouteOptions options = {});
   // Called before every non-public route's handler, and before the 404/405 of an unknown route (so
   // an unauthenticated client learns nothing of what exists): an error (UNAUTHENTICATED: 401,
@@ -165,7 +179,8 @@ class HttpRouter {
     const HttpHandler* handler = nullptr;  // null: answer `status`
     int status = 200;                      // 404 or 405 without a handler
     std::string allow;                     // for 405: "GET, HEAD", ...
-    std::string route;                     // the path, when it has routes
+    std::string route;                     // the route's path (a pattern), when one matches
+    std::vector<std::pair<std::string, std::string>> path_params;  // with a handler
     bool is_public = false;
   };
   Match Find(std::string_view method, std::string_view path) const;
@@ -179,6 +194,10 @@ class HttpRouter {
     std::string path;
     HttpHandler handler;
     RouteOptions options;
+    // For a pattern, the path's segments after its leading '/', a `{name}` one held as its name
+    // with is_param set; both empty for an exact path, which is compared whole.
+    std::vector<std::string> segments;
+    std::vector<bool> is_param;
   };
   std::vector<Route> routes_;
   std::function<absl::StatusOr<std::string>(const HttpRequest&)> authenticator_;

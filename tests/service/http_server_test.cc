@@ -19,8 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "service/http/http_errors.h"
+#include "service/http/http_query.h"
 #include "tests/service/socket_test_util.h"
 
 namespace tost::http {
@@ -104,6 +106,73 @@ TEST(HttpRouterTest, ExactPathsByMethodWith405AndAllowElse404) {
   EXPECT_EQ(router.Find("GET", "/c").status, 404);
 }
 
+using Params = std::vector<std::pair<std::string, std::string>>;
+
+TEST(HttpRouterTest, PatternsCapturePercentDecodedSegmentsAndExactPathsWin) {
+  HttpRouter router;
+  router.Handle("GET", "/v1/responses/{response_id}", Text("get"));
+  router.Handle("DELETE", "/v1/responses/{response_id}", Text("delete"));
+  router.Handle("GET", "/v1/responses/{response_id}/input_items", Text("items"));
+  router.Handle("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", Text("del"));
+  // Registered after the pattern it overlaps, and still preferred.
+  router.Handle("GET", "/v1/responses/stats", Text("stats"));
+
+  const auto get = router.Find("GET", "/v1/responses/resp_1");
+  EXPECT_NE(get.handler, nullptr);
+  EXPECT_EQ(get.route, "/v1/responses/{response_id}");
+  EXPECT_EQ(get.path_params, (Params{{"response_id", "resp_1"}}));
+  EXPECT_NE(router.Find("HEAD", "/v1/responses/resp_1").handler, nullptr);
+  const auto items = router.Find("GET", "/v1/responses/a%20b+c%2B/input_items");
+  EXPECT_EQ(items.route, "/v1/responses/{response_id}/input_items");
+  EXPECT_EQ(items.path_params, (Params{{"response_id", "a b+c+"}})) << "'+' is itself in a path";
+  const auto del = router.Find("DELETE", "/v1/conversations/conv_1/items/msg_2");
+  EXPECT_NE(del.handler, nullptr);
+  EXPECT_EQ(del.path_params, (Params{{"conversation_id", "conv_1"}, {"item_id", "msg_2"}}));
+
+  const auto stats = router.Find("GET", "/v1/responses/stats");
+  EXPECT_EQ(stats.route, "/v1/responses/stats");
+  EXPECT_TRUE(stats.path_params.empty());
+  // The exact path has no DELETE; the pattern that has one serves it.
+  const auto delete_stats = router.Find("DELETE", "/v1/responses/stats");
+  EXPECT_EQ(delete_stats.route, "/v1/responses/{response_id}");
+  EXPECT_EQ(delete_stats.path_params, (Params{{"response_id", "stats"}}));
+
+  const auto post = router.Find("POST", "/v1/responses/resp_1");
+  EXPECT_EQ(post.handler, nullptr);
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.allow, "DELETE, GET, HEAD");
+  EXPECT_EQ(post.route, "/v1/responses/{response_id}");
+  EXPECT_EQ(router.Find("PUT", "/v1/conversations/c/items/i").allow, "DELETE");
+
+  for (const char* path : {"/v1/responses", "/v1/responses/r/input_items/x", "/v1/responses/",
+                           "/v1/responses//input_items", "/v1/conversations/c/items/",
+                           "/v1/responses/%zz", "/v1/responses/a%2", "/v1/responses/a%2Fb",
+                           "/v1/responses/a%2fb", "/v1/responses/a%00b", "v1/responses/r"}) {
+    const auto m = router.Find("GET", path);
+    EXPECT_EQ(m.status, 404) << path;
+    EXPECT_EQ(m.handler, nullptr) << path;
+    EXPECT_EQ(m.route, "") << path;
+  }
+}
+
+TEST(HttpRouterTest, OfOverlappingPatternsTheLeftmostLiteralWins) {
+  HttpRouter router;
+  router.Handle("GET", "/v1/{kind}/{id}/content", Text("any"));
+  router.Handle("GET", "/v1/{kind}/latest/content", Text("latest"));
+  router.Handle("GET", "/v1/files/{id}/content", Text("file"));
+  EXPECT_EQ(router.Find("GET", "/v1/files/latest/content").route, "/v1/files/{id}/content");
+  EXPECT_EQ(router.Find("GET", "/v1/blobs/latest/content").route, "/v1/{kind}/latest/content");
+  const auto any = router.Find("GET", "/v1/blobs/b1/content");
+  EXPECT_EQ(any.route, "/v1/{kind}/{id}/content");
+  EXPECT_EQ(any.path_params, (Params{{"kind", "blobs"}, {"id", "b1"}}));
+}
+
+TEST(HttpRouterTest, AMalformedPatternAbortsNamingTheRoute) {
+  EXPECT_DEATH(HttpRouter().Handle("GET", "/v1/x{id}", Text("")),
+               "HTTP route GET /v1/x\\{id\\}: segment");
+  EXPECT_DEATH(HttpRouter().Handle("GET", "/v1/{id}/{id}", Text("")), "used twice");
+}
+
 TEST(HttpServerTest, RoutesAndFillsTheRequestAndKeepsTheConnectionAlive) {
   HttpRouter router;
   std::shared_ptr<HttpRequest> seen = std::make_shared<HttpRequest>();
@@ -136,6 +205,105 @@ TEST(HttpServerTest, RoutesAndFillsTheRequestAndKeepsTheConnectionAlive) {
   EXPECT_EQ(seen->request_id.size(), 16u);
   EXPECT_NE(second.find(absl::StrCat("x-request-id: ", seen->request_id)), std::string::npos);
   close(fd);
+}
+
+using RouteStatuses = std::vector<std::pair<std::string, int>>;
+
+// The route and status of each finished request, as the metrics observer sees them.
+class RouteRecorder : public HttpObserver {
+ public:
+  void OnRequestStarted(const HttpRequest&) override {}
+  void OnRequestFinished(const HttpRequest& request, int status, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    finished_.emplace_back(request.route, status);
+  }
+  // Those finished, once there are `n` (or after 10 s).
+  RouteStatuses Await(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
+    return finished_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  RouteStatuses finished_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(HttpServerTest, APatternRouteHandlerSeesItsParamsAndItsRouteLabelIsThePattern) {
+  HttpRouter router;
+  std::shared_ptr<HttpRequest> seen = std::make_shared<HttpRequest>();
+  router.Handle("GET", "/items/{id}", [seen](std::shared_ptr<HttpExchange> e) {
+    *seen = e->request();
+    e->Respond(MakeResponse(200, std::string(e->request().PathParam("id")), "text/plain"));
+  });
+  RouteRecorder recorder;
+  HttpServerOptions o = TestOptions();
+  o.observer = &recorder;
+  auto server = StartOrDie(o, std::move(router));
+  ASSERT_NE(server, nullptr);
+  const std::string ok = Exchange(server->port(), "GET /items/item%201?x=1 HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(StartsWith(ok, "HTTP/1.1 200")) << ok;
+  EXPECT_EQ(ok.substr(ok.find("\r\n\r\n") + 4), "item 1");
+  EXPECT_EQ(seen->path, "/items/item%201") << "the path as sent";
+  EXPECT_EQ(seen->route, "/items/{id}");
+  EXPECT_EQ(seen->PathParam("id"), "item 1");
+  EXPECT_EQ(seen->PathParam("other"), "");
+  EXPECT_EQ(seen->path_params, (Params{{"id", "item 1"}}));
+  const std::string slash = Exchange(server->port(), "GET /items/a%2Fb HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(StartsWith(slash, "HTTP/1.1 404")) << slash;
+  const std::string wrong = Exchange(server->port(), "POST /items/x HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(StartsWith(wrong, "HTTP/1.1 405")) << wrong;
+  EXPECT_NE(wrong.find("Allow: GET, HEAD\r\n"), std::string::npos) << wrong;
+  EXPECT_EQ(recorder.Await(3),
+            (RouteStatuses{{"/items/{id}", 200}, {"", 404}, {"/items/{id}", 405}}));
+}
+
+TEST(HttpQueryTest, ParsesPairsInOrderDecodingPercentAndPlus) {
+  const auto q = ParseQuery("limit=20&order=asc&after=msg%5Fx&q=a+b%2Bc&&flag&empty=&=v&k=1=2");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(*q, (Params{{"limit", "20"},
+                        {"order", "asc"},
+                        {"after", "msg_x"},
+                        {"q", "a b+c"},
+                        {"flag", ""},
+                        {"empty", ""},
+                        {"", "v"},
+                        {"k", "1=2"}}));
+  EXPECT_EQ(QueryValue(*q, "after"), "msg_x");
+  EXPECT_EQ(QueryValue(*q, "flag"), "");
+  EXPECT_EQ(QueryValue(*q, "missing"), std::nullopt);
+  EXPECT_EQ(QueryValue(*ParseQuery("a=1&a=2"), "a"), "2") << "the last value wins";
+  EXPECT_TRUE(ParseQuery("")->empty());
+  EXPECT_TRUE(ParseQuery("&&")->empty());
+  EXPECT_EQ(*ParseQuery("k%3D=v%26"), (Params{{"k=", "v&"}}));
+  EXPECT_EQ(PercentDecode("a+b%41"), "a+bA");
+  EXPECT_EQ(PercentDecode("a+b", /*plus_is_space=*/true), "a b");
+  EXPECT_EQ(PercentDecode("%4"), std::nullopt);
+  EXPECT_EQ(PercentDecode("%g0"), std::nullopt);
+}
+
+TEST(HttpQueryTest, RefusesBadEscapesNamingThePieceAndMoreThan64Pairs) {
+  const auto bad = ParseQuery("limit=20&after=%zz%0A\"x");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "query parameter \"after=%zz%0A\\\"x\": invalid percent-encoding (expected '%' and two "
+            "hex digits)");
+  EXPECT_EQ(ParseQuery("a%2").status().code(), absl::StatusCode::kInvalidArgument);
+  const auto long_piece = ParseQuery(absl::StrCat("k=", std::string(1000, 'v'), "%"));
+  EXPECT_EQ(long_piece.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(long_piece.status().message().size(), 200u) << long_piece.status();
+
+  std::string query;
+  for (int i = 0; i < 64; ++i) absl::StrAppend(&query, i == 0 ? "" : "&", "k", i, "=", i);
+  const auto at_limit = ParseQuery(query);
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->size(), 64u);
+  EXPECT_EQ(QueryValue(*at_limit, "k63"), "63");
+  EXPECT_TRUE(ParseQuery(absl::StrCat(query, "&&")).ok()) << "empty pieces are not pairs";
+  const auto over = ParseQuery(absl::StrCat(query, "&k64=64"));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.status().message(), "query has 65 parameters; at most 64 are accepted");
 }
 
 TEST(HttpServerTest, AnswersUnknownPathsAndMethodsAndMalformedRequests) {
