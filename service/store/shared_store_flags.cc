@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "service/engine/clock.h"
 #include "service/store/redis_prefix_tier.h"
+#include "service/store/redis_record_store.h"
 
 namespace tost::store {
 
@@ -53,6 +54,18 @@ absl::StatusOr<SharedStoreFactories> MakeSharedStoreFactories(const SharedStoreF
     TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisSessionStore> store,
                           RedisSessionStore::Create(std::move(context), std::move(client), redis));
     return std::unique_ptr<service::SessionStore>(std::move(store));
+  };
+  const std::string key_prefix = flags.redis.key_prefix;
+  out.records = [sessions_client, key_prefix](service::RecordStoreOptions records)
+      -> absl::StatusOr<std::unique_ptr<service::RecordStore>> {
+    TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client,
+                          RedisClient::Create(sessions_client));
+    RedisRecordStoreOptions options;
+    options.key_prefix = key_prefix;
+    options.records = records;
+    TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisRecordStore> store,
+                          RedisRecordStore::Make(std::move(client), std::move(options)));
+    return std::unique_ptr<service::RecordStore>(std::move(store));
   };
   RedisPrefixTierOptions tier;
   tier.key_prefix = flags.redis.key_prefix;

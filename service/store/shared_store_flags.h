@@ -1,5 +1,6 @@
 // What --session_store and its companion flags build: the session store (null for "memory": the
-// engine's in-memory one) and, for a shared store, the prefix-state cache's shared tier on it.
+// engine's in-memory one), the Responses API's record store (null for "memory" likewise) and, for a
+// shared store, the prefix-state cache's shared tier on it.
 // Everything is checked here, before any model loads; nothing connects (the store may be down at
 // start-up).
 #pragma once
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/engine/engine.h"
+#include "service/engine/record_store.h"
 #include "service/store/redis_client.h"
 #include "service/store/redis_session_store.h"
 
@@ -31,6 +33,9 @@ struct SharedStoreFactories {
   std::function<absl::StatusOr<std::unique_ptr<service::PrefixCacheTier>>(
       const service::SessionCodec* codec)>
       prefix_tier;  // null: no shared tier
+  // The stored responses and conversations, with a client of their own (the sessions' options).
+  std::function<absl::StatusOr<std::unique_ptr<service::RecordStore>>(service::RecordStoreOptions)>
+      records;  // null: the in-memory store (service::MemoryRecordStore)
 };
 
 absl::StatusOr<SharedStoreFactories> MakeSharedStoreFactories(const SharedStoreFlags& flags);
