@@ -22,10 +22,12 @@
 #include "model/config/device.h"
 #include "model/device/device_memory.h"
 #include "model/nets/torch_threads.h"
+#include "service/engine/memory_record_store.h"
 #include "service/http/http_errors.h"
 #include "service/loading_responder.h"
 #include "service/observability/logging.h"
 #include "service/openai_http/openai_routes.h"
+#include "service/openai_http/responses_routes.h"
 #include "service/port_probe.h"
 #include "service/store/shared_store_flags.h"
 
@@ -121,6 +123,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(o.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(o.sessions));
+  TOST_RETURN_IF_ERROR(ValidateRecordStoreOptions(o.responses));
+  // A stored response continues through its state blob: one that expired first would be kept
+  // only to be refused.
+  if (o.session_blob_ttl_s > 0 && o.responses.ttl > absl::Seconds(o.session_blob_ttl_s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--response_ttl_s (", absl::ToInt64Seconds(o.responses.ttl),
+                     ") must not exceed --session_blob_ttl_s (", o.session_blob_ttl_s,
+                     "): a stored response would outlive the state blob it continues from"));
+  }
   TOST_RETURN_IF_ERROR(ValidateMetricsOptions(o.metrics));
   if (o.http_port < -1 || o.http_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -258,6 +269,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                         LoadingResponder::Start(options.host, options.port, credentials));
   std::unique_ptr<Server> server(new Server());
   server->metrics_ = std::move(metrics);
+  if (shared_store.records) {
+    TOST_ASSIGN_OR_RETURN(server->records_, shared_store.records(options.responses));
+  } else {
+    server->records_ = std::make_unique<MemoryRecordStore>(options.responses, RealClock::Get());
+  }
+  server->metrics_->WatchRecords(server->records_.get());
   server->auth_ = std::move(auth);
   server->limits_ = options.limits;
   server->admission_ =
@@ -371,8 +388,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const absl::Duration reap_every = absl::Milliseconds(options.session_reap_interval_ms);
   server->reaper_ = std::thread([raw, reap_every] {
     NameThisThread("session-reaper");
-    while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every))
+    while (!raw->stop_reaper_.WaitForNotificationWithTimeout(reap_every)) {
       raw->engine_->ReapIdleSessions();
+      if (auto* memory = dynamic_cast<MemoryRecordStore*>(raw->records_.get()))
+        memory->ReapExpired();
+    }
   });
   return server;
 }
@@ -412,6 +432,8 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
       {.is_public = true});
   // The OpenAI-compatible API, on the engine's schedulers (as tost.v1 Generate).
   AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, *admission_, router);
+  AddResponsesRoutes([this] { return serving_engine_.load(); }, limits_, *admission_, *records_,
+                     metrics_.get(), router);
   router.SetAuthenticator([this](const http::HttpRequest& r) {
     return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
                                             .authorization = r.Header("authorization"),

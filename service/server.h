@@ -19,6 +19,7 @@
 #include "service/api/kserve_service.h"
 #include "service/api/tost_service.h"
 #include "service/engine/engine.h"
+#include "service/engine/record_store.h"
 #include "service/http/http_server.h"
 #include "service/observability/metrics.h"
 #include "service/runtime/torch_models.h"
@@ -77,7 +78,10 @@ struct ServerOptions {
       tls_client_ca_file;  // PEM CA; when set, clients must present a certificate it signed (mTLS)
   int64_t session_reap_interval_ms = 10'000;  // how often idle sessions are evicted
   int64_t session_blob_ttl_s = 0;             // state blobs expire this long after export; 0: never
-  MetricsOptions metrics;                     // Prometheus endpoint (port -1: none) and access logs
+  // Stored responses and conversations of the Responses API (service/openai_http/
+  // responses_routes.h), in the session store: this process's memory, or the shared store.
+  RecordStoreOptions responses;
+  MetricsOptions metrics;  // Prometheus endpoint (port -1: none) and access logs
   // The HTTP front end: health routes and the OpenAI-compatible API (service/openai_http). Same
   // TLS files and API keys as the gRPC port. Port 0: a free one; -1: none.
   std::string http_address = "0.0.0.0";
@@ -125,6 +129,9 @@ class Server {
   // threads and the HTTP I/O threads; after engine_ (its tasks use it), before service_ and http_
   // (gone before it, so nothing schedules on it once it runs its last tasks).
   std::unique_ptr<HandlerPool> admission_;
+  // Stored responses and conversations; before http_ (its routes use it), after metrics_ (which
+  // reads its stats).
+  std::unique_ptr<RecordStore> records_;
   std::unique_ptr<TostService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;

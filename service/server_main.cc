@@ -1,6 +1,7 @@
 // tost_server: serves every model of a repository over gRPC, and over HTTP (service/http).
 #include <signal.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <cstdio>
@@ -165,6 +166,15 @@ ABSL_FLAG(
     int64_t, session_blob_ttl_s, 0,
     "Exported session blobs are refused this many seconds after export (FAILED_PRECONDITION); "
     "0 = they do not expire");
+ABSL_FLAG(int64_t, response_ttl_s, 30 * 24 * 3600,
+          "Stored responses and conversations of the Responses API (POST /v1/responses, "
+          "/v1/conversations) expire this many seconds after their last write (OpenAI keeps "
+          "them 30 days); at most --session_blob_ttl_s when that is set, since a response "
+          "continues through its state blob");
+ABSL_FLAG(int64_t, response_store_max_bytes, int64_t{256} << 20,
+          "With --session_store=memory: bytes of stored responses and conversations this process "
+          "holds; the least recently used are evicted past it (a shared store is bounded by its "
+          "own memory policy)");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain: with --tls_key_file, serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
@@ -249,6 +259,9 @@ absl::Status CheckNumericFlags() {
        600'000, "0 = only constraints already compiled"},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
        "0 = blobs do not expire"},
+      {"response_ttl_s", absl::GetFlag(FLAGS_response_ttl_s), 1, 10 * 365 * kDayS},
+      {"response_store_max_bytes", absl::GetFlag(FLAGS_response_store_max_bytes), 1 << 20,
+       int64_t{1} << 48},
       {"heap_trim_interval_ms", absl::GetFlag(FLAGS_heap_trim_interval_ms), 0, 3'600'000,
        "0 = never"},
       {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535,
@@ -368,6 +381,14 @@ int main(int argc, char** argv) {
   options.constraints.max_bytes = absl::GetFlag(FLAGS_constraint_cache_bytes);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
+  options.responses.ttl = absl::Seconds(absl::GetFlag(FLAGS_response_ttl_s));
+  if (options.session_blob_ttl_s > 0) {
+    options.responses.ttl =
+        std::min(options.responses.ttl, absl::Seconds(options.session_blob_ttl_s));
+  }
+  options.responses.max_bytes = absl::GetFlag(FLAGS_response_store_max_bytes);
+  options.responses.max_record_bytes =
+      std::min(options.responses.max_record_bytes, options.responses.max_bytes);
   options.session_store = absl::GetFlag(FLAGS_session_store);
   options.session_store_password_file = absl::GetFlag(FLAGS_session_store_password_file);
   options.session_store_timeout_ms = absl::GetFlag(FLAGS_session_store_timeout_ms);

@@ -99,7 +99,8 @@ HttpResponse ErrorResponse(const absl::Status& status, std::string_view param) {
   r.body = OpenAiErrorBody(std::string_view(status.message().data(), status.message().size()),
                            OpenAiErrorType(r.status), param,
                            absl::AsciiStrToLower(absl::StatusCodeToString(status.code())));
-  if (r.status == 429) {
+  // A full queue (429) and a store that cannot be reached (503) say when to come back.
+  if (r.status == 429 || r.status == 503) {
     if (const auto seconds = RetryAfterSeconds(status))
       r.headers.emplace_back("Retry-After", absl::StrCat(*seconds));
   }

@@ -33,8 +33,8 @@ std::string OpenAiErrorBody(std::string_view message, std::string_view type,
 std::optional<int64_t> RetryAfterSeconds(const absl::Status& status);
 
 // A failed `status` as an HTTP response: the mapped status, the OpenAI-shaped body (code: the
-// status code's name in lower case, e.g. "invalid_argument"), and Retry-After for a 429 whose
-// status carries a retry hint.
+// status code's name in lower case, e.g. "invalid_argument"), and Retry-After for a 429 or 503
+// whose status carries a retry hint.
 HttpResponse ErrorResponse(const absl::Status& status, std::string_view param = "");
 // An error the HTTP layer itself gives (400, 404, 405, 413, 431, ...): what
 // HttpServerOptions::error_response takes.

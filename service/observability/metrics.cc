@@ -137,6 +137,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     admission_ = admission;
   }
+  void WatchRecords(const RecordStore* records) {
+    absl::MutexLock lock(&mu_);
+    records_ = records;
+  }
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
@@ -171,6 +175,24 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
           MetricType::Gauge,
           {GaugeSample(static_cast<double>(load.running), {{"state", "running"}}),
            GaugeSample(static_cast<double>(load.queued), {{"state", "queued"}})}));
+    }
+    if (records_ != nullptr) {
+      // The shared store holds its records itself: this replica reports 0 there, and the store's
+      // own memory is read from it (INFO memory).
+      const RecordStoreStats r = records_->stats();
+      out.push_back(MakeFamily("tost_response_store_records",
+                               "Stored responses and conversations held in this process's memory",
+                               MetricType::Gauge, {GaugeSample(static_cast<double>(r.records))}));
+      out.push_back(MakeFamily(
+          "tost_response_store_bytes",
+          "Bytes of stored responses and conversations held in this process's memory (ids, "
+          "owners, records; --response_store_max_bytes bounds it)",
+          MetricType::Gauge, {GaugeSample(static_cast<double>(r.bytes))}));
+      out.push_back(MakeFamily("tost_response_store_evictions_total",
+                               "Stored responses and conversations evicted for room before their "
+                               "TTL (least recently used)",
+                               MetricType::Counter,
+                               {CounterSample(static_cast<double>(r.evicted))}));
     }
     if (engine_ == nullptr) return out;
     const EngineStats stats = engine_->Stats();
@@ -307,6 +329,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
   mutable absl::Mutex mu_;
   const Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
   const HandlerPool* admission_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const RecordStore* records_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -445,6 +468,33 @@ struct Metrics::Impl {
       {}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                       0.05, 0.1, 0.25, 0.5, 1, 2.5});
   Counter& store_reconnect = store_reconnects.Add({});
+  // The Responses API's stored responses (ResponsesObserver).
+  Counter& responses_stored = BuildCounter()
+                                  .Name("tost_responses_stored_total")
+                                  .Help("Responses stored (store: true) by this replica")
+                                  .Register(*registry)
+                                  .Add({});
+  Counter& responses_stored_bytes =
+      BuildCounter()
+          .Name("tost_responses_stored_bytes_total")
+          .Help("Bytes of the response records this replica stored (state, output, input items)")
+          .Register(*registry)
+          .Add({});
+  Counter& response_continuations =
+      BuildCounter()
+          .Name("tost_response_continuations_total")
+          .Help("Responses that continued a stored state (previous_response_id or a conversation)")
+          .Register(*registry)
+          .Add({});
+  Family<Counter>& previous_response_lookups =
+      BuildCounter()
+          .Name("tost_previous_response_lookups_total")
+          .Help(
+              "previous_response_id lookups: hit (found) or miss (unknown, expired, deleted, or "
+              "another owner's)")
+          .Register(*registry);
+  Counter& previous_response_hit = previous_response_lookups.Add({{"result", "hit"}});
+  Counter& previous_response_miss = previous_response_lookups.Add({{"result", "miss"}});
   Family<Gauge>& model_info =
       BuildGauge()
           .Name("tost_model_info")
@@ -655,11 +705,24 @@ void Metrics::OnCommand(absl::Duration latency, bool ok) {
 
 void Metrics::OnReconnect() { impl_->store_reconnect.Increment(); }
 
+void Metrics::OnResponseStored(int64_t bytes) {
+  impl_->responses_stored.Increment();
+  impl_->responses_stored_bytes.Increment(static_cast<double>(bytes));
+}
+
+void Metrics::OnPreviousResponseLookup(bool found) {
+  (found ? impl_->previous_response_hit : impl_->previous_response_miss).Increment();
+}
+
+void Metrics::OnContinuation() { impl_->response_continuations.Increment(); }
+
+void Metrics::WatchRecords(const RecordStore* records) { impl_->collector->WatchRecords(records); }
+
 void Metrics::OnRequestStarted(const http::HttpRequest&) {}
 
 void Metrics::OnRequestFinished(const http::HttpRequest& request, int status,
                                 absl::Duration elapsed) {
-  // Routes are the router's fixed paths; anything unmatched shares one label.
+  // Routes are the router's fixed patterns; anything unmatched shares one label.
   const std::string route = request.route.empty() ? "other" : request.route;
   impl_->http_requests.Add({{"route", route}, {"code", absl::StrCat(status)}}).Increment();
   impl_->http_request_duration.Add({{"route", route}}, kRequestBuckets)

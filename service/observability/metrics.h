@@ -29,6 +29,7 @@
 #include "service/api/handler_pool.h"
 #include "service/engine/dynamic_batcher.h"
 #include "service/engine/generation_scheduler.h"
+#include "service/engine/record_store.h"
 #include "service/engine/session_store.h"
 #include "service/http/http_server.h"
 #include "service/store/redis_client.h"
@@ -66,6 +67,7 @@ class Metrics final : public BatchObserver,
                       public GenerationObserver,
                       public SessionStoreObserver,
                       public store::RedisClientObserver,
+                      public ResponsesObserver,
                       public http::HttpObserver {
  public:
   Metrics();
@@ -92,6 +94,9 @@ class Metrics final : public BatchObserver,
   // Generation admissions running and queued (tost_admissions) are read from `admission` at each
   // scrape. Not owned; null stops reading it (before it goes).
   void WatchAdmission(const HandlerPool* admission);
+  // Stored responses and conversations held (tost_response_store_*) are read from `records` at
+  // each scrape. Not owned; must outlive serving (null stops reading it).
+  void WatchRecords(const RecordStore* records);
 
   // Counts every RPC (tost_requests_total, tost_request_duration_seconds, tost_rejections_total),
   // tags it with a request id (the client's x-request-id if valid, else a new one, echoed in the
@@ -120,6 +125,11 @@ class Metrics final : public BatchObserver,
   // tost_session_store_command_duration_seconds, tost_session_store_reconnects_total).
   void OnCommand(absl::Duration latency, bool ok) override;
   void OnReconnect() override;
+  // The Responses API (tost_responses_stored_total, tost_responses_stored_bytes_total,
+  // tost_response_continuations_total, tost_previous_response_lookups_total{result}).
+  void OnResponseStored(int64_t bytes) override;
+  void OnPreviousResponseLookup(bool found) override;
+  void OnContinuation() override;
   // The HTTP front end (tost_http_requests_total{route,code}, tost_http_request_duration_seconds
   // {route}): the route is the matched path, "other" for none, so the labels stay bounded.
   void OnRequestStarted(const http::HttpRequest& request) override;

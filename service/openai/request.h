@@ -22,6 +22,7 @@
 #include "service/generation/generation_input.h"
 #include "service/generation/generation_limits.h"
 #include "service/openai/chat_template.h"
+#include "service/openai/json_fields.h"
 #include "service/structured/constraint.h"
 
 namespace tost::service::openai {
@@ -30,8 +31,6 @@ enum class Endpoint { kCompletions, kChatCompletions };
 
 // OpenAI's limit on "stop"; the other limits are every front end's (generation_limits.h).
 inline constexpr int32_t kMaxStop = 4;
-// OpenAI's limit on response_format.json_schema.name, 1 to 64 of [a-zA-Z0-9_-].
-inline constexpr size_t kMaxSchemaNameBytes = 64;
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;

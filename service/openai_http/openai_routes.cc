@@ -14,21 +14,13 @@
 #include "service/openai/error.h"
 #include "service/openai/request.h"
 #include "service/openai/response.h"
+#include "service/openai_http/route_support.h"
 
 namespace tost::service {
 namespace {
 
 using http::HttpExchange;
 using openai::Endpoint;
-
-uint64_t RandomSeed() {
-  thread_local absl::BitGen gen;
-  return absl::Uniform<uint64_t>(gen);
-}
-
-void RespondError(HttpExchange& exchange, const absl::Status& status) {
-  exchange.Respond(http::ErrorResponse(status, openai::ErrorParam(status)));
-}
 
 // The SSE/JSON sink of one /v1/completions or /v1/chat/completions request: service/openai's bodies
 // written to an HttpExchange. Owned by its GenerationCall; the exchange's callbacks hold the call
@@ -50,9 +42,9 @@ class OpenAiSink final : public CallSink {
   absl::Status Refine(AdmissionStep step, absl::Status status) override {
     switch (step) {
       case AdmissionStep::kResolve:
-        return openai::WithParam(ModelRefusal(std::move(status)), "model");
+        return ModelRefusal(engine_, request_.model, std::move(status));
       case AdmissionStep::kCompileConstraint:
-        return ConstraintRefusal(std::move(status));
+        return ConstraintRefusal(request_.constraint_field, std::move(status));
       case AdmissionStep::kContinueConstraint:
         // A session or blob left mid-structure (here or by tost.v1 Generate) goes on under its
         // constraint; this API has no way to clear it, which tost.v1 Generate's clear_constraint
@@ -126,9 +118,7 @@ class OpenAiSink final : public CallSink {
     const bool sets_sampling = request_.temperature.has_value() || request_.top_p.has_value();
     if (!request_.seed.has_value() && (fresh || sets_sampling)) request_.seed = RandomSeed();
     GenerationCallRequest r;
-    // The router's authenticator set the caller; without one (tests) everyone is the anonymous
-    // caller, as on gRPC without keys.
-    r.owner = http_request.caller.empty() ? std::string(kAnonymousCaller) : http_request.caller;
+    r.owner = CallerOf(http_request);
     r.model = request_.model;
     r.session_id = request_.session_id;
     r.state_blob = request_.state;
@@ -138,39 +128,6 @@ class OpenAiSink final : public CallSink {
     r.names = openai::FieldNames(request_);
     return call.Admit(std::move(r));
   }
-  absl::Status ModelRefusal(absl::Status status) const {
-    // The engine's words for a classifier name gRPC's RPCs; these routes say what they serve.
-    auto entry = engine_.Find(request_.model);
-    if (status.code() != absl::StatusCode::kInvalidArgument || !entry.ok() ||
-        (*entry)->classifier == nullptr) {
-      return status;
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", QuoteClientText(request_.model),
-        " is a classifier (tost_vision): completions and chat completions need a language model "
-        "(tost_lm); GET /v1/models lists them"));
-  }
-  // The compiler's refusal of the request's constraint, naming the field it came from.
-  absl::Status ConstraintRefusal(absl::Status status) const {
-    const std::string& field = request_.constraint_field;
-    switch (status.code()) {
-      case absl::StatusCode::kInvalidArgument:     // the compiler refused the schema, regex, ...
-      case absl::StatusCode::kFailedPrecondition:  // the model cannot serve constraints: 400 too
-        return openai::WithParam(
-            absl::Status(status.code(), absl::StrCat(field, ": ", status.message())), field);
-      case absl::StatusCode::kResourceExhausted:
-        // The compile ran past its bound: 429 with a Retry-After of 1 s (http::ErrorResponse reads
-        // the hint), not 503. Gateways count 5xx against a replica that is healthy here, and is
-        // the one most likely to answer the retry from its cache; 429 is also what a full queue
-        // answers, and what gRPC callers get.
-        return openai::WithParam(absl::ResourceExhaustedError(absl::StrCat(
-                                     field, ": ", status.message(), "; retry after about 1000 ms")),
-                                 field);
-      default:
-        return status;
-    }
-  }
-
   Engine& engine_;
   const std::shared_ptr<HttpExchange> exchange_;
   const Endpoint endpoint_;
@@ -187,17 +144,6 @@ void Route(Engine& engine, const ServiceLimits& limits, HandlerPool& admission, 
   if (!admission.Schedule([sink, call] { sink->Start(*call); })) {
     RespondError(*exchange, admission.Refusal(exchange->request().path));
   }
-}
-
-// The engine, or a 503 answered and null while the models load.
-Engine* EngineOrLoading(const ServingEngine& engine, HttpExchange& exchange) {
-  Engine* e = engine();
-  if (e == nullptr) {
-    exchange.Respond(http::ErrorResponse(absl::UnavailableError(
-        "the server is still loading its models; retry in a few seconds (GET /v1/health/ready "
-        "answers 200 once it serves)")));
-  }
-  return e;
 }
 
 }  // namespace
