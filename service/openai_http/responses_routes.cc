@@ -35,6 +35,11 @@ using openai::ResponsesRequest;
 using openai::StoredConversation;
 using openai::StoredResponse;
 
+// The ids this server hands out: a response's, a conversation's. A record read under the other
+// kind's prefix would be read as the wrong kind; such an id is simply unknown.
+constexpr char kResponsePrefix[] = "resp_";
+constexpr char kConversationPrefix[] = "conv_";
+
 // Ids are unguessable, and an unknown, expired, deleted or someone else's id gets the same answer.
 absl::Status NotFound(const char* kind, const std::string& id, const std::string& param) {
   absl::Status s = absl::NotFoundError(
@@ -67,9 +72,11 @@ void OnPool(HandlerPool& pool, const std::shared_ptr<HttpExchange>& exchange,
 
 // The id in the route's path, refused (404, as an unknown id) when it cannot be one of ours.
 absl::StatusOr<std::string> PathId(const HttpExchange& exchange, std::string_view name,
-                                   const char* kind) {
+                                   const char* kind, const char* prefix) {
   std::string id(exchange.request().PathParam(name));
-  if (id.empty() || id.size() > openai::kMaxIdBytes) return NotFound(kind, id, "");
+  if (id.size() > openai::kMaxIdBytes || !absl::StartsWith(id, prefix)) {
+    return NotFound(kind, id, "");
+  }
   return id;
 }
 
@@ -128,7 +135,10 @@ class ResponsesSink final : public CallSink {
   absl::Status Refine(AdmissionStep step, absl::Status status) override {
     switch (step) {
       case AdmissionStep::kResolve:
-        if (!request_.model.empty() && continued_) return ContinuationRefusal(std::move(status));
+        // A model this server serves, refusing the state: the state's field is at fault.
+        if (continued_ && engine_.Find(request_.model).ok()) {
+          return ContinuationRefusal(std::move(status));
+        }
         return ModelRefusal(engine_, request_.model, std::move(status));
       case AdmissionStep::kCompileConstraint:
         return ConstraintRefusal(request_.constraint_field, std::move(status));
@@ -249,7 +259,7 @@ class ResponsesSink final : public CallSink {
     const http::HttpRequest& http_request = exchange_->request();
     TOST_ASSIGN_OR_RETURN(request_, openai::ParseResponsesRequest(http_request.body));
     owner_ = CallerOf(http_request);
-    response_id_ = openai::NewItemId("resp_");
+    response_id_ = openai::NewItemId(kResponsePrefix);
     message_id_ = openai::NewItemId("msg_");
     GenerationCallRequest r;
     r.owner = owner_;
@@ -276,7 +286,9 @@ class ResponsesSink final : public CallSink {
     }
     if (!request_.previous_response_id.empty()) {
       const std::string& id = request_.previous_response_id;
-      absl::StatusOr<StoredRecord> record = context_.store.Get(id, owner_);
+      absl::StatusOr<StoredRecord> record = absl::StartsWith(id, kResponsePrefix)
+                                                ? context_.store.Get(id, owner_)
+                                                : absl::StatusOr<StoredRecord>(RecordNotFound(id));
       if (context_.observer != nullptr && (record.ok() || absl::IsNotFound(record.status()))) {
         context_.observer->OnPreviousResponseLookup(record.ok());
       }
@@ -292,7 +304,9 @@ class ResponsesSink final : public CallSink {
     }
     if (!request_.conversation_id.empty()) {
       const std::string& id = request_.conversation_id;
-      absl::StatusOr<StoredRecord> record = context_.store.Get(id, owner_);
+      absl::StatusOr<StoredRecord> record = absl::StartsWith(id, kConversationPrefix)
+                                                ? context_.store.Get(id, owner_)
+                                                : absl::StatusOr<StoredRecord>(RecordNotFound(id));
       if (!record.ok()) return StoreRefusal(record.status(), "conversation", id, "conversation");
       TOST_ASSIGN_OR_RETURN(StoredConversation c,
                             openai::DecodeStoredConversation(record->data, id));
@@ -409,7 +423,7 @@ class ResponsesSink final : public CallSink {
   }
 
   void Fail(const absl::Status& status) {
-    if (!request_.stream) return RespondError(*exchange_, status);
+    if (!request_.stream || !events_.has_value()) return RespondError(*exchange_, status);
     openai::FailResponseJson(response_, status);
     exchange_->Write(events_->Failed(response_));
     exchange_->Write(events_->Error(status));
@@ -456,7 +470,8 @@ void StoredResponseRoute(const RoutesContext& context, std::shared_ptr<HttpExcha
                          bool input_items) {
   OnPool(context.admission, exchange, [&context, exchange, input_items] {
     absl::StatusOr<json> body = [&]() -> absl::StatusOr<json> {
-      TOST_ASSIGN_OR_RETURN(std::string id, PathId(*exchange, "response_id", "response"));
+      TOST_ASSIGN_OR_RETURN(std::string id,
+                            PathId(*exchange, "response_id", "response", kResponsePrefix));
       const std::string owner = CallerOf(exchange->request());
       if (exchange->request().method == "DELETE") {
         if (absl::Status s = context.store.Delete(id, owner); !s.ok()) {
@@ -514,11 +529,12 @@ void ConversationRoute(const RoutesContext& context, std::shared_ptr<HttpExchang
         c.created_at = absl::ToUnixSeconds(absl::Now());
         if (parsed.metadata.has_value()) c.metadata = *parsed.metadata;
         TOST_RETURN_IF_ERROR(openai::AddPendingItems(c, parsed.items, "items").status());
-        const std::string id = openai::NewItemId("conv_");
+        const std::string id = openai::NewItemId(kConversationPrefix);
         TOST_RETURN_IF_ERROR(context.store.Create(id, owner, openai::EncodeStoredConversation(c)));
         return openai::ConversationJson(id, c);
       }
-      TOST_ASSIGN_OR_RETURN(std::string id, PathId(*exchange, "conversation_id", "conversation"));
+      TOST_ASSIGN_OR_RETURN(std::string id, PathId(*exchange, "conversation_id", "conversation",
+                                                   kConversationPrefix));
       if (request.method == "DELETE") {
         if (absl::Status s = context.store.Delete(id, owner); !s.ok()) {
           return StoreRefusal(s, "conversation", id, "");
@@ -551,7 +567,8 @@ void ConversationItemsRoute(const RoutesContext& context, std::shared_ptr<HttpEx
     absl::StatusOr<json> body = [&]() -> absl::StatusOr<json> {
       const http::HttpRequest& request = exchange->request();
       const std::string owner = CallerOf(request);
-      TOST_ASSIGN_OR_RETURN(std::string id, PathId(*exchange, "conversation_id", "conversation"));
+      TOST_ASSIGN_OR_RETURN(std::string id, PathId(*exchange, "conversation_id", "conversation",
+                                                   kConversationPrefix));
       const std::string item_id(request.PathParam("item_id"));
       if (request.method == "POST") {
         TOST_ASSIGN_OR_RETURN(
