@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/config/config.h"
@@ -137,6 +138,19 @@ bool ValidSchemaName(const std::string& name) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
            c == '-';
   });
+}
+
+absl::Status ParseStateBlob(const json& body, std::optional<std::string>& state) {
+  const json& v = Field(body, "state");
+  if (v.is_null()) return absl::OkStatus();
+  TOST_ASSIGN_OR_RETURN(std::string encoded, String(v, "state"));
+  std::string blob;
+  if (encoded.empty() || !absl::Base64Unescape(encoded, &blob)) {
+    return FieldError("state",
+                      absl::StrCat("expected a state blob in base64 (RFC 4648), got ", Got(v)));
+  }
+  state = std::move(blob);
+  return absl::OkStatus();
 }
 
 absl::Status ParseSampling(const json& body, std::optional<float>& temperature,

@@ -41,6 +41,9 @@ const nlohmann::json& Field(const nlohmann::json& body, const char* key);
 absl::Status ParseSampling(const nlohmann::json& body, std::optional<float>& temperature,
                            std::optional<float>& top_p, std::optional<uint64_t>& seed);
 
+// The ToST extension "state": a state blob in base64, decoded (left unset when absent or null).
+absl::Status ParseStateBlob(const nlohmann::json& body, std::optional<std::string>& state);
+
 // The JSON value at `path` (keys from the body's top level) as text, its objects' keys in the
 // order the client wrote them (see json_fields.cc); `sorted` is the same value as parsed.
 std::string OrderedSchemaText(std::string_view body, const std::vector<std::string>& path,

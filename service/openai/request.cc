@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
@@ -428,15 +427,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
   if (const json& v = Field(body, "session_id"); !v.is_null()) {
     TOST_ASSIGN_OR_RETURN(r.session_id, String(v, "session_id"));
   }
-  if (const json& v = Field(body, "state"); !v.is_null()) {
-    TOST_ASSIGN_OR_RETURN(std::string encoded, String(v, "state"));
-    std::string blob;
-    if (encoded.empty() || !absl::Base64Unescape(encoded, &blob)) {
-      return FieldError("state",
-                        absl::StrCat("expected a state blob in base64 (RFC 4648), got ", Got(v)));
-    }
-    r.state = std::move(blob);
-  }
+  TOST_RETURN_IF_ERROR(ParseStateBlob(body, r.state));
   if (!r.session_id.empty() && r.state.has_value()) {
     return FieldError("state", "set session_id or state, not both");
   }

@@ -3,7 +3,6 @@
 #include <limits>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -300,15 +299,7 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
   if (const json& v = Field(body, "stream"); !v.is_null()) {
     TOST_ASSIGN_OR_RETURN(r.stream, Bool(v, "stream"));
   }
-  if (const json& v = Field(body, "state"); !v.is_null()) {
-    TOST_ASSIGN_OR_RETURN(std::string encoded, String(v, "state"));
-    std::string blob;
-    if (encoded.empty() || !absl::Base64Unescape(encoded, &blob)) {
-      return FieldError("state",
-                        absl::StrCat("expected a state blob in base64 (RFC 4648), got ", Got(v)));
-    }
-    r.state = std::move(blob);
-  }
+  TOST_RETURN_IF_ERROR(ParseStateBlob(body, r.state));
   if (r.state.has_value() && (!r.previous_response_id.empty() || !r.conversation_id.empty())) {
     return FieldError("state",
                       "set one of state, previous_response_id and conversation: each names the "

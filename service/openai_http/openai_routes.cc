@@ -32,11 +32,7 @@ class OpenAiSink final : public CallSink {
 
   // On an admission thread, never the connection's strand: admission may wait (see the header).
   void Start(GenerationCall& call) {
-    if (exchange_->cancelled()) return;  // gone while it waited for a thread: nothing to admit
-    exchange_->OnCancel([weak = call.weak_from_this()] {
-      if (auto call = weak.lock()) call->ClientGone();
-    });
-    if (absl::Status admitted = Admit(call); !admitted.ok()) RespondError(*exchange_, admitted);
+    StartCall(*exchange_, call, [&] { return Admit(call); });
   }
 
   absl::Status Refine(AdmissionStep step, absl::Status status) override {

@@ -125,11 +125,7 @@ class ResponsesSink final : public CallSink {
       : engine_(engine), context_(context), exchange_(std::move(exchange)) {}
 
   void Start(GenerationCall& call) {
-    if (exchange_->cancelled()) return;
-    exchange_->OnCancel([weak = call.weak_from_this()] {
-      if (auto call = weak.lock()) call->ClientGone();
-    });
-    if (absl::Status admitted = Admit(call); !admitted.ok()) RespondError(*exchange_, admitted);
+    StartCall(*exchange_, call, [&] { return Admit(call); });
   }
 
   absl::Status Refine(AdmissionStep step, absl::Status status) override {

@@ -57,6 +57,15 @@ absl::Status ConstraintRefusal(const std::string& field, absl::Status status) {
   }
 }
 
+void StartCall(http::HttpExchange& exchange, GenerationCall& call,
+               const std::function<absl::Status()>& admit) {
+  if (exchange.cancelled()) return;  // gone while it waited for a thread: nothing to admit
+  exchange.OnCancel([weak = call.weak_from_this()] {
+    if (auto call = weak.lock()) call->ClientGone();
+  });
+  if (absl::Status admitted = admit(); !admitted.ok()) RespondError(exchange, admitted);
+}
+
 uint64_t RandomSeed() {
   thread_local absl::BitGen gen;
   return absl::Uniform<uint64_t>(gen);

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "service/engine/engine.h"
+#include "service/generation/generation_call.h"
 #include "service/http/http_server.h"
 #include "service/openai_http/openai_routes.h"
 
@@ -27,6 +29,11 @@ absl::Status ModelRefusal(Engine& engine, const std::string& model, absl::Status
 // 400 for a schema it refused or a model that cannot serve constraints, 429 with a Retry-After of
 // 1 s for a compile past its bound.
 absl::Status ConstraintRefusal(const std::string& field, absl::Status status);
+
+// Starts `call` on an admission thread: nothing when the client already left, else the call learns
+// of the client's leaving, and `admit` runs; its refusal is answered.
+void StartCall(http::HttpExchange& exchange, GenerationCall& call,
+               const std::function<absl::Status()>& admit);
 
 // OpenAI's servers sample an unseeded request differently each time: a seed from a thread-local
 // generator.
