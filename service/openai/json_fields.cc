@@ -5,8 +5,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/nesting.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "model/config/config.h"
+#include "model/config/json_utf8.h"
 #include "service/engine/client_text.h"
 #include "service/generation/generation_limits.h"
 #include "service/openai/error.h"
@@ -138,6 +141,23 @@ bool ValidSchemaName(const std::string& name) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
            c == '-';
   });
+}
+
+absl::Status CheckJsonBody(std::string_view body) {
+  if (absl::Status utf8 = model::CheckJsonUtf8(body, "request body"); !utf8.ok()) {
+    return WithParam(utf8, "body");
+  }
+  if (const std::optional<NestingExcess> excess = JsonNestingPast(body, kMaxBodyNesting)) {
+    return FieldError("body", absl::StrCat("expected JSON nested at most ", kMaxBodyNesting,
+                                           " levels deep, got deeper (level ", excess->depth,
+                                           " at byte offset ", excess->offset, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JsonBodyError(const json::exception& e) {
+  return FieldError("body",
+                    absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
 }
 
 absl::Status ParseStateBlob(const json& body, std::optional<std::string>& state) {

@@ -19,6 +19,31 @@
 
 namespace tost::service::openai {
 
+// How deeply a request body may nest: what OpenAI's requests need (a schema nested as deep as a
+// constraint may be, structured::kMaxConstraintNesting, inside a few levels of body), and far
+// below what overflows the stack of a recursive reader (base/nesting.h).
+inline constexpr size_t kMaxBodyNesting = 128;
+
+// INVALID_ARGUMENT (param "body") unless `body` is valid UTF-8 and nested at most kMaxBodyNesting
+// deep: checked before parsing, since nlohmann quotes invalid bytes raw and names no offset, and
+// its dump recurses per level.
+absl::Status CheckJsonBody(std::string_view body);
+// A json exception from parsing or reading a body, as INVALID_ARGUMENT (param "body").
+absl::Status JsonBodyError(const nlohmann::json::exception& e);
+
+// Checks and parses a request body, then returns `parse(body_json)`. The one place a json
+// exception may surface: parse errors, and any type error a field reader missed (a bug, reported
+// as a bad request rather than a crash).
+template <typename Parse>
+auto ParseJsonBody(std::string_view body, Parse parse) -> decltype(parse(nlohmann::json())) {
+  if (absl::Status checked = CheckJsonBody(body); !checked.ok()) return checked;
+  try {
+    return parse(nlohmann::json::parse(body));
+  } catch (const nlohmann::json::exception& e) {
+    return JsonBodyError(e);
+  }
+}
+
 // What a JSON value is, for "expected ..., got ..." messages.
 std::string Got(const nlohmann::json& v);
 absl::Status Expected(absl::string_view field, absl::string_view what, const nlohmann::json& got);

@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
-#include "model/config/json_utf8.h"
 #include "service/engine/client_text.h"
 #include "service/openai/error.h"
 #include "service/openai/json_fields.h"
@@ -445,20 +444,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_view body) {
-  // Before parsing: nlohmann refuses invalid UTF-8 too, but its message quotes the bytes raw and
-  // names neither the offset nor the field.
-  if (absl::Status utf8 = model::CheckJsonUtf8(body, "request body"); !utf8.ok()) {
-    return WithParam(utf8, "body");
-  }
-  // The one place a json exception may surface: parse errors, and any type error a check above
-  // missed (a bug, reported as a bad request rather than a crash).
-  try {
-    json parsed = json::parse(body);
-    return Parse(endpoint, body, parsed);
-  } catch (const json::exception& e) {
-    return FieldError("body",
-                      absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
-  }
+  return ParseJsonBody(body, [&](const json& parsed) { return Parse(endpoint, body, parsed); });
 }
 
 GenerationFieldNames FieldNames(const OpenAiRequest& request) {

@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
-#include "model/config/json_utf8.h"
 #include "service/engine/client_text.h"
 #include "service/openai/error.h"
 #include "service/openai/json_fields.h"
@@ -131,6 +130,16 @@ absl::Status ParseTextFormat(std::string_view raw_body, const json& text, Respon
   const json& type = Field(format, "type");
   if (!type.is_string()) return Expected("text.format.type", kTypes, type);
   const std::string& t = type.get_ref<const std::string&>();
+  // The text and json_object formats have nothing but their type: a field meant for json_schema
+  // (say, a schema under json_object) would otherwise be ignored, not enforced.
+  if (t == "text" || t == "json_object") {
+    for (const auto& [key, value] : format.items()) {
+      if (key != "type") {
+        return FieldError(absl::StrCat("text.format.", key),
+                          absl::StrCat("unknown field of a \"", t, "\" format (expected type)"));
+      }
+    }
+  }
   if (t == "text") return absl::OkStatus();
   structured::Constraint c;
   if (t == "json_object") {
@@ -270,6 +279,11 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
   if (const json& v = Field(body, "conversation"); !v.is_null()) {
     // A conversation id, or {"id": ...}.
     if (v.is_object()) {
+      for (const auto& [key, value] : v.items()) {
+        if (key != "id") {
+          return FieldError(absl::StrCat("conversation.", key), "unknown field (expected id)");
+        }
+      }
       TOST_ASSIGN_OR_RETURN(r.conversation_id, Id(Field(v, "id"), "conversation.id"));
     } else {
       TOST_ASSIGN_OR_RETURN(r.conversation_id, Id(v, "conversation"));
@@ -318,22 +332,6 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
   return absl::OkStatus();
 }
 
-template <typename Parse>
-auto WithBody(std::string_view body, Parse parse) -> decltype(parse(json())) {
-  // Before parsing: nlohmann refuses invalid UTF-8 too, but its message quotes the bytes raw and
-  // names neither the offset nor the field.
-  if (absl::Status utf8 = model::CheckJsonUtf8(body, "request body"); !utf8.ok()) {
-    return WithParam(utf8, "body");
-  }
-  try {
-    return parse(json::parse(body));
-  } catch (const json::exception& e) {
-    // Parse errors, and any type error a check missed (a bug, reported as a bad request).
-    return FieldError("body",
-                      absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<InputMessage>> ParseInputMessages(const json& v,
@@ -374,7 +372,7 @@ absl::StatusOr<json> ParseMetadata(const json& v, const std::string& field) {
 }
 
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
-  return WithBody(body, [&](const json& parsed) -> absl::StatusOr<ResponsesRequest> {
+  return ParseJsonBody(body, [&](const json& parsed) -> absl::StatusOr<ResponsesRequest> {
     ResponsesRequest r;
     TOST_RETURN_IF_ERROR(ParseBody(body, parsed, r));
     return r;
@@ -383,7 +381,7 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
 
 absl::StatusOr<ConversationRequest> ParseConversationRequest(ConversationBody kind,
                                                              std::string_view body) {
-  return WithBody(body, [&](const json& parsed) -> absl::StatusOr<ConversationRequest> {
+  return ParseJsonBody(body, [&](const json& parsed) -> absl::StatusOr<ConversationRequest> {
     if (!parsed.is_object()) return Expected("body", "a JSON object", parsed);
     const bool items_allowed = kind != ConversationBody::kUpdate;
     const bool metadata_allowed = kind != ConversationBody::kAddItems;

@@ -1,9 +1,11 @@
 #include "service/structured/constraint.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/nesting.h"
 #include "base/utf8.h"
 
 namespace tost::structured {
@@ -47,6 +49,18 @@ absl::Status Validate(const Constraint& constraint) {
       return absl::InvalidArgumentError(absl::StrCat("constraint text: expected a ", kind,
                                                      " of at most ", kMaxConstraintTextBytes,
                                                      " bytes, received ", constraint.text.size()));
+    }
+    const std::optional<NestingExcess> excess =
+        constraint.kind == Constraint::Kind::kJsonSchema
+            ? JsonNestingPast(constraint.text, kMaxConstraintNesting)
+        : constraint.kind == Constraint::Kind::kRegex
+            ? RegexNestingPast(constraint.text, kMaxConstraintNesting)
+            : GrammarNestingPast(constraint.text, kMaxConstraintNesting);
+    if (excess.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("constraint text: expected a ", kind, " nested at most ",
+                       kMaxConstraintNesting, " levels deep, received one nested past that (level ",
+                       excess->depth, " at byte offset ", excess->offset, ")"));
     }
   }
   if (constraint.kind != Constraint::Kind::kChoice) return absl::OkStatus();

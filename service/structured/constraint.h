@@ -34,15 +34,19 @@ struct Constraint {
 inline constexpr size_t kMaxConstraintTextBytes = 64 * 1024;
 inline constexpr size_t kMaxConstraintChoices = 1024;
 inline constexpr size_t kMaxChoiceBytes = 4 * 1024;
+// How deeply a schema's JSON, a regex's groups or a grammar's groups may nest: the compiler
+// recurses once per level (base/nesting.h), and no schema a model is asked to follow needs more.
+inline constexpr size_t kMaxConstraintNesting = 64;
 
 // "json_schema", "json_object", "regex", "grammar", "choice": the names errors and stats use.
 const char* KindName(Constraint::Kind kind);
 
 // INVALID_ARGUMENT, naming the field, what was expected and what was received, when `constraint`
 // cannot be compiled for its shape alone: text over kMaxConstraintTextBytes or empty where the
-// kind needs it, choices outside 1..kMaxConstraintChoices, an empty choice, a choice over
-// kMaxChoiceBytes or not valid UTF-8 (the grammar matches text, and choices come from JSON
-// requests). Whether the schema, regex or grammar itself is valid is the compiler's to say.
+// kind needs it, a schema, regex or grammar nested deeper than kMaxConstraintNesting, choices
+// outside 1..kMaxConstraintChoices, an empty choice, a choice over kMaxChoiceBytes or not valid
+// UTF-8 (the grammar matches text, and choices come from JSON requests). Whether the schema, regex
+// or grammar itself is valid is the compiler's to say.
 absl::Status Validate(const Constraint& constraint);
 
 // The cache key of a constraint: the kind and the full content, each part length-prefixed, so two

@@ -57,6 +57,28 @@ TEST(StructuredConstraint, ValidateNamesTheFieldExpectedAndReceived) {
   EXPECT_THAT(not_utf8.message(), HasSubstr("choices[0]: expected UTF-8 text"));
 }
 
+TEST(StructuredConstraint, ValidateRefusesTextNestedPastTheCompilersBound) {
+  // 60,000 levels fit in the text bound for a regex or a grammar; the compiler would recurse
+  // 60,000 deep.
+  const std::string deep_regex = std::string(30000, '(') + "a" + std::string(30000, ')');
+  absl::Status s = Validate({Constraint::Kind::kRegex, deep_regex, {}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("nested at most 64 levels deep"));
+  std::string schema;
+  for (int i = 0; i < 65; ++i) schema += R"({"items":)";
+  schema += "{}" + std::string(65, '}');
+  s = Validate({Constraint::Kind::kJsonSchema, schema, {}});
+  EXPECT_THAT(s.message(), HasSubstr("level 65"));
+  const std::string grammar = "root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')');
+  EXPECT_EQ(Validate({Constraint::Kind::kGrammar, grammar, {}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  // At the bound: accepted (the compiler judges the rest).
+  std::string ok_schema;
+  for (int i = 0; i < 63; ++i) ok_schema += R"({"items":)";
+  ok_schema += "{}" + std::string(63, '}');
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, ok_schema, {}}).ok());
+}
+
 TEST(StructuredConstraint, ContentKeysDifferExactlyWhenTheContentDoes) {
   const std::vector<Constraint> distinct = {
       Choice({"a", "b"}),
