@@ -13,7 +13,9 @@
 #                  reproducers (DIR/artifacts/<name>/). Default: build-fuzz
 #   --time S       seconds per target (libFuzzer -max_total_time; default 30)
 #   --runs N       executions per target (libFuzzer -runs; default 100000; 0: no limit). A
-#                  target stops at whichever of --time and --runs comes first.
+#                  target stops at whichever of --time and --runs comes first. The two parsers
+#                  of OpenAI-compatible request bodies (openai_request, responses_request) share
+#                  one target's budget: each runs half of --time and of --runs.
 #   --target NAME  run only this target (repeatable; default: all of them, see --list)
 #   --jobs N       parallel compile jobs (default: the number of CPUs)
 #   --xgrammar DIR XGrammar's patched source tree, which the constraint_compile target compiles
@@ -33,7 +35,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 all_targets=(npy image_decode safetensors config session_codec bpe_tokenizer gpt2_tokenizer
-             request_input inflate openai_request constraint_compile)
+             request_input inflate openai_request responses_request constraint_compile)
 
 out=build-fuzz
 max_time=30
@@ -131,8 +133,9 @@ declare -A deps=(
   [gpt2_tokenizer]="model/text/gpt2_tokenizer.cc base/utf8.cc model/config/json_utf8.cc"
   [inflate]="service/api/inflate.cc"
   [request_input]="service/api/request_input.cc imaging/image_decode.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc gen/tost/v1/tost.pb.cc gen/kserve/v2/grpc_service.pb.cc"
-  [constraint_compile]="service/structured/constraint.cc service/structured/compiled_constraint.cc service/structured/constraint_matcher.cc service/structured/grammar_vocabulary.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
-  [openai_request]="service/openai/request.cc service/openai/chat_template.cc service/openai/error.cc service/openai/response.cc service/engine/text_stream.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc"
+  [constraint_compile]="service/structured/constraint.cc service/structured/compiled_constraint.cc service/structured/constraint_matcher.cc service/structured/grammar_vocabulary.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc base/nesting.cc"
+  [openai_request]="service/openai/request.cc service/openai/json_fields.cc service/openai/chat_template.cc service/openai/error.cc service/openai/response.cc service/engine/text_stream.cc model/text/tokenizer.cc model/text/bpe_tokenizer.cc model/text/gpt2_tokenizer.cc model/config/config.cc model/config/device.cc base/file_util.cc base/utf8.cc model/config/json_utf8.cc base/nesting.cc"
+  [responses_request]="service/openai/responses_request.cc service/openai/responses_body.cc service/openai/conversation_record.cc service/openai/json_fields.cc service/openai/error.cc base/utf8.cc model/config/json_utf8.cc base/nesting.cc"
 )
 # XGrammar's sources, as cmake/TostXGrammar.cmake lists them (read from there, so the two builds
 # cannot drift), named xgrammar/cpp/<file> here; its flags are the main build's, plus coverage and
@@ -242,7 +245,12 @@ else
 fi
 export TOST_SOURCE_DIR="$repo"
 
-printf '%-16s %10s %8s %8s %8s %7s  %s\n' target executions exec/s cov ft time result
+# Targets that share one target's budget (time and executions), each taking 1/N of it: the chat
+# and completions bodies and the Responses and Conversations bodies go through the same JSON
+# parse and field readers (service/openai/json_fields.cc), and the stage's time stays what it was
+# with one of them.
+declare -A budget_share=([openai_request]=2 [responses_request]=2)
+printf '%-18s %10s %8s %8s %8s %7s  %s\n' target executions exec/s cov ft time result
 t_all=$(date +%s)
 for t in ${targets[@]+"${targets[@]}"}; do
   seeds="$repo/tests/fuzz/corpus/$t"
@@ -254,11 +262,13 @@ for t in ${targets[@]+"${targets[@]}"}; do
   [ -d "$seeds" ] && cp -R "$seeds/." "$corpus/"
   dict=()
   [ -f "$repo/tests/fuzz/$t.dict" ] && dict=("-dict=$repo/tests/fuzz/$t.dict")
-  runs="$max_runs"
+  share="${budget_share[$t]:-1}"
+  runs=$(((max_runs + share - 1) / share))
   ((runs > 0)) || runs=-1
+  secs_max=$(((max_time + share - 1) / share))
   t0=$(date +%s)
   rc=0
-  "$out/${t}_fuzz" -max_total_time="$max_time" -runs="$runs" -print_final_stats=1 \
+  "$out/${t}_fuzz" -max_total_time="$secs_max" -runs="$runs" -print_final_stats=1 \
     -rss_limit_mb=2048 -timeout=25 -artifact_prefix="$artifacts/" "${dict[@]}" "$corpus" \
     >"$log" 2>&1 || rc=$?
   secs=$(($(date +%s) - t0))
@@ -273,7 +283,7 @@ for t in ${targets[@]+"${targets[@]}"}; do
     result="FAILED (exit $rc)"
     failed+=("$t")
   fi
-  printf '%-16s %10s %8s %8s %8s %6ss  %s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" \
+  printf '%-18s %10s %8s %8s %8s %6ss  %s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" \
     "$secs" "$result"
   if ((rc != 0)); then
     echo "---- $t: last lines of $log"
@@ -285,7 +295,7 @@ for t in ${targets[@]+"${targets[@]}"}; do
     fi
   fi
 done
-echo "run-fuzzers: ${#targets[@]} target(s) run in $(($(date +%s) - t_all)) s, ${max_time} s / ${max_runs} executions each; logs in $out/logs"
+echo "run-fuzzers: ${#targets[@]} target(s) run in $(($(date +%s) - t_all)) s, ${max_time} s / ${max_runs} executions each (${!budget_share[*]}: a share each); logs in $out/logs"
 if ((${#failed[@]})); then
   echo "run-fuzzers: FAILED: ${failed[*]}" >&2
   exit 1

@@ -479,6 +479,57 @@ def openai_request_seeds():
                                            "response_format": {"type": "json_object"}})
 
 
+# --- Responses and Conversations API request bodies ----------------------------------------------
+def responses_request_seeds():
+    # First byte, mod 4: POST /v1/responses, then the conversation bodies create, update and
+    # add-items (tests/fuzz/responses_request_fuzz.cc).
+    def seed(name, parser, body):
+        if not isinstance(body, bytes):
+            body = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        write("responses_request", name, bytes([parser]) + body)
+
+    items = [
+        {"role": "developer", "content": "Answer in one line."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Is he not handsome?"}]},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "He is.", "annotations": []}]},
+        {"role": "user", "content": "And caf\u00e9 \U0001f600?"}]
+    seed("response_minimal", 0, {"model": "m", "input": "Hi"})
+    seed("response_items", 0, {
+        "model": "tost-austen", "input": items, "instructions": "Be brief.", "store": False,
+        "max_output_tokens": 2, "temperature": 0.7, "top_p": 0.9, "seed": -3, "stream": True,
+        "metadata": {"topic": "novels", "\u00e9" * 64: "v" * 512}, "user": "u",
+        "safety_identifier": "s", "prompt_cache_key": "k", "return_state": True,
+        "tools": [], "tool_choice": "auto", "parallel_tool_calls": False, "background": False,
+        "include": [], "truncation": "disabled", "service_tier": "default",
+        "text": {"format": {"type": "text"}, "verbosity": "medium"}})
+    seed("response_previous", 0, {"model": "m", "input": "More.",
+                                  "previous_response_id": "resp_" + "0" * 32})
+    seed("response_conversation", 0, {"model": "m", "input": [{"role": "user", "content": "x"}],
+                                      "conversation": {"id": "conv_" + "a" * 32}})
+    seed("response_state", 0, {"model": "m", "input": "", "state": "AAEC/w=="})
+    seed("response_json_schema", 0, {"model": "m", "input": "Who?", "text": {"format": {
+        "type": "json_schema", "name": "person", "strict": False, "description": "d",
+        "schema": {"type": "object",
+                   "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+                   "required": ["b", "a"]}}}})
+    seed("response_json_object", 0, {"model": "m", "input": "JSON",
+                                     "text": {"format": {"type": "json_object"}}})
+    seed("response_refused_part", 0, {"model": "m", "input": [
+        {"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+        {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})
+    seed("response_refused_fields", 0, {"model": "m", "input": "x", "reasoning": {"effort": "low"},
+                                        "previous_response_id": "resp_1", "conversation": "conv_1"})
+    seed("response_bad_utf8", 0, b'{"model": "m", "input": "\xc3("}')
+    seed("conversation_create", 1, {"items": items, "metadata": {"k": "v"}})
+    seed("conversation_create_empty", 1, {"items": []})
+    seed("conversation_update", 2, {"metadata": {"a": "1", "b": ""}})
+    seed("conversation_update_refused", 2, {"metadata": {"k": 1}, "items": []})
+    seed("conversation_add_items", 3, {"items": items[1:]})
+    seed("conversation_add_items_refused", 3, {"items": [{"type": "function_call_output"}]})
+
+
 # --- constraints of structured output ---------------------------------------------------------------
 def constraint_compile_seeds():
     """Constraints as the constraint_compile target reads them: a byte picking the kind (0 JSON
@@ -558,6 +609,7 @@ def main():
     bpe_seeds()
     inflate_seeds()
     openai_request_seeds()
+    responses_request_seeds()
     constraint_compile_seeds()
     gpt2_seeds()
     tost_pb2, session_pb2, kserve_pb2 = generated_protos()
