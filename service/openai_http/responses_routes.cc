@@ -147,7 +147,13 @@ class ResponsesSink final : public CallSink {
           status = absl::InvalidArgumentError(status.message());
         }
         if (status.code() == absl::StatusCode::kInvalidArgument) {
-          return openai::WithParam(std::move(status), "input");  // keeps a param already named
+          // The engine's checks name the field they refuse by this request's names
+          // (GenerationFieldNames) without attaching it: the limits on the new tokens, or else
+          // the input's (its size, the context it would pass).
+          const char* field = absl::StartsWith(status.message(), "max_output_tokens")
+                                  ? "max_output_tokens"
+                                  : "input";
+          return openai::WithParam(std::move(status), field);  // keeps a param already named
         }
         return status;
       default:
@@ -241,6 +247,11 @@ class ResponsesSink final : public CallSink {
     if (!status.ok()) return Fail(status);
     openai::CompleteResponseJson(response_, message_id_, text_, truncated_, usage_,
                                  absl::ToUnixSeconds(absl::Now()));
+    // A continuation is a response that took a stored state (of a previous response or a
+    // conversation), stored itself or not.
+    if (continued_ && !request_.state.has_value() && context_.observer != nullptr) {
+      context_.observer->OnContinuation();
+    }
     if (!request_.store && !request_.return_state) return Answer();
     // The store may wait on a network: not on the engine's thread.
     auto self = self_.lock();
@@ -379,7 +390,6 @@ class ResponsesSink final : public CallSink {
       TOST_RETURN_IF_ERROR(context_.store.Create(response_id_, owner_, std::move(record)));
       if (context_.observer != nullptr) {
         context_.observer->OnResponseStored(bytes);
-        if (continued_) context_.observer->OnContinuation();
       }
     }
     if (conversation_.has_value()) {
