@@ -26,13 +26,14 @@ fi
 failed=0
 for expected in "the tests prometheus_rules and prometheus_config are left out" \
   "the tests failover_sigkill_and_restart, failover_sigterm_drain and failover_tost_cli_resume are left out" \
-  "the tests shared_sessions_replicas and shared_sessions_store_failures are left out"; do
+  "the tests shared_sessions_replicas and shared_sessions_store_failures are left out" \
+  "the test responses_shared_end_to_end is left out"; do
   if ! tr -s ' \n' ' ' <"$log" | grep -qF "$expected"; then
     echo "FAIL: the configure log does not say '$expected' (log: $log)"
     failed=1
   fi
 done
-registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|failover_|shared_sessions_)' || true)"
+registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|failover_|shared_sessions_|responses_shared_)' || true)"
 if [[ -n $registered ]]; then
   echo "FAIL: tests that need promtool, nginx or redis are registered without them:"
   echo "$registered"
