@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "service/engine/client_text.h"
+#include "service/observability/logging.h"
 
 namespace tost::store {
 namespace {
@@ -19,11 +20,14 @@ namespace {
 using service::QuoteClientText;
 using service::RecordNotFound;
 
-// The stored value's header: the owner's digest, then the version.
+// The stored value's header: the owner's digest, the version, then the id's digest. The scripts
+// read the first two only: the id is checked by the replica that reads the record.
 constexpr size_t kOwnerDigestBytes = SHA256_DIGEST_LENGTH;
 constexpr size_t kVersionDigits = 16;
-constexpr size_t kHeaderBytes = kOwnerDigestBytes + kVersionDigits;
-static_assert(kHeaderBytes == 48, "the scripts below read the header as bytes 0..47");
+constexpr size_t kIdDigestBytes = SHA256_DIGEST_LENGTH;
+constexpr size_t kHeaderBytes = kOwnerDigestBytes + kVersionDigits + kIdDigestBytes;
+static_assert(kOwnerDigestBytes + kVersionDigits == 48,
+              "the scripts below read the owner and version as bytes 0..47");
 
 // What a caller refused for a store that cannot serve is told to wait: long enough for a
 // reconnect (the client's timeouts are about a second), short enough for a restart's blip.
@@ -68,6 +72,17 @@ return {3}
 std::string OwnerDigest(const std::string& owner) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   const std::string tagged = absl::StrCat("tost-record-owner", std::string(1, '\0'), owner);
+  SHA256(reinterpret_cast<const unsigned char*>(tagged.data()), tagged.size(), digest);
+  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+}
+
+// The id the value was written under, so that a value moved or copied to another key (RENAME,
+// COPY) is not served as that id's record. A digest rather than the id: fixed size, and the
+// store's values name no ids. Not a MAC: it catches values put under the wrong key, not a writer
+// of the store who rewrites it (docs/sessions.md).
+std::string IdDigest(const std::string& id) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  const std::string tagged = absl::StrCat("tost-record-id", std::string(1, '\0'), id);
   SHA256(reinterpret_cast<const unsigned char*>(tagged.data()), tagged.size(), digest);
   return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
 }
@@ -123,11 +138,11 @@ std::string RedisRecordStore::TtlMs() const {
   return absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.records.ttl)));
 }
 
-std::string RedisRecordStore::Value(const std::string& owner, int64_t version,
-                                    const std::string& data) const {
+std::string RedisRecordStore::Value(const std::string& id, const std::string& owner,
+                                    int64_t version, const std::string& data) const {
   std::string value;
   value.reserve(kHeaderBytes + data.size());
-  absl::StrAppend(&value, OwnerDigest(owner), VersionHex(version), data);
+  absl::StrAppend(&value, OwnerDigest(owner), VersionHex(version), IdDigest(id), data);
   return value;
 }
 
@@ -159,7 +174,8 @@ absl::Status RedisRecordStore::StoreError(const absl::Status& status, const char
 absl::Status RedisRecordStore::Create(const std::string& id, const std::string& owner,
                                       std::string data) {
   TOST_RETURN_IF_ERROR(CheckSize(id, data));
-  auto reply = client_->Command({"SET", RecordKey(id), Value(owner, 1, data), "NX", "PX", TtlMs()});
+  auto reply =
+      client_->Command({"SET", RecordKey(id), Value(id, owner, 1, data), "NX", "PX", TtlMs()});
   if (!reply.ok()) return StoreError(reply.status(), "create", id);
   if (reply->is_nil()) {
     return absl::AlreadyExistsError(
@@ -181,7 +197,7 @@ absl::StatusOr<service::StoredRecord> RedisRecordStore::Get(const std::string& i
     return absl::DataLossError(absl::StrCat(
         "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
         " holds ", reply->DebugString(), ", expected a string of at least ", kHeaderBytes,
-        " bytes (owner digest and version); it was not written by this server"));
+        " bytes (owner digest, version and id digest); it was not written by this server"));
   }
   const absl::string_view value = reply->str;
   if (value.substr(0, kOwnerDigestBytes) != OwnerDigest(owner)) return RecordNotFound(id);
@@ -191,6 +207,16 @@ absl::StatusOr<service::StoredRecord> RedisRecordStore::Get(const std::string& i
         "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
         " has no version where expected (16 hex digits after the owner digest); it was not "
         "written by this server"));
+  }
+  if (value.substr(kOwnerDigestBytes + kVersionDigits, kIdDigestBytes) != IdDigest(id)) {
+    // Another record's id is not quoted back: it is its owner's to know.
+    absl::Status refusal = absl::DataLossError(absl::StrCat(
+        "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
+        " holds another record's value (written under another id, then moved or copied to this "
+        "one's key, or written before records were bound to their ids); it is refused"));
+    service::Log(service::LogLevel::kError, "record store: stored record refused",
+                 {{"store", client_->endpoint().Address()}, {"error", refusal.message()}});
+    return refusal;
   }
   record.data = std::move(reply->str);
   record.data.erase(0, kHeaderBytes);
@@ -203,7 +229,7 @@ absl::StatusOr<int64_t> RedisRecordStore::Replace(const std::string& id, const s
   const int64_t version = expected_version + 1;
   auto reply = client_->Eval(
       ReplaceScript(), {RecordKey(id)},
-      {OwnerDigest(owner), VersionHex(expected_version), Value(owner, version, data), TtlMs()});
+      {OwnerDigest(owner), VersionHex(expected_version), Value(id, owner, version, data), TtlMs()});
   if (!reply.ok()) return StoreError(reply.status(), "replace", id);
   TOST_ASSIGN_OR_RETURN(const int64_t code, ReplyCode(*reply, "replace"));
   switch (code) {

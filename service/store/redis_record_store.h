@@ -3,7 +3,9 @@
 // outlives the replica that wrote it.
 //
 // What is stored. Per record, one string at "<prefix>r:<id>": the SHA-256 of the owner (32 raw
-// bytes: the store holds no caller names), the version as 16 lowercase hex digits, then the data.
+// bytes: the store holds no caller names), the version as 16 lowercase hex digits, the SHA-256 of
+// the id (32 raw bytes: a value moved or copied to another id is refused there as DATA_LOSS, and
+// logged), then the data.
 // One plain string rather than a hash, because a hash's per-field overhead would be paid by every
 // stored response: a 5 KB response costs Redis about 5 KB plus the key. Every write sets the
 // expiry (`ttl` from the last write; reads do not refresh it).
@@ -47,7 +49,7 @@ class RedisRecordStore final : public service::RecordStore {
 
   // UNAVAILABLE (naming the store, "retry after about 1000 ms") when the store cannot be reached,
   // does not answer in time or is out of memory; DATA_LOSS for a stored value this store did not
-  // write (too short for its header).
+  // write (too short for its header) or wrote for another id.
   absl::Status Create(const std::string& id, const std::string& owner, std::string data) override;
   absl::StatusOr<service::StoredRecord> Get(const std::string& id,
                                             const std::string& owner) override;
@@ -68,8 +70,9 @@ class RedisRecordStore final : public service::RecordStore {
       : client_(std::move(client)), options_(std::move(options)) {}
 
   absl::Status CheckSize(const std::string& id, const std::string& data) const;
-  // The stored value: owner digest, version, data.
-  std::string Value(const std::string& owner, int64_t version, const std::string& data) const;
+  // The stored value: owner digest, version, id digest, data.
+  std::string Value(const std::string& id, const std::string& owner, int64_t version,
+                    const std::string& data) const;
   std::string TtlMs() const;
   absl::Status StoreError(const absl::Status& status, const char* what,
                           const std::string& id) const;

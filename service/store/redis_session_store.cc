@@ -2,15 +2,18 @@
 
 #include <openssl/sha.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/little_endian.h"
 #include "base/status_macros.h"
 #include "base/thread_name.h"
 #include "service/engine/client_text.h"
+#include "service/observability/logging.h"
 
 namespace tost::store {
 namespace {
@@ -35,8 +38,8 @@ return {2, 1}
 }
 
 // KEYS: session, lease. ARGV: owner digest, lease token ("" reads without a lease: it must be
-// free), lease ms, ttl ms, the version held hot ("" none). Answers {2, version[, blob]}: the blob
-// only when the hot version is not current.
+// free), lease ms, ttl ms, the version held hot ("" none). Answers {2, version[, sealed state]}:
+// the state only when the hot version is not current.
 const RedisScript& ReadScript() {
   static const RedisScript* script = new RedisScript(R"lua(
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -51,21 +54,27 @@ return {2, ver, redis.call('HGET', KEYS[1], 'blob')}
   return *script;
 }
 
-// KEYS: session, lease. ARGV: token, blob, ttl ms. Answers {2, new version}, or {3} when the lease
-// is not ours any more (expired; maybe taken by another replica), {0} when the session is gone.
+// KEYS: session, lease. ARGV: token, sealed state, ttl ms, the version checked out, the new version
+// (sealed into the state). Answers {2, new version}, or {3} when the lease is not ours any more
+// (expired; maybe taken by another replica), {0} when the session is gone, {4, version} when the
+// version is not the one checked out although the lease is still ours: the state was written by
+// something that held no lease (the store was tampered with or rolled back), and the new state,
+// sealed for a version that is not next, is not written over it.
 const RedisScript& CheckinScript() {
   static const RedisScript* script = new RedisScript(R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {3} end
 redis.call('DEL', KEYS[2])
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
-local ver = redis.call('HINCRBY', KEYS[1], 'ver', 1)
-redis.call('HSET', KEYS[1], 'blob', ARGV[2])
+local ver = redis.call('HGET', KEYS[1], 'ver')
+if ver ~= ARGV[4] then return {4, ver or ''} end
+redis.call('HSET', KEYS[1], 'blob', ARGV[2], 'ver', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {2, ver}
+return {2, ARGV[5]}
 )lua");
   return *script;
 }
 constexpr int64_t kLeaseLost = 3;
+constexpr int64_t kVersionMoved = 4;
 
 // KEYS: session, lease. ARGV: token, lease ms, ttl ms ("" releases instead of renewing).
 const RedisScript& LeaseScript() {
@@ -99,6 +108,64 @@ std::string OwnerDigest(const std::string& owner) {
   SHA256(reinterpret_cast<const unsigned char*>(tagged.data()), tagged.size(), digest);
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
+
+// What a replica writes to a session's "blob" field: the state sealed (SessionCodec::Seal) with
+// the session's id, the version it is written as and its owner's digest, so that a value moved to
+// another id, handed to another owner or written back under a later version never verifies as what
+// the hash around it claims. The state blob inside is ExportSession's (bound to the owner, the
+// model and its weights); its own format is not changed, so exported blobs stay portable.
+//   u32 id length | id | u64 version | u32 owner digest length | owner digest | state blob
+constexpr char kSealPurpose[] = "session-store";
+
+struct Sealed {
+  std::string id;
+  int64_t version = 0;
+  std::string owner_digest;
+  std::string blob;
+};
+
+std::string SealedData(const std::string& id, int64_t version, const std::string& owner_digest,
+                       const std::string& blob) {
+  std::string data;
+  data.reserve(16 + id.size() + owner_digest.size() + blob.size());
+  base::AppendLittleEndian(data, id.size(), 4);
+  data += id;
+  base::AppendLittleEndian(data, static_cast<uint64_t>(version), 8);
+  base::AppendLittleEndian(data, owner_digest.size(), 4);
+  data += owner_digest;
+  data += blob;
+  return data;
+}
+
+// nullopt when `data` is not in SealedData's layout.
+std::optional<Sealed> ParseSealedData(std::string_view data) {
+  auto take = [&data](size_t n) -> std::optional<std::string_view> {
+    if (data.size() < n) return std::nullopt;
+    std::string_view out = data.substr(0, n);
+    data.remove_prefix(n);
+    return out;
+  };
+  auto length = [&]() -> std::optional<size_t> {
+    auto bytes = take(4);
+    if (!bytes) return std::nullopt;
+    return static_cast<size_t>(base::ReadLittleEndian(bytes->data(), 4));
+  };
+  Sealed out;
+  auto id_length = length();
+  if (!id_length) return std::nullopt;
+  auto id = take(*id_length);
+  auto version = take(8);
+  if (!id || !version) return std::nullopt;
+  out.id = std::string(*id);
+  out.version = static_cast<int64_t>(base::ReadLittleEndian(version->data(), 8));
+  auto owner_length = length();
+  if (!owner_length) return std::nullopt;
+  auto owner = take(*owner_length);
+  if (!owner) return std::nullopt;
+  out.owner_digest = std::string(*owner);
+  out.blob = std::string(data);
+  return out;
 }
 
 absl::StatusOr<int64_t> ReplyCode(const RedisReply& reply, const char* script) {
@@ -194,23 +261,77 @@ absl::Status RedisSessionStore::StoreError(const absl::Status& status,
   return absl::Status(status.code(), absl::StrCat("could not ", what, ": ", status.message()));
 }
 
-absl::StatusOr<std::string> RedisSessionStore::Seal(const GenerationState& state,
+absl::StatusOr<std::string> RedisSessionStore::Seal(const std::string& id, int64_t version,
+                                                    const GenerationState& state,
                                                     const std::string& owner) const {
   TOST_ASSIGN_OR_RETURN(service::ModelIdentity identity, context_.identity(state.model));
-  return context_.codec->Encode(state, identity, owner);
+  return context_.codec->Seal(
+      kSealPurpose,
+      SealedData(id, version, OwnerDigest(owner), context_.codec->Encode(state, identity, owner)));
 }
 
-absl::StatusOr<GenerationState> RedisSessionStore::Unseal(const std::string& id,
-                                                          const std::string& blob,
+absl::Status RedisSessionStore::Refuse(const std::string& id, const std::string& what) const {
+  // The caller gets DATA_LOSS; the replica's log keeps the trace, whatever the caller does with it:
+  // the store gave out a state that is not this session's, or not its latest.
+  absl::Status refusal = absl::DataLossError(
+      absl::StrCat("the session store at ", client_->endpoint().Address(),
+                   ": the stored state of session ", service::QuoteClientText(id), " ", what));
+  service::Log(service::LogLevel::kError, "session store: stored state refused",
+               {{"store", client_->endpoint().Address()}, {"error", refusal.message()}});
+  return refusal;
+}
+
+absl::StatusOr<GenerationState> RedisSessionStore::Unseal(const std::string& id, int64_t version,
+                                                          int64_t seen_version,
+                                                          const std::string& value,
                                                           const std::string& owner) const {
-  auto opened = context_.codec->Open(blob);
-  if (!opened.ok()) {
+  auto data = context_.codec->Unseal(kSealPurpose, value);
+  if (!data.ok()) {
+    if (context_.codec->Open(value).ok()) {
+      // An authentic blob, as servers before the binding stored it: it could be any of its
+      // owner's sessions, at any version, so it is not taken for this one.
+      return Refuse(id,
+                    "is a state blob stored by an earlier server version, which did not bind "
+                    "the stored state to its session id and version, so it cannot be shown to be "
+                    "this session's; it is refused: create the session again");
+    }
     // Written by no replica with our keys: the store was tampered with, or shares its prefix with
     // a deployment that has other keys.
-    return absl::DataLossError(absl::StrCat(
-        "the session store at ", client_->endpoint().Address(), ": the stored state of session ",
-        service::QuoteClientText(id), " failed authentication (", opened.status().message(),
-        "); it was not written by a replica holding this server's session keys"));
+    return Refuse(id, absl::StrCat("failed authentication (", data.status().message(),
+                                   "); it was not written by a replica holding this server's "
+                                   "session keys"));
+  }
+  std::optional<Sealed> sealed = ParseSealedData(*data);
+  if (!sealed.has_value()) {
+    return Refuse(id, absl::StrCat("is authentic but not in the layout this server writes (",
+                                   data->size(), " bytes)"));
+  }
+  // The id is not quoted back: another session's id is its owner's to know.
+  if (sealed->id != id) {
+    return Refuse(id,
+                  "was sealed for another session id: the store moved or copied another "
+                  "session's state to this one's key");
+  }
+  if (sealed->owner_digest != OwnerDigest(owner)) {
+    return Refuse(id,
+                  "was sealed for another owner: the store's owner field of the session was "
+                  "rewritten");
+  }
+  if (sealed->version != version) {
+    return Refuse(id, absl::StrCat("was sealed as version ", sealed->version,
+                                   " but the store's version field says ", version,
+                                   ": another version's state was written back in the store"));
+  }
+  if (version < seen_version) {
+    return Refuse(id, absl::StrCat("is at version ", version,
+                                   " but this replica already saw version ", seen_version,
+                                   ": the store was rolled back (restored from an older copy, or a "
+                                   "failover lost acknowledged writes)"));
+  }
+  auto opened = context_.codec->Open(sealed->blob);
+  if (!opened.ok()) {
+    return Refuse(id, absl::StrCat("holds a sealed state blob that does not open (",
+                                   opened.status().message(), ")"));
   }
   TOST_ASSIGN_OR_RETURN(service::ModelIdentity identity, context_.identity(opened->model()));
   auto state = context_.codec->Decode(*opened, identity, owner);
@@ -220,8 +341,8 @@ absl::StatusOr<GenerationState> RedisSessionStore::Unseal(const std::string& id,
 
 absl::StatusOr<std::string> RedisSessionStore::Add(const std::string& owner,
                                                    GenerationState state) {
-  TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(state, owner));
   std::string id = service::NewSessionId();
+  TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(id, 1, state, owner));
   auto reply = client_->Eval(AddScript(), {SessionKey(id)},
                              {blob, OwnerDigest(owner), absl::StrCat(TtlMs()), state.model});
   if (!reply.ok()) return StoreError(reply.status(), "create a session");
@@ -231,14 +352,17 @@ absl::StatusOr<std::string> RedisSessionStore::Add(const std::string& owner,
 
 absl::StatusOr<GenerationState> RedisSessionStore::Read(const std::string& id,
                                                         const std::string& owner,
-                                                        const std::string& lease_token) {
+                                                        const std::string& lease_token,
+                                                        int64_t* version_read) {
   std::string hot_version;
+  int64_t seen_version = 0;
   GenerationState hot_state;
   {
     absl::MutexLock lock(&mu_);
     auto it = hot_.find(id);
     if (it != hot_.end() && it->second.owner == owner) {
-      hot_version = absl::StrCat(it->second.version);
+      seen_version = it->second.version;
+      hot_version = absl::StrCat(seen_version);
       hot_state = it->second.state;
       lru_.splice(lru_.end(), lru_, it->second.lru);
     }
@@ -264,13 +388,16 @@ absl::StatusOr<GenerationState> RedisSessionStore::Read(const std::string& id,
   };
   auto version = ReplyVersion(*reply);
   if (!version.ok()) return give_back(version.status());
+  if (version_read != nullptr) *version_read = *version;
   if (reply->elements.size() < 3) {
     if (absl::StrCat(*version) != hot_version) {
       return give_back(absl::InternalError("session store: a reply without the session's state"));
     }
     return hot_state;  // the hot copy is current
   }
-  auto state = Unseal(id, reply->elements[2].str, owner);
+  // A refused state leaves the hot copy as it was: it is what this replica knows of the session,
+  // and a store that was rolled back keeps being refused here rather than believed on a retry.
+  auto state = Unseal(id, *version, seen_version, reply->elements[2].str, owner);
   if (!state.ok()) return give_back(state.status());
   RememberHot(id, owner, *version, *state);
   return state;
@@ -286,11 +413,17 @@ absl::StatusOr<GenerationState> RedisSessionStore::Checkout(const std::string& i
     if (leases_.contains(id)) return SessionBusy(id, SessionUse::kGenerate);
     leases_[id] = Lease{token, owner};
   }
-  auto state = Read(id, owner, token);
-  if (!state.ok()) {
-    absl::MutexLock lock(&mu_);
-    auto it = leases_.find(id);
-    if (it != leases_.end() && it->second.token == token) leases_.erase(it);
+  int64_t version = 0;
+  auto state = Read(id, owner, token, &version);
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(id);
+  if (it != leases_.end() && it->second.token == token) {
+    // The check-in writes the next version, sealed as such, over this one only.
+    if (state.ok()) {
+      it->second.version = version;
+    } else {
+      leases_.erase(it);
+    }
   }
   return state;
 }
@@ -298,12 +431,14 @@ absl::StatusOr<GenerationState> RedisSessionStore::Checkout(const std::string& i
 void RedisSessionStore::Checkin(const std::string& id, GenerationState state, CheckinDone done) {
   std::string token;
   std::string owner;
+  int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = leases_.find(id);
     if (it != leases_.end()) {
       token = it->second.token;
       owner = it->second.owner;
+      version = it->second.version;
     }
   }
   if (token.empty()) {
@@ -311,11 +446,13 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
         "session ", service::QuoteClientText(id), " was not checked out on this replica")));
     return;
   }
-  Enqueue([this, id, token, owner, state = std::move(state), done = std::move(done)]() mutable {
+  Enqueue([this, id, token, owner, version, state = std::move(state),
+           done = std::move(done)]() mutable {
     absl::Status outcome = [&]() -> absl::Status {
-      TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(state, owner));
-      auto reply = client_->Eval(CheckinScript(), {SessionKey(id), LeaseKey(id)},
-                                 {token, blob, absl::StrCat(TtlMs())});
+      TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(id, version + 1, state, owner));
+      auto reply = client_->Eval(
+          CheckinScript(), {SessionKey(id), LeaseKey(id)},
+          {token, blob, absl::StrCat(TtlMs()), absl::StrCat(version), absl::StrCat(version + 1)});
       if (!reply.ok()) {
         // Unknown whether the store applied the write before the failure: the session is at its
         // state before this call or after it, and any lease left expires by itself.
@@ -332,8 +469,20 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
             "new state was not saved; the session is at its last saved state"));
       }
       if (code == kNotFound) return SessionNotFound(id);
-      TOST_ASSIGN_OR_RETURN(const int64_t version, ReplyVersion(*reply));
-      RememberHot(id, owner, version, state);
+      if (code == kVersionMoved) {
+        const std::string now_at = reply->elements.size() > 1 ? reply->elements[1].str : "";
+        const absl::Status refusal = absl::AbortedError(absl::StrCat(
+            "session ", service::QuoteClientText(id), ": its version in the store at ",
+            client_->endpoint().Address(), " moved from version ", version, " to ",
+            now_at.empty() ? "none" : now_at,
+            " while this replica held its lease, so something other than a replica holding the "
+            "lease wrote it; the new state was not saved"));
+        service::Log(service::LogLevel::kError, "session store: check-in refused",
+                     {{"store", client_->endpoint().Address()}, {"error", refusal.message()}});
+        return refusal;
+      }
+      TOST_ASSIGN_OR_RETURN(const int64_t written, ReplyVersion(*reply));
+      RememberHot(id, owner, written, state);
       return absl::OkStatus();
     }();
     if (!outcome.ok()) ForgetHot(id);
@@ -366,7 +515,7 @@ absl::StatusOr<GenerationState> RedisSessionStore::Get(const std::string& id,
     absl::MutexLock lock(&mu_);
     if (leases_.contains(id)) return SessionBusy(id, SessionUse::kRead);
   }
-  return Read(id, owner, /*lease_token=*/"");
+  return Read(id, owner, /*lease_token=*/"", /*version_read=*/nullptr);
 }
 
 absl::Status RedisSessionStore::Close(const std::string& id, const std::string& owner) {

@@ -1,12 +1,19 @@
 // The shared session store: every session lives on Redis (or Valkey), where every replica that
 // shares the store and the session key continues it by id, and survives the replica that made it.
 //
-// What is stored. Per session, a hash at "<prefix>s:<id>": the state blob exactly as ExportSession
-// writes it (HMAC-authenticated and bound to its owner and model, so a store that is tampered with
-// can refuse service but never inject state: a blob that fails authentication is refused as
-// DATA_LOSS), a version incremented by every write, a digest of the owner (so another caller's
-// request is refused before any lease is taken) and the model's name. Idle sessions expire through
-// the store's TTL (the session idle timeout, refreshed by every use).
+// What is stored. Per session, a hash at "<prefix>s:<id>": the state, a version incremented by
+// every write, a digest of the owner (so another caller's request is refused before any lease is
+// taken) and the model's name. The state is the blob ExportSession would return
+// (HMAC-authenticated, bound to its owner, its model and the model's weights) sealed once more
+// (SessionCodec::Seal) with the session's id, the version it is written as and the owner's digest.
+// A store that is tampered with can therefore refuse service but never make a replica continue a
+// state that is not this session's: a state that fails authentication, was sealed for another id
+// (RENAME, COPY) or another owner, or under another version than the hash says (an older state
+// written back) is refused as DATA_LOSS, and logged. So is a version older than one this replica
+// saw of the session (the whole hash restored from an older copy); a replica that never saw the
+// newer version cannot tell that (nothing outside the store counts versions). States stored by
+// servers before this binding are refused the same way, asking for the session to be created again.
+// Idle sessions expire through the store's TTL (the session idle timeout, refreshed by every use).
 //
 // One generation at a time, across replicas. A Checkout takes a lease, "<prefix>l:<id>" holding a
 // random token, with an expiry (RedisSessionStoreOptions::lease): a second Checkout anywhere gets
@@ -23,7 +30,8 @@
 //
 // Hot sessions. A bounded LRU (SessionStoreOptions' max_sessions and max_state_bytes) keeps the
 // states this replica used lately with their version: a checkout whose version matches skips the
-// blob's transfer and decoding. The store stays the truth: every checkout asks it.
+// blob's transfer and decoding. The store stays the truth: every checkout asks it. The hot version
+// is also how far this replica saw the session go: the store answering an older one is refused.
 //
 // Threads: every method may be called from any thread. Add, Checkout, Release, Get and Close wait
 // for the store (at most the client's command timeout); Checkin never waits: writer threads owned
@@ -107,6 +115,7 @@ class RedisSessionStore final : public service::SessionStore {
   struct Lease {
     std::string token;
     std::string owner;
+    int64_t version = 0;  // the version checked out; the check-in writes the next one
   };
 
   RedisSessionStore(service::SessionStoreContext context, std::unique_ptr<RedisClient> client,
@@ -116,13 +125,22 @@ class RedisSessionStore final : public service::SessionStore {
   std::string LeaseKey(const std::string& id) const;
   int64_t TtlMs() const;
   // Reads a session for `owner`: with a lease (`lease_token` non-empty: Checkout) or without
-  // (Get).
+  // (Get). `version_read` (may be null) gets the version the state is at.
   absl::StatusOr<service::GenerationState> Read(const std::string& id, const std::string& owner,
-                                                const std::string& lease_token);
-  absl::StatusOr<service::GenerationState> Unseal(const std::string& id, const std::string& blob,
+                                                const std::string& lease_token,
+                                                int64_t* version_read);
+  // The state of a stored value read at `version` of session `id`, for `owner`; `seen_version`:
+  // the newest this replica saw (0: none). DATA_LOSS (logged) for anything but this session's
+  // state at that version.
+  absl::StatusOr<service::GenerationState> Unseal(const std::string& id, int64_t version,
+                                                  int64_t seen_version, const std::string& value,
                                                   const std::string& owner) const;
-  absl::StatusOr<std::string> Seal(const service::GenerationState& state,
+  // What is stored for `state` as session `id` of `owner` at `version`.
+  absl::StatusOr<std::string> Seal(const std::string& id, int64_t version,
+                                   const service::GenerationState& state,
                                    const std::string& owner) const;
+  // DATA_LOSS for session `id`, whose stored state `what`; logs it.
+  absl::Status Refuse(const std::string& id, const std::string& what) const;
   absl::Status StoreError(const absl::Status& status, const std::string& what) const;
 
   void RememberHot(const std::string& id, const std::string& owner, int64_t version,

@@ -91,7 +91,7 @@ TEST_F(RedisRecordStoreTest, EveryReplicaReadsAndWritesEveryRecord) {
   EXPECT_EQ(a->stats().records, 0);
 }
 
-TEST_F(RedisRecordStoreTest, TheValueIsOneStringOfOwnerDigestVersionAndData) {
+TEST_F(RedisRecordStoreTest, TheValueIsOneStringOfOwnerDigestVersionIdDigestAndData) {
   auto a = Replica();
   ASSERT_TRUE(a->Create("resp_1", "alice", "data").ok());
   EXPECT_EQ(a->RecordKey("resp_1"), "tost:r:resp_1");
@@ -100,11 +100,40 @@ TEST_F(RedisRecordStoreTest, TheValueIsOneStringOfOwnerDigestVersionAndData) {
   EXPECT_EQ(type->str, "string");
   auto value = raw_->Command({"GET", "tost:r:resp_1"});
   ASSERT_TRUE(value.ok());
-  ASSERT_EQ(value->str.size(), 32u + 16u + 4u);
-  EXPECT_EQ(value->str.substr(32), "0000000000000001data");
+  ASSERT_EQ(value->str.size(), 32u + 16u + 32u + 4u);
+  EXPECT_EQ(value->str.substr(32, 16), "0000000000000001");
+  EXPECT_EQ(value->str.substr(80), "data");
   EXPECT_EQ(value->str.find("alice"), std::string::npos) << "the store holds no caller names";
+  EXPECT_EQ(value->str.find("resp_1"), std::string::npos);
   ASSERT_TRUE(a->Replace("resp_1", "alice", 1, "data2").ok());
-  EXPECT_EQ(raw_->Command({"GET", "tost:r:resp_1"})->str.substr(32), "0000000000000002data2");
+  auto replaced = raw_->Command({"GET", "tost:r:resp_1"});
+  EXPECT_EQ(replaced->str.substr(32, 16), "0000000000000002");
+  EXPECT_EQ(replaced->str.substr(48, 32), value->str.substr(48, 32)) << "the same id";
+  EXPECT_EQ(replaced->str.substr(80), "data2");
+}
+
+TEST_F(RedisRecordStoreTest, ARecordMovedOrCopiedToAnotherIdIsRefused) {
+  auto a = Replica();
+  ASSERT_TRUE(a->Create("resp_1", "alice", "first").ok());
+  ASSERT_TRUE(a->Create("resp_2", "alice", "second").ok());
+  // Swapped: each id holds the other's record.
+  ASSERT_TRUE(raw_->Command({"RENAME", a->RecordKey("resp_1"), a->RecordKey("swap")}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", a->RecordKey("resp_2"), a->RecordKey("resp_1")}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", a->RecordKey("swap"), a->RecordKey("resp_2")}).ok());
+  auto b = Replica();
+  for (const char* id : {"resp_1", "resp_2"}) {
+    auto got = b->Get(id, "alice");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss)
+        << id << ": " << (got.ok() ? got->data : got.status().ToString());
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr("another record's value"));
+  }
+  // Copied to an id of its own: refused there, still itself where it was.
+  ASSERT_TRUE(raw_->Command({"COPY", a->RecordKey("resp_1"), a->RecordKey("resp_3")}).ok());
+  auto copy = b->Get("resp_3", "alice");
+  EXPECT_EQ(copy.status().code(), absl::StatusCode::kDataLoss)
+      << (copy.ok() ? copy->data : copy.status().ToString());
+  ASSERT_TRUE(raw_->Command({"RENAME", a->RecordKey("resp_1"), a->RecordKey("resp_2")}).ok());
+  EXPECT_EQ(b->Get("resp_2", "alice")->data, "second");
 }
 
 TEST_F(RedisRecordStoreTest, AnIdIsCreatedOnce) {

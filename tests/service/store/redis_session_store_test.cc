@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "service/engine/clock.h"
 #include "service/engine/session_codec.h"
@@ -253,7 +254,169 @@ TEST_F(RedisSessionStoreTest, StateTamperedWithInTheStoreIsRefused) {
   ASSERT_TRUE(blob.ok());
   ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *id, "blob", blob->str}).ok());
   ASSERT_TRUE(raw_->Command({"HINCRBY", "tost:s:" + *id, "ver", "1"}).ok());
-  EXPECT_EQ(b->Checkout(*id, "alice").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b->Checkout(*id, "alice").status().code(), absl::StatusCode::kDataLoss);
+}
+
+// What a replica refused from the store, and the line it logged: a store that hands out the wrong
+// state must leave a trace on the replica, whatever the caller does with its error.
+struct Refusal {
+  absl::Status status;
+  std::string log;
+};
+
+template <typename Read>
+Refusal Refused(Read read) {
+  ::testing::internal::CaptureStderr();
+  absl::Status status = read();
+  return Refusal{std::move(status), ::testing::internal::GetCapturedStderr()};
+}
+
+std::string Position(const absl::StatusOr<GenerationState>& s) {
+  return s.ok() ? absl::StrCat("OK at position ", s->sequence.position) : s.status().ToString();
+}
+
+TEST_F(RedisSessionStoreTest, StatesSwappedBetweenTwoSessionIdsAreRefused) {
+  auto one = Replica();
+  auto x = one->Add("alice", State(23));
+  auto y = one->Add("alice", State(3));
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:" + *x, "tost:s:swap"}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:" + *y, "tost:s:" + *x}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:swap", "tost:s:" + *y}).ok());
+
+  // Another replica (nothing of either held hot) is asked for Y, then for X.
+  auto two = Replica();
+  absl::StatusOr<GenerationState> at_y;
+  const Refusal get = Refused([&] {
+    at_y = two->Get(*y, "alice");
+    return at_y.status();
+  });
+  EXPECT_EQ(get.status.code(), absl::StatusCode::kDataLoss) << Position(at_y);
+  EXPECT_THAT(std::string(get.status.message()), HasSubstr("sealed for another session id"));
+  EXPECT_THAT(get.log, HasSubstr("ERROR"));
+  EXPECT_THAT(get.log, HasSubstr("sealed for another session id"));
+  absl::StatusOr<GenerationState> at_x;
+  const Refusal checkout = Refused([&] {
+    at_x = two->Checkout(*x, "alice");
+    return at_x.status();
+  });
+  EXPECT_EQ(checkout.status.code(), absl::StatusCode::kDataLoss) << Position(at_x);
+  EXPECT_THAT(checkout.log, HasSubstr("sealed for another session id"));
+  EXPECT_EQ(raw_->Command({"EXISTS", "tost:l:" + *x})->integer, 0) << "refused without a lease";
+
+  // Swapped back, each is itself again.
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:" + *x, "tost:s:swap"}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:" + *y, "tost:s:" + *x}).ok());
+  ASSERT_TRUE(raw_->Command({"RENAME", "tost:s:swap", "tost:s:" + *y}).ok());
+  EXPECT_EQ(Position(two->Get(*x, "alice")), "OK at position 23");
+  EXPECT_EQ(Position(two->Get(*y, "alice")), "OK at position 3");
+}
+
+TEST_F(RedisSessionStoreTest, AStateCopiedToAnotherIdOrHandedToAnotherOwnerIsRefused) {
+  auto one = Replica();
+  auto x = one->Add("alice", State(23));
+  auto y = one->Add("alice", State(3));
+  auto b = one->Add("bob", State(5));
+  ASSERT_TRUE(x.ok() && y.ok() && b.ok());
+  const std::string bobs_digest = raw_->Command({"HGET", "tost:s:" + *b, "owner"})->str;
+  auto two = Replica();
+
+  // X copied over Y, both alice's.
+  ASSERT_TRUE(raw_->Command({"COPY", "tost:s:" + *x, "tost:s:" + *y, "REPLACE"}).ok());
+  absl::StatusOr<GenerationState> at_y;
+  const Refusal same_owner = Refused([&] {
+    at_y = two->Get(*y, "alice");
+    return at_y.status();
+  });
+  EXPECT_EQ(same_owner.status.code(), absl::StatusCode::kDataLoss) << Position(at_y);
+  EXPECT_THAT(same_owner.log, HasSubstr("sealed for another session id"));
+
+  // X copied over bob's session, its owner field made bob's.
+  ASSERT_TRUE(raw_->Command({"COPY", "tost:s:" + *x, "tost:s:" + *b, "REPLACE"}).ok());
+  ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *b, "owner", bobs_digest}).ok());
+  const Refusal to_bob = Refused([&] { return two->Get(*b, "bob").status(); });
+  EXPECT_EQ(to_bob.status.code(), absl::StatusCode::kDataLoss) << to_bob.status;
+  EXPECT_THAT(to_bob.log, HasSubstr("sealed for another session id"));
+
+  // X itself handed to bob: its owner field rewritten in place.
+  ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *x, "owner", bobs_digest}).ok());
+  const Refusal handed = Refused([&] { return two->Checkout(*x, "bob").status(); });
+  EXPECT_EQ(handed.status.code(), absl::StatusCode::kDataLoss) << handed.status;
+  EXPECT_THAT(std::string(handed.status.message()), HasSubstr("sealed for another owner"));
+  EXPECT_THAT(handed.log, HasSubstr("sealed for another owner"));
+  EXPECT_EQ(two->Get(*x, "alice").status().code(), absl::StatusCode::kNotFound)
+      << "the store says it is bob's: alice is refused before any state is read";
+}
+
+TEST_F(RedisSessionStoreTest, AnOlderStateWrittenBackIsRefusedWhereItCanBeTold) {
+  auto one = Replica();
+  auto id = one->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  const std::string key = "tost:s:" + *id;
+  const std::string at_1 = raw_->Command({"HGET", key, "blob"})->str;
+  ASSERT_TRUE(one->Checkout(*id, "alice").ok());
+  ASSERT_TRUE(one->CheckinAndWait(*id, State(9)).ok());
+  const std::string at_2 = raw_->Command({"HGET", key, "blob"})->str;
+  ASSERT_EQ(raw_->Command({"HGET", key, "ver"})->str, "2");
+
+  // The state of version 1 written back under version 2: every replica can tell.
+  ASSERT_TRUE(raw_->Command({"HSET", key, "blob", at_1}).ok());
+  auto fresh = Replica();
+  absl::StatusOr<GenerationState> read;
+  const Refusal stale_blob = Refused([&] {
+    read = fresh->Get(*id, "alice");
+    return read.status();
+  });
+  EXPECT_EQ(stale_blob.status.code(), absl::StatusCode::kDataLoss) << Position(read);
+  EXPECT_THAT(std::string(stale_blob.status.message()),
+              HasSubstr("sealed as version 1 but the store's version field says 2"));
+  EXPECT_THAT(stale_blob.log, HasSubstr("sealed as version 1"));
+  // (The replica that wrote version 2 still holds it hot: it serves that, not the store's blob.)
+  EXPECT_EQ(Position(one->Get(*id, "alice")), "OK at position 9");
+
+  // The whole of version 1, state and version field: the replica that saw version 2 can tell.
+  ASSERT_TRUE(raw_->Command({"HSET", key, "blob", at_1, "ver", "1"}).ok());
+  const Refusal rolled_back = Refused([&] {
+    read = one->Checkout(*id, "alice");
+    return read.status();
+  });
+  EXPECT_EQ(rolled_back.status.code(), absl::StatusCode::kDataLoss) << Position(read);
+  EXPECT_THAT(std::string(rolled_back.status.message()),
+              HasSubstr("is at version 1 but this replica already saw version 2"));
+  EXPECT_THAT(rolled_back.log, HasSubstr("already saw version 2"));
+  EXPECT_EQ(raw_->Command({"EXISTS", "tost:l:" + *id})->integer, 0) << "refused without a lease";
+  // A replica that never saw version 2 cannot: version 1 is an authentic state of this session,
+  // and nothing outside the store says it is not the latest (docs/sessions.md states this limit).
+  EXPECT_EQ(Position(Replica()->Get(*id, "alice")), "OK at position 3");
+
+  // Version 2 back; a version field moved while a replica holds the lease: its write is refused.
+  ASSERT_TRUE(raw_->Command({"HSET", key, "blob", at_2, "ver", "2"}).ok());
+  ASSERT_EQ(Position(one->Checkout(*id, "alice")), "OK at position 9");
+  ASSERT_TRUE(raw_->Command({"HINCRBY", key, "ver", "1"}).ok());
+  const Refusal moved = Refused([&] { return one->CheckinAndWait(*id, State(12)); });
+  EXPECT_EQ(moved.status.code(), absl::StatusCode::kAborted) << moved.status;
+  EXPECT_THAT(std::string(moved.status.message()), HasSubstr("from version 2 to 3"));
+  EXPECT_THAT(moved.log, HasSubstr("from version 2 to 3"));
+  EXPECT_EQ(raw_->Command({"HGET", key, "blob"})->str, at_2) << "nothing written";
+}
+
+TEST_F(RedisSessionStoreTest, AStateStoredWithoutItsIdIsRefusedAskingForANewSession) {
+  auto one = Replica();
+  auto id = one->Add("alice", State(3));
+  ASSERT_TRUE(id.ok());
+  // What servers before the binding stored: the blob ExportSession returns, authentic but bound to
+  // no session id, so it could be any of its owner's sessions.
+  const std::string exported =
+      codec_->Encode(State(7), ModelIdentity{&lm_.config(), std::string(32, 'w')}, "alice");
+  ASSERT_TRUE(raw_->Command({"HSET", "tost:s:" + *id, "blob", exported}).ok());
+  absl::StatusOr<GenerationState> read;
+  const Refusal old = Refused([&] {
+    read = Replica()->Get(*id, "alice");
+    return read.status();
+  });
+  EXPECT_EQ(old.status.code(), absl::StatusCode::kDataLoss) << Position(read);
+  EXPECT_THAT(std::string(old.status.message()), HasSubstr("create the session again"));
+  EXPECT_THAT(old.log, HasSubstr("create the session again"));
 }
 
 TEST_F(RedisSessionStoreTest, IdleSessionsExpireThroughTheStoresTtl) {
