@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <iostream>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -19,6 +18,7 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/thread_name.h"
+#include "kserve/v2/grpc_service.grpc.pb.h"
 #include "model/config/device.h"
 #include "model/device/device_memory.h"
 #include "model/nets/torch_threads.h"
@@ -30,6 +30,7 @@
 #include "service/openai_http/responses_routes.h"
 #include "service/port_probe.h"
 #include "service/store/shared_store_flags.h"
+#include "tost/v1/tost.grpc.pb.h"
 
 namespace tost::service {
 namespace {
@@ -68,7 +69,19 @@ int SetListenersReceiveBuffer(int port, int bytes) {
 
 }  // namespace
 
-absl::Status ValidateServerOptions(const ServerOptions& o) {
+ServerOptions ResolveListenerAddresses(ServerOptions options) {
+  if (options.http_address.empty()) options.http_address = options.host;
+  if (options.metrics.address.empty()) options.metrics.address = options.host;
+  return options;
+}
+
+absl::Status ValidateServerOptions(const ServerOptions& given) {
+  const ServerOptions o = ResolveListenerAddresses(given);
+  if (o.host.empty()) {
+    return absl::InvalidArgumentError(
+        "--host must name an address (0.0.0.0: every IPv4 interface, 127.0.0.1: this machine "
+        "only), got an empty one");
+  }
   if (o.port < 0 || o.port > 65535)
     return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", o.port));
   if (o.max_concurrent_streams < 1 || o.min_client_ping_interval_ms < 0 || o.max_ping_strikes < 0 ||
@@ -133,6 +146,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
                      "): a stored response would outlive the state blob it continues from"));
   }
   TOST_RETURN_IF_ERROR(ValidateMetricsOptions(o.metrics));
+  if (o.metrics.require_api_key && o.api_keys_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_require_api_key needs --api_keys_file: it makes scrapes carry one of its keys, "
+        "and no key file was given");
+  }
   if (o.http_port < -1 || o.http_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--http_port must be in [-1, 65535] (-1: no HTTP front end, 0 picks a free port), got ",
@@ -226,10 +244,53 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const S
   return grpc::SslServerCredentials(ssl);
 }
 
+// What one listener asks of a caller, for its start-up line.
+struct ListenerAuth {
+  std::string_view tls;      // "off", "on", or "mutual" (client certificates required)
+  std::string_view api_key;  // "required", or "not required" and why
+  std::string_view open;     // with a key required: what it serves without one
+};
+
+// The start-up line of one listener: where it listens and what a caller must present, so that an
+// operator sees at once what --host, an address flag or --api_keys_file left open.
+void LogListener(std::string_view listener, const std::string& address, int port,
+                 const ListenerAuth& auth) {
+  Log(LogLevel::kInfo, "listening",
+      {{"listener", listener},
+       {"address", address},
+       {"port", port},
+       {"tls", auth.tls},
+       {"api_key", auth.api_key},
+       {"served_without_key", auth.open}});
+}
+
+// The gRPC and HTTP listeners': the same TLS files and keys, with the probes open.
+ListenerAuth FrontEndAuth(const ServerOptions& o, bool keys, std::string_view probes) {
+  return {.tls = o.tls_cert_file.empty()        ? "off"
+                 : o.tls_client_ca_file.empty() ? "on"
+                                                : "mutual",
+          .api_key = keys ? "required" : "not required (no --api_keys_file)",
+          .open = keys ? probes : "everything"};
+}
+
+ListenerAuth MetricsAuth(const ServerOptions& o, bool keys) {
+  if (!keys) {
+    return {.tls = "off", .api_key = "not required (no --api_keys_file)", .open = "everything"};
+  }
+  if (o.metrics.require_api_key) return {.tls = "off", .api_key = "required", .open = "nothing"};
+  return {.tls = "off",
+          .api_key = "not required (--metrics_require_api_key=false)",
+          .open = "GET /metrics"};
+}
+
+constexpr std::string_view kGrpcProbes = "grpc.health.v1.Health";
+constexpr std::string_view kHttpProbes = "GET /v1/health/live, GET /v1/health/ready";
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  TOST_RETURN_IF_ERROR(ValidateServerOptions(options));
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given) {
+  TOST_RETURN_IF_ERROR(ValidateServerOptions(given));
+  const ServerOptions options = ResolveListenerAddresses(given);
   model::SetTorchThreads(options.intra_op_threads);
   model::DisableTf32();
   // The server's own --device must be available (a per-model override that is not fails that
@@ -267,6 +328,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // the models load and warm up.
   TOST_ASSIGN_OR_RETURN(std::unique_ptr<LoadingResponder> loading,
                         LoadingResponder::Start(options.host, options.port, credentials));
+  const bool keys = auth.keys_configured();
+  LogListener("grpc", options.host, loading->port(), FrontEndAuth(options, keys, kGrpcProbes));
   std::unique_ptr<Server> server(new Server());
   server->metrics_ = std::move(metrics);
   if (shared_store.records) {
@@ -283,6 +346,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
   // while the models load.
   TOST_RETURN_IF_ERROR(server->StartHttp(options));
+  if (server->http_ != nullptr) {
+    LogListener("http", options.http_address, server->http_port(),
+                FrontEndAuth(options, keys, kHttpProbes));
+  }
   Log(LogLevel::kInfo, "loading models",
       {{"repository", options.model_repository},
        {"port", loading->port()},
@@ -334,8 +401,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->kserve_ = std::make_unique<KServeService>(
       *server->engine_, server->auth_.keys_configured() ? &server->auth_ : nullptr, options.limits);
 
+  server->reflection_ = std::make_unique<ReflectionService>(
+      std::vector<std::string>{tost::v1::Tost::service_full_name(),
+                               inference::GRPCInferenceService::service_full_name(),
+                               "grpc.health.v1.Health",
+                               grpc::reflection::v1alpha::ServerReflection::service_full_name()},
+      server->auth_, options.max_message_bytes);
+
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // The same port as the loading responder (its own when --port=0), bound while the responder still
   // listens: gRPC sets SO_REUSEPORT, so connections never find the port closed in between.
@@ -360,6 +433,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->kserve_.get());
+  builder.RegisterService(server->reflection_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(server->metrics_->InterceptorFactory(options.metrics.log_requests));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -380,7 +454,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
          {"connection_receive_buffer_bytes", options.connection_receive_buffer_bytes}});
   }
   server->metrics_->WatchEngine(server->engine_.get());
-  TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics));
+  ScrapeAuthenticator scrape_auth;
+  if (options.metrics.require_api_key) {
+    scrape_auth = [raw = server.get()](const http::HttpRequest& r) {
+      // The metrics port has no TLS, so no client certificate: a key or nothing.
+      return raw->auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
+                                                   .authorization = r.Header("authorization"),
+                                                   .tls_identity = {}});
+    };
+  }
+  TOST_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics, std::move(scrape_auth)));
+  if (server->metrics_port() > 0) {
+    LogListener("metrics", options.metrics.address, server->metrics_port(),
+                MetricsAuth(options, keys));
+  }
   server->serving_engine_ = server->engine_.get();
   server->ready_ = true;
 

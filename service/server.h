@@ -3,6 +3,18 @@
 // server reflection on one port (0 picks a free one) with the metrics interceptor
 // (service/observability), starts the HTTP front end (service/http) on another, and drains and
 // shuts both down.
+//
+// Listeners and what they ask of a caller. Every listener binds `host` unless its own address is
+// set (http_address, metrics.address), so one flag keeps the whole server local. With API keys
+// (api_keys_file) every route of every listener needs one, except:
+//   - grpc.health.v1.Health (Check, Watch) on the gRPC port, and GET /v1/health/live and
+//     GET /v1/health/ready on the HTTP port: the probes a kubelet (or a load balancer) calls,
+//     which carry no key; they tell only whether the server is up and ready;
+//   - GET /metrics on the metrics port unless metrics.require_api_key: a Prometheus without
+//     credentials keeps scraping (metrics.h).
+// While the models load, the gRPC port's responder answers health NOT_SERVING and refuses every
+// other call UNAVAILABLE, key or not (loading_responder.h). Start logs one line per listener: its
+// address, port, TLS, whether it needs a key, and what it serves without one.
 #pragma once
 
 #include <atomic>
@@ -17,6 +29,7 @@
 #include "service/api/auth.h"
 #include "service/api/handler_pool.h"
 #include "service/api/kserve_service.h"
+#include "service/api/reflection_service.h"
 #include "service/api/tost_service.h"
 #include "service/engine/engine.h"
 #include "service/engine/record_store.h"
@@ -27,6 +40,7 @@
 namespace tost::service {
 
 struct ServerOptions {
+  // The address of every listener whose own address (http_address, metrics.address) is empty.
   std::string host = "0.0.0.0";
   int port = 8500;  // 0: the kernel picks a free port (tests)
   std::string model_repository = "models";
@@ -81,10 +95,11 @@ struct ServerOptions {
   // Stored responses and conversations of the Responses API (service/openai_http/
   // responses_routes.h), in the session store: this process's memory, or the shared store.
   RecordStoreOptions responses;
-  MetricsOptions metrics;  // Prometheus endpoint (port -1: none) and access logs
+  // Prometheus endpoint (port -1: none; address empty: `host`'s) and access logs.
+  MetricsOptions metrics;
   // The HTTP front end: health routes and the OpenAI-compatible API (service/openai_http). Same
-  // TLS files and API keys as the gRPC port. Port 0: a free one; -1: none.
-  std::string http_address = "0.0.0.0";
+  // TLS files and API keys as the gRPC port. Port 0: a free one; -1: none. Address empty: `host`'s.
+  std::string http_address;
   int http_port = 8501;
   // How often the heap's freed memory is checked and, after a burst freed enough, given back to
   // the system (service/heap_trim.h); 0: never.
@@ -92,6 +107,10 @@ struct ServerOptions {
 };
 
 absl::Status ValidateServerOptions(const ServerOptions& options);
+
+// `options` with every listener's address filled in: an empty http_address or metrics.address
+// becomes `host`. Start resolves its options itself; a caller needs this to report the addresses.
+ServerOptions ResolveListenerAddresses(ServerOptions options);
 
 class Server {
  public:
@@ -134,6 +153,7 @@ class Server {
   std::unique_ptr<RecordStore> records_;
   std::unique_ptr<TostService> service_;
   std::unique_ptr<KServeService> kserve_;
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   // Readiness of the HTTP front end (GET /v1/health/ready), as gRPC health's SERVING: set once

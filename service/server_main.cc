@@ -33,7 +33,9 @@ constexpr int kDeviceLostDrainMs = 2000;
 }  // namespace
 
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(std::string, host, "0.0.0.0",
+          "Address every listener binds (gRPC, and HTTP and /metrics unless --http_address or "
+          "--metrics_address say otherwise): 127.0.0.1 keeps the whole server on this machine");
 ABSL_FLAG(int, port, 8500, "gRPC port; 0 picks a free port (printed on stdout)");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest gRPC message received or sent, in bytes; a compressed request may inflate to "
@@ -182,15 +184,22 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA: require client certificates it signed (mTLS); the certificate's identity owns "
           "its sessions");
 ABSL_FLAG(std::string, api_keys_file, "",
-          "\"name key\" lines; when set every call needs a key (x-api-key metadata)");
+          "\"name key\" lines; when set, every call on every port needs one of the keys "
+          "(x-api-key, or authorization: Bearer <key>) except the health probes (grpc.health.v1, "
+          "GET /v1/health/live and /v1/health/ready) and, without --metrics_require_api_key, "
+          "GET /metrics");
 ABSL_FLAG(int, metrics_port, 8502,
           "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
-ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "Address the /metrics endpoint listens on");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Address the /metrics endpoint listens on; empty: --host's");
+ABSL_FLAG(bool, metrics_require_api_key, false,
+          "With --api_keys_file, scrapes of /metrics need a key too (x-api-key, or authorization: "
+          "Bearer <key>); off, /metrics is served to anyone who reaches --metrics_address");
 ABSL_FLAG(int, http_port, 8501,
           "HTTP front end port (health routes, the OpenAI-compatible API), beside gRPC's; same TLS "
           "files and API keys (Authorization: Bearer <key>). 0 picks a free port (printed on "
           "stdout), -1 disables it");
-ABSL_FLAG(std::string, http_address, "0.0.0.0", "Address the HTTP front end listens on");
+ABSL_FLAG(std::string, http_address, "", "Address the HTTP front end listens on; empty: --host's");
 ABSL_FLAG(std::string, log_format, "text",
           "Logs on stderr: \"text\", or \"json\" (one JSON object per line)");
 ABSL_FLAG(int64_t, heap_trim_interval_ms, 5000,
@@ -400,10 +409,13 @@ int main(int argc, char** argv) {
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
+  options.metrics.require_api_key = absl::GetFlag(FLAGS_metrics_require_api_key);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_address = absl::GetFlag(FLAGS_http_address);
   options.heap_trim_interval_ms = absl::GetFlag(FLAGS_heap_trim_interval_ms);
+  // The addresses printed below are the ones bound: --host's where a listener's own flag is empty.
+  options = tost::service::ResolveListenerAddresses(std::move(options));
 
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {

@@ -275,16 +275,18 @@ absl::Status KServeService::Authenticate(const grpc::ServerContextBase& context)
   return auth_->Identify(context).status();
 }
 
-grpc::Status KServeService::ServerLive(grpc::ServerContextBase*,
+grpc::Status KServeService::ServerLive(grpc::ServerContextBase* context,
                                        const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse* response) {
+  if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
   response->set_live(true);
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ServerReady(grpc::ServerContextBase*,
+grpc::Status KServeService::ServerReady(grpc::ServerContextBase* context,
                                         const inference::ServerReadyRequest*,
                                         inference::ServerReadyResponse* response) {
+  if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
   // Models load and warm up before the server is built, so only a drain makes it unready.
   response->set_ready(!engine_.draining());
   return grpc::Status::OK;
@@ -305,9 +307,10 @@ grpc::Status KServeService::ModelReady(grpc::ServerContextBase* context,
   return grpc::Status::OK;
 }
 
-grpc::Status KServeService::ServerMetadata(grpc::ServerContextBase*,
+grpc::Status KServeService::ServerMetadata(grpc::ServerContextBase* context,
                                            const inference::ServerMetadataRequest*,
                                            inference::ServerMetadataResponse* response) {
+  if (absl::Status s = Authenticate(*context); !s.ok()) return ToGrpcStatus(s);
   response->set_name(kServerName);
   response->set_version(TOST_SERVE_VERSION);
   response->add_extensions("classification");

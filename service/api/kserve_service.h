@@ -14,9 +14,10 @@
 // "<probability>:<index>:<label>", highest first, formatted as Triton does (std::to_string of the
 // float value, i.e. six decimals).
 //
-// With API keys configured (service/api/auth.h), ModelReady, ModelMetadata and ModelInfer need one
-// (tritonclient: headers={"x-api-key": ...}); ServerLive, ServerReady and ServerMetadata stay open
-// for probes, like grpc.health.v1.
+// With API keys configured (service/api/auth.h), every method needs one (tritonclient:
+// headers={"x-api-key": ...}), ServerLive and ServerReady included: a keyless probe asks
+// grpc.health.v1, which is what the kubelet's gRPC probe calls, and an open ServerMetadata would
+// tell anyone the server's name and version.
 //
 // Codes: unknown model or version NOT_FOUND; a model that failed to load FAILED_PRECONDITION with
 // its load error (ModelReady answers ready=false and sends the error as trailing metadata
@@ -45,7 +46,7 @@ inline constexpr char kKServeProbabilitiesOutput[] = "probabilities";
 class KServeService final : public RawService {
  public:
   // While the engine drains, ServerReady and ModelReady answer false; classification runs through
-  // the engine's per-model dynamic batcher. `auth` checks the caller of model RPCs; null when no
+  // the engine's per-model dynamic batcher. `auth` checks the caller of every RPC; null when no
   // API keys are configured. `engine` and `auth` are not owned and must outlive the service.
   KServeService(const Engine& engine, const Authenticator* auth, ServiceLimits limits);
 

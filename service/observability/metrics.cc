@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "base/thread_name.h"
 #include "model/device/device_memory.h"
 #include "proto/grpc_code_name.h"
@@ -624,8 +625,10 @@ http::HttpServerOptions MetricsHttpOptions(const std::string& address, int port)
 }
 
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
-    std::function<std::string()> render, http::HttpServerOptions options) {
+    std::function<std::string()> render, http::HttpServerOptions options,
+    ScrapeAuthenticator authenticate) {
   http::HttpRouter router;
+  const bool is_public = !authenticate;
   router.Handle("GET", "/metrics",
                 [render = std::move(render)](std::shared_ptr<http::HttpExchange> exchange) {
                   http::HttpResponse r;
@@ -633,7 +636,8 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
                   r.body = render();
                   exchange->Respond(std::move(r));
                 },
-                {.is_public = true});
+                {.is_public = is_public});
+  if (authenticate) router.SetAuthenticator(std::move(authenticate));
   if (!options.error_response) {
     options.error_response = [](int status, std::string_view message) {
       http::HttpResponse r;
@@ -652,13 +656,15 @@ Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 
 Metrics::~Metrics() { StopServing(); }
 
-absl::Status Metrics::Serve(const MetricsOptions& options) {
+absl::Status Metrics::Serve(const MetricsOptions& options, ScrapeAuthenticator authenticate) {
   if (options.port < 0) return absl::OkStatus();
+  TOST_RETURN_IF_ERROR(ValidateMetricsOptions(options));
   absl::MutexLock lock(&impl_->http_mu);
   if (impl_->http != nullptr)
     return absl::FailedPreconditionError("the metrics endpoint is already serving");
   auto http = StartMetricsHttpServer([this] { return Render(); },
-                                     MetricsHttpOptions(options.address, options.port));
+                                     MetricsHttpOptions(options.address, options.port),
+                                     std::move(authenticate));
   if (!http.ok()) return http.status();
   impl_->http = std::move(*http);
   return absl::OkStatus();

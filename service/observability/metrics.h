@@ -39,11 +39,21 @@ namespace tost::service {
 class Engine;
 
 struct MetricsOptions {
-  std::string address = "0.0.0.0";  // where the /metrics HTTP endpoint listens
-  int port = 8502;                  // 0: the kernel picks a free port; -1: no endpoint
+  // Where the /metrics HTTP endpoint listens. Empty: the server's --host (Server::Start fills it
+  // in; Serve needs an address).
+  std::string address;
+  int port = 8502;  // 0: the kernel picks a free port; -1: no endpoint
+  // With API keys (--api_keys_file), whether a scrape must carry one. Off by default: /metrics, on
+  // its own port, is then the one route served without a key, so that a Prometheus without
+  // credentials keeps scraping; keep it off the network with --metrics_address, or turn this on.
+  bool require_api_key = false;
   // One access-log line per RPC (service/observability/logging.h).
   bool log_requests = true;
 };
+
+// Checks a scrape's credentials: an error (UNAUTHENTICATED: 401, PERMISSION_DENIED: 403) refuses
+// it. Null: every scrape is served.
+using ScrapeAuthenticator = std::function<absl::StatusOr<std::string>(const http::HttpRequest&)>;
 
 absl::Status ValidateMetricsOptions(const MetricsOptions& options);
 
@@ -59,9 +69,11 @@ absl::Status ValidateMetricsOptions(const MetricsOptions& options);
 // scrape) and header size, and close each connection after its answer, so no client can keep a
 // scrape from being answered.
 http::HttpServerOptions MetricsHttpOptions(const std::string& address, int port);
-// `render` is called on the server's thread, once per complete GET (or HEAD) /metrics.
+// `render` is called on the server's thread, once per complete GET (or HEAD) /metrics that
+// `authenticate` (when set) admits; it is asked before the 404 of any other path too.
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsHttpServer(
-    std::function<std::string()> render, http::HttpServerOptions options);
+    std::function<std::string()> render, http::HttpServerOptions options,
+    ScrapeAuthenticator authenticate = {});
 
 class Metrics final : public BatchObserver,
                       public GenerationObserver,
@@ -76,8 +88,9 @@ class Metrics final : public BatchObserver,
   Metrics& operator=(const Metrics&) = delete;
 
   // Starts the HTTP endpoint (GET /metrics) at options.address:options.port; nothing for port -1.
-  // UNAVAILABLE if the address cannot be bound.
-  absl::Status Serve(const MetricsOptions& options);
+  // Each scrape must pass `authenticate` when it is set (the server sets it for
+  // options.require_api_key). UNAVAILABLE if the address cannot be bound.
+  absl::Status Serve(const MetricsOptions& options, ScrapeAuthenticator authenticate = {});
   // Stops the endpoint (joins its threads). Idempotent. Call before whatever WatchCore() reads
   // dies.
   void StopServing();

@@ -565,5 +565,5 @@ def test_the_same_requests_with_valid_text_are_served(keyed_channel, ctx):
     ready = kserve.ModelReadyResponse.FromString(
         call(keyed_channel, "ModelReady", ser(kserve.ModelReadyRequest(name=VISION)), AUTH))
     assert ready.ready
-    live = kserve.ServerLiveResponse.FromString(call(keyed_channel, "ServerLive", b"", ()))
-    assert live.live  # probes need no key
+    live = kserve.ServerLiveResponse.FromString(call(keyed_channel, "ServerLive", b"", AUTH))
+    assert live.live  # with keys, KServe's probes need one too (grpc.health.v1 is the keyless probe)

@@ -376,17 +376,20 @@ def test_failed_model_is_not_ready_with_its_error(tmp_path):
         assert s.stop() == 0
 
 
-def test_api_keys_guard_model_rpcs_and_tritonclient_sends_them(tmp_path):
+def test_api_keys_guard_every_kserve_rpc_and_tritonclient_sends_them(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("alice kserve-test-key-0123456789\n")
     s = RunningServer(os.path.join(SOURCE_DIR, "models"), extra_args=[f"--api_keys_file={keys}"])
     try:
         c = triton.InferenceServerClient(url=s.address)
-        assert c.is_server_live() and c.is_server_ready()  # probes need no key
         x = np.zeros((1, 1, 32, 32), dtype=np.float32)
+        # Every KServe RPC, the server probes included (the keyless probe is grpc.health.v1).
         for call in (lambda h: c.infer(MODEL, [_fp32_input(x)], headers=h),
                      lambda h: c.get_model_metadata(MODEL, headers=h),
-                     lambda h: c.is_model_ready(MODEL, headers=h)):
+                     lambda h: c.is_model_ready(MODEL, headers=h),
+                     lambda h: c.is_server_live(headers=h),
+                     lambda h: c.is_server_ready(headers=h),
+                     lambda h: c.get_server_metadata(headers=h)):
             with pytest.raises(InferenceServerException) as e:
                 call(None)
             assert _code(e) == "StatusCode.UNAUTHENTICATED"

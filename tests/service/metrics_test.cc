@@ -383,6 +383,35 @@ TEST(MetricsHttpTest, ServesMetricsOnAFreePortAndNothingElse) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// --metrics_require_api_key: a scrape passes the authenticator or is refused 401 (unknown paths
+// too, before their 404), and the render runs only for admitted scrapes.
+TEST(MetricsHttpTest, WithAnAuthenticatorRefusesScrapesWithoutTheKey) {
+  std::atomic<int> renders{0};
+  auto server = StartMetricsHttpServer(
+      [&renders] {
+        ++renders;
+        return std::string("tost_x 1\n");
+      },
+      MetricsHttpOptions("127.0.0.1", 0),
+      [](const http::HttpRequest& r) -> absl::StatusOr<std::string> {
+        if (r.Header("authorization") == "Bearer scrape-key-0123456789") return std::string("prom");
+        return absl::UnauthenticatedError("missing API key");
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string refused = HttpGet(port, kScrape);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 401", 0), 0u) << refused;
+  EXPECT_NE(refused.find("WWW-Authenticate: Bearer"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("missing API key"), std::string::npos) << refused;
+  EXPECT_EQ(HttpGet(port, "GET /elsewhere HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 401", 0), 0u);
+  EXPECT_EQ(renders.load(), 0);
+  const std::string ok =
+      HttpGet(port, "GET /metrics HTTP/1.1\r\nAuthorization: Bearer scrape-key-0123456789\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_EQ(ok.substr(ok.size() - 9), "tost_x 1\n");
+  EXPECT_EQ(renders.load(), 1);
+}
+
 TEST(MetricsHttpTest, AnswersARequestThatArrivesInPieces) {
   auto server = StartMetricsHttpServer([] { return std::string("tost_x 1\n"); },
                                        MetricsHttpOptions("127.0.0.1", 0));

@@ -1,4 +1,5 @@
-// The start-up checks of tost_server's flags and ports (service/flag_ranges.h, port_probe.h).
+// The start-up checks of tost_server's flags and ports (service/flag_ranges.h, port_probe.h), and
+// the listeners' addresses and key options (service/server.h).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 
 #include "service/flag_ranges.h"
 #include "service/port_probe.h"
+#include "service/server.h"
 
 namespace tost::service {
 namespace {
@@ -101,6 +103,38 @@ TEST(PortProbe, PortZeroAndBracketedAddressesAreAccepted) {
   EXPECT_TRUE(v6.ok() || v6.code() == absl::StatusCode::kInvalidArgument) << v6;
   EXPECT_EQ(CheckPortFree("no-such-host.invalid", port, "--port").code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ListenerAddresses, HostIsEveryListenersAddressUnlessItsOwnIsSet) {
+  ServerOptions o;
+  o.host = "127.0.0.1";
+  ServerOptions resolved = ResolveListenerAddresses(o);
+  EXPECT_EQ(resolved.http_address, "127.0.0.1");
+  EXPECT_EQ(resolved.metrics.address, "127.0.0.1");
+  o.http_address = "0.0.0.0";
+  resolved = ResolveListenerAddresses(o);
+  EXPECT_EQ(resolved.http_address, "0.0.0.0");
+  EXPECT_EQ(resolved.metrics.address, "127.0.0.1");
+  o.metrics.address = "::1";
+  EXPECT_EQ(ResolveListenerAddresses(o).metrics.address, "::1");
+  // The defaults keep what the server always did: every listener on 0.0.0.0.
+  const ServerOptions defaults = ResolveListenerAddresses(ServerOptions{});
+  EXPECT_EQ(defaults.http_address, "0.0.0.0");
+  EXPECT_EQ(defaults.metrics.address, "0.0.0.0");
+}
+
+TEST(ListenerAddresses, AnEmptyHostAndKeylessMetricsKeysAreRefusedNamingTheFlag) {
+  ServerOptions o;
+  EXPECT_TRUE(ValidateServerOptions(o).ok()) << ValidateServerOptions(o);
+  o.host = "";
+  EXPECT_THAT(ValidateServerOptions(o).message(), HasSubstr("--host must name an address"));
+  o.host = "127.0.0.1";
+  o.metrics.require_api_key = true;
+  const absl::Status keyless = ValidateServerOptions(o);
+  EXPECT_EQ(keyless.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(keyless.message(), HasSubstr("--metrics_require_api_key needs --api_keys_file"));
+  o.api_keys_file = "/etc/tost/keys";
+  EXPECT_TRUE(ValidateServerOptions(o).ok()) << ValidateServerOptions(o);
 }
 
 }  // namespace
