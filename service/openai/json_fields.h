@@ -22,7 +22,7 @@ namespace tost::service::openai {
 // How deeply a request body may nest: what OpenAI's requests need (a schema nested as deep as a
 // constraint may be, structured::kMaxConstraintNesting, inside a few levels of body), and far
 // below what overflows the stack of a recursive reader (base/nesting.h).
-inline constexpr size_t kMaxBodyNesting = 128;
+inline constexpr size_t kMaxBodyNesting = 320;
 
 // INVALID_ARGUMENT (param "body") unless `body` is valid UTF-8 and nested at most kMaxBodyNesting
 // deep: checked before parsing, since nlohmann quotes invalid bytes raw and names no offset, and

@@ -35,8 +35,10 @@ inline constexpr size_t kMaxConstraintTextBytes = 64 * 1024;
 inline constexpr size_t kMaxConstraintChoices = 1024;
 inline constexpr size_t kMaxChoiceBytes = 4 * 1024;
 // How deeply a schema's JSON, a regex's groups or a grammar's groups may nest: the compiler
-// recurses once per level (base/nesting.h), and no schema a model is asked to follow needs more.
-inline constexpr size_t kMaxConstraintNesting = 64;
+// recurses once per level (base/nesting.h). A schema object nested in another takes three JSON
+// levels ({"properties": {"a": {...}}}), so this admits schemas some 85 objects deep, more than
+// any output a model is asked to follow, and far below what overflows a thread's stack.
+inline constexpr size_t kMaxConstraintNesting = 256;
 
 // "json_schema", "json_object", "regex", "grammar", "choice": the names errors and stats use.
 const char* KindName(Constraint::Kind kind);

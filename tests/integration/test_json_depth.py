@@ -67,7 +67,7 @@ def test_bodies_nested_100000_deep_are_refused_on_every_route(server):
         assert status == 400, (path, status, answer[:300])
         error = json.loads(answer)["error"]
         assert error["param"] == "body", (path, error)
-        assert "nested at most 128 levels deep" in error["message"], (path, error)
+        assert "nested at most 320 levels deep" in error["message"], (path, error)
         assert len(answer) < 1024, (path, len(answer))
     # Still serving, and a schema at a sane depth still constrains.
     status, answer = _post(port, "/v1/chat/completions", json.dumps({
@@ -77,11 +77,11 @@ def test_bodies_nested_100000_deep_are_refused_on_every_route(server):
 
 
 def test_a_schema_past_the_constraint_nesting_bound_is_refused_naming_its_field(server):
-    schema = '{"items":' * 65 + "{}" + "}" * 65
+    schema = '{"items":' * 257 + "{}" + "}" * 257
     body = ('{"model": "tost-austen", "messages": [{"role": "user", "content": "hi"}], '
             '"guided_json": %s}' % schema)
     status, answer = _post(server.http_port, "/v1/chat/completions", body.encode())
     assert status == 400, answer
     error = json.loads(answer)["error"]
     assert error["param"] == "guided_json"
-    assert "nested at most 64 levels deep" in error["message"]
+    assert "nested at most 256 levels deep" in error["message"]

@@ -63,19 +63,19 @@ TEST(StructuredConstraint, ValidateRefusesTextNestedPastTheCompilersBound) {
   const std::string deep_regex = std::string(30000, '(') + "a" + std::string(30000, ')');
   absl::Status s = Validate({Constraint::Kind::kRegex, deep_regex, {}});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("nested at most 64 levels deep"));
+  EXPECT_THAT(s.message(), HasSubstr("nested at most 256 levels deep"));
   std::string schema;
-  for (int i = 0; i < 65; ++i) schema += R"({"items":)";
-  schema += "{}" + std::string(65, '}');
+  for (int i = 0; i < 257; ++i) schema += R"({"items":)";
+  schema += "{}" + std::string(257, '}');
   s = Validate({Constraint::Kind::kJsonSchema, schema, {}});
-  EXPECT_THAT(s.message(), HasSubstr("level 65"));
-  const std::string grammar = "root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')');
+  EXPECT_THAT(s.message(), HasSubstr("level 257"));
+  const std::string grammar = "root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')');
   EXPECT_EQ(Validate({Constraint::Kind::kGrammar, grammar, {}}).code(),
             absl::StatusCode::kInvalidArgument);
   // At the bound: accepted (the compiler judges the rest).
   std::string ok_schema;
-  for (int i = 0; i < 63; ++i) ok_schema += R"({"items":)";
-  ok_schema += "{}" + std::string(63, '}');
+  for (int i = 0; i < 255; ++i) ok_schema += R"({"items":)";
+  ok_schema += "{}" + std::string(255, '}');
   EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, ok_schema, {}}).ok());
 }
 
