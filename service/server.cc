@@ -163,10 +163,12 @@ namespace {
 
 constexpr int kFinalMessagesGraceMs = 1000;
 
-// The admission pool's threads: admissions mostly compute (parse, tokenise) and at times wait for
-// the shared store (its client has 8 connections) or a compile (bounded by --max_compile_ms), so a
-// few dozen serve any number of cores. Past them calls wait in order, and past the queue they are
-// refused RESOURCE_EXHAUSTED (HTTP 429 with Retry-After).
+// Each admission pool's threads (handler_pool.h, AdmissionPools: calls that need no shared store
+// on one, calls that wait on it on the other, so that a store that stops answering holds up only
+// the second). Stateless admissions compute (parse, tokenise) and at times wait for a compile
+// (bounded by --max_compile_ms); store-bound ones mostly wait for the store, whose client has 8
+// connections: a few dozen each serve any number of cores. Past them calls wait in order, and past
+// the queue they are refused RESOURCE_EXHAUSTED (HTTP 429 with Retry-After).
 constexpr int kMaxAdmissionThreads = 32;
 constexpr int kMaxQueuedAdmissions = 4096;
 
@@ -342,7 +344,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   server->limits_ = options.limits;
   server->admission_ =
       std::make_unique<HandlerPool>("admit", kMaxAdmissionThreads, kMaxQueuedAdmissions);
-  if (server->metrics_ != nullptr) server->metrics_->WatchAdmission(server->admission_.get());
+  server->store_admission_ =
+      std::make_unique<HandlerPool>("admit-store", kMaxAdmissionThreads, kMaxQueuedAdmissions);
+  if (server->metrics_ != nullptr) {
+    server->metrics_->WatchAdmission(server->admission_.get(), server->store_admission_.get());
+  }
   // The HTTP front end listens from here on too: health/live 200, health/ready and the API 503
   // while the models load.
   TOST_RETURN_IF_ERROR(server->StartHttp(options));
@@ -396,8 +402,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   TOST_ASSIGN_OR_RETURN(server->engine_,
                         Engine::Create(server->repository_->Entries(), engine_options,
                                        std::move(codec), RealClock::Get()));
-  server->service_ = std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
-                                                   *server->admission_, model::CudaDeviceMemory);
+  server->service_ =
+      std::make_unique<TostService>(*server->engine_, server->auth_, options.limits,
+                                    server->admission_pools(), model::CudaDeviceMemory);
   server->kserve_ = std::make_unique<KServeService>(
       *server->engine_, server->auth_.keys_configured() ? &server->auth_ : nullptr, options.limits);
 
@@ -518,9 +525,9 @@ absl::Status Server::StartHttp(const ServerOptions& options) {
       },
       {.is_public = true});
   // The OpenAI-compatible API, on the engine's schedulers (as tost.v1 Generate).
-  AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, *admission_, router);
-  AddResponsesRoutes([this] { return serving_engine_.load(); }, limits_, *admission_, *records_,
-                     metrics_.get(), router);
+  AddOpenAiRoutes([this] { return serving_engine_.load(); }, limits_, admission_pools(), router);
+  AddResponsesRoutes([this] { return serving_engine_.load(); }, limits_, admission_pools(),
+                     *records_, metrics_.get(), router);
   router.SetAuthenticator([this](const http::HttpRequest& r) {
     return auth_.Identify(CallerCredentials{.api_key = r.Header("x-api-key"),
                                             .authorization = r.Header("authorization"),
@@ -580,8 +587,11 @@ void Server::Shutdown(int grace_ms) {
     http_->Drain(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     http_.reset();
   }
-  if (metrics_ != nullptr) metrics_->WatchAdmission(nullptr);
-  admission_.reset();  // runs what is still queued (answering nobody), joins the threads
+  if (metrics_ != nullptr) metrics_->WatchAdmission(nullptr, nullptr);
+  // Each runs what is still queued (answering nobody) and joins its threads; the stateless pool
+  // first, since its tasks hand calls over to the store pool.
+  admission_.reset();
+  store_admission_.reset();
 }
 
 void Server::Wait() {

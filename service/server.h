@@ -144,10 +144,14 @@ class Server {
   std::unique_ptr<Engine> engine_;
   Authenticator auth_;
   ServiceLimits limits_;  // the OpenAI routes' (the gRPC services keep their own copy)
-  // Both front ends' generation admissions (Generate's, the OpenAI routes'), off gRPC's callback
-  // threads and the HTTP I/O threads; after engine_ (its tasks use it), before service_ and http_
-  // (gone before it, so nothing schedules on it once it runs its last tasks).
+  // Both front ends' admissions (Generate's, the OpenAI routes'), off gRPC's callback threads and
+  // the HTTP I/O threads, on two pools: calls that need no shared store on admission_, those that
+  // wait on it (and the session RPCs, the stored responses' routes) on store_admission_
+  // (handler_pool.h, AdmissionPools). After engine_ (their tasks use it), before service_ and http_
+  // (gone before them, so nothing schedules on them once they run their last tasks).
   std::unique_ptr<HandlerPool> admission_;
+  std::unique_ptr<HandlerPool> store_admission_;
+  AdmissionPools admission_pools() { return {*admission_, *store_admission_}; }
   // Stored responses and conversations; before http_ (its routes use it), after metrics_ (which
   // reads its stats).
   std::unique_ptr<RecordStore> records_;

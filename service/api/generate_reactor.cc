@@ -1,7 +1,8 @@
 // tost.v1 Generate on gRPC's callback API: the gRPC sink of a GenerationCall, which holds every
 // rule of the call (service/generation/generation_call.h). This file parses the request (the method
 // is raw, RawService: a request protobuf refuses ends with INVALID_ARGUMENT naming the field),
-// hands it to an admission thread, and writes the call's events as GenerateResponse messages, one
+// hands it to an admission thread (a session's call to the store pool's: handler_pool.h,
+// AdmissionPools), and writes the call's events as GenerateResponse messages, one
 // write in flight at a time: the sink has room while no write is in flight, and OnWriteDone gives
 // it back.
 #include <optional>
@@ -27,19 +28,20 @@ namespace {
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public CallSink {
  public:
   GenerateReactor(Engine& engine, const Authenticator& auth, const ServiceLimits& limits,
-                  grpc::CallbackServerContext* context)
+                  AdmissionPools admission, grpc::CallbackServerContext* context)
       : auth_(auth),
         limits_(limits),
+        admission_(admission),
         context_(context),
         call_(GenerationCall::Create(engine, limits, *this)) {}
 
-  // Hands the request to `admission` (the server's admission threads), never admitting on the gRPC
-  // thread that delivered it: admission may wait, and gRPC's callback threads are few. False when
-  // the pool's queue is full (the caller finishes the call). `raw` lives until Finish.
-  [[nodiscard]] bool Start(const grpc::ByteBuffer& raw, HandlerPool& admission) {
+  // Hands the request to the stateless admission pool, never admitting on the gRPC thread that
+  // delivered it: admission may wait, and gRPC's callback threads are few. False when the pool's
+  // queue is full (the caller finishes the call). `raw` lives until Finish.
+  [[nodiscard]] bool Start(const grpc::ByteBuffer& raw) {
     // A stream reset before it got here (HTTP/2 "rapid reset") takes no place in the queue.
     if (FinishIfCancelled()) return true;
-    return admission.Schedule([this, &raw] { Admit(raw); });
+    return admission_.stateless.Schedule([this, &raw] { Admit(raw); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -144,13 +146,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                         std::string("Generate").append(kCancelledBeforeHandlerMessageEnd)));
     return true;
   }
-  // On an admission thread: parses and admits the request, or finishes the call with the reason
-  // it was refused.
+  // On a stateless admission thread: parses the request and admits it, or moves a session's call
+  // to the store pool before its checkout may wait there; finishes the call with the reason it was
+  // refused.
   void Admit(const grpc::ByteBuffer& raw) {
     if (FinishIfCancelled()) return;  // cancelled while it waited for a thread
     absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
+    if (admitted.ok() && !request_.session_id().empty()) {
+      if (admission_.store.Schedule([this] { AdmitOnStore(); })) return;
+      admitted = admission_.store.Refusal("/tost.v1.Tost/Generate");
+    }
     if (admitted.ok()) admitted = AdmitCall();
     if (!admitted.ok()) Finish(ToGrpcStatus(admitted));
+  }
+  // On a store admission thread: a session's call, parsed.
+  void AdmitOnStore() {
+    if (FinishIfCancelled()) return;  // cancelled while it waited for a thread
+    if (absl::Status admitted = AdmitCall(); !admitted.ok()) Finish(ToGrpcStatus(admitted));
   }
   absl::Status AdmitCall() {
     GenerationCallRequest r;
@@ -184,6 +196,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   const Authenticator& auth_;
   const ServiceLimits& limits_;
+  const AdmissionPools admission_;
   grpc::CallbackServerContext* const context_;
   const std::shared_ptr<GenerationCall> call_;
   // Parsed by Admit(), then read-only.
@@ -203,9 +216,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TostService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer& request) {
-  auto* reactor = new GenerateReactor(engine_, auth_, limits_, context);
-  if (!reactor->Start(request, admission_)) {
-    reactor->Finish(ToGrpcStatus(admission_.Refusal("/tost.v1.Tost/Generate")));
+  auto* reactor = new GenerateReactor(engine_, auth_, limits_, admission_, context);
+  if (!reactor->Start(request)) {
+    reactor->Finish(ToGrpcStatus(admission_.stateless.Refusal("/tost.v1.Tost/Generate")));
   }
   return reactor;
 }

@@ -6,6 +6,9 @@
 // synchronous server (Debian's gRPC 1.51), it does not stall: that server held unary calls ~100 ms
 // every 1.1 s, whatever the load. A thread idle for `idle_timeout` exits, so
 // the threads a burst started (and their stacks) do not stay once it is over.
+//
+// The server admits generation calls on two such pools (AdmissionPools below), so that a call that
+// needs no shared store never waits for a thread behind calls that wait on the store.
 #pragma once
 
 #include <deque>
@@ -62,6 +65,25 @@ class HandlerPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::list<std::thread> exited_ ABSL_GUARDED_BY(mu_);  // left Work, to be joined
+};
+
+// Where the server (server.cc) admits calls, on two bounded pools. A store that stops answering (a
+// paused Redis) holds each call that checks a session out, or reads or writes a stored response,
+// for up to --session_store_timeout_ms; on one pool enough of them took every thread, and a
+// stateless call waited in the queue behind them. So:
+//   - `stateless` ("admit") starts every generation call: it parses the request (computing, never
+//     waiting, and off gRPC's callback threads and the HTTP I/O threads, where a parse would hold
+//     up the other calls) and admits at once a call that needs no store: a fresh prompt, or a state
+//     blob's continuation, which brings its own state;
+//   - `store` ("admit-store") takes the call once its parsed request names stored state (a session
+//     id, a previous_response_id, a conversation), before it touches the store; and the session
+//     RPCs, the stored responses' and conversations' routes, and a finished response's writes.
+// Which pool is decided from the parsed request, so a call never guesses wrong. Each pool refuses
+// past its queue (RESOURCE_EXHAUSTED, HTTP 429 with Retry-After): a stuck store fills the store
+// pool, and stateless calls keep their threads. With the in-memory store nothing waits on either.
+struct AdmissionPools {
+  HandlerPool& stateless;
+  HandlerPool& store;
 };
 
 }  // namespace tost::service

@@ -53,17 +53,19 @@ class RawService : public grpc::Service {
   RawService(const std::string& service_full_name, int64_t max_request_bytes);
 
   // Serves unary `method` with `handler`, a member of the derived service `Self`, on gRPC's
-  // callback API with the handler itself run on this service's HandlerPool (it may block): the
+  // callback API with the handler itself run on this service's HandlerPool (it may block), or on
+  // `pool` (not owned; it outlives the service) for a handler that should not share it: the
   // request is parsed (INVALID_ARGUMENT naming the field when it cannot be) and the response
   // serialised there.
   template <class Self, class Request, class Response>
   void AddUnary(const std::string& method,
-                grpc::Status (Self::*handler)(grpc::ServerContextBase*, const Request*,
-                                              Response*)) {
+                grpc::Status (Self::*handler)(grpc::ServerContextBase*, const Request*, Response*),
+                HandlerPool* pool = nullptr) {
     const char* path =
         Register(method, *Request::descriptor(), *Response::descriptor(), /*streaming=*/false);
     Self* self = static_cast<Self*>(this);
-    HandlerPool* pool = &handlers_;
+    const bool own_pool = pool == nullptr;
+    if (own_pool) pool = &handlers_;
     const int64_t max_request_bytes = max_request_bytes_;
     // The answers of calls that end before their handler (before_handler.h), made once: a flood
     // of reset streams gets them by the ten thousand a second.
@@ -77,7 +79,7 @@ class RawService : public grpc::Service {
     MarkMethodRawCallback(
         methods_added_,
         new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-            [self, handler, pool, max_request_bytes, path, no_request, cancelled](
+            [self, handler, pool, own_pool, max_request_bytes, path, no_request, cancelled](
                 grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
                 grpc::ByteBuffer* out) {
               grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -102,7 +104,9 @@ class RawService : public grpc::Service {
                                                        : ServeUnary(self, handler, context, *raw,
                                                                     max_request_bytes, out));
               });
-              if (!scheduled) reactor->Finish(PoolFull(path));
+              if (!scheduled) {
+                reactor->Finish(own_pool ? PoolFull(path) : ToGrpcStatus(pool->Refusal(path)));
+              }
               return reactor;
             }));
     ++methods_added_;

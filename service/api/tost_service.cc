@@ -22,7 +22,7 @@
 namespace tost::service {
 
 TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
-                         HandlerPool& admission, DeviceMemoryProbe device_memory)
+                         AdmissionPools admission, DeviceMemoryProbe device_memory)
     : RawService(tost::v1::Tost::service_full_name(), limits.max_request_bytes),
       engine_(engine),
       auth_(auth),
@@ -35,11 +35,13 @@ TostService::TostService(Engine& engine, const Authenticator& auth, ServiceLimit
   AddUnary("ListModels", &TostService::ListModels);
   AddUnary("ModelInfo", &TostService::ModelInfo);
   AddUnary("ServerStatus", &TostService::ServerStatus);
-  AddUnary("CreateSession", &TostService::CreateSession);
-  AddUnary("ForkSession", &TostService::ForkSession);
-  AddUnary("ExportSession", &TostService::ExportSession);
-  AddUnary("ImportSession", &TostService::ImportSession);
-  AddUnary("CloseSession", &TostService::CloseSession);
+  // Each reads or writes the session store: beside the calls that wait on it, so that a store
+  // that stops answering holds none of this service's own threads.
+  AddUnary("CreateSession", &TostService::CreateSession, &admission.store);
+  AddUnary("ForkSession", &TostService::ForkSession, &admission.store);
+  AddUnary("ExportSession", &TostService::ExportSession, &admission.store);
+  AddUnary("ImportSession", &TostService::ImportSession, &admission.store);
+  AddUnary("CloseSession", &TostService::CloseSession, &admission.store);
 }
 
 namespace {

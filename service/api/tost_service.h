@@ -27,11 +27,12 @@ class TostService final : public RawService {
   // API layer links no LibTorch).
   using DeviceMemoryProbe = std::function<std::vector<model::DeviceMemoryStats>()>;
 
-  // `engine`, `auth` and `admission` are not owned and must outlive the service; Generate admits
-  // its calls on `admission` (generate_reactor.cc says why not on gRPC's threads). An empty probe
-  // reports no devices.
+  // `engine`, `auth` and `admission`'s pools are not owned and must outlive the service. Generate
+  // admits its calls on `admission` (generate_reactor.cc says why not on gRPC's threads), and the
+  // session RPCs, which wait on the session store, run on its store pool (handler_pool.h). An
+  // empty probe reports no devices.
   TostService(Engine& engine, const Authenticator& auth, ServiceLimits limits,
-              HandlerPool& admission, DeviceMemoryProbe device_memory = {});
+              AdmissionPools admission, DeviceMemoryProbe device_memory = {});
 
   grpc::Status Classify(grpc::ServerContextBase* context, const tost::v1::ClassifyRequest* request,
                         tost::v1::ClassifyResponse* response);
@@ -64,7 +65,7 @@ class TostService final : public RawService {
   Engine& engine_;
   const Authenticator& auth_;
   const ServiceLimits limits_;
-  HandlerPool& admission_;
+  const AdmissionPools admission_;
   const DeviceMemoryProbe device_memory_;
 };
 

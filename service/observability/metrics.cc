@@ -134,9 +134,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     engine_ = engine;
   }
-  void WatchAdmission(const HandlerPool* admission) {
+  void WatchAdmission(const HandlerPool* stateless, const HandlerPool* store) {
     absl::MutexLock lock(&mu_);
-    admission_ = admission;
+    stateless_admission_ = stateless;
+    store_admission_ = store;
   }
   void WatchRecords(const RecordStore* records) {
     absl::MutexLock lock(&mu_);
@@ -167,15 +168,23 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
                                MetricType::Gauge, std::move(reserved)));
     }
     absl::MutexLock lock(&mu_);
-    if (admission_ != nullptr) {
-      const HandlerPool::Load load = admission_->load();
+    std::vector<ClientMetric> admissions;
+    for (const auto& [pool, name] :
+         {std::pair{stateless_admission_, "stateless"}, std::pair{store_admission_, "store"}}) {
+      if (pool == nullptr) continue;
+      const HandlerPool::Load load = pool->load();
+      admissions.push_back(
+          GaugeSample(static_cast<double>(load.running), {{"pool", name}, {"state", "running"}}));
+      admissions.push_back(
+          GaugeSample(static_cast<double>(load.queued), {{"pool", name}, {"state", "queued"}}));
+    }
+    if (!admissions.empty()) {
       out.push_back(MakeFamily(
           "tost_admissions",
-          "Generation calls (Generate and the OpenAI routes) being admitted: running on an "
-          "admission thread, or queued for one",
-          MetricType::Gauge,
-          {GaugeSample(static_cast<double>(load.running), {{"state", "running"}}),
-           GaugeSample(static_cast<double>(load.queued), {{"state", "queued"}})}));
+          "Calls being admitted (Generate, the OpenAI routes; on the store pool also the session "
+          "RPCs and the stored responses' routes): running on a thread of their admission pool, "
+          "or queued for one",
+          MetricType::Gauge, std::move(admissions)));
     }
     if (records_ != nullptr) {
       // The shared store holds its records itself: this replica reports 0 there, and the store's
@@ -329,7 +338,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
  private:
   mutable absl::Mutex mu_;
   const Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
-  const HandlerPool* admission_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const HandlerPool* stateless_admission_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const HandlerPool* store_admission_ ABSL_GUARDED_BY(mu_) = nullptr;
   const RecordStore* records_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
@@ -696,8 +706,8 @@ void Metrics::RegisterModel(const std::string& name, const std::string& version,
 
 void Metrics::WatchEngine(const Engine* engine) { impl_->collector->Watch(engine); }
 
-void Metrics::WatchAdmission(const HandlerPool* admission) {
-  impl_->collector->WatchAdmission(admission);
+void Metrics::WatchAdmission(const HandlerPool* stateless, const HandlerPool* store) {
+  impl_->collector->WatchAdmission(stateless, store);
 }
 
 void Metrics::ObserveRpc(std::string_view rpc, grpc::StatusCode code, absl::Duration elapsed) {

@@ -104,9 +104,10 @@ class Metrics final : public BatchObserver,
   // Sessions and queue depths are read from `engine` at each scrape. Not owned; must outlive
   // serving.
   void WatchEngine(const Engine* engine);
-  // Generation admissions running and queued (tost_admissions) are read from `admission` at each
-  // scrape. Not owned; null stops reading it (before it goes).
-  void WatchAdmission(const HandlerPool* admission);
+  // Admissions running and queued (tost_admissions) are read from the two admission pools
+  // (handler_pool.h, AdmissionPools) at each scrape, labelled pool="stateless" and pool="store".
+  // Not owned; null stops reading one (before it goes).
+  void WatchAdmission(const HandlerPool* stateless, const HandlerPool* store);
   // Stored responses and conversations held (tost_response_store_*) are read from `records` at
   // each scrape. Not owned; must outlive serving (null stops reading it).
   void WatchRecords(const RecordStore* records);

@@ -27,12 +27,22 @@ using openai::Endpoint;
 // weakly.
 class OpenAiSink final : public CallSink {
  public:
-  OpenAiSink(Engine& engine, std::shared_ptr<HttpExchange> exchange, Endpoint endpoint)
-      : engine_(engine), exchange_(std::move(exchange)), endpoint_(endpoint) {}
+  OpenAiSink(Engine& engine, std::shared_ptr<HttpExchange> exchange, Endpoint endpoint,
+             HandlerPool& store_admission)
+      : engine_(engine),
+        exchange_(std::move(exchange)),
+        endpoint_(endpoint),
+        store_admission_(store_admission) {}
 
-  // On an admission thread, never the connection's strand: admission may wait (see the header).
+  // On a stateless admission thread, never the connection's strand: admission may wait (see the
+  // header). A session's call moves to the store pool before its checkout may wait there.
   void Start(GenerationCall& call) {
-    StartCall(*exchange_, call, [&] { return Admit(call); });
+    StartCall(*exchange_, call, [&]() -> absl::Status {
+      TOST_RETURN_IF_ERROR(Parse());
+      if (request_.session_id.empty()) return Admit(call);
+      return AdmitOnStorePool(store_admission_, exchange_, call,
+                              [this, &call] { return Admit(call); });
+    });
   }
 
   absl::Status Refine(AdmissionStep step, absl::Status status) override {
@@ -105,9 +115,13 @@ class OpenAiSink final : public CallSink {
   void Abort() override { exchange_->Abort(); }
 
  private:
+  absl::Status Parse() {
+    TOST_ASSIGN_OR_RETURN(request_,
+                          openai::ParseOpenAiRequest(endpoint_, exchange_->request().body));
+    return absl::OkStatus();
+  }
   absl::Status Admit(GenerationCall& call) {
     const http::HttpRequest& http_request = exchange_->request();
-    TOST_ASSIGN_OR_RETURN(request_, openai::ParseOpenAiRequest(endpoint_, http_request.body));
     const bool fresh = request_.session_id.empty() && !request_.state.has_value();
     // OpenAI's servers sample an unseeded request differently each time; the seed is drawn here,
     // where a sampling setting applies (a continued generation that sets none keeps its state's).
@@ -127,36 +141,37 @@ class OpenAiSink final : public CallSink {
   Engine& engine_;
   const std::shared_ptr<HttpExchange> exchange_;
   const Endpoint endpoint_;
-  // Set by Admit() and Started(), then read-only.
+  HandlerPool& store_admission_;
+  // Set by Parse(), Admit() and Started(), then read-only.
   openai::OpenAiRequest request_;
   std::string prompt_storage_;  // a chat's rendered prompt, which the call's input views
   std::unique_ptr<openai::ResponseBuilder> builder_;
 };
 
-void Route(Engine& engine, const ServiceLimits& limits, HandlerPool& admission, Endpoint endpoint,
+void Route(Engine& engine, const ServiceLimits& limits, AdmissionPools admission, Endpoint endpoint,
            std::shared_ptr<HttpExchange> exchange) {
-  auto sink = std::make_shared<OpenAiSink>(engine, exchange, endpoint);
+  auto sink = std::make_shared<OpenAiSink>(engine, exchange, endpoint, admission.store);
   std::shared_ptr<GenerationCall> call = GenerationCall::Create(engine, limits, sink);
-  if (!admission.Schedule([sink, call] { sink->Start(*call); })) {
-    RespondError(*exchange, admission.Refusal(exchange->request().path));
+  if (!admission.stateless.Schedule([sink, call] { sink->Start(*call); })) {
+    RespondError(*exchange, admission.stateless.Refusal(exchange->request().path));
   }
 }
 
 }  // namespace
 
-void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, AdmissionPools admission,
                      http::HttpRouter& router) {
   router.Handle("GET", "/v1/models", [engine](std::shared_ptr<HttpExchange> exchange) {
     if (Engine* e = EngineOrLoading(engine, *exchange))
       exchange->Respond(http::MakeResponse(200, openai::ModelsListBody(e->models())));
   });
   router.Handle("POST", "/v1/completions",
-                [engine, &limits, &admission](std::shared_ptr<HttpExchange> exchange) {
+                [engine, &limits, admission](std::shared_ptr<HttpExchange> exchange) {
                   if (Engine* e = EngineOrLoading(engine, *exchange))
                     Route(*e, limits, admission, Endpoint::kCompletions, std::move(exchange));
                 });
   router.Handle("POST", "/v1/chat/completions",
-                [engine, &limits, &admission](std::shared_ptr<HttpExchange> exchange) {
+                [engine, &limits, admission](std::shared_ptr<HttpExchange> exchange) {
                   if (Engine* e = EngineOrLoading(engine, *exchange))
                     Route(*e, limits, admission, Endpoint::kChatCompletions, std::move(exchange));
                 });

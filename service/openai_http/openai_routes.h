@@ -19,12 +19,13 @@ namespace tost::service {
 // (as gRPC's loading responder does), and the routes answer 503 until then.
 using ServingEngine = std::function<Engine*()>;
 
-// Adds the three routes to `router`. The engine it returns, `limits` and `admission` must outlive
-// the HTTP server, and the engine must outlive `admission` too (its destructor runs the tasks still
-// queued). A request `admission` refuses (its queue full) is answered 429 with Retry-After. Every
-// route needs the router's authenticator: the request's `caller` owns the sessions, blobs and
-// prefix-cache entries it creates.
-void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+// Adds the three routes to `router`. The engine it returns, `limits` and `admission`'s pools must
+// outlive the HTTP server, and the engine must outlive the pools too (their destructors run the
+// tasks still queued). A request is parsed on the stateless pool and, when it continues a session,
+// admitted on the store pool (handler_pool.h); a request a pool refuses (its queue full) is
+// answered 429 with Retry-After. Every route needs the router's authenticator: the request's
+// `caller` owns the sessions, blobs and prefix-cache entries it creates.
+void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, AdmissionPools admission,
                      http::HttpRouter& router);
 
 }  // namespace tost::service

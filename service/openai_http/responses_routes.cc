@@ -61,8 +61,9 @@ void RespondJson(HttpExchange& exchange, const json& body) {
       http::MakeResponse(200, body.dump(-1, ' ', false, json::error_handler_t::replace)));
 }
 
-// Runs `work` on an admission thread (store calls may wait on a network; a connection's strand
-// must not), answering 429 when every thread is busy and the queue full.
+// Runs `work` on an admission thread of the store pool (store calls may wait on a network; a
+// connection's strand must not, nor a call that needs no store), answering 429 when every thread
+// is busy and the queue full.
 void OnPool(HandlerPool& pool, const std::shared_ptr<HttpExchange>& exchange,
             std::function<void()> work) {
   if (!pool.Schedule(std::move(work))) {
@@ -110,22 +111,29 @@ absl::StatusOr<ListQuery> ParseListQuery(const http::HttpRequest& request) {
 struct RoutesContext {
   ServingEngine engine;
   const ServiceLimits& limits;
-  HandlerPool& admission;
+  AdmissionPools admission;
   RecordStore& store;
   ResponsesObserver* observer;
 };
 
 // The Responses event stream or the JSON of one POST /v1/responses: a CallSink of its
-// GenerationCall, owned by it. Admission, the store's reads and its writes run on admission
-// threads; the tokens arrive on the engine's delivery thread.
+// GenerationCall, owned by it. Admission runs on admission threads, the store's reads and its
+// writes on the store pool's; the tokens arrive on the engine's delivery thread.
 class ResponsesSink final : public CallSink {
  public:
   ResponsesSink(Engine& engine, const RoutesContext& context,
                 std::shared_ptr<HttpExchange> exchange)
       : engine_(engine), context_(context), exchange_(std::move(exchange)) {}
 
+  // On a stateless admission thread. A response that continues a stored one or a conversation
+  // moves to the store pool before it reads the store.
   void Start(GenerationCall& call) {
-    StartCall(*exchange_, call, [&] { return Admit(call); });
+    StartCall(*exchange_, call, [&]() -> absl::Status {
+      TOST_RETURN_IF_ERROR(Parse());
+      if (!ReadsStore()) return Admit(call);
+      return AdmitOnStorePool(context_.admission.store, exchange_, call,
+                              [this, &call] { return Admit(call); });
+    });
   }
 
   absl::Status Refine(AdmissionStep step, absl::Status status) override {
@@ -252,22 +260,36 @@ class ResponsesSink final : public CallSink {
     if (continued_ && !request_.state.has_value() && context_.observer != nullptr) {
       context_.observer->OnContinuation();
     }
-    if (!request_.store && !request_.return_state) return Answer();
-    // The store may wait on a network: not on the engine's thread.
+    // Nothing to keep (a conversation's response is stored): the state, if asked for, goes back
+    // in the answer alone.
+    if (!request_.store) return Answer();
+    // The store may wait on a network: not on the engine's thread, which delivers every stream's
+    // tokens; with the store pool full the response is refused rather than kept from there.
     auto self = self_.lock();
-    if (!context_.admission.Schedule([self] { self->PersistAndAnswer(); })) PersistAndAnswer();
+    if (!context_.admission.store.Schedule([self] { self->PersistAndAnswer(); })) {
+      Fail(context_.admission.store.Refusal(exchange_->request().path));
+    }
   }
   void Abort() override { exchange_->Abort(); }
 
   void set_self(std::weak_ptr<ResponsesSink> self) { self_ = std::move(self); }
 
  private:
-  absl::Status Admit(GenerationCall& call) {
+  absl::Status Parse() {
     const http::HttpRequest& http_request = exchange_->request();
     TOST_ASSIGN_OR_RETURN(request_, openai::ParseResponsesRequest(http_request.body));
     owner_ = CallerOf(http_request);
     response_id_ = openai::NewItemId(kResponsePrefix);
     message_id_ = openai::NewItemId("msg_");
+    return absl::OkStatus();
+  }
+  // Whether admitting the parsed request reads the store (LoadContinuation): a state blob brings
+  // its own state.
+  bool ReadsStore() const {
+    return !request_.state.has_value() &&
+           (!request_.previous_response_id.empty() || !request_.conversation_id.empty());
+  }
+  absl::Status Admit(GenerationCall& call) {
     GenerationCallRequest r;
     r.owner = owner_;
     r.model = request_.model;
@@ -370,7 +392,7 @@ class ResponsesSink final : public CallSink {
     return status;
   }
 
-  // On an admission thread: keep the response and advance its conversation, then answer.
+  // On a store admission thread: keep the response and advance its conversation, then answer.
   void PersistAndAnswer() {
     if (absl::Status kept = Persist(); !kept.ok()) return Fail(kept);
     Answer();
@@ -440,7 +462,7 @@ class ResponsesSink final : public CallSink {
   const RoutesContext& context_;
   const std::shared_ptr<HttpExchange> exchange_;
   std::weak_ptr<ResponsesSink> self_;
-  // Set by Admit(), then read-only.
+  // Set by Parse() and Admit(), then read-only.
   ResponsesRequest request_;
   std::string owner_;
   std::string response_id_;
@@ -466,15 +488,15 @@ void CreateResponse(Engine& engine, const RoutesContext& context,
   auto sink = std::make_shared<ResponsesSink>(engine, context, exchange);
   sink->set_self(sink);
   std::shared_ptr<GenerationCall> call = GenerationCall::Create(engine, context.limits, sink);
-  if (!context.admission.Schedule([sink, call] { sink->Start(*call); })) {
-    RespondError(*exchange, context.admission.Refusal(exchange->request().path));
+  if (!context.admission.stateless.Schedule([sink, call] { sink->Start(*call); })) {
+    RespondError(*exchange, context.admission.stateless.Refusal(exchange->request().path));
   }
 }
 
 // GET /v1/responses/{response_id} and DELETE, and GET .../input_items.
 void StoredResponseRoute(const RoutesContext& context, std::shared_ptr<HttpExchange> exchange,
                          bool input_items) {
-  OnPool(context.admission, exchange, [&context, exchange, input_items] {
+  OnPool(context.admission.store, exchange, [&context, exchange, input_items] {
     absl::StatusOr<json> body = [&]() -> absl::StatusOr<json> {
       TOST_ASSIGN_OR_RETURN(std::string id,
                             PathId(*exchange, "response_id", "response", kResponsePrefix));
@@ -523,7 +545,7 @@ absl::StatusOr<json> EditConversation(const RoutesContext& context, const std::s
 }
 
 void ConversationRoute(const RoutesContext& context, std::shared_ptr<HttpExchange> exchange) {
-  OnPool(context.admission, exchange, [&context, exchange] {
+  OnPool(context.admission.store, exchange, [&context, exchange] {
     absl::StatusOr<json> body = [&]() -> absl::StatusOr<json> {
       const http::HttpRequest& request = exchange->request();
       const std::string owner = CallerOf(request);
@@ -569,7 +591,7 @@ void ConversationRoute(const RoutesContext& context, std::shared_ptr<HttpExchang
 }
 
 void ConversationItemsRoute(const RoutesContext& context, std::shared_ptr<HttpExchange> exchange) {
-  OnPool(context.admission, exchange, [&context, exchange] {
+  OnPool(context.admission.store, exchange, [&context, exchange] {
     absl::StatusOr<json> body = [&]() -> absl::StatusOr<json> {
       const http::HttpRequest& request = exchange->request();
       const std::string owner = CallerOf(request);
@@ -627,7 +649,7 @@ void ConversationItemsRoute(const RoutesContext& context, std::shared_ptr<HttpEx
 
 }  // namespace
 
-void AddResponsesRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+void AddResponsesRoutes(ServingEngine engine, const ServiceLimits& limits, AdmissionPools admission,
                         RecordStore& store, ResponsesObserver* observer, http::HttpRouter& router) {
   // Shared by every route's handler, for the router's (the server's) lifetime.
   auto context = std::make_shared<RoutesContext>(

@@ -28,9 +28,11 @@
 namespace tost::service {
 
 // Adds the routes to `router`. `store` holds responses and conversations; it, `limits`,
-// `admission` and `observer` (may be null) must outlive the HTTP server, and the engine must
-// outlive `admission`. Store calls run on `admission`'s threads, never on a connection's.
-void AddResponsesRoutes(ServingEngine engine, const ServiceLimits& limits, HandlerPool& admission,
+// `admission`'s pools and `observer` (may be null) must outlive the HTTP server, and the engine
+// must outlive the pools. Store calls run on the store pool's threads (handler_pool.h), never on a
+// connection's: the stored responses' and conversations' routes, a new response that continues a
+// stored one or a conversation (parsed on the stateless pool first), and a response's writes.
+void AddResponsesRoutes(ServingEngine engine, const ServiceLimits& limits, AdmissionPools admission,
                         RecordStore& store, ResponsesObserver* observer, http::HttpRouter& router);
 
 }  // namespace tost::service

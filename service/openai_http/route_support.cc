@@ -66,6 +66,18 @@ void StartCall(http::HttpExchange& exchange, GenerationCall& call,
   if (absl::Status admitted = admit(); !admitted.ok()) RespondError(exchange, admitted);
 }
 
+absl::Status AdmitOnStorePool(HandlerPool& store, std::shared_ptr<http::HttpExchange> exchange,
+                              GenerationCall& call, std::function<absl::Status()> admit) {
+  const std::string path = exchange->request().path;
+  // The call (which owns the sink `admit` runs on) lives until the task has run.
+  const bool scheduled = store.Schedule(
+      [exchange = std::move(exchange), keep = call.shared_from_this(), admit = std::move(admit)] {
+        if (exchange->cancelled()) return;  // gone while it waited for a thread
+        if (absl::Status admitted = admit(); !admitted.ok()) RespondError(*exchange, admitted);
+      });
+  return scheduled ? absl::OkStatus() : store.Refusal(path);
+}
+
 uint64_t RandomSeed() {
   thread_local absl::BitGen gen;
   return absl::Uniform<uint64_t>(gen);

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "service/api/handler_pool.h"
 #include "service/engine/engine.h"
 #include "service/generation/generation_call.h"
 #include "service/http/http_server.h"
@@ -34,6 +36,13 @@ absl::Status ConstraintRefusal(const std::string& field, absl::Status status);
 // of the client's leaving, and `admit` runs; its refusal is answered.
 void StartCall(http::HttpExchange& exchange, GenerationCall& call,
                const std::function<absl::Status()>& admit);
+
+// For a call StartCall began on the stateless admission pool whose parsed request names stored
+// state: runs `admit` on `store` (the store pool, handler_pool.h), where waiting on the store holds
+// up no call that needs none. There, nothing when the client left meanwhile; `admit`'s refusal is
+// answered. The refusal of a full pool is returned (StartCall answers it: 429).
+absl::Status AdmitOnStorePool(HandlerPool& store, std::shared_ptr<http::HttpExchange> exchange,
+                              GenerationCall& call, std::function<absl::Status()> admit);
 
 // OpenAI's servers sample an unseeded request differently each time: a seed from a thread-local
 // generator.

@@ -19,7 +19,9 @@ invariant decode makes them independent of batching), wherever the call lands:
   or stopped: session calls answer UNAVAILABLE naming the store within the command timeout while
   stateless calls and health go on, and session calls work again once it is back; calls waiting
   for a paused store, more than either front end has I/O threads, hold up neither the HTTP health
-  probe nor stateless calls on gRPC and HTTP; the flag combinations a replica refuses at startup.
+  probe nor stateless calls on gRPC and HTTP, and 500 of them, far more than the admission threads,
+  leave a stateless call's latency within 2x of its unloaded one; the flag combinations a replica
+  refuses at startup.
 
 The `shared_sessions_*` ctest tests (tests/integration/CMakeLists.txt) run them; server_end_to_end
 leaves this file out."""
@@ -29,6 +31,7 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -39,7 +42,7 @@ import tost_protos
 from conftest import SOURCE_DIR, RunningServer
 from failover_proxy import Cluster
 from redis_server import RedisServer
-from tost_harness import collect_generate, metric_value, scrape_metrics
+from tost_harness import collect_generate, metric_value, scrape_metrics, wait_for_metric
 
 pb2, pb2_grpc = tost_protos.tost()
 
@@ -551,6 +554,9 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
         with ch:
             # One session each: calls on a session that is checked out fail at once, store or not.
             sids = [create(stub, i) for i in range(waiting_grpc + waiting_http)]
+            # The client's first call takes it a second (imports, its platform headers): paid here,
+            # not while the store is paused.
+            client.models.list()
             outcomes = {}
 
             def session_call(i):
@@ -574,7 +580,9 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
                            for i in range(waiting_grpc + waiting_http)]
                 for t in threads:
                     t.start()
-                time.sleep(0.5)  # every one of them is in its admission, waiting for the store
+                # Every one of them is in its admission, waiting for the store.
+                wait_for_metric(server, "tost_admissions", lambda v: v == waiting_grpc + waiting_http,
+                                timeout_s=2, pool="store", state="running")
                 took = {}
 
                 def timed(name, call):
@@ -601,7 +609,7 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
                 timed("stateless Generate", lambda: advance_stateless(stub))
                 timed("gRPC health", lambda: health(server.address))
                 still_waiting = sum(t.is_alive() for t in threads)
-                admitting = metric_value(scrape_metrics(server), "tost_admissions", state="running")
+                admitting = metric_value(scrape_metrics(server), "tost_admissions", pool="store", state="running")
                 for t in threads:
                     t.join(timeout_ms / 1000 + 10)
             finally:
@@ -613,11 +621,161 @@ def test_store_paused_holds_up_no_call_that_needs_none(key_file):
             assert still_waiting == waiting_grpc + waiting_http, \
                 f"only {still_waiting} session calls were still waiting for the store when the others were timed"
             assert admitting == waiting_grpc + waiting_http, \
-                f"tost_admissions{{state=\"running\"}} should count the calls waiting for the store: {admitting}"
+                f"tost_admissions{{pool=\"store\",state=\"running\"}} should count the calls waiting for the store: {admitting}"
             assert sorted(outcomes) == list(range(waiting_grpc + waiting_http)), f"calls did not end: {outcomes}"
             assert all(outcomes[i][0] == "UNAVAILABLE" for i in range(waiting_grpc)), outcomes
             assert all(outcomes[i][0] == 503 for i in range(waiting_grpc, waiting_grpc + waiting_http)), outcomes
             wait_session_calls_work([stub])
+
+
+def test_store_paused_500_session_calls_leave_stateless_latency_alone(key_file):
+    """Admission runs on two pools: calls that touch the store (a session's checkout, a stored
+    response read, the session RPCs) on one, calls that need none on the other. With 500 of the
+    first kind stuck on a paused Redis (Generate(session_id) and ExportSession on gRPC, session
+    completions and previous_response_id responses on HTTP), far more than either pool has
+    threads, a stateless Generate and a stateless completion keep their unloaded latency within
+    2x (medians, the unloaded one measured just before the pause); once Redis is back every stuck
+    call ends and session calls work again. On one shared pool the stateless calls waited for the
+    store's timeout (30 s here: past their 10 s deadline). A round whose ratio another process's
+    load spoils (the unloaded and loaded figures are taken a second apart) is run again, up to
+    3 rounds: calls that wait behind the store fail every one (and a stateless call that waits for
+    seconds fails the test at once)."""
+    timeout_ms = 30_000  # the stuck calls wait for the store past the measurement
+    grpc_generates, grpc_exports, http_completions, http_responses = 440, 20, 25, 15
+    stuck = grpc_generates + grpc_exports + http_completions + http_responses
+    assert stuck == 500
+    samples = 11
+    rounds = 3
+    stateless_tokens = 32  # a few ms of decoding: scheduling noise is small beside it
+    local = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel
+    with RedisServer() as redis, RunningServer(MODELS, [
+            f"--session_key_file={key_file}", "--max_queued_generations=1024",
+            *store_args(redis, f"--session_store_timeout_ms={timeout_ms}")]) as server:
+        busy = grpc.insecure_channel(server.address, options=local)
+        quiet = grpc.insecure_channel(server.address, options=local)
+        with busy, quiet:
+            stub, quiet_stub = pb2_grpc.TostStub(busy), pb2_grpc.TostStub(quiet)
+            creates = [stub.CreateSession.future(pb2.CreateSessionRequest(model=MODEL, sampling=sampling(i)),
+                                                 timeout=CALL_TIMEOUT_S)
+                       for i in range(grpc_generates + grpc_exports + http_completions)]
+            sids = [f.result().session_id for f in creates]
+
+            def stateless_generate():
+                got = collect_generate(quiet_stub.Generate(
+                    pb2.GenerateRequest(model=MODEL, prompt_bytes=b"Stateless, ", max_new_tokens=stateless_tokens),
+                    timeout=10))
+                assert got.final is not None and got.final.generated_tokens > 0
+
+            def http_post(path, body, timeout_s):
+                # A connection of its own each (urllib opens one per request).
+                request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}",
+                                                 data=json.dumps(body).encode(),
+                                                 headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=timeout_s) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e:
+                    return e.code, None
+
+            def stateless_completion():
+                code, body = http_post("/v1/completions",
+                                       {"model": MODEL, "prompt": "Stateless,", "max_tokens": stateless_tokens}, 10)
+                assert code == 200 and body["choices"][0]["text"], (code, body)
+
+            def latencies(call):
+                took = []
+                for _ in range(samples):
+                    t0 = time.monotonic()
+                    try:
+                        call()
+                    except (grpc.RpcError, OSError) as e:  # past its 10 s deadline: counted as such
+                        took.append(time.monotonic() - t0)
+                        print(f"\n  a stateless call failed after {took[-1]:.1f} s: {e}")
+                        break  # the others would wait as long
+                    took.append(time.monotonic() - t0)
+                return took
+
+            def median(xs):
+                return sorted(xs)[len(xs) // 2]
+
+            def show(xs):
+                return f"{median(xs) * 1000:.1f} ms ({', '.join(f'{s * 1000:.0f}' for s in xs)})"
+
+            calls = {"stateless Generate": stateless_generate, "stateless /v1/completions": stateless_completion}
+            for call in calls.values():
+                call()  # warm: the first calls' one-off costs are no part of the latency
+
+            def one_round():
+                """Unloaded latencies, then the same with the 500 calls stuck; the stuck calls'
+                outcomes once the store is back."""
+                unloaded = {name: latencies(call) for name, call in calls.items()}
+                outcomes = {}
+
+                def http_session_call(i):
+                    if i < http_completions:
+                        body = {"model": MODEL, "prompt": "Then,", "max_tokens": 1,
+                                "session_id": sids[grpc_generates + grpc_exports + i]}
+                        outcomes[("http", i)] = http_post("/v1/completions", body, CALL_TIMEOUT_S)[0]
+                    else:
+                        # An id the store is asked about (unknown: 404 once the store answers).
+                        body = {"model": MODEL, "input": "Then,", "max_output_tokens": 1,
+                                "previous_response_id": f"resp_{i:032x}"}
+                        outcomes[("http", i)] = http_post("/v1/responses", body, CALL_TIMEOUT_S)[0]
+
+                redis.pause()
+                try:
+                    generates = [stub.Generate(pb2.GenerateRequest(session_id=sids[i], prompt_bytes=b" Then,",
+                                                                   max_new_tokens=1), timeout=CALL_TIMEOUT_S)
+                                 for i in range(grpc_generates)]
+                    exports = [stub.ExportSession.future(pb2.SessionRef(session_id=sids[grpc_generates + i]),
+                                                         timeout=CALL_TIMEOUT_S)
+                               for i in range(grpc_exports)]
+                    threads = [threading.Thread(target=http_session_call, args=(i,), daemon=True)
+                               for i in range(http_completions + http_responses)]
+                    for t in threads:
+                        t.start()
+                    # Every generation call is in its admission (a thread's or the queue's), waiting
+                    # for the store.
+                    admitting = wait_for_metric(server, "tost_admissions", lambda v: v >= stuck - grpc_exports,
+                                                timeout_s=20,
+                                                message="the session calls should all wait for the store")
+                    loaded = {name: latencies(call) for name, call in calls.items()}
+                    still_waiting = (sum(not g.done() for g in generates) + sum(not f.done() for f in exports) +
+                                     sum(t.is_alive() for t in threads))
+                finally:
+                    redis.resume()
+                print(f"\n{stuck} session calls waiting for the paused store ({admitting:g} in admission):")
+                for name in calls:
+                    print(f"  {name}: unloaded median {show(unloaded[name])}, loaded median {show(loaded[name])}")
+                assert still_waiting == stuck, \
+                    f"only {still_waiting} of the {stuck} session calls still waited for the store when timed"
+                # The store is back: every stuck call ends, as the store answers it.
+                for g in generates:
+                    got = collect_generate(g, capture_error=True)
+                    outcomes[("generate", id(g))] = "OK" if got.error is None else got.error.code().name
+                for f in exports:
+                    outcomes[("export", id(f))] = "OK" if f.exception() is None else f.exception().code().name
+                for t in threads:
+                    t.join(CALL_TIMEOUT_S)
+                counts = {}
+                for outcome in outcomes.values():
+                    counts[outcome] = counts.get(outcome, 0) + 1
+                print(f"  once the store was back: {counts}")
+                assert len(outcomes) == stuck, f"calls did not end: {stuck - len(outcomes)}"
+                assert counts.get("OK", 0) == grpc_generates + grpc_exports, counts
+                assert counts.get(200, 0) == http_completions and counts.get(404, 0) == http_responses, counts
+                return {name: (round(median(unloaded[name]), 4), round(median(loaded[name]), 4)) for name in calls
+                        if median(loaded[name]) > 2 * median(unloaded[name])}
+
+            slow = {}
+            for _ in range(rounds):
+                slow = one_round()
+                # Seconds are no other process's noise: the calls waited for the store.
+                if not slow or any(loaded >= 5 for _, loaded in slow.values()):
+                    break
+            assert not slow, f"stateless calls waited behind the store-bound ones in each of {rounds} rounds " \
+                             f"(median s, unloaded, loaded; the last round's): {slow}"
+            wait_session_calls_work([quiet_stub])
 
 
 def advance_stateless(stub, state=b"", return_state=False):

@@ -175,28 +175,35 @@ TEST(MetricsTest, DecodeGraphsGaugeFollowsTheDecodeModeAndTheirEndIsLogged) {
   metrics.WatchEngine(nullptr);
 }
 
-TEST(MetricsTest, AdmissionsGaugeShowsCallsRunningAndQueuedForAThread) {
+TEST(MetricsTest, AdmissionsGaugeShowsCallsRunningAndQueuedForAThreadOfEachPool) {
   Metrics metrics;
-  HandlerPool admission("test-admit", /*max_threads=*/1, /*max_queued=*/8);
-  metrics.WatchAdmission(&admission);
-  const auto admissions = [&](const std::string& state) {
-    return Value(metrics.Render(), "tost_admissions{state=\"" + state + "\"}");
+  HandlerPool stateless("test-admit", /*max_threads=*/1, /*max_queued=*/8);
+  HandlerPool store("test-store", /*max_threads=*/1, /*max_queued=*/8);
+  metrics.WatchAdmission(&stateless, &store);
+  const auto admissions = [&](const std::string& pool, const std::string& state) {
+    return Value(metrics.Render(),
+                 "tost_admissions{pool=\"" + pool + "\",state=\"" + state + "\"}");
   };
-  EXPECT_EQ(admissions("running"), 0);
-  EXPECT_EQ(admissions("queued"), 0);
-  // One admission holds the only thread (as one waiting for a shared store would); two wait.
+  for (const char* pool : {"stateless", "store"}) {
+    EXPECT_EQ(admissions(pool, "running"), 0) << pool;
+    EXPECT_EQ(admissions(pool, "queued"), 0) << pool;
+  }
+  // One admission holds the store pool's only thread (as one waiting for a shared store would);
+  // two wait for it, and the stateless pool is not counted for them.
   absl::Notification started, release;
-  ASSERT_TRUE(admission.Schedule([&] {
+  ASSERT_TRUE(store.Schedule([&] {
     started.Notify();
     release.WaitForNotification();
   }));
   started.WaitForNotification();
-  ASSERT_TRUE(admission.Schedule([] {}));
-  ASSERT_TRUE(admission.Schedule([] {}));
-  EXPECT_EQ(admissions("running"), 1);
-  EXPECT_EQ(admissions("queued"), 2);
+  ASSERT_TRUE(store.Schedule([] {}));
+  ASSERT_TRUE(store.Schedule([] {}));
+  EXPECT_EQ(admissions("store", "running"), 1);
+  EXPECT_EQ(admissions("store", "queued"), 2);
+  EXPECT_EQ(admissions("stateless", "running"), 0);
+  EXPECT_EQ(admissions("stateless", "queued"), 0);
   release.Notify();
-  metrics.WatchAdmission(nullptr);
+  metrics.WatchAdmission(nullptr, nullptr);
   EXPECT_EQ(metrics.Render().find("tost_admissions"), std::string::npos);
 }
 
