@@ -122,23 +122,45 @@ def key_file(tmp_path_factory):
     return str(path)
 
 
-def slow_loading_repository(tmp_path, copies=40):
-    """A repository of `copies` tost-austen models (austen-00, austen-01, ...; weights linked, not
-    copied) that keeps a server loading for a while: the tests that watch what a server answers
-    before its models are ready start one on it."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    source = os.path.join(SOURCE_DIR, "models", "tost-austen")
-    with open(os.path.join(source, "config.json")) as f:
-        config = f.read()
-    for i in range(copies):
-        d = repo / f"austen-{i:02d}"
-        d.mkdir()
-        (d / "config.json").write_text(config.replace('"name": "tost-austen"', f'"name": "austen-{i:02d}"'))
+class HeldLoading:
+    """A repository of one tost-austen model (austen-00, weights linked) and what holds a server
+    inside its model loading for as long as the test needs: tests/integration/open_gate.c, preloaded
+    into the server ($TOST_OPEN_GATE_LIB), stops its first open() under the repository until
+    release(). Start the server with env=held.env and wait=False; reached() waits until it is held
+    there (which also proves the gate still catches what the loader opens). Then the server is
+    loading whatever the machine's speed: no race against a slow repository, nothing to skip."""
+
+    def __init__(self, tmp_path):
+        repo = tmp_path / "repo"
+        (repo / "austen-00").mkdir(parents=True)
+        source = os.path.join(SOURCE_DIR, "models", "tost-austen")
+        with open(os.path.join(source, "config.json")) as f:
+            config = f.read()
+        (repo / "austen-00" / "config.json").write_text(config.replace('"name": "tost-austen"', '"name": "austen-00"'))
         for name in os.listdir(source):
             if name != "config.json":
-                os.symlink(os.path.join(source, name), d / name)
-    return str(repo)
+                os.symlink(os.path.join(source, name), repo / "austen-00" / name)
+        self.repo = str(repo)
+        self.gate = tmp_path / "open_gate"
+        self.gate.touch()
+        preload = " ".join(p for p in (os.environ.get("LD_PRELOAD"), _binary("TOST_OPEN_GATE_LIB")) if p)
+        self.env = dict(os.environ, LD_PRELOAD=preload, TOST_OPEN_GATE=str(self.gate),
+                        TOST_OPEN_GATE_PREFIX=self.repo + os.sep)
+
+    def reached(self, server, timeout_s=60):
+        """Until `server` waits at the gate, inside its model loading."""
+        marker = f"{self.gate}.reached"
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(marker):
+            assert server.alive(), server.log_text()
+            assert time.monotonic() < deadline, (
+                f"the server never opened a file under {self.repo}: the loader no longer reads the models "
+                f"with open()/openat(), which tests/integration/open_gate.c intercepts; log:\n{server.log_text()}")
+            time.sleep(0.005)
+
+    def release(self):
+        """Lets the held open() and every later one through."""
+        self.gate.unlink(missing_ok=True)
 
 
 def _openssl(*args, cwd):

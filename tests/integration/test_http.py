@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 import tost_launch
-from conftest import SOURCE_DIR, RunningServer, _binary, port_while_loading, slow_loading_repository
+from conftest import SOURCE_DIR, HeldLoading, RunningServer, _binary, port_while_loading
 from tost_harness import wait_for_metric
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -230,14 +230,16 @@ def test_sigterm_turns_readiness_off_then_drains_and_closes_the_port(proto_modul
 
 def test_while_the_models_load_the_port_answers_503_and_live_200(tmp_path):
     """The HTTP front end listens before the first model loads, as the gRPC port does: liveness
-    200, readiness and the API 503 with a retry hint. A repository of many copies of tost-austen
-    (weights linked, not copied) keeps the server loading; its log names the HTTP port first."""
-    repo = slow_loading_repository(tmp_path)
-    server = tost_launch.TostServer(repo, binary=_binary("TOST_SERVER_BIN"), metrics=False,
+    200, readiness and the API 503 with a retry hint. The server is held inside its model loading
+    (HeldLoading: its first open() under the repository waits) while the test probes it; its log
+    names the HTTP port first. Released, it loads and turns ready."""
+    held = HeldLoading(tmp_path)
+    server = tost_launch.TostServer(held.repo, binary=_binary("TOST_SERVER_BIN"), metrics=False,
                                     extra_args=["--http_port=0"], log_path=str(tmp_path / "server.log"),
-                                    wait=False)
+                                    env=held.env, wait=False)
     with server:
         port = port_while_loading(server, "http_port")
+        held.reached(server)
         status, _, _ = _request(port, "GET", "/v1/health/live")
         assert status == 200
         ready, _, ready_body = _request(port, "GET", "/v1/health/ready")
@@ -245,10 +247,11 @@ def test_while_the_models_load_the_port_answers_503_and_live_200(tmp_path):
         completion, _, completion_body = _request(
             port, "POST", "/v1/completions", {"content-type": "application/json"},
             json.dumps({"model": "austen-00", "prompt": "It was", "max_tokens": 2}))
-        if ready == 200:
-            pytest.skip("the server loaded every model before the first probe; nothing to observe")
         assert ready == 503, ready_body
         assert "loading" in _error(ready_body)["message"]
         for status, body in ((models, models_body), (completion, completion_body)):
             assert status == 503, body
             assert "still loading its models" in _error(body)["message"], body
+        held.release()
+        server.wait_ready()
+        assert _request(port, "GET", "/v1/health/ready")[0] == 200
