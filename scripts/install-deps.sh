@@ -45,6 +45,7 @@ apt_packages=(
   libhiredis-dev  # the client of that store: connections, command encoding, reply parsing
   patch  # third_party/xgrammar/patches, applied to XGrammar's source when it is unpacked
   patchelf  # scripts/gpu-bundle.sh: the bundled binaries find their libraries beside them ($ORIGIN)
+  util-linux  # setpriv: ctest unprivileged_permission_tests drops the capabilities that bypass permissions
   r-cran-janeaustenr  # public-domain corpus of tools/train_lm.py (Jane Austen's novels)
 )
 

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/base/mode_zero.h"
+
 namespace tost::model {
 namespace {
 
@@ -90,7 +92,7 @@ TEST_F(ReadRegularFileTest, RefusesFilesOverTheLimitAndFilesThatLie) {
 }
 
 TEST_F(ReadRegularFileTest, PermissionDenied) {
-  if (::geteuid() == 0) GTEST_SKIP() << "runs as root: mode 000 does not deny root";
+  if (!tost::testing::ModeZeroDeniesThisProcess()) GTEST_SKIP() << tost::testing::kModeZeroSkip;
   const std::string p = Write("secret", "x");
   fs::permissions(p, fs::perms::none);
   ExpectError(ReadRegularFile(p, 100, "config file"), absl::StatusCode::kPermissionDenied,

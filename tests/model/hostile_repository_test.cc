@@ -16,6 +16,7 @@
 #include "base/file_util.h"
 #include "base/utf8.h"
 #include "model/nets/model_repository.h"
+#include "tests/base/mode_zero.h"
 
 namespace tost::model {
 namespace {
@@ -129,10 +130,7 @@ TEST_F(HostileRepositoryTest, SymlinkLoopsAreFailedModelsAndTheGoodOneLoads) {
 }
 
 TEST_F(HostileRepositoryTest, FolderOfMode000) {
-  if (::geteuid() == 0) {
-    GTEST_SKIP() << "runs as root: mode 000 does not deny root (the symbolic link loop and "
-                    "overlong name cases cover the errors std::filesystem throws)";
-  }
+  if (!tost::testing::ModeZeroDeniesThisProcess()) GTEST_SKIP() << tost::testing::kModeZeroSkip;
   LinkModel("tost-digits", "good");
   const fs::path locked = LinkModel("tost-digits", "locked");
   fs::permissions(locked, fs::perms::none);
