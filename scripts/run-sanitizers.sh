@@ -11,7 +11,9 @@
 #         session store's Redis client's (tost_store_tests, on real redis-server processes), and
 #         the committed fuzz seeds replayed through every fuzz target (tests/sanitize: npy, image
 #         decoding, safetensors, config.json, session blobs, both tokenizers, the request input
-#         layer). Leaks are reported too.
+#         layer, gzip/deflate inflation, the OpenAI-compatible and the Responses request bodies;
+#         constraint_compile only where XGrammar is built with the sanitizer). Leaks are reported
+#         too.
 #   tsan  -DTOST_SANITIZE=thread: the engine's tests (dynamic batcher, generation scheduler,
 #         session store and codec on the fake models of tests/service/engine), repeated, shuffled;
 #         the Redis client's (its connection pool under concurrent callers), 3 times, shuffled.
@@ -146,6 +148,10 @@ run_one() {
   summary="$(grep -E '^\[==========\] .* ran\.|^replayed ' "$dir/logs/$name.log" | tail -n 1 || true)"
   printf '  %-24s %4d.%d s  %s  %s\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) \
     "$( ((rc)) && echo "FAILED (exit $rc)" || echo ok)" "${summary#\[==========\] }"
+  # Every skip with its reason (gtest's "file:line: Skipped" and the line after it), once however
+  # often --gtest_repeat ran it: the log stays under DIR/logs, the skip must show in CI's.
+  grep -A1 -E ': Skipped$' "$dir/logs/$name.log" | grep -v -- '^--$' | paste -d' ' - - | sort |
+    uniq -c | while read -r times line; do echo "    skipped (${times}x): ${line:0:240}"; done || true
   if ((rc)); then
     echo "---- $name: end of $dir/logs/$name.log"
     grep -v -E '^\[ +(RUN|OK) +\]|^replay: ' "$dir/logs/$name.log" | tail -n 80 | cut -c1-300
