@@ -4,7 +4,9 @@
 # machine (no Debian packages, a newer compiler) needs. Configures a scratch build directory with
 # the tools hidden behind paths that do not exist, then checks the configure log, the tests it
 # registered and the compile lines it generated (no -Werror; -g1, the default TOST_DEBUG_INFO), and
-# that an unknown TOST_DEBUG_INFO stops the configure with a message naming it.
+# that an unknown TOST_DEBUG_INFO stops the configure with a message naming it. The configure is
+# told that the three tools may be missing (TOST_EXPECTED_TESTS_WITHOUT): its ctest expected_tests
+# must pass there, and the same check without that leave must fail, naming the tests left out.
 #   scripts/check-configure-options.sh --out DIR [cmake arguments...]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +20,8 @@ rm -rf "$out"
 log="$out.log"
 if ! cmake -S "$here" -B "$out" "$@" -DTOST_WERROR=OFF -DTOST_PROMTOOL=/nonexistent/promtool \
   -DTOST_NGINX=/nonexistent/nginx -DTOST_REDIS_SERVER=/nonexistent/redis-server \
-  -DTOST_REDIS_CLI=/nonexistent/redis-cli >"$log" 2>&1; then
+  -DTOST_REDIS_CLI=/nonexistent/redis-cli "-DTOST_EXPECTED_TESTS_WITHOUT=promtool;nginx;redis" \
+  >"$log" 2>&1; then
   tail -n 40 "$log"
   echo "FAIL: the tree does not configure without promtool, nginx and redis (log: $log)"
   exit 1
@@ -37,6 +40,23 @@ registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|
 if [[ -n $registered ]]; then
   echo "FAIL: tests that need promtool, nginx or redis are registered without them:"
   echo "$registered"
+  failed=1
+fi
+# The expected-tests check (scripts/check-expected-tests.py) in the mode this configure asked for
+# passes, and without it fails on exactly the tests the tools' absence left out.
+if ! expected="$(ctest --test-dir "$out" -R '^expected_tests$' --output-on-failure 2>&1)" ||
+   ! grep -q "100% tests passed" <<<"$expected"; then
+  echo "FAIL: ctest expected_tests does not pass in a configure told that promtool, nginx and redis may be missing:"
+  echo "$expected" | tail -n 30
+  failed=1
+fi
+python="$(sed -n 's/^TOST_PYTHON:[A-Z]*=//p' "$out/CMakeCache.txt")"
+strict="$("${python:-python3}" "$here/scripts/check-expected-tests.py" --build "$out" 2>&1)" && strict_status=0 || strict_status=$?
+missing="$(grep -oE '^FAIL: missing: [a-z_]+' <<<"$strict" | sed 's/^FAIL: missing: //' | sort | tr '\n' ' ')"
+want="failover_sigkill_and_restart failover_sigterm_drain failover_tost_cli_resume prometheus_config prometheus_rules responses_shared_end_to_end shared_sessions_replicas shared_sessions_store_failures "
+if [[ $strict_status == 0 || $missing != "$want" ]]; then
+  echo "FAIL: without --without, check-expected-tests.py should fail naming exactly: $want; it exited $strict_status:"
+  echo "$strict" | tail -n 30
   failed=1
 fi
 if grep -qE -- '-Werror( |=|,)' "$out/build.ninja"; then
@@ -63,4 +83,4 @@ if [[ $failed == 1 ]]; then
   exit 1
 fi
 rm -rf "$out" "$log"
-echo "configures without promtool, nginx and redis (their tests left out, saying so), without -Werror, with line-table debug info by default, and refuses an unknown TOST_DEBUG_INFO"
+echo "configures without promtool, nginx and redis (their tests left out, saying so; expected_tests passes when told so and fails when not), without -Werror, with line-table debug info by default, and refuses an unknown TOST_DEBUG_INFO"
