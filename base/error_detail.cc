@@ -73,10 +73,9 @@ ClientError ForClient(const absl::Status& status, std::string_view request_id) {
     shown = InternalMessage(request_id);
   } else if (message.size() > kMaxClientMessageBytes) {
     const std::string where =
-        request_id.empty() ? std::string()
-                           : absl::StrCat(" under request id ", Absl(request_id));
-    const std::string tail = absl::StrCat("... (", message.size(),
-                                          " bytes; the server's log has all of it", where, ")");
+        request_id.empty() ? std::string() : absl::StrCat(" under request id ", Absl(request_id));
+    const std::string tail =
+        absl::StrCat("... (", message.size(), " bytes; the server's log has all of it", where, ")");
     shown = absl::StrCat(Absl(Utf8Prefix(message, kMaxClientMessageBytes - tail.size())), tail);
   } else {
     shown = std::string(message);

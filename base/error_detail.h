@@ -40,7 +40,7 @@ std::string FullErrorText(const absl::Status& status);
 bool IsServerFailure(absl::StatusCode code);
 
 struct ClientError {
-  absl::Status status;  // what the client is sent: same code and payloads, no server detail
+  absl::Status status;    // what the client is sent: same code and payloads, no server detail
   bool withheld = false;  // part of the original is not in it: the caller logs the original
 };
 // What the client of request `request_id` ("" when unknown) is told of `status`: INTERNAL, UNKNOWN
