@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/error_detail.h"
 
 namespace tost::http {
 namespace {
@@ -64,7 +65,15 @@ std::string_view OpenAiErrorType(int http_status) {
 
 std::string OpenAiErrorBody(std::string_view message, std::string_view type, std::string_view param,
                             std::string_view code) {
-  nlohmann::json error = {{"message", std::string(message)},
+  // The routes' errors come bounded (openai_http/route_support.h: ClientStatus); this bounds the
+  // HTTP layer's own and any other caller's all the same.
+  std::string shown(message);
+  if (message.size() > kMaxClientMessageBytes) {
+    size_t n = kMaxClientMessageBytes - 32;  // room for the length
+    while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xc0) == 0x80) --n;  // whole UTF-8
+    shown = absl::StrCat(Absl(message.substr(0, n)), "... (", message.size(), " bytes)");
+  }
+  nlohmann::json error = {{"message", std::move(shown)},
                           {"type", std::string(type)},
                           {"param", nullptr},
                           {"code", nullptr}};

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "service/engine/client_text.h"
 #include "service/http/http_query.h"
 #include "service/http/http_server.h"
 #include "service/http/internal/core.h"
@@ -172,10 +173,12 @@ std::optional<HttpResponse> RouteRefusal(const HttpServer::Core& core,
     r.caller = *std::move(caller);
   }
   if (match.handler != nullptr) return std::nullopt;
+  // The path and method are the client's: quoted short, as every message quotes a client's text.
   HttpResponse e =
       match.status == 405
-          ? core.Error(405, absl::StrCat(r.path, " takes ", match.allow, ", got ", r.method))
-          : core.Error(404, absl::StrCat("no route for ", r.path));
+          ? core.Error(405, absl::StrCat(service::QuoteClientText(r.path), " takes ", match.allow,
+                                         ", got ", service::QuoteClientText(r.method)))
+          : core.Error(404, absl::StrCat("no route for ", service::QuoteClientText(r.path)));
   if (match.status == 405) e.headers.emplace_back("Allow", match.allow);
   return e;
 }

@@ -34,6 +34,7 @@
 #include "model/device/device_memory.h"
 #include "proto/grpc_code_name.h"
 #include "service/api/before_handler.h"
+#include "service/api/grpc_status.h"
 #include "service/engine/engine.h"
 #include "service/observability/logging.h"
 #include "service/observability/process_memory.h"
@@ -901,13 +902,19 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
       const grpc::Status status = methods->GetSendStatus();
       const absl::Duration elapsed = absl::Now() - start_;
       metrics_->ObserveRpc(*series_, status.error_code(), elapsed);
+      // Every status a handler sends passes here, where the call's request id is known: the client
+      // gets its share of the error, the log the whole of it (api/grpc_status.h).
+      const GrpcClientError client = ForGrpcClient(status, RequestId());
+      if (client.withheld) methods->ModifySendStatus(client.status);
       if (log_requests_) {
         const char* ended = EndedBeforeHandlerReason(status.error_code(), status.error_message());
         if (ended != nullptr) {
           ended_log_->Add(ended, context_);
         } else {
-          LogCall(status, elapsed);
+          LogCall(status, elapsed, client.detail);
         }
+      } else if (client.withheld) {
+        LogWithheld(status, client.detail);
       }
     }
     methods->Proceed();
@@ -919,15 +926,35 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
     return request_id_;
   }
 
-  void LogCall(const grpc::Status& status, absl::Duration elapsed) {
-    const grpc::StatusCode code = status.error_code();
-    LogLevel level = LogLevel::kInfo;
+  // The error as the server saw it: the whole message, and the server detail in brackets.
+  static std::string FullError(const grpc::Status& status, const std::string& detail) {
+    if (detail.empty()) return status.error_message();
+    return absl::StrCat(status.error_message(), " [", detail, "]");
+  }
+
+  static LogLevel LevelFor(grpc::StatusCode code) {
     if (code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
         code == grpc::StatusCode::DATA_LOSS) {
-      level = LogLevel::kError;
-    } else if (IsRefusalCode(code) || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      level = LogLevel::kWarning;
+      return LogLevel::kError;
     }
+    if (IsRefusalCode(code) || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return LogLevel::kWarning;
+    }
+    return LogLevel::kInfo;
+  }
+
+  // Without --log_requests, what a client was not sent of its error still goes to the log.
+  void LogWithheld(const grpc::Status& status, const std::string& detail) {
+    Log(LevelFor(status.error_code()), "rpc error: part withheld from the client",
+        {{"request_id", RequestId()},
+         {"rpc", series_->label},
+         {"code", GrpcCodeName(status.error_code())},
+         {"error", FullError(status, detail)}});
+  }
+
+  void LogCall(const grpc::Status& status, absl::Duration elapsed, const std::string& detail) {
+    const grpc::StatusCode code = status.error_code();
+    const LogLevel level = LevelFor(code);
     const std::string peer = context_ != nullptr ? context_->peer() : std::string();
     if (status.ok()) {
       Log(level, "rpc",
@@ -943,7 +970,7 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
            {"code", GrpcCodeName(code)},
            {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
            {"peer", peer},
-           {"error", status.error_message()}});
+           {"error", FullError(status, detail)}});
     }
   }
 

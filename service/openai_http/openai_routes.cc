@@ -106,9 +106,11 @@ class OpenAiSink final : public CallSink {
       exchange_->Respond(http::MakeResponse(200, builder_->Body()));
       return;
     }
-    if (!client_gone) {
-      exchange_->Write(status.ok() ? builder_->End()
-                                   : openai::ErrorEvent(status, openai::ErrorParam(status)));
+    if (!client_gone && status.ok()) {
+      exchange_->Write(builder_->End());
+    } else if (!client_gone) {
+      const absl::Status client = ClientStatus(*exchange_, status);
+      exchange_->Write(openai::ErrorEvent(client, openai::ErrorParam(client)));
     }
     exchange_->Finish();
   }

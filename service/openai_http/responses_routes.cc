@@ -450,8 +450,9 @@ class ResponsesSink final : public CallSink {
     exchange_->Finish();
   }
 
-  void Fail(const absl::Status& status) {
-    if (!request_.stream || !events_.has_value()) return RespondError(*exchange_, status);
+  void Fail(const absl::Status& failure) {
+    if (!request_.stream || !events_.has_value()) return RespondError(*exchange_, failure);
+    const absl::Status status = ClientStatus(*exchange_, failure);
     openai::FailResponseJson(response_, status);
     exchange_->Write(events_->Failed(response_));
     exchange_->Write(events_->Error(status));

@@ -2,15 +2,33 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "base/error_detail.h"
 #include "service/engine/client_text.h"
 #include "service/engine/session_codec.h"
 #include "service/http/http_errors.h"
+#include "service/observability/logging.h"
 #include "service/openai/error.h"
 
 namespace tost::service {
 
+absl::Status ClientStatus(const http::HttpExchange& exchange, const absl::Status& status) {
+  const http::HttpRequest& request = exchange.request();
+  ClientError client = ForClient(status, request.request_id);
+  if (client.withheld) {
+    Log(IsServerFailure(status.code()) ? LogLevel::kError : LogLevel::kWarning,
+        "http error: part withheld from the client",
+        {{"request_id", request.request_id},
+         {"method", request.method},
+         {"path", request.path},
+         {"code", absl::StatusCodeToString(status.code())},
+         {"error", FullErrorText(status)}});
+  }
+  return std::move(client.status);
+}
+
 void RespondError(http::HttpExchange& exchange, const absl::Status& status) {
-  exchange.Respond(http::ErrorResponse(status, openai::ErrorParam(status)));
+  const absl::Status client = ClientStatus(exchange, status);
+  exchange.Respond(http::ErrorResponse(client, openai::ErrorParam(client)));
 }
 
 Engine* EngineOrLoading(const ServingEngine& engine, http::HttpExchange& exchange) {

@@ -17,7 +17,13 @@
 
 namespace tost::service {
 
-// OpenAI's error body with the status's HTTP code (and Retry-After when the status hints one).
+// What the client of `exchange` is told of `status` (base/error_detail.h: bounded, no server
+// detail, INTERNAL and the like as a fixed message naming the request id); what it is not told is
+// logged under that id. Every error these routes answer or stream goes through it.
+absl::Status ClientStatus(const http::HttpExchange& exchange, const absl::Status& status);
+
+// OpenAI's error body with the status's HTTP code (and Retry-After when the status hints one), of
+// ClientStatus(exchange, status).
 void RespondError(http::HttpExchange& exchange, const absl::Status& status);
 
 // The engine, or a 503 answered and null while the models load.

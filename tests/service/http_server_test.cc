@@ -319,10 +319,17 @@ TEST(HttpServerTest, AnswersUnknownPathsAndMethodsAndMalformedRequests) {
   EXPECT_TRUE(StartsWith(not_found, "HTTP/1.1 404 Not Found\r\n")) << not_found;
   const auto body = nlohmann::json::parse(not_found.substr(not_found.find("\r\n\r\n") + 4));
   EXPECT_EQ(body["error"]["type"], "not_found_error");
-  EXPECT_EQ(body["error"]["message"], "no route for /y");
+  EXPECT_EQ(body["error"]["message"], "no route for \"/y\"");
+  // The client's path comes back quoted and short, however long it was.
+  const std::string long_path =
+      Exchange(server->port(), absl::StrCat("GET /", std::string(8000, 'p'), " HTTP/1.0\r\n\r\n"));
+  const auto long_body = nlohmann::json::parse(long_path.substr(long_path.find("\r\n\r\n") + 4));
+  EXPECT_EQ(long_body["error"]["message"],
+            absl::StrCat("no route for \"/", std::string(63, 'p'), "...\" (8001 bytes)"));
   const std::string wrong = Exchange(server->port(), "DELETE /x HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(StartsWith(wrong, "HTTP/1.1 405 Method Not Allowed\r\n")) << wrong;
   EXPECT_NE(wrong.find("Allow: GET, HEAD\r\n"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find(R"("/x\" takes GET, HEAD, got \"DELETE\")"), std::string::npos) << wrong;
   const std::string head = Exchange(server->port(), "HEAD /x HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
   EXPECT_NE(head.find("Content-Length: 1\r\n"), std::string::npos);
