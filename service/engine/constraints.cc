@@ -7,6 +7,7 @@
 #if TOST_WITH_STRUCTURED
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "base/error_detail.h"
 #include "base/status_macros.h"
 #include "service/structured/constraint.h"
 #include "service/structured/constraint_matcher.h"
@@ -63,9 +64,11 @@ struct ConstraintCompiler::Impl {
       if (!vocabulary.ok()) {
         // A tokenizer that cannot support constraints is the model's condition, whatever code
         // the vocabulary's checks chose.
-        cache = absl::FailedPreconditionError(absl::StrCat(
-            "model \"", config.name,
-            "\" does not support constrained generation: ", vocabulary.status().message()));
+        cache = WithServerDetail(
+            absl::FailedPreconditionError(absl::StrCat(
+                "model \"", config.name,
+                "\" does not support constrained generation: ", vocabulary.status().message())),
+            ServerDetail(vocabulary.status()));
       } else {
         structured::GrammarCacheOptions cache_options;
         cache_options.max_entries = options.max_entries;

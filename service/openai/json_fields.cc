@@ -156,8 +156,19 @@ absl::Status CheckJsonBody(std::string_view body) {
 }
 
 absl::Status JsonBodyError(const json::exception& e) {
-  return FieldError("body",
-                    absl::StrCat("expected a JSON object: ", model::EscapeInvalidUtf8(e.what())));
+  // nlohmann's text starts with its own exception's name ("[json.exception.parse_error.101] "),
+  // which is its code, and may end quoting the token it last read, which can be most of the body:
+  // the position and what was expected are the parts a client uses.
+  std::string_view what = e.what();
+  if (!what.empty() && what.front() == '[') {
+    if (const size_t close = what.find("] "); close != std::string_view::npos) {
+      what.remove_prefix(close + 2);
+    }
+  }
+  what = what.substr(0, what.find("; last read: "));
+  std::string shown = model::EscapeInvalidUtf8(what.substr(0, 200));
+  if (what.size() > 200) shown += "...";
+  return FieldError("body", absl::StrCat("expected a JSON object: ", shown));
 }
 
 absl::Status ParseStateBlob(const json& body, std::optional<std::string>& state) {

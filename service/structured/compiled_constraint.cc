@@ -4,10 +4,12 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/error_detail.h"
 
 namespace tost::structured {
 namespace {
@@ -61,10 +63,18 @@ std::string ChoiceGrammar(const Constraint& constraint) {
 
 namespace {
 
-// XGrammar's errors start with its logger's prefix, "[HH:MM:SS] /path/to/file.cc:LINE: ": the
-// time and a path of this server's file system mean nothing to a client (and the path says where
-// the server's dependencies live), so only the message after it is passed on.
-std::string CompilerMessage(std::string_view what) {
+// The most bytes of the compiler's reason a client reads.
+constexpr size_t kMaxReasonBytes = 128;
+
+// The reason in XGrammar's error that a client can act on, or "" when there is none. Its errors
+// start with its logger's prefix, "[HH:MM:SS] /path/to/file.cc:LINE: ": the time and a path of
+// this server's file system mean nothing to a client (and the path says where the server's
+// dependencies live). A failed check adds "Check failed: (expr) is false: ", which is its code,
+// and a schema that is no JSON ". The JSON string is:" and the whole schema, which can be megabytes
+// of the client's own text. So: the first line after those, at most kMaxReasonBytes, control
+// bytes escaped. The whole text is the status's server detail, for the log.
+std::string CompilerReason(std::string_view what) {
+  what = what.substr(0, what.find('\n'));
   if (!what.empty() && what.front() == '[') {
     if (const size_t close = what.find("] "); close != std::string_view::npos) {
       what.remove_prefix(close + 2);
@@ -78,9 +88,31 @@ std::string CompilerMessage(std::string_view what) {
     while (digits < what.size() && what[digits] >= '0' && what[digits] <= '9') ++digits;
     if (digits > colon + 1 && what.substr(digits, 2) == ": ") what.remove_prefix(digits + 2);
   }
-  // Its messages end with a newline, which would end up inside an API error's message.
-  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.remove_suffix(1);
-  return std::string(what);
+  constexpr std::string_view kCheck = "Check failed: ";
+  constexpr std::string_view kIsFalse = " is false: ";
+  if (what.substr(0, kCheck.size()) == kCheck) {
+    const size_t end = what.find(kIsFalse);
+    what.remove_prefix(end == std::string_view::npos ? what.size() : end + kIsFalse.size());
+  }
+  what = what.substr(0, what.find(". The JSON string is:"));
+  while (!what.empty() && what.back() == ' ') what.remove_suffix(1);
+  const bool cut = what.size() > kMaxReasonBytes;
+  if (cut) {
+    size_t n = kMaxReasonBytes;
+    while (n > 0 && (static_cast<unsigned char>(what[n]) & 0xc0) == 0x80) --n;  // whole UTF-8
+    what = what.substr(0, n);
+  }
+  std::string reason;
+  for (const char c : what) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppend(&reason, absl::StrFormat("\\x%02x", byte));
+    } else {
+      reason += c;
+    }
+  }
+  if (cut) reason += "...";
+  return reason;
 }
 
 }  // namespace
@@ -102,9 +134,12 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(
     return std::make_shared<const CompiledConstraint>(
         CompiledConstraint{constraint.kind, std::move(grammar), vocabulary, bytes});
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "constraint ", KindName(constraint.kind), " for model ", vocabulary->model_name(),
-        ": the grammar compiler refused it: ", CompilerMessage(e.what())));
+    const std::string reason = CompilerReason(e.what());
+    return WithServerDetail(
+        absl::InvalidArgumentError(absl::StrCat(
+            "constraint ", KindName(constraint.kind), " for model ", vocabulary->model_name(),
+            ": the grammar compiler refused it", reason.empty() ? "" : ": ", reason)),
+        absl::StrCat("XGrammar: ", *e.what() != '\0' ? e.what() : typeid(e).name()));
   }
 }
 

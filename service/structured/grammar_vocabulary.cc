@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/error_detail.h"
 
 namespace tost::structured {
 
@@ -50,8 +51,9 @@ absl::StatusOr<std::shared_ptr<GrammarVocabulary>> GrammarVocabulary::Create(
         std::string(name), model_vocab_size, tokenizer_vocab, static_cast<int32_t>(eos),
         std::move(info), options.compile_threads < 1 ? 1 : options.compile_threads));
   } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat("model ", name, ": XGrammar refused the vocabulary: ", e.what()));
+    return WithServerDetail(
+        absl::InternalError(absl::StrCat("model ", name, ": XGrammar refused the vocabulary")),
+        absl::StrCat("XGrammar: ", e.what()));
   }
 }
 
