@@ -1,6 +1,7 @@
 #include "service/runtime/warmup.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/error_detail.h"
 
 namespace tost::service {
 
@@ -21,7 +22,7 @@ void WarmUpModels(std::vector<model::LoadedModel>& models) {
       if (status.ok()) status = m.language->Step(absl::MakeConstSpan(&token, 1), seqs).status();
     }
     if (!status.ok()) {
-      m.status = absl::Status(status.code(), absl::StrCat("warm-up failed: ", status.message()));
+      m.status = WithMessage(status, absl::StrCat("warm-up failed: ", status.message()));
       m.vision.reset();
       m.language.reset();
     }

@@ -1,6 +1,9 @@
 // GuardTorch, the one place LibTorch exceptions become statuses: each kind of c10 error maps to the
-// code a client can act on, naming the model and the operation.
+// code a client can act on, naming the model and the operation; LibTorch's own text is the server
+// detail, never the message.
 #include "model/nets/torch_boundary.h"
+
+#include "base/error_detail.h"
 
 #include <gtest/gtest.h>
 
@@ -26,14 +29,21 @@ TEST(GuardTorch, MapsEachErrorKindToItsCode) {
   EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(oom.message().find("model m: step: out of memory; retry later"), std::string::npos)
       << oom;
-  EXPECT_NE(oom.message().find("CUDA out of memory"), std::string::npos) << oom;
+  EXPECT_EQ(oom.message().find("CUDA out of memory"), std::string::npos) << oom;
+  EXPECT_NE(ServerDetail(oom).find("LibTorch: CUDA out of memory"), std::string::npos) << oom;
+  for (const absl::Status& s : {Throwing<c10::ValueError>("bad"), Throwing<c10::IndexError>("bad"),
+                                Throwing<c10::Error>("bad")}) {
+    EXPECT_EQ(s.message().find("bad"), std::string::npos) << s;
+    EXPECT_EQ(ServerDetail(s), "LibTorch: bad") << s;
+  }
   EXPECT_EQ(Throwing<c10::ValueError>("bad").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Throwing<c10::IndexError>("bad").code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(Throwing<c10::Error>("bad").code(), absl::StatusCode::kInternal);
   const absl::Status other =
       GuardTorch("m", "step", []() -> int { throw std::runtime_error("boom"); }).status();
   EXPECT_EQ(other.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(other.message().find("model m: step failed: boom"), std::string::npos) << other;
+  EXPECT_EQ(other.message(), "model m: step failed") << other;
+  EXPECT_EQ(ServerDetail(other), "LibTorch: boom") << other;
 }
 
 absl::Status CudaFailure(int code) {
@@ -65,6 +75,7 @@ TEST(GuardTorch, AStickyCudaErrorLosesTheDeviceOnceAndAnOrdinaryOneFailsOnlyTheC
   const absl::Status lost = CudaFailure(700);
   EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
   EXPECT_NE(lost.message().find("retry on another replica"), std::string::npos) << lost;
+  EXPECT_NE(ServerDetail(lost).find("CUDA error: test"), std::string::npos) << lost;
   ASSERT_EQ(reported.size(), 1u);
   EXPECT_NE(reported[0].find("CUDA error: test"), std::string::npos);
   EXPECT_EQ(DeviceLostReason(), reported[0]);
