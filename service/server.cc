@@ -15,6 +15,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/error_detail.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/thread_name.h"
@@ -385,7 +386,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
                                       m.language != nullptr);
     } else {
       Log(LogLevel::kError, "model failed to load",
-          {{"model", m.name}, {"error", m.status.message()}});
+          {{"model", m.name}, {"error", FullErrorText(m.status)}});
     }
   }
   EngineOptions engine_options;

@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/error_detail.h"
 #include "base/status_macros.h"
 #include "model/device/device_failure.h"
 #include "service/flag_ranges.h"
@@ -420,7 +421,7 @@ int main(int argc, char** argv) {
   auto server = tost::service::Server::Start(options);
   if (!server.ok()) {
     tost::service::Log(tost::service::LogLevel::kError, "tost_server failed to start",
-                       {{"error", server.status().message()}});
+                       {{"error", tost::FullErrorText(server.status())}});
     return 1;
   }
   // Tests and scripts read the bound port from this line.

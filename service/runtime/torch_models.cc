@@ -2,11 +2,30 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
 #include "service/runtime/warmup.h"
 
 namespace tost::service {
+namespace {
+
+// A model's load error as clients read it (ListModels, ModelInfo, KServe's ModelReady trailer,
+// every call to the model): the loaders name files by their paths, and where this server keeps
+// its repository is its own business, so the paths are made relative to the repository (the
+// model's folder name first). The start-up log has the error whole.
+absl::Status ClientLoadStatus(const absl::Status& status, std::string repo_dir) {
+  if (status.ok()) return status;
+  while (repo_dir.size() > 1 && repo_dir.back() == '/') repo_dir.pop_back();
+  std::string message(status.message());
+  if (!repo_dir.empty() && repo_dir != "/") {
+    absl::StrReplaceAll({{absl::StrCat(repo_dir, "/"), ""}}, &message);
+  }
+  return absl::Status(status.code(), message);
+}
+
+}  // namespace
 
 class LoadedRepository::Classifier final : public ClassifierModel {
  public:
@@ -68,6 +87,7 @@ LoadedRepository::~LoadedRepository() = default;
 absl::StatusOr<std::unique_ptr<LoadedRepository>> LoadedRepository::Load(
     const std::string& repo_dir, const model::ServingOptions& serving) {
   std::unique_ptr<LoadedRepository> repo(new LoadedRepository());
+  repo->repo_dir_ = repo_dir;
   TOST_ASSIGN_OR_RETURN(repo->models_, model::LoadRepository(repo_dir, serving));
   WarmUpModels(repo->models_);  // before readiness: SERVING only once every model has run once
   const size_t n = repo->models_.size();
@@ -98,7 +118,7 @@ std::vector<ModelEntry> LoadedRepository::Entries() const {
     const model::LoadedModel& m = models_[i];
     ModelEntry e;
     e.name = m.name;
-    e.load_status = m.status;
+    e.load_status = ClientLoadStatus(m.status, repo_dir_);
     e.config = m.config;
     e.classifier = classifiers_[i].get();
     e.generator = generators_[i].get();

@@ -22,7 +22,8 @@ class LoadedRepository {
   ~LoadedRepository();
 
   // One entry per model, in repository order; the interfaces point into this object, which must
-  // outlive whatever uses them (the engine).
+  // outlive whatever uses them (the engine). An entry's load_status is what clients read of a
+  // failed load: its paths relative to the repository, no server detail; models() keeps the whole.
   std::vector<ModelEntry> Entries() const;
   const std::vector<model::LoadedModel>& models() const { return models_; }
 
@@ -31,6 +32,7 @@ class LoadedRepository {
   class Generator;
   LoadedRepository() = default;
 
+  std::string repo_dir_;
   std::vector<model::LoadedModel> models_;
   std::vector<std::unique_ptr<Classifier>> classifiers_;  // [i]: models_[i]'s, or null
   std::vector<std::unique_ptr<Generator>> generators_;    // [i]: models_[i]'s, or null
