@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/error_detail.h"
 
 namespace tost::store {
 namespace {
@@ -149,6 +150,7 @@ absl::StatusOr<std::vector<RedisReply>> RedisClient::Exchange(
   if (options_.observer != nullptr) {
     options_.observer->OnCommand(absl::FromChrono(RedisClock::now() - start), replies.ok());
   }
+  if (!replies.ok()) return WithServerDetail(replies.status(), StoreDetail(options_.endpoint));
   return replies;
 }
 
@@ -184,7 +186,9 @@ absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<std::string>& 
       Exchange(absl::MakeConstSpan(&argv, 1), argv.front());
   if (!replies.ok()) return replies.status();
   RedisReply& reply = replies->front();
-  if (reply.is_error()) return ErrorReplyStatus(argv.front(), reply);
+  if (reply.is_error()) {
+    return WithServerDetail(ErrorReplyStatus(argv.front(), reply), StoreDetail(options_.endpoint));
+  }
   return std::move(reply);
 }
 
@@ -204,7 +208,9 @@ absl::StatusOr<RedisReply> RedisClient::Eval(const RedisScript& script,
     if (!replies.ok()) return replies.status();
   }
   RedisReply& reply = replies->front();
-  if (reply.is_error()) return ErrorReplyStatus(argv.front(), reply);
+  if (reply.is_error()) {
+    return WithServerDetail(ErrorReplyStatus(argv.front(), reply), StoreDetail(options_.endpoint));
+  }
   return std::move(reply);
 }
 

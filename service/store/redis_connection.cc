@@ -106,8 +106,12 @@ std::string Quote(absl::string_view store_message, const std::string& password) 
 
 }  // namespace
 
-std::string DescribeStore(const RedisEndpoint& endpoint) {
-  return absl::StrCat("the session store at ", endpoint.Address(), " (", kSessionStoreFlag, ")");
+std::string DescribeStore(const RedisEndpoint& /*endpoint*/) {
+  return absl::StrCat("the session store (", kSessionStoreFlag, ")");
+}
+
+std::string StoreDetail(const RedisEndpoint& endpoint) {
+  return absl::StrCat("store ", endpoint.Address());
 }
 
 RedisConnection::RedisConnection(const RedisEndpoint& endpoint, absl::Duration command_timeout,

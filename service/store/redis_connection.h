@@ -22,8 +22,13 @@ namespace tost::store {
 
 using RedisClock = std::chrono::steady_clock;
 
-// "the session store at redis://...:6379/0 (--session_store)": how every message names the store.
+// "the session store (--session_store)": how every message names the store. Not by its address:
+// these messages reach clients, and where the store lives is the server's own business. The
+// address goes with the status as its server detail (StoreDetail; base/error_detail.h), which the
+// server's log keeps under the request's id.
 std::string DescribeStore(const RedisEndpoint& endpoint);
+// "store redis://host:port/db" (no credentials): the server detail of the store's errors.
+std::string StoreDetail(const RedisEndpoint& endpoint);
 
 class RedisConnection {
  public:

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/error_detail.h"
 #include "base/status_macros.h"
 #include "service/engine/client_text.h"
 #include "service/observability/logging.h"
@@ -163,12 +164,13 @@ absl::Status RedisRecordStore::StoreError(const absl::Status& status, const char
                             (status.code() == absl::StatusCode::kInternal &&
                              absl::StrContains(status.message(), "'OOM "));
   if (!cannot_serve) {
-    return absl::Status(status.code(), absl::StrCat("could not ", what, " record ",
-                                                    QuoteClientText(id), ": ", status.message()));
+    return WithMessage(status, absl::StrCat("could not ", what, " record ", QuoteClientText(id),
+                                            ": ", status.message()));
   }
-  return absl::UnavailableError(absl::StrCat("could not ", what, " record ", QuoteClientText(id),
-                                             ": ", status.message(), "; retry after about ",
-                                             kRetryAfterMs, " ms"));
+  return WithServerDetail(absl::UnavailableError(absl::StrCat(
+                              "could not ", what, " record ", QuoteClientText(id), ": ",
+                              status.message(), "; retry after about ", kRetryAfterMs, " ms")),
+                          ServerDetail(status));
 }
 
 absl::Status RedisRecordStore::Create(const std::string& id, const std::string& owner,
@@ -194,24 +196,28 @@ absl::StatusOr<service::StoredRecord> RedisRecordStore::Get(const std::string& i
   if (!reply.ok()) return StoreError(reply.status(), "read", id);
   if (reply->is_nil()) return RecordNotFound(id);
   if (!reply->is_string() || reply->str.size() < kHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
-        " holds ", reply->DebugString(), ", expected a string of at least ", kHeaderBytes,
-        " bytes (owner digest, version and id digest); it was not written by this server"));
+    return WithServerDetail(
+        absl::DataLossError(absl::StrCat(
+            "the record store (--session_store): record ", QuoteClientText(id), " holds ",
+            reply->DebugString(), ", expected a string of at least ", kHeaderBytes,
+            " bytes (owner digest, version and id digest); it was not written by this server")),
+        StoreDetail(client_->endpoint()));
   }
   const absl::string_view value = reply->str;
   if (value.substr(0, kOwnerDigestBytes) != OwnerDigest(owner)) return RecordNotFound(id);
   service::StoredRecord record;
   if (!ParseVersionHex(value.substr(kOwnerDigestBytes, kVersionDigits), &record.version)) {
-    return absl::DataLossError(absl::StrCat(
-        "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
-        " has no version where expected (16 hex digits after the owner digest); it was not "
-        "written by this server"));
+    return WithServerDetail(
+        absl::DataLossError(absl::StrCat(
+            "the record store (--session_store): record ", QuoteClientText(id),
+            " has no version where expected (16 hex digits after the owner digest); it was not "
+            "written by this server")),
+        StoreDetail(client_->endpoint()));
   }
   if (value.substr(kOwnerDigestBytes + kVersionDigits, kIdDigestBytes) != IdDigest(id)) {
     // Another record's id is not quoted back: it is its owner's to know.
     absl::Status refusal = absl::DataLossError(absl::StrCat(
-        "the record store at ", client_->endpoint().Address(), ": record ", QuoteClientText(id),
+        "the record store (--session_store): record ", QuoteClientText(id),
         " holds another record's value (written under another id, then moved or copied to this "
         "one's key, or written before records were bound to their ids); it is refused"));
     service::Log(service::LogLevel::kError, "record store: stored record refused",

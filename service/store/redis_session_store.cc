@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/error_detail.h"
 #include "base/little_endian.h"
 #include "base/status_macros.h"
 #include "base/thread_name.h"
@@ -258,7 +259,7 @@ int64_t RedisSessionStore::TtlMs() const {
 absl::Status RedisSessionStore::StoreError(const absl::Status& status,
                                            const std::string& what) const {
   // The client's message names the store.
-  return absl::Status(status.code(), absl::StrCat("could not ", what, ": ", status.message()));
+  return WithMessage(status, absl::StrCat("could not ", what, ": ", status.message()));
 }
 
 absl::StatusOr<std::string> RedisSessionStore::Seal(const std::string& id, int64_t version,
@@ -273,9 +274,11 @@ absl::StatusOr<std::string> RedisSessionStore::Seal(const std::string& id, int64
 absl::Status RedisSessionStore::Refuse(const std::string& id, const std::string& what) const {
   // The caller gets DATA_LOSS; the replica's log keeps the trace, whatever the caller does with it:
   // the store gave out a state that is not this session's, or not its latest.
-  absl::Status refusal = absl::DataLossError(
-      absl::StrCat("the session store at ", client_->endpoint().Address(),
-                   ": the stored state of session ", service::QuoteClientText(id), " ", what));
+  absl::Status refusal =
+      WithServerDetail(absl::DataLossError(absl::StrCat(DescribeStore(client_->endpoint()),
+                                                        ": the stored state of session ",
+                                                        service::QuoteClientText(id), " ", what)),
+                       StoreDetail(client_->endpoint()));
   service::Log(service::LogLevel::kError, "session store: stored state refused",
                {{"store", client_->endpoint().Address()}, {"error", refusal.message()}});
   return refusal;
@@ -471,12 +474,14 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
       if (code == kNotFound) return SessionNotFound(id);
       if (code == kVersionMoved) {
         const std::string now_at = reply->elements.size() > 1 ? reply->elements[1].str : "";
-        const absl::Status refusal = absl::AbortedError(absl::StrCat(
-            "session ", service::QuoteClientText(id), ": its version in the store at ",
-            client_->endpoint().Address(), " moved from version ", version, " to ",
-            now_at.empty() ? "none" : now_at,
-            " while this replica held its lease, so something other than a replica holding the "
-            "lease wrote it; the new state was not saved"));
+        const absl::Status refusal = WithServerDetail(
+            absl::AbortedError(absl::StrCat(
+                "session ", service::QuoteClientText(id), ": its version in ",
+                DescribeStore(client_->endpoint()), " moved from version ", version, " to ",
+                now_at.empty() ? "none" : now_at,
+                " while this replica held its lease, so something other than a replica holding "
+                "the lease wrote it; the new state was not saved")),
+            StoreDetail(client_->endpoint()));
         service::Log(service::LogLevel::kError, "session store: check-in refused",
                      {{"store", client_->endpoint().Address()}, {"error", refusal.message()}});
         return refusal;

@@ -102,7 +102,8 @@ class RedisServer:
         return f"redis://{auth}{self.host}:{self.port}/{db}"
 
     def display_url(self, db: int = 0) -> str:
-        """How the server names the store in its messages: redis://host:port/db, no credentials."""
+        """How the server's log names the store: redis://host:port/db, no credentials (its messages to
+        clients name it by its flag, --session_store)."""
         return f"redis://{self.host}:{self.port}/{db}"
 
     # --- lifecycle -------------------------------------------------------------------------------

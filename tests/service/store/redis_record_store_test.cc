@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/error_detail.h"
 #include "service/engine/record_store.h"
 #include "service/engine/session_store.h"
 #include "service/store/shared_store_flags.h"
@@ -24,6 +25,7 @@ namespace {
 
 using service::RecordNotFound;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class RedisRecordStoreTest : public ::testing::Test {
  protected:
@@ -262,7 +264,9 @@ TEST_F(RedisRecordStoreTest, StoreDownIsUnavailableNamingTheStoreWithARetryHint)
        {a->Create("resp_2", "alice", "b"), a->Get("resp_1", "alice").status(),
         a->Replace("resp_1", "alice", 1, "c").status(), a->Delete("resp_1", "alice")}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(where));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("the session store (--session_store)"));
+    EXPECT_THAT(std::string(s.message()), Not(HasSubstr(where)));
+    EXPECT_THAT(ServerDetail(s), HasSubstr(where));  // for the log
     EXPECT_THAT(std::string(s.message()), HasSubstr("retry after about 1000 ms"));
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));

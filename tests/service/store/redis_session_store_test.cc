@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/error_detail.h"
 #include "service/engine/clock.h"
 #include "service/engine/session_codec.h"
 #include "service/store/shared_store_flags.h"
@@ -27,6 +28,7 @@ using service::ModelIdentity;
 using service::SessionCodec;
 using service::SessionStoreContext;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kKey[] = "0123456789abcdef-shared-secret";
 
@@ -439,8 +441,11 @@ TEST_F(RedisSessionStoreTest, StoreDownIsUnavailableWithinTheTimeoutNamingTheSto
   absl::Time start = absl::Now();
   auto add = a->Add("alice", State(1));
   EXPECT_EQ(add.status().code(), absl::StatusCode::kUnavailable);
+  const std::string where = "127.0.0.1:" + std::to_string(redis_->port());
   EXPECT_THAT(std::string(add.status().message()),
-              HasSubstr("127.0.0.1:" + std::to_string(redis_->port())));
+              HasSubstr("the session store (--session_store)"));
+  EXPECT_THAT(std::string(add.status().message()), Not(HasSubstr(where)));
+  EXPECT_THAT(ServerDetail(add.status()), HasSubstr(where));  // for the log
   EXPECT_EQ(a->Checkout(*id, "alice").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   redis_->Resume();
