@@ -36,8 +36,14 @@ build: configure
 run: build
 	$(BUILD)/service/tost_server --model_repository=models --port=$(PORT)
 
+# After ctest, pass or fail: every skip with its reason (scripts/report-skips.py), which ctest
+# shows for no passing test; from its JUnit file, with passing tests' whole output kept.
+CTEST_RESULTS = $(abspath $(BUILD))/Testing/ctest-results.xml
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS) $(CTEST_SLOW) $(CTEST_ARGS)
+	@rm -f $(CTEST_RESULTS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS) $(CTEST_SLOW) $(CTEST_ARGS) \
+	  --output-junit $(CTEST_RESULTS) --test-output-size-passed 10000000 || status=$$?; \
+	  python3 scripts/report-skips.py $(CTEST_RESULTS); exit $${status:-0}
 
 clean:
 	rm -rf $(BUILD)
