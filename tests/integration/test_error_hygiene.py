@@ -273,7 +273,7 @@ def test_every_error_class_is_bounded_and_names_nothing_of_the_server(servers, r
     pb2, pb2_grpc = proto_modules
     c = Collector()
     build_dir = os.path.dirname(os.path.dirname(os.environ.get("TOST_SERVER_BIN", "")))
-    extra_paths = [SOURCE_DIR, repo, os.path.realpath(repo), build_dir]
+    extra_paths = sorted({SOURCE_DIR, repo, os.path.realpath(repo), build_dir})
 
     with grpc.insecure_channel(keyed.address) as ch:
         stub = pb2_grpc.TostStub(ch)
