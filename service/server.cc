@@ -203,7 +203,10 @@ absl::StatusOr<SessionCodec> MakeCodec(const std::string& key_file, int64_t blob
 }
 
 // The session store of --session_store (null for "memory") and, with a shared store, the shared
-// tier of the prefix-state cache. Checked before any model loads.
+// tier of the prefix-state cache. Checked before any model loads, the shared store's credentials
+// included: a store that refuses them stops the start (a replica that started would be ready,
+// take traffic and fail every session call, and a restart reads the password file again), while
+// one that cannot be reached does not (the store may be down at start-up).
 absl::StatusOr<store::SharedStoreFactories> MakeSharedStore(const ServerOptions& o,
                                                             store::RedisClientObserver* observer) {
   if (o.session_store != "memory" && o.session_key_file.empty()) {
@@ -223,7 +226,22 @@ absl::StatusOr<store::SharedStoreFactories> MakeSharedStore(const ServerOptions&
   if (o.session_store != "memory") {
     TOST_RETURN_IF_ERROR(store::ValidateRedisSessionStoreOptions(flags.redis, o.sessions));
   }
-  return store::MakeSharedStoreFactories(flags);
+  TOST_ASSIGN_OR_RETURN(store::SharedStoreFactories factories,
+                        store::MakeSharedStoreFactories(flags));
+  if (factories.check_credentials) {
+    const absl::Status reached = factories.check_credentials();
+    if (absl::IsFailedPrecondition(reached)) return reached;
+    if (reached.ok()) {
+      // No field: --session_store may hold the password.
+      Log(LogLevel::kInfo, "session store reached; it took the credentials");
+    } else {
+      Log(LogLevel::kWarning,
+          "session store not reached at start-up; starting anyway: session calls answer "
+          "UNAVAILABLE until it is",
+          {{"error", FullErrorText(reached)}});
+    }
+  }
+  return factories;
 }
 
 // Plaintext, TLS, or mutual TLS (the client certificate's identity then owns its sessions).

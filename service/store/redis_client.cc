@@ -165,7 +165,7 @@ absl::Status RedisClient::ErrorReplyStatus(absl::string_view command,
                                                "'; retry later or on another replica"));
   }
   if (code == "NOAUTH") {
-    return absl::UnavailableError(
+    return CredentialsRefusedError(
         absl::StrCat(DescribeStore(options_.endpoint),
                      ": authentication failed: the store requires a password"
                      " and ",

@@ -2,7 +2,8 @@
 // connections made on first use and remade after any error (so the store may be down at start-up
 // and restarted later), every round trip bounded by a timeout, and the store's failures turned
 // into absl::Status: UNAVAILABLE when the store cannot serve (unreachable, authentication refused,
-// no answer in time, loading, read-only), INTERNAL for any other error reply.
+// no answer in time, loading, read-only), INTERNAL for any other error reply. A refusal of the
+// credentials is marked (IsCredentialsRefused, redis_connection.h).
 #pragma once
 
 #include <memory>

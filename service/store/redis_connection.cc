@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -19,6 +20,8 @@ namespace {
 
 constexpr size_t kReadChunkBytes = 16 * 1024;
 constexpr size_t kMaxStoreMessageBytes = 300;  // of an error reply quoted in a message
+// The type URL of CredentialsRefusedError's mark (absl::Status payloads are keyed by one).
+constexpr absl::string_view kCredentialsRefusedPayload = "type.tost/store.CredentialsRefused";
 
 std::string ErrnoText(int err) {
   char buf[128];
@@ -114,6 +117,16 @@ std::string StoreDetail(const RedisEndpoint& endpoint) {
   return absl::StrCat("store ", endpoint.Address());
 }
 
+absl::Status CredentialsRefusedError(absl::string_view message) {
+  absl::Status status = absl::UnavailableError(message);
+  status.SetPayload(kCredentialsRefusedPayload, absl::Cord());
+  return status;
+}
+
+bool IsCredentialsRefused(const absl::Status& status) {
+  return status.GetPayload(kCredentialsRefusedPayload).has_value();
+}
+
 RedisConnection::RedisConnection(const RedisEndpoint& endpoint, absl::Duration command_timeout,
                                  redisContext* context)
     : endpoint_(endpoint), command_timeout_(command_timeout), context_(context) {}
@@ -169,7 +182,7 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisConnection::Open(
     if (auth.is_error()) {
       std::string as = endpoint.user.empty() ? std::string("with the password of the default user")
                                              : absl::StrCat("as user '", endpoint.user, "'");
-      return absl::UnavailableError(absl::StrCat(
+      return CredentialsRefusedError(absl::StrCat(
           DescribeStore(endpoint), ": authentication failed: expected OK to AUTH ", as, ", got '",
           Quote(auth.str, endpoint.password), "'; check the credentials in ", kSessionStoreFlag));
     }

@@ -30,11 +30,20 @@ std::string DescribeStore(const RedisEndpoint& endpoint);
 // "store redis://host:port/db" (no credentials): the server detail of the store's errors.
 std::string StoreDetail(const RedisEndpoint& endpoint);
 
+// UNAVAILABLE with `message`, marked as the store's refusal of the client's credentials: AUTH
+// answered with an error, or NOAUTH (the store wants a password and none was given). A caller of
+// a session call can do nothing about either an outage or a refusal, so both are UNAVAILABLE;
+// the mark lets start-up tell the refusal, which no retry heals, from an outage, which passes.
+absl::Status CredentialsRefusedError(absl::string_view message);
+// Whether `status` carries CredentialsRefusedError's mark.
+bool IsCredentialsRefused(const absl::Status& status);
+
 class RedisConnection {
  public:
   // Connects within connect_timeout, enables TCP keepalive, then AUTH (when the endpoint has a
   // password) and SELECT (db != 0) in one round trip within command_timeout. UNAVAILABLE naming
-  // the store on any failure ("authentication failed" when AUTH is refused).
+  // the store on any failure ("authentication failed", and IsCredentialsRefused, when AUTH is
+  // refused).
   static absl::StatusOr<std::unique_ptr<RedisConnection>> Open(const RedisEndpoint& endpoint,
                                                                absl::Duration connect_timeout,
                                                                absl::Duration command_timeout);

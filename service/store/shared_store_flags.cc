@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/error_detail.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "service/engine/clock.h"
@@ -66,6 +67,26 @@ absl::StatusOr<SharedStoreFactories> MakeSharedStoreFactories(const SharedStoreF
     TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisRecordStore> store,
                           RedisRecordStore::Make(std::move(client), std::move(options)));
     return std::unique_ptr<service::RecordStore>(std::move(store));
+  };
+  const std::string password_file = flags.password_file;
+  out.check_credentials = [sessions_client, password_file]() -> absl::Status {
+    // A client of its own, uncounted: the store's metrics are the served calls'.
+    RedisClientOptions probe = sessions_client;
+    probe.max_connections = 1;
+    probe.observer = nullptr;
+    TOST_ASSIGN_OR_RETURN(std::unique_ptr<RedisClient> client, RedisClient::Create(probe));
+    absl::StatusOr<RedisReply> pong = client->Command({"PING"});
+    if (pong.ok() || !IsCredentialsRefused(pong.status())) return pong.status();
+    // The message says where the password came from: the URL, or the file that overrides it.
+    const std::string source =
+        password_file.empty()
+            ? std::string()
+            : absl::StrCat(" (the password is the one in --session_store_password_file ",
+                           password_file, ")");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the store refused this server's credentials at start-up, so every session call would "
+        "fail; not starting: ",
+        FullErrorText(pong.status()), source));
   };
   RedisPrefixTierOptions tier;
   tier.key_prefix = flags.redis.key_prefix;

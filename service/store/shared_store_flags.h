@@ -2,7 +2,7 @@
 // engine's in-memory one), the Responses API's record store (null for "memory" likewise) and, for a
 // shared store, the prefix-state cache's shared tier on it.
 // Everything is checked here, before any model loads; nothing connects (the store may be down at
-// start-up).
+// start-up) until the caller runs check_credentials.
 #pragma once
 
 #include <functional>
@@ -36,6 +36,15 @@ struct SharedStoreFactories {
   // The stored responses and conversations, with a client of their own (the sessions' options).
   std::function<absl::StatusOr<std::unique_ptr<service::RecordStore>>(service::RecordStoreOptions)>
       records;  // null: the in-memory store (service::MemoryRecordStore)
+  // Start-up's check of the credentials (null: the in-memory store): one connection, with the
+  // AUTH and SELECT every connection makes, and a PING, within --session_store_timeout_ms each.
+  // OK: the store took them. FAILED_PRECONDITION naming --session_store (and the password file):
+  // the store answered and refused them, so every session call would fail until the flags change
+  // and the server is restarted; the server must not start (a replica that did would be ready and
+  // take traffic it cannot serve). Any other error: the store was not reached or cannot serve now
+  // (down, no answer, loading); the server starts anyway, its session calls UNAVAILABLE until the
+  // store is back, as after an outage while it runs.
+  std::function<absl::Status()> check_credentials;
 };
 
 absl::StatusOr<SharedStoreFactories> MakeSharedStoreFactories(const SharedStoreFlags& flags);

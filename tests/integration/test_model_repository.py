@@ -1,5 +1,5 @@
 """A model repository with hostile or careless entries beside the shipped models: a folder that is a
-symbolic link loop, a config.json that is /dev/zero or a FIFO, weights that are /dev/zero, invalid
+symbolic link loop or a dangling link, a config.json that is a link loop, /dev/zero or a FIFO, weights that are /dev/zero, invalid
 UTF-8 in config.json's strings. The server must start within a bounded time, list every model
 through a strict (UTF-8 checking) client, the good ones ready and the bad ones failed with their path
 in the repository and the reason, and serve the good ones."""
@@ -73,6 +73,10 @@ def hostile_repo(tmp_path):
     for shipped in ("tost-digits", "tost-austen"):
         os.symlink(os.path.join(SOURCE_DIR, "models", shipped), repo / shipped)
     os.symlink(repo / "loop", repo / "loop")
+    os.symlink(repo / "nowhere", repo / "dangling")
+    config_loop = _model_copy(repo, "tost-digits", "config-loop")
+    os.remove(config_loop / "config.json")
+    os.symlink("config.json", config_loop / "config.json")  # a link to itself
     (repo / "zero-config").mkdir()
     os.symlink("/dev/zero", repo / "zero-config" / "config.json")
     (repo / "fifo-config").mkdir()
@@ -103,12 +107,15 @@ def test_bad_entries_fail_alone_and_the_good_models_serve(hostile_repo, proto_mo
             # is what one bad byte in a config used to do to every client.
             listed = stub.ListModels(pb2.ListModelsRequest(), timeout=30).models
             models = {m.name: m for m in listed}
-            assert set(models) == {"tost-digits", "tost-austen", "loop", "zero-config", "fifo-config",
-                                   "zero-weights", "bad-name", "bad-description"}, sorted(models)
+            assert set(models) == {"tost-digits", "tost-austen", "loop", "dangling", "config-loop",
+                                   "zero-config", "fifo-config", "zero-weights", "bad-name",
+                                   "bad-description"}, sorted(models)
             for good in ("tost-digits", "tost-austen"):
                 assert models[good].ready, models[good].error
             expected = {
                 "loop": [f"{repo}/loop", "Too many levels of symbolic links"],
+                "dangling": [f"{repo}/dangling", "No such file or directory"],
+                "config-loop": [f"{repo}/config-loop/config.json", "Too many levels of symbolic links"],
                 "zero-config": [f"{repo}/zero-config/config.json", "regular file", "character device"],
                 "fifo-config": [f"{repo}/fifo-config/config.json", "regular file", "FIFO"],
                 "zero-weights": [f"{repo}/zero-weights/model.safetensors", "weights file",
@@ -142,6 +149,14 @@ def test_bad_entries_fail_alone_and_the_good_models_serve(hostile_repo, proto_mo
                 stub.Classify(pb2.ClassifyRequest(model="zero-weights", tensor=tensor), timeout=30)
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "character device" in e.value.details()
+            # A call to a model whose config.json is a loop fails with its load error, as for any
+            # unreadable config; an entry that is no folder at all is failed the same way.
+            for name, fragment in (("config-loop", "Too many levels of symbolic links"),
+                                   ("dangling", "No such file or directory")):
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Classify(pb2.ClassifyRequest(model=name, tensor=tensor), timeout=30)
+                assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, (name, e.value)
+                assert fragment in e.value.details(), (name, e.value.details())
 
         # The metrics page names the served models; it must stay UTF-8 too (scrape_metrics decodes
         # it strictly).

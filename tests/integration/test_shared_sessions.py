@@ -845,6 +845,67 @@ def test_store_flags_a_replica_refuses_at_startup(key_file, tmp_path):
         free.close()
 
 
+def test_store_that_refuses_the_credentials_stops_the_start(key_file, tmp_path):
+    """A store that answers and refuses the server's credentials at start-up stops the start, with
+    the reason naming --session_store (and the password file when the password came from one): a
+    replica that started would report SERVING, take traffic, and fail every session call. A store
+    that cannot be reached at start-up, down or not answering, does not stop it (the store may be
+    down at start-up); nor does the right password."""
+    right, wrong = "right-password-5e1", "wrong-password-9c4"
+    wrong_file = tmp_path / "wrong.password"
+    wrong_file.write_text(wrong + "\n")
+    acl = ["user tost on >acl-right-password-77 ~* &* +@all"]
+    with RedisServer(requirepass=right, config=acl) as redis:
+        cases = [
+            ("a wrong password in the URL",
+             [f"--session_store=redis://default:{wrong}@{redis.address}/0"], "--session_store"),
+            ("a wrong password in the password file",
+             [f"--session_store={redis.url(password=False)}", f"--session_store_password_file={wrong_file}"],
+             f"--session_store_password_file {wrong_file}"),
+            ("an ACL user's wrong password",
+             [f"--session_store=redis://tost:{wrong}@{redis.address}/0"], "user 'tost'"),
+            ("no password where the store requires one",
+             [f"--session_store={redis.url(password=False)}"], "requires a password"),
+        ]
+        for what, args, named in cases:
+            code, output = server_refuses(f"--session_key_file={key_file}", "--session_store_timeout_ms=2000",
+                                          *args)
+            assert code != 0, f"{what}: tost_server should exit non-zero: {output}"
+            for fragment in ("--session_store", "refused", "authentication failed", redis.display_url(), named):
+                assert fragment in output, f"{what}: the refusal should say {fragment!r}: {output}"
+            assert wrong not in output and right not in output, f"{what}: the output shows a password: {output}"
+            assert "loading models" not in output, f"{what}: refused after loading the models: {output}"
+
+        # The same store with the right password: the start goes on, and sessions work.
+        with RunningServer(MODELS, [f"--session_key_file={key_file}", *store_args(redis)]) as server:
+            assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
+            ch, stub = stub_for(server.address)
+            with ch:
+                create(stub, 0)
+            assert server.stop() == 0
+
+        # Paused (connections accepted, nothing answered), it is an outage, not a refusal: the
+        # start goes on within the store's timeout, SERVING, and session calls wait for its return.
+        redis.pause()
+        try:
+            t0 = time.monotonic()
+            with RunningServer(MODELS, [f"--session_key_file={key_file}", "--session_store_timeout_ms=300",
+                                        *store_args(redis)]) as server:
+                started_s = time.monotonic() - t0
+                assert health(server.address) == health_pb2.HealthCheckResponse.SERVING
+                with open(server.log.name) as f:
+                    log = f.read()
+                assert "not reached at start-up" in log and redis.display_url() in log, log
+                redis.resume()
+                ch, stub = stub_for(server.address)
+                with ch:
+                    wait_session_calls_work([stub])
+                assert server.stop() == 0
+            print(f"\nstarted in {started_s:.1f} s with the store paused")
+        finally:
+            redis.resume()
+
+
 def test_replicas_share_openai_sessions_and_the_prefix_cache(key_file):
     """The OpenAI-compatible routes continue a session another replica advanced (the session's new
     state is stored before the response ends), and a prompt one replica prefilled is a prefix-cache

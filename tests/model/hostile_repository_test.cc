@@ -112,8 +112,16 @@ TEST_F(HostileRepositoryTest, SymlinkLoopsAreFailedModelsAndTheGoodOneLoads) {
   Replace(cfgloop / "config.json", cfgloop / "config.json");
   // A name too long for the file system (ENAMETOOLONG), where a folder should be.
   fs::create_symlink(repo_ / std::string(300, 'n'), repo_ / "toolong");
+  // Dangling links: a model folder's, and a config.json's (the folder itself is real).
+  fs::create_symlink(repo_ / "nowhere", repo_ / "dangling");
+  const fs::path cfgdangling = LinkModel("tost-digits", "cfgdangling");
+  Replace(cfgdangling / "config.json", cfgdangling / "nowhere.json");
+  // A loop of two links, relative ones, as config.json.
+  const fs::path cfgcycle = LinkModel("tost-digits", "cfgcycle");
+  Replace(cfgcycle / "config.json", "other.json");
+  fs::create_symlink("config.json", cfgcycle / "other.json");
   const std::vector<LoadedModel> models = LoadWithin(repo_, std::chrono::seconds(60));
-  ASSERT_EQ(models.size(), 4u);
+  ASSERT_EQ(models.size(), 7u);
   const LoadedModel* good = Find(models, "good");
   ASSERT_NE(good, nullptr);
   EXPECT_TRUE(good->status.ok()) << good->status;
@@ -126,6 +134,21 @@ TEST_F(HostileRepositoryTest, SymlinkLoopsAreFailedModelsAndTheGoodOneLoads) {
   }
   if (const LoadedModel* m = Find(models, "toolong")) {
     ExpectError(*m, {"toolong", "File name too long"});
+  }
+  if (const LoadedModel* m = Find(models, "dangling")) {
+    ExpectError(*m, {(repo_ / "dangling").string(), "No such file or directory"});
+  }
+  if (const LoadedModel* m = Find(models, "cfgdangling")) {
+    ExpectError(*m, {"cfgdangling/config.json", "No such file or directory"});
+  }
+  if (const LoadedModel* m = Find(models, "cfgcycle")) {
+    ExpectError(*m, {"cfgcycle/config.json", "symbolic links"});
+  }
+  // Nothing broken is served: only "good" has a model behind it.
+  for (const LoadedModel& m : models) {
+    if (m.name == "good") continue;
+    EXPECT_EQ(m.vision, nullptr) << m.name;
+    EXPECT_EQ(m.language, nullptr) << m.name;
   }
 }
 
