@@ -39,16 +39,33 @@ inline constexpr size_t kMaxChoiceBytes = 4 * 1024;
 // levels ({"properties": {"a": {...}}}), so this admits schemas some 85 objects deep, more than
 // any output a model is asked to follow, and far below what overflows a thread's stack.
 inline constexpr size_t kMaxConstraintNesting = 256;
+// JSON schemas only. XGrammar's schema converter spells out what these count (a regex or grammar
+// constraint keeps a repetition as one rule), so its compile time grows with them, faster than
+// linearly (on tost-austen's 2048 tokens: 800 optional properties in one object compile in 1.8 s,
+// 1600 in 19.5 s; a pattern [a-z]{1000} in 0.1 s, {3000} in 0.9 s, {10000} in 8.4 s). Within
+// these a schema can still compile slowly (many patterns, many optional properties): the compile
+// worker's kill bounds those (grammar_cache.h).
+// Optional properties (in an object's "properties" but not its "required"), every object of the
+// schema together: XGrammar spells out which may follow which (required ones cost little: 1200
+// in 400 objects compile in 1 s).
+inline constexpr size_t kMaxSchemaOptionalProperties = 1024;
+// "enum" members and "const" values, every one of the schema together (11,500 short ones fit in
+// the text bound and compile in 0.1 s: this one says what it counts instead).
+inline constexpr size_t kMaxSchemaEnumValues = 8192;
+// What one "pattern" (or "patternProperties" key) spells out: its characters and classes, each
+// repetition {n}, {n,} or {n,m} counting what it repeats m times (n when unbounded).
+inline constexpr size_t kMaxSchemaPatternExpansion = 1024;
 
 // "json_schema", "json_object", "regex", "grammar", "choice": the names errors and stats use.
 const char* KindName(Constraint::Kind kind);
 
 // INVALID_ARGUMENT, naming the field, what was expected and what was received, when `constraint`
 // cannot be compiled for its shape alone: text over kMaxConstraintTextBytes or empty where the
-// kind needs it, a schema, regex or grammar nested deeper than kMaxConstraintNesting, choices
+// kind needs it, a schema, regex or grammar nested deeper than kMaxConstraintNesting, a schema
+// past kMaxSchemaOptionalProperties, kMaxSchemaEnumValues or kMaxSchemaPatternExpansion, choices
 // outside 1..kMaxConstraintChoices, an empty choice, a choice over kMaxChoiceBytes or not valid
 // UTF-8 (the grammar matches text, and choices come from JSON requests). Whether the schema, regex
-// or grammar itself is valid is the compiler's to say.
+// or grammar itself is valid is the compiler's to say (a schema that is not JSON is left to it).
 absl::Status Validate(const Constraint& constraint);
 
 // The cache key of a constraint: the kind and the full content, each part length-prefixed, so two

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "model/sampling/sampler.h"
 #include "service/structured/compiled_constraint.h"
 #include "service/structured/constraint.h"
@@ -16,7 +17,9 @@
 namespace tost::structured {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Constraint Choice(std::vector<std::string> choices) {
   return Constraint{Constraint::Kind::kChoice, "", std::move(choices)};
@@ -77,6 +80,93 @@ TEST(StructuredConstraint, ValidateRefusesTextNestedPastTheCompilersBound) {
   for (int i = 0; i < 255; ++i) ok_schema += R"({"items":)";
   ok_schema += "{}" + std::string(255, '}');
   EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, ok_schema, {}}).ok());
+}
+
+std::string ObjectOf(int properties, const std::string& property_schema) {
+  std::string schema = R"({"type":"object","properties":{)";
+  for (int i = 0; i < properties; ++i) {
+    absl::StrAppend(&schema, i == 0 ? "" : ",", "\"p", i, "\":", property_schema);
+  }
+  return schema + "}}";
+}
+
+TEST(StructuredConstraint, ValidateRefusesSchemasPastTheirCountBounds) {
+  // Optional properties: every object's together, nested ones and $defs included; required ones
+  // do not count.
+  EXPECT_TRUE(
+      Validate({Constraint::Kind::kJsonSchema, ObjectOf(1024, R"({"type":"integer"})"), {}}).ok());
+  absl::Status s =
+      Validate({Constraint::Kind::kJsonSchema, ObjectOf(1025, R"({"type":"integer"})"), {}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("expected a json_schema of at most 1024 optional properties (in its "
+                        "objects' \"properties\" but not their \"required\", together), received "
+                        "1025"));
+  const std::string nested =
+      absl::StrCat(R"({"$defs":{"d":)", ObjectOf(600, "{}"),
+                   R"(},"type":"object","properties":{"a":)", ObjectOf(500, "{}"), "}}");
+  EXPECT_THAT(Validate({Constraint::Kind::kJsonSchema, nested, {}}).message(),
+              HasSubstr("received 1101"));
+  std::string required_all = ObjectOf(2000, "{}");
+  required_all.pop_back();
+  required_all += R"(,"required":[)";
+  for (int i = 0; i < 2000; ++i) absl::StrAppend(&required_all, i == 0 ? "" : ",", "\"p", i, "\"");
+  required_all += "]}";
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, required_all, {}}).ok());
+
+  // Enum values and consts, all enums together; an enum's own values are data, not schemas.
+  std::string values;
+  for (int i = 0; i < 8193; ++i) absl::StrAppend(&values, i == 0 ? "" : ",", i);
+  s = Validate({Constraint::Kind::kJsonSchema, absl::StrCat(R"({"enum":[)", values, "]}"), {}});
+  EXPECT_THAT(s.message(), HasSubstr("at most 8192 enum and const values (its enums' together), "
+                                     "received 8193"));
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema,
+                        R"({"enum":[{"properties":{"a":1},"pattern":"a{5000}"}]})",
+                        {}})
+                  .ok());
+  EXPECT_TRUE(
+      Validate({Constraint::Kind::kJsonSchema, R"({"const":"x","default":{"enum":[1,2]}})", {}})
+          .ok());
+
+  // Patterns: what a pattern spells out, its repetitions multiplied, nested ones by each other.
+  const auto pattern = [](const std::string& re) {
+    return Validate({Constraint::Kind::kJsonSchema,
+                     absl::StrCat(R"({"type":"object","properties":{"code":{"type":"string",)",
+                                  R"("pattern":")", re, R"("}}})"),
+                     {}});
+  };
+  EXPECT_TRUE(pattern("^[a-z]{1000}$").ok());
+  EXPECT_TRUE(pattern(R"(^\\d{4}-\\d{2}-\\d{2}$)").ok());
+  EXPECT_TRUE(pattern("^(ab|cd){250}x+$").ok());  // 4 per repetition, and 3: 1003
+  s = pattern("^[a-z]{30000}$");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("expected each pattern of a json_schema to spell out at most 1024 "
+                        "characters (a repetition {n,m} counting what it repeats m times), "
+                        "received one that spells out more at /properties/code/pattern"));
+  EXPECT_FALSE(pattern("^([a-z]{100}){100}$").ok());           // 10,000 nested
+  EXPECT_FALSE(pattern("^[a-z]{1,2000}$").ok());               // the upper bound counts
+  EXPECT_FALSE(pattern("^[0-9]{600}[a-z]{600}$").ok());        // the repetitions add up
+  EXPECT_FALSE(pattern("^(a{99999999999}){99999999}$").ok());  // saturates, does not overflow
+  EXPECT_TRUE(pattern("^a{,5}[{]{}{x}$").ok());                // braces that repeat nothing
+  EXPECT_THAT(Validate({Constraint::Kind::kJsonSchema,
+                        R"({"patternProperties":{"^x{2000}$":{"type":"integer"}}})",
+                        {}})
+                  .message(),
+              HasSubstr("at /patternProperties/^x{2000}$"));
+  // A long name is quoted by its end only, its control bytes escaped.
+  const std::string long_name = std::string(5000, 'n') + "\\u0001end";
+  EXPECT_THAT(
+      Validate({Constraint::Kind::kJsonSchema,
+                absl::StrCat(R"({"properties":{")", long_name, R"(":{"pattern":"a{9999}"}}})"),
+                {}})
+          .message(),
+      AllOf(HasSubstr("at ...nnnn"), HasSubstr("n\\x01end/pattern"), Not(HasSubstr(long_name))));
+  // A regex or grammar constraint keeps its repetitions as rules: no bound but the text's.
+  EXPECT_TRUE(Validate({Constraint::Kind::kRegex, "[a-z]{1000000}", {}}).ok());
+  EXPECT_TRUE(Validate({Constraint::Kind::kGrammar, R"(root ::= [a-z]{100000})", {}}).ok());
+  // Not JSON: the compiler's to say.
+  EXPECT_TRUE(Validate({Constraint::Kind::kJsonSchema, "{not json", {}}).ok());
 }
 
 TEST(StructuredConstraint, ContentKeysDifferExactlyWhenTheContentDoes) {
