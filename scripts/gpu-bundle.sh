@@ -80,7 +80,7 @@ command -v patchelf >/dev/null || die "patchelf is missing: run scripts/install-
 [[ -f $build/deps.env ]] || die "$build/deps.env is missing: build first (make build)"
 python=$(sed -n 's/^TOST_PYTHON=//p' "$build/deps.env")
 binaries=(
-  service/tost_server client/tost_cli
+  service/tost_server service/tost_constraint_compiler client/tost_cli
   tests/kernels/gpu/tost_gpu_tests tests/kernels/gpu/tssa_gpu_bench
   tests/bench/tost_classify_forward_bench tests/bench/tost_generation_bench tests/bench/tost_loadgen
 )

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Collects, for the runtime stage of the images, what the built binaries need beyond the Debian
-# packages that stage installs: tost_server and tost_cli, and every shared library they load from
-# outside /lib and /usr/lib (LibTorch and the CUDA libraries of the torch wheel, libtost_kernels.so),
-# each copied to OUT at its own absolute path, so the RUNPATH the build recorded in the binaries,
-# and the wheel's $ORIGIN-relative RPATHs, resolve unchanged at run time (no LD_LIBRARY_PATH).
+# packages that stage installs: tost_server, its constraint compile worker tost_constraint_compiler
+# (which it runs from beside itself: both go to /usr/local/bin) and tost_cli, and every shared
+# library they load from outside /lib and /usr/lib (LibTorch and the CUDA libraries of the torch
+# wheel, libtost_kernels.so), each copied to OUT at its own absolute path, so the RUNPATH the build
+# recorded in the binaries, and the wheel's $ORIGIN-relative RPATHs, resolve unchanged at run time
+# (no LD_LIBRARY_PATH).
 #
 #   collect-runtime.sh cpu|cuda OUT     copy into OUT
 #   collect-runtime.sh cpu|cuda --list  print what would be copied
@@ -13,7 +15,7 @@
 set -euo pipefail
 mode="${1:?cpu or cuda}" out="${2:?OUT directory or --list}"
 case "$mode" in cpu | cuda) ;; *) echo "collect-runtime: mode must be cpu or cuda, got '$mode'" >&2; exit 2 ;; esac
-bins=(build/service/tost_server build/client/tost_cli)
+bins=(build/service/tost_server build/service/tost_constraint_compiler build/client/tost_cli)
 for b in "${bins[@]}"; do [ -x "$b" ] || { echo "collect-runtime: $b is not built (run make build)" >&2; exit 1; }; done
 
 # The loader's view: ldd lists the whole DT_NEEDED closure with the RUNPATHs applied.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <xgrammar/xgrammar.h>
 
@@ -32,6 +33,13 @@ class GrammarVocabulary {
   static absl::StatusOr<std::shared_ptr<GrammarVocabulary>> Create(
       const model::Tokenizer& tokenizer, int64_t model_vocab_size, std::string_view model_name,
       const GrammarVocabularyOptions& options = {});
+  // The same from the tokens' byte strings (id order) and the end-of-text id: how a compile
+  // worker (compile_worker.h), which has no tokenizer, builds the vocabulary the server has.
+  // INVALID_ARGUMENT for an empty vocabulary, a model_vocab_size below it, or an end-of-text id
+  // outside it.
+  static absl::StatusOr<std::shared_ptr<GrammarVocabulary>> FromTokens(
+      std::vector<std::string> tokens, int64_t model_vocab_size, int32_t eos_token_id,
+      std::string_view model_name, const GrammarVocabularyOptions& options = {});
 
   GrammarVocabulary(const GrammarVocabulary&) = delete;
   GrammarVocabulary& operator=(const GrammarVocabulary&) = delete;
@@ -40,6 +48,9 @@ class GrammarVocabulary {
   int64_t model_vocab_size() const { return model_vocab_size_; }
   int64_t tokenizer_vocab_size() const { return tokenizer_vocab_size_; }
   int32_t eos_token_id() const { return eos_token_id_; }
+  // Every token's byte string, in id order (tokenizer_vocab_size of them): what a compile worker
+  // is sent to build this vocabulary again.
+  const std::vector<std::string>& tokens() const { return tokens_; }
   // 32-bit words of a bitmask over model_vocab_size ids.
   int64_t bitmask_words() const { return (model_vocab_size_ + 31) / 32; }
 
@@ -48,13 +59,15 @@ class GrammarVocabulary {
   xgrammar::GrammarCompiler& compiler() { return compiler_; }
 
  private:
-  GrammarVocabulary(std::string model_name, int64_t model_vocab_size, int64_t tokenizer_vocab_size,
-                    int32_t eos_token_id, xgrammar::TokenizerInfo info, int compile_threads);
+  GrammarVocabulary(std::string model_name, int64_t model_vocab_size,
+                    std::vector<std::string> tokens, int32_t eos_token_id,
+                    xgrammar::TokenizerInfo info, int compile_threads);
 
   std::string model_name_;
   int64_t model_vocab_size_;
   int64_t tokenizer_vocab_size_;
   int32_t eos_token_id_;
+  std::vector<std::string> tokens_;
   xgrammar::GrammarCompiler compiler_;
 };
 

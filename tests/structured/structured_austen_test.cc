@@ -475,16 +475,17 @@ TEST(StructuredCache, HitsMissesEvictsAndCounts) {
 // constraint whose compiled form takes more than an eighth of that is refused, not kept.
 TEST(StructuredCache, BytesAreBoundedAndAnOversizedCompileIsRefused) {
   auto vocabulary = AustenVocabulary();
-  // One grammar under sixteen keys: the title is in the text, not in the grammar.
+  // One grammar under sixteen keys of one length: the title is in the text, not in the grammar.
   const auto titled = [](int i) {
-    return Schema(absl::StrCat(R"({"type":"integer","title":"t)", i, R"("})"));
+    return Schema(absl::StrCat(R"({"type":"integer","title":"t)", 10 + i, R"("})"));
   };
   auto one = CompileConstraint(vocabulary, titled(0));
   ASSERT_TRUE(one.ok()) << one.status();
-  const int64_t each = (*one)->bytes;
+  // An entry holds its compiled form and its key.
+  const int64_t each = (*one)->bytes + static_cast<int64_t>(ContentKey(titled(0)).size());
   ASSERT_GT(each, 0);
   GrammarCacheOptions options;
-  options.max_bytes = 8 * (each + each / 2);  // an entry fits in an eighth; one and a half do not
+  options.max_bytes = 12 * each;  // an entry fits in an eighth; one and a half do not
   GrammarCache cache(vocabulary, options);
   for (int i = 1; i <= 16; ++i) {  // twelve fit
     const auto compiled = cache.Get(titled(i));
@@ -555,37 +556,40 @@ TEST(StructuredCache, ACompilePastTheDeadlineIsRefusedAndFinishesInTheBackground
   EXPECT_EQ(gated.compiles(), 1);
 }
 
-TEST(StructuredCache, BackgroundCompilesAreBounded) {
+// Without a worker a compile cannot be stopped: it holds its slot until it ends, and the slots
+// bound how many run at once, per caller and in all.
+TEST(StructuredCache, CompilesHoldSlotsPerCallerUntilTheyEnd) {
   auto vocabulary = AustenVocabulary();
   GatedCompile gated(vocabulary);
   GrammarCacheOptions options;
   options.max_compile_ms = 1;
-  options.max_background_compiles = 1;
+  options.max_compiles = 2;
+  options.max_compiles_per_caller = 1;
   GrammarCache cache(vocabulary, options, gated.Function());
-  EXPECT_EQ(cache.Get(Numbered(1)).status().code(), absl::StatusCode::kResourceExhausted);
-  // The first compile is blocked: a second constraint would be one background compile too many.
-  auto refused = cache.Get(Numbered(2));
+  EXPECT_EQ(cache.Get(Numbered(1), "alice").status().code(), absl::StatusCode::kResourceExhausted);
+  // Alice's compile is blocked: a second constraint of hers would take a second slot of hers.
+  auto refused = cache.Get(Numbered(2), "alice");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(refused.status().message(), HasSubstr("found 1 still running"));
-  // The same constraint joins the compile in flight instead (and times out again).
-  EXPECT_EQ(cache.Get(Numbered(1)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("one of this caller's 1 compiles running"));
+  // The same constraint joins the compile in flight instead, whoever asks (and times out again).
+  EXPECT_THAT(cache.Get(Numbered(1), "bob").status().message(), HasSubstr("took longer than 1 ms"));
+  // Bob has a slot of his own; then every slot is taken.
+  EXPECT_THAT(cache.Get(Numbered(2), "bob").status().message(), HasSubstr("took longer than 1 ms"));
+  EXPECT_THAT(cache.Get(Numbered(3), "carol").status().message(),
+              HasSubstr("one of the 2 compiles running (--constraint_compile_slots)"));
+  EXPECT_EQ(cache.stats().compiles_running, 2);
   gated.Release(Numbered(1));
-  cache.WaitForCompiles();
-  EXPECT_EQ(gated.compiles(), 1);
-  EXPECT_TRUE(cache.Get(Numbered(1)).ok());
-  // Room again: the second constraint's compile starts (and goes to the background).
-  auto started = cache.Get(Numbered(2));
-  EXPECT_EQ(started.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(started.status().message(), HasSubstr("took longer than 1 ms"));
   gated.Release(Numbered(2));
   cache.WaitForCompiles();
   EXPECT_EQ(gated.compiles(), 2);
-  EXPECT_TRUE(cache.Get(Numbered(2)).ok());
+  EXPECT_TRUE(cache.Get(Numbered(1), "carol").ok());
+  EXPECT_TRUE(cache.Get(Numbered(2), "alice").ok());
   const GrammarCacheStats stats = cache.stats();
   EXPECT_EQ(stats.timeouts, 3);
+  EXPECT_EQ(stats.slot_refusals, 2);
   EXPECT_EQ(stats.hits, 2);
-  EXPECT_EQ(stats.misses, 3);
   EXPECT_EQ(stats.entries, 2);
+  EXPECT_EQ(stats.compiles_running, 0);
 }
 
 TEST(StructuredCache, ConcurrentGetsOfOneConstraintCompileItOnce) {
