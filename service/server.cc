@@ -307,6 +307,23 @@ ListenerAuth MetricsAuth(const ServerOptions& o, bool keys) {
 constexpr std::string_view kGrpcProbes = "grpc.health.v1.Health";
 constexpr std::string_view kHttpProbes = "GET /v1/health/live, GET /v1/health/ready";
 
+// The compile worker for the engine, or "" for compiles in the server's threads: a configured
+// --constraint_compiler that does not run refuses the start; without one, tost_constraint_compiler
+// beside this binary, and where that does not run the log says compiles cannot be stopped.
+absl::StatusOr<std::string> ResolveConstraintCompiler(const std::string& configured) {
+  absl::StatusOr<std::string> found = FindConstraintCompiler(configured);
+  if (found.ok()) return found;
+  if (!configured.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--constraint_compiler=", configured, ": ", found.status().message()));
+  }
+  Log(LogLevel::kWarning,
+      "constraint compiles run in the server's threads: one past --constraint_compile_kill_ms or "
+      "--constraint_compile_memory_mb cannot be stopped",
+      {{"reason", found.status().message()}});
+  return std::string();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given) {
@@ -335,6 +352,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   }
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeCredentials(options));
+  // Before any model loads, like the ports below: a --constraint_compiler that cannot run is
+  // refused now.
+  TOST_ASSIGN_OR_RETURN(const std::string constraint_compiler,
+                        ResolveConstraintCompiler(options.constraints.compiler_path));
   // Before any model loads: a port another server holds is refused now, not after minutes of
   // loading (and gRPC's SO_REUSEPORT would otherwise share it silently).
   TOST_RETURN_IF_ERROR(CheckPortFree(options.host, options.port, "--port"));
@@ -416,6 +437,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   engine_options.sessions.observer = server->metrics_.get();
   engine_options.prefix_cache = options.prefix_cache;
   engine_options.constraints = options.constraints;
+  engine_options.constraints.compiler_path = constraint_compiler;
   engine_options.session_store = std::move(shared_store.sessions);
   engine_options.prefix_cache_tier = std::move(shared_store.prefix_tier);
   TOST_ASSIGN_OR_RETURN(server->engine_,

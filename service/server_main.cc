@@ -159,6 +159,26 @@ ABSL_FLAG(int64_t, constraint_mask_threads, 2,
 ABSL_FLAG(int64_t, constraint_compile_timeout_ms, 2000,
           "How long a constrained request waits for its constraint's compile before it is refused "
           "(RESOURCE_EXHAUSTED); the compile goes on and enters the cache, so a retry may find it");
+ABSL_FLAG(int64_t, constraint_compile_kill_ms, 10000,
+          "A constraint compile still running this long after it started is stopped (its worker "
+          "process killed) and its constraint refused from then on (INVALID_ARGUMENT); more than "
+          "--constraint_compile_timeout_ms");
+ABSL_FLAG(int64_t, constraint_compile_memory_mb, 256,
+          "Address space of each constraint compile's worker process: a compile that needs more "
+          "is stopped and its constraint refused from then on (INVALID_ARGUMENT)");
+ABSL_FLAG(int64_t, constraint_compile_slots, 4,
+          "Constraint compiles running at once per language model; a request that would start "
+          "one more waits for one to end, within --constraint_compile_timeout_ms, else is refused "
+          "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, constraint_compile_slots_per_caller, 2,
+          "Of --constraint_compile_slots, the most that one caller's requests may hold (a caller: "
+          "an API key's name or a TLS client identity; callers without either are one), so that "
+          "one caller's slow compiles leave the others slots");
+ABSL_FLAG(std::string, constraint_compiler, "",
+          "The constraint compile worker executable; empty: tost_constraint_compiler beside "
+          "tost_server, and when that is missing compiles run in the server's threads, where one "
+          "past --constraint_compile_kill_ms or --constraint_compile_memory_mb cannot be stopped "
+          "(logged at startup)");
 ABSL_FLAG(int64_t, session_idle_timeout_s, 1800, "Sessions unused this long are evicted");
 ABSL_FLAG(std::string, session_key_file, "",
           "Secret (>= 16 bytes) authenticating exported session blobs; replicas that share it "
@@ -267,6 +287,12 @@ absl::Status CheckNumericFlags() {
       {"constraint_mask_threads", absl::GetFlag(FLAGS_constraint_mask_threads), 0, 256},
       {"constraint_compile_timeout_ms", absl::GetFlag(FLAGS_constraint_compile_timeout_ms), 0,
        600'000, "0 = only constraints already compiled"},
+      {"constraint_compile_kill_ms", absl::GetFlag(FLAGS_constraint_compile_kill_ms), 1, 600'000},
+      {"constraint_compile_memory_mb", absl::GetFlag(FLAGS_constraint_compile_memory_mb), 16,
+       1 << 20},
+      {"constraint_compile_slots", absl::GetFlag(FLAGS_constraint_compile_slots), 1, 256},
+      {"constraint_compile_slots_per_caller",
+       absl::GetFlag(FLAGS_constraint_compile_slots_per_caller), 1, 256},
       {"session_blob_ttl_s", absl::GetFlag(FLAGS_session_blob_ttl_s), 0, 10 * 365 * kDayS,
        "0 = blobs do not expire"},
       {"response_ttl_s", absl::GetFlag(FLAGS_response_ttl_s), 1, 10 * 365 * kDayS},
@@ -280,6 +306,22 @@ absl::Status CheckNumericFlags() {
        "-1 = no HTTP front end, 0 picks a free port"},
   };
   TOST_RETURN_IF_ERROR(tost::service::CheckFlagRanges(ranges));
+  // A compile is stopped only after its request stopped waiting for it.
+  if (absl::GetFlag(FLAGS_constraint_compile_kill_ms) <=
+      absl::GetFlag(FLAGS_constraint_compile_timeout_ms)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--constraint_compile_kill_ms=", absl::GetFlag(FLAGS_constraint_compile_kill_ms),
+        ": expected more than --constraint_compile_timeout_ms (",
+        absl::GetFlag(FLAGS_constraint_compile_timeout_ms), ")"));
+  }
+  if (absl::GetFlag(FLAGS_constraint_compile_slots_per_caller) >
+      absl::GetFlag(FLAGS_constraint_compile_slots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--constraint_compile_slots_per_caller=",
+                     absl::GetFlag(FLAGS_constraint_compile_slots_per_caller),
+                     ": expected at most --constraint_compile_slots (",
+                     absl::GetFlag(FLAGS_constraint_compile_slots), ")"));
+  }
   const std::pair<const char*, int> ports[] = {{"port", absl::GetFlag(FLAGS_port)},
                                                {"metrics_port", absl::GetFlag(FLAGS_metrics_port)},
                                                {"http_port", absl::GetFlag(FLAGS_http_port)}};
@@ -389,6 +431,13 @@ int main(int argc, char** argv) {
   options.constraints.max_entries = absl::GetFlag(FLAGS_constraint_cache_entries);
   options.constraints.max_compile_ms = absl::GetFlag(FLAGS_constraint_compile_timeout_ms);
   options.constraints.max_bytes = absl::GetFlag(FLAGS_constraint_cache_bytes);
+  options.constraints.kill_ms = absl::GetFlag(FLAGS_constraint_compile_kill_ms);
+  options.constraints.memory_bytes = absl::GetFlag(FLAGS_constraint_compile_memory_mb) << 20;
+  options.constraints.max_compiles = absl::GetFlag(FLAGS_constraint_compile_slots);
+  options.constraints.max_compiles_per_caller =
+      absl::GetFlag(FLAGS_constraint_compile_slots_per_caller);
+  // The server looks for the worker (Server::Start): empty is "beside tost_server".
+  options.constraints.compiler_path = absl::GetFlag(FLAGS_constraint_compiler);
   options.session_key_file = absl::GetFlag(FLAGS_session_key_file);
   options.session_blob_ttl_s = absl::GetFlag(FLAGS_session_blob_ttl_s);
   options.responses.ttl = absl::Seconds(absl::GetFlag(FLAGS_response_ttl_s));

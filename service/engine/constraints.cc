@@ -37,7 +37,30 @@ class MatcherConstraint final : public TokenConstraint {
   structured::ConstraintMatcher matcher_;
 };
 
+structured::GrammarCacheOptions CacheOptions(const ConstraintCompilerOptions& options) {
+  structured::GrammarCacheOptions cache;
+  cache.max_entries = options.max_entries;
+  cache.max_bytes = options.max_bytes;
+  cache.max_compile_ms = options.max_compile_ms;
+  cache.max_compiles = options.max_compiles;
+  cache.max_compiles_per_caller = options.max_compiles_per_caller;
+  if (!options.compiler_path.empty()) {
+    cache.worker = structured::CompileWorkerOptions{.path = options.compiler_path,
+                                                    .kill_ms = options.kill_ms,
+                                                    .memory_bytes = options.memory_bytes};
+  }
+  return cache;
+}
+
 }  // namespace
+
+absl::Status ValidateConstraintCompilerOptions(const ConstraintCompilerOptions& options) {
+  return structured::ValidateGrammarCacheOptions(CacheOptions(options));
+}
+
+absl::StatusOr<std::string> FindConstraintCompiler(const std::string& configured) {
+  return structured::FindCompileWorker(configured);
+}
 
 struct ConstraintCompiler::Impl {
   Impl(const GenerativeModel& model, const ConstraintCompilerOptions& options)
@@ -70,11 +93,8 @@ struct ConstraintCompiler::Impl {
                 "\" does not support constrained generation: ", vocabulary.status().message())),
             ServerDetail(vocabulary.status()));
       } else {
-        structured::GrammarCacheOptions cache_options;
-        cache_options.max_entries = options.max_entries;
-        cache_options.max_bytes = options.max_bytes;
-        cache_options.max_compile_ms = options.max_compile_ms;
-        cache = std::make_shared<structured::GrammarCache>(*std::move(vocabulary), cache_options);
+        cache = std::make_shared<structured::GrammarCache>(*std::move(vocabulary),
+                                                           CacheOptions(options));
       }
     }
     return cache;
@@ -88,12 +108,12 @@ ConstraintCompiler::ConstraintCompiler(const GenerativeModel& model,
 ConstraintCompiler::~ConstraintCompiler() = default;
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
-    const structured::Constraint& spec) {
+    const structured::Constraint& spec, const std::string& caller) {
   // Shape first: a malformed request is refused before the model's vocabulary is built.
   TOST_RETURN_IF_ERROR(structured::Validate(spec));
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<structured::GrammarCache> cache, impl_->Cache());
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledConstraint> compiled,
-                        cache->Get(spec));
+                        cache->Get(spec, caller));
   return std::make_unique<MatcherConstraint>(spec, std::move(compiled));
 }
 
@@ -109,10 +129,16 @@ ConstraintCacheStats ConstraintCompiler::stats() const {
           .compiles = s.compiles,
           .compile_errors = s.compile_errors,
           .timeouts = s.timeouts,
+          .slot_refusals = s.slot_refusals,
+          .stopped = s.stopped,
+          .worker_failures = s.worker_failures,
+          .refusals_repeated = s.refusals_repeated,
           .evictions = s.evictions,
           .compile_micros_total = s.compile_micros_total,
+          .worker_max_rss_bytes = s.worker_max_rss_bytes,
           .entries = s.entries,
-          .bytes = s.bytes};
+          .bytes = s.bytes,
+          .compiles_running = s.compiles_running};
 }
 
 #else  // !TOST_WITH_STRUCTURED
@@ -128,7 +154,7 @@ ConstraintCompiler::ConstraintCompiler(const GenerativeModel& model,
 ConstraintCompiler::~ConstraintCompiler() = default;
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
-    const structured::Constraint& spec) {
+    const structured::Constraint& spec, const std::string& caller) {
   return absl::FailedPreconditionError(
       absl::StrCat("model \"", impl_->model_name,
                    "\" does not support constrained generation: this server was built without "
@@ -136,6 +162,24 @@ absl::StatusOr<std::unique_ptr<TokenConstraint>> ConstraintCompiler::Compile(
 }
 
 ConstraintCacheStats ConstraintCompiler::stats() const { return {}; }
+
+// Nothing compiles: the options are checked as they would be in a build with XGrammar, so a
+// command line does not start one build and not the other.
+absl::Status ValidateConstraintCompilerOptions(const ConstraintCompilerOptions& options) {
+  if (options.max_entries < 0 || options.max_bytes < 0 || options.max_compile_ms < 0 ||
+      options.max_compiles < 1 || options.max_compiles_per_caller < 1 ||
+      options.max_compiles_per_caller > options.max_compiles) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "constraint compiler options: expected non-negative cache bounds and wait, at least one "
+        "compile slot and 1 to that many per caller, received max_compiles ",
+        options.max_compiles, " and max_compiles_per_caller ", options.max_compiles_per_caller));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FindConstraintCompiler(const std::string& configured) {
+  return std::string();
+}
 
 #endif  // TOST_WITH_STRUCTURED
 

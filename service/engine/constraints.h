@@ -46,14 +46,20 @@ class TokenConstraint {
 
 // What a model's compiled-constraint cache did since the server started (metrics).
 struct ConstraintCacheStats {
-  int64_t hits = 0;            // constraints found compiled
-  int64_t compiles = 0;        // compiles that finished with a compiled constraint
-  int64_t compile_errors = 0;  // compiles the compiler refused (INVALID_ARGUMENT)
-  int64_t timeouts = 0;        // requests refused because their compile ran past max_compile_ms
+  int64_t hits = 0;               // constraints found compiled
+  int64_t compiles = 0;           // compiles that finished with a compiled constraint
+  int64_t compile_errors = 0;     // compiles the compiler refused (INVALID_ARGUMENT)
+  int64_t timeouts = 0;           // requests refused because their compile ran past max_compile_ms
+  int64_t slot_refusals = 0;      // requests refused because no compile slot freed for their caller
+  int64_t stopped = 0;            // compiles stopped past --constraint_compile_kill_ms or memory
+  int64_t worker_failures = 0;    // compiles whose worker failed (not started, crashed)
+  int64_t refusals_repeated = 0;  // requests refused as a stopped compile's constraint
   int64_t evictions = 0;
   int64_t compile_micros_total = 0;  // wall time of finished compiles
+  int64_t worker_max_rss_bytes = 0;  // the largest peak memory of a compile worker
   int64_t entries = 0;
   int64_t bytes = 0;  // what the entries hold
+  int64_t compiles_running = 0;
 };
 
 struct ConstraintCompilerOptions {
@@ -62,10 +68,33 @@ struct ConstraintCompilerOptions {
   // (INVALID_ARGUMENT) instead of kept.
   int64_t max_entries = 256;
   int64_t max_bytes = int64_t{256} << 20;
-  // How long a request waits for its constraint's compile before it is refused with
-  // RESOURCE_EXHAUSTED (the compile goes on in the background; a retry may hit the cache).
+  // How long a request waits for a compile slot and its constraint's compile before it is refused
+  // with RESOURCE_EXHAUSTED (the compile goes on in the background; a retry may hit the cache).
   int64_t max_compile_ms = 2000;
+  // Compiles running at once per model, and the most of those one caller's requests may have
+  // started (the caller: a request's owner, its API key's name or TLS identity, else
+  // "anonymous", which all keyless callers share). Below max_compiles, one caller's slow
+  // compiles leave slots to the others.
+  int64_t max_compiles = 4;
+  int64_t max_compiles_per_caller = 2;
+  // The compile worker (tost_constraint_compiler, FindConstraintCompiler): each compile runs
+  // first in a process killed past kill_ms (more than max_compile_ms) or memory_bytes of address
+  // space, and such a constraint is refused with INVALID_ARGUMENT from then on. Empty: compiles
+  // run in-process only, and one past its bound runs on to its end.
+  std::string compiler_path;
+  int64_t kill_ms = 10000;
+  int64_t memory_bytes = int64_t{1} << 30;
 };
+
+// INVALID_ARGUMENT naming the option: the cache's bounds negative, max_compiles below 1,
+// max_compiles_per_caller outside 1..max_compiles, and with a compiler_path, kill_ms outside
+// (max_compile_ms, 600000] or memory_bytes below 64 MiB.
+absl::Status ValidateConstraintCompilerOptions(const ConstraintCompilerOptions& options);
+
+// Where the compile worker is: `configured` when set, else tost_constraint_compiler beside this
+// process's executable; FAILED_PRECONDITION saying what was tried when it is not there or does
+// not answer as this build's worker, and "" in a build without XGrammar (which compiles nothing).
+absl::StatusOr<std::string> FindConstraintCompiler(const std::string& configured);
 
 // The compiled constraints of one language model. Thread-safe; Compile runs on the caller's
 // thread (the request's), never the scheduler's.
@@ -76,12 +105,15 @@ class ConstraintCompiler {
   ConstraintCompiler(const ConstraintCompiler&) = delete;
   ConstraintCompiler& operator=(const ConstraintCompiler&) = delete;
 
-  // A fresh TokenConstraint for `spec`. INVALID_ARGUMENT naming the field for a constraint of the
-  // wrong shape, or with the compiler's message for a schema, regex or grammar it refuses;
-  // RESOURCE_EXHAUSTED when the compile takes longer than max_compile_ms; FAILED_PRECONDITION,
-  // naming the model, when the model's tokenizer cannot support constraints (or the server was
-  // built without XGrammar). The model's grammar vocabulary is built on the first call.
-  absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const structured::Constraint& spec);
+  // A fresh TokenConstraint for `spec`, compiled (on a miss) in one of `caller`'s slots.
+  // INVALID_ARGUMENT naming the field for a constraint of the wrong shape, with the compiler's
+  // message for a schema, regex or grammar it refuses, or naming the bound a compile ran past;
+  // RESOURCE_EXHAUSTED when no slot freed for the caller, or the compile took longer, than
+  // max_compile_ms; FAILED_PRECONDITION, naming the model, when the model's tokenizer cannot
+  // support constraints (or the server was built without XGrammar). The model's grammar
+  // vocabulary is built on the first call.
+  absl::StatusOr<std::unique_ptr<TokenConstraint>> Compile(const structured::Constraint& spec,
+                                                           const std::string& caller);
 
   // All zero until the first constrained request builds the cache.
   ConstraintCacheStats stats() const;

@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   TOST_RETURN_IF_ERROR(ValidateGenerationSchedulerOptions(options.generation));
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(options.sessions));
   TOST_RETURN_IF_ERROR(ValidatePrefixCacheOptions(options.prefix_cache));
+  TOST_RETURN_IF_ERROR(ValidateConstraintCompilerOptions(options.constraints));
   for (const ModelEntry& m : models) {
     if (!m.load_status.ok()) continue;
     if ((m.classifier == nullptr) == (m.generator == nullptr)) {
@@ -120,9 +121,9 @@ absl::StatusOr<ServedClassifier> Engine::Classifier(const std::string& name) con
 }
 
 absl::StatusOr<std::unique_ptr<TokenConstraint>> Engine::CompileConstraint(
-    const std::string& name, const structured::Constraint& spec) const {
+    const std::string& name, const structured::Constraint& spec, const std::string& caller) const {
   TOST_RETURN_IF_ERROR(Scheduler(name).status());
-  return constraints_.at(name)->Compile(spec);
+  return constraints_.at(name)->Compile(spec, caller);
 }
 
 absl::StatusOr<GenerationScheduler*> Engine::Scheduler(const std::string& name) const {

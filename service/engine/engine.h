@@ -151,10 +151,10 @@ class Engine {
   absl::StatusOr<ServedGenerator> Generator(const std::string& name) const;
 
   // A fresh per-sequence constraint for a generation on language model `name`, compiled (or found
-  // in the model's cache) on the calling thread: errors as ConstraintCompiler::Compile's, and
-  // Generator()'s for the name.
+  // in the model's cache) on the calling thread, in one of `caller`'s compile slots (the request's
+  // owner): errors as ConstraintCompiler::Compile's, and Generator()'s for the name.
   absl::StatusOr<std::unique_ptr<TokenConstraint>> CompileConstraint(
-      const std::string& name, const structured::Constraint& spec) const;
+      const std::string& name, const structured::Constraint& spec, const std::string& caller) const;
 
   SessionStore& sessions() { return *sessions_; }
   const SessionCodec& codec() const { return codec_; }

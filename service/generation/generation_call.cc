@@ -95,11 +95,11 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
     // max_compile_ms, and never on the scheduler's thread. One TokenConstraint per choice (each
     // steps its own); the choices after the first find the compiled form in the model's cache.
     if (request.constraint.has_value()) {
-      auto compiled = engine_.CompileConstraint(source_.model, *request.constraint);
+      auto compiled = engine_.CompileConstraint(source_.model, *request.constraint, owner_);
       if (!compiled.ok()) return sink.Refine(AdmissionStep::kCompileConstraint, compiled.status());
       job_request->constraint = *std::move(compiled);
     } else if (absl::Status continued =
-                   ContinueStateConstraint(engine_, source_.model, request.clear_constraint,
+                   ContinueStateConstraint(engine_, source_.model, owner_, request.clear_constraint,
                                            StateName(request.session_id), *job_request);
                !continued.ok()) {
       return sink.Refine(AdmissionStep::kContinueConstraint, continued);

@@ -52,7 +52,8 @@ absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const s
   return source;
 }
 
-absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model, bool clear,
+absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model,
+                                     const std::string& caller, bool clear,
                                      const std::string& where, GenerationRequest& job) {
   if (!job.state.constraint.has_value()) return absl::OkStatus();
   if (clear) {
@@ -61,7 +62,7 @@ absl::Status ContinueStateConstraint(const Engine& engine, const std::string& mo
   }
   const ConstraintProgress& progress = *job.state.constraint;
   absl::StatusOr<std::unique_ptr<TokenConstraint>> compiled =
-      engine.CompileConstraint(model, progress.spec);
+      engine.CompileConstraint(model, progress.spec, caller);
   if (!compiled.ok()) {
     return absl::Status(
         compiled.status().code(),

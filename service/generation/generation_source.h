@@ -39,9 +39,11 @@ absl::StatusOr<GenerationSource> ResolveGenerationSource(Engine& engine, const s
 // job's prompt accepted as part of the output; or, with `clear`, drops it. Nothing for a state
 // under no constraint. INVALID_ARGUMENT naming the prompt token the constraint refuses there (or
 // an end-of-text that would complete the output); FAILED_PRECONDITION when the recorded output
-// does not replay on this server; the compiler's errors otherwise. `where` names the state in
-// messages ("session ID", "the state blob": StateName).
-absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model, bool clear,
+// does not replay on this server; the compiler's errors otherwise (a compile takes one of
+// `caller`'s slots). `where` names the state in messages ("session ID", "the state blob":
+// StateName).
+absl::Status ContinueStateConstraint(const Engine& engine, const std::string& model,
+                                     const std::string& caller, bool clear,
                                      const std::string& where, GenerationRequest& job);
 // "session \"ID\"" (quoted as client text) for a session, "the state blob" for none.
 std::string StateName(const std::string& session_id);

@@ -200,6 +200,13 @@ TEST_F(EngineTest, CreateRefusesInconsistentModelsAndInvalidOptions) {
   EngineOptions bad_batching = Unthreaded();
   bad_batching.batching.max_batch_images = 0;
   EXPECT_EQ(code(Models(), bad_batching, &clock_), kInvalid);
+  // One caller may not hold more compile slots than there are.
+  EngineOptions bad_constraints = Unthreaded();
+  bad_constraints.constraints.max_compiles = 2;
+  bad_constraints.constraints.max_compiles_per_caller = 3;
+  EXPECT_EQ(code(Models(), bad_constraints, &clock_), kInvalid);
+  const absl::Status refused = ValidateConstraintCompilerOptions(bad_constraints.constraints);
+  EXPECT_THAT(refused.message(), HasSubstr("max_compiles_per_caller"));
 
   std::vector<ModelEntry> twins = Models();
   twins[2].name = "vit";

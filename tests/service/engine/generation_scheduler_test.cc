@@ -439,7 +439,7 @@ TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
   structured::Constraint spec;
   spec.kind = structured::Constraint::Kind::kRegex;
   spec.text = "[a-c]{2}-[0-9]{2,3}";
-  auto first = compiler.Compile(spec);
+  auto first = compiler.Compile(spec, "anonymous");
   if (!first.ok() && absl::StrContains(first.status().message(), "without XGrammar")) {
     GTEST_SKIP() << first.status();
   }
@@ -457,7 +457,7 @@ TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
     return true;
   };
   for (uint64_t seed = 1; seed <= 12; ++seed) {
-    auto constraint = compiler.Compile(spec);  // a cache hit: a fresh matcher
+    auto constraint = compiler.Compile(spec, "anonymous");  // a cache hit: a fresh matcher
     ASSERT_TRUE(constraint.ok()) << constraint.status();
     GenerationRequest r = Request(*s, "Hello", 20, seed, /*temperature=*/1.f);
     r.constraint = *std::move(constraint);
@@ -469,11 +469,67 @@ TEST_F(SchedulerTest, ARegexCompiledForTheModelShapesEverySampledOutput) {
     EXPECT_TRUE(matches_whole(c.text)) << "seed " << seed << ": " << c.text;
   }
   spec.text = "([a-";
-  EXPECT_EQ(compiler.Compile(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(compiler.Compile(spec, "anonymous").status().code(),
+            absl::StatusCode::kInvalidArgument);
   spec.text = "";
-  const absl::Status empty = compiler.Compile(spec).status();
+  const absl::Status empty = compiler.Compile(spec, "anonymous").status();
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(empty.message(), HasSubstr("constraint"));
+}
+
+// Compile slots are the caller's (a request's owner, which Engine::CompileConstraint passes on):
+// two slow compiles of one caller take both of its slots, another caller's constraint compiles at
+// once beside them, and the slow ones are stopped at kill_ms (not some 15 s later, when they would
+// end) and refused from then on.
+TEST_F(SchedulerTest, OneCallersSlowConstraintsLeaveTheOthersCompiling) {
+#ifndef TOST_CONSTRAINT_COMPILER
+  GTEST_SKIP() << "no compile worker in this build (XGrammar is not configured)";
+#else
+  // Waits and deadlines with room for a loaded machine: Bob's compile takes some 10 ms alone.
+  ConstraintCompilerOptions options;
+  options.max_compile_ms = 1000;
+  options.kill_ms = 2000;
+  options.max_compiles = 3;
+  options.max_compiles_per_caller = 2;
+  options.compiler_path = TOST_CONSTRAINT_COMPILER;
+  ASSERT_TRUE(ValidateConstraintCompilerOptions(options).ok());
+  ConstraintCompiler compiler(lm_, options);
+  // Within every shape bound, and some 75 ms of compile per property.
+  const auto slow = [](int salt) {
+    std::string schema = R"({"type":"object","properties":{)";
+    for (int i = 0; i < 200; ++i) {
+      absl::StrAppend(&schema, i == 0 ? "" : ",", "\"p", i, "_", salt,
+                      R"(":{"type":"string","pattern":"^[a-z]{1000}$"})");
+    }
+    return structured::Constraint{structured::Constraint::Kind::kJsonSchema, schema + "}}", {}};
+  };
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> alice;
+  std::vector<absl::Status> alice_status(2);
+  for (int i = 0; i < 2; ++i) {
+    alice.emplace_back([&, i] { alice_status[i] = compiler.Compile(slow(i), "alice").status(); });
+  }
+  while (compiler.stats().compiles_running < 2) std::this_thread::yield();
+  EXPECT_THAT(compiler.Compile(slow(2), "alice").status().message(),
+              HasSubstr("--constraint_compile_slots_per_caller"));
+  structured::Constraint regex{structured::Constraint::Kind::kRegex, "[a-c]{2}-[0-9]{2,3}", {}};
+  const absl::Time bob_start = absl::Now();
+  auto bob = compiler.Compile(regex, "bob");
+  EXPECT_TRUE(bob.ok()) << bob.status();
+  EXPECT_LT(absl::Now() - bob_start, absl::Milliseconds(1000));
+  for (std::thread& thread : alice) thread.join();
+  for (const absl::Status& status : alice_status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  }
+  while (compiler.stats().stopped < 2 && absl::Now() - start < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(compiler.stats().stopped, 2);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  const absl::Status again = compiler.Compile(slow(0), "bob").status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(again.message(), HasSubstr("--constraint_compile_kill_ms"));
+#endif
 }
 
 TEST_F(SchedulerTest, AConstraintMaskOfAnotherWidthIsRefused) {
