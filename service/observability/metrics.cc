@@ -261,8 +261,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily(
         "tost_prefix_cache_budget_bytes", "Prefix-state cache byte budget (--prefix_cache_bytes)",
         MetricType::Gauge, {GaugeSample(static_cast<double>(stats.prefix_cache_budget_bytes))}));
-    std::vector<ClientMetric> c_hits, c_compiles, c_seconds, c_timeouts, c_evictions, c_entries,
-        c_bytes;
+    std::vector<ClientMetric> c_hits, c_compiles, c_seconds, c_timeouts, c_slot_refusals, c_running,
+        c_evictions, c_entries, c_bytes;
     for (const GeneratorStats& g : stats.generators) {
       const ConstraintCacheStats& c = g.constraints;
       const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
@@ -271,9 +271,15 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
           CounterSample(static_cast<double>(c.compiles), {{"model", g.model}, {"outcome", "ok"}}));
       c_compiles.push_back(CounterSample(static_cast<double>(c.compile_errors),
                                          {{"model", g.model}, {"outcome", "invalid"}}));
+      c_compiles.push_back(CounterSample(static_cast<double>(c.stopped),
+                                         {{"model", g.model}, {"outcome", "stopped"}}));
+      c_compiles.push_back(CounterSample(static_cast<double>(c.worker_failures),
+                                         {{"model", g.model}, {"outcome", "failed"}}));
       c_seconds.push_back(
           CounterSample(static_cast<double>(c.compile_micros_total) * 1e-6, labels));
       c_timeouts.push_back(CounterSample(static_cast<double>(c.timeouts), labels));
+      c_slot_refusals.push_back(CounterSample(static_cast<double>(c.slot_refusals), labels));
+      c_running.push_back(GaugeSample(static_cast<double>(c.compiles_running), labels));
       c_evictions.push_back(CounterSample(static_cast<double>(c.evictions), labels));
       c_entries.push_back(GaugeSample(static_cast<double>(c.entries), labels));
       c_bytes.push_back(GaugeSample(static_cast<double>(c.bytes), labels));
@@ -281,10 +287,12 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily("tost_constraint_cache_hits_total",
                              "Constrained requests whose constraint was already compiled",
                              MetricType::Counter, std::move(c_hits)));
-    out.push_back(
-        MakeFamily("tost_constraint_compiles_total",
-                   "Constraint compiles finished: ok, or refused by the compiler (invalid)",
-                   MetricType::Counter, std::move(c_compiles)));
+    out.push_back(MakeFamily(
+        "tost_constraint_compiles_total",
+        "Constraint compiles finished: ok, refused by the compiler (invalid), stopped past "
+        "--constraint_compile_kill_ms or --constraint_compile_memory_mb (stopped), or whose worker "
+        "failed (failed)",
+        MetricType::Counter, std::move(c_compiles)));
     out.push_back(MakeFamily("tost_constraint_compile_seconds_total",
                              "Wall time of the finished constraint compiles", MetricType::Counter,
                              std::move(c_seconds)));
@@ -292,6 +300,14 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
                              "Constrained requests refused because their compile ran past "
                              "--constraint_compile_timeout_ms",
                              MetricType::Counter, std::move(c_timeouts)));
+    out.push_back(MakeFamily("tost_constraint_compile_slot_refusals_total",
+                             "Constrained requests refused because no compile slot of the model "
+                             "(--constraint_compile_slots) or of their caller "
+                             "(--constraint_compile_slots_per_caller) freed in time",
+                             MetricType::Counter, std::move(c_slot_refusals)));
+    out.push_back(MakeFamily("tost_constraint_compiles_running",
+                             "Constraint compiles running (each holds a compile slot)",
+                             MetricType::Gauge, std::move(c_running)));
     out.push_back(MakeFamily("tost_constraint_cache_evictions_total",
                              "Compiled constraints evicted (least recently used) for room",
                              MetricType::Counter, std::move(c_evictions)));
