@@ -4,7 +4,10 @@ grammar and a choice list; every output that ends with end-of-text parses with t
 json.loads (control characters refused) and validates with jsonschema, or matches; alternatives
 reported are allowed ones. Bad constraints get INVALID_ARGUMENT with the compiler's words. Sessions, forks and state blobs cut mid-structure
 carry the constraint's progress: continued call after call, forked, or resumed on a second
-replica, the joined output still validates."""
+replica, the joined output still validates. Compiles are bounded: one caller's slow compiles leave
+another's compiling, are stopped at --constraint_compile_kill_ms in their worker processes, and
+hostile shapes are refused within a second over gRPC and HTTP."""
+import http.client
 import json
 import os
 import re
@@ -14,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer, generator_status
+from conftest import SOURCE_DIR, RunningServer, generator_status, proc_status
 from constrained_schemas import SCHEMAS, check_output
 from tost_harness import collect_generate, metric_value, scrape_metrics
 
@@ -36,11 +39,12 @@ def generate(api, constraint, seed, prompt=b"Her answer, written plainly:", **kw
     """(output text, GenerateFinal, token messages) of one sampled constrained generation."""
     pb2, stub = api
     sampling = kw.pop("sampling", pb2.SamplingParams(temperature=1.0, top_k=0, seed=seed))
+    metadata = kw.pop("metadata", None)
     request = pb2.GenerateRequest(model=MODEL, prompt_bytes=prompt, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS),
                                   sampling=sampling, **kw)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
-    got = collect_generate(stub.Generate(request, timeout=300))
+    got = collect_generate(stub.Generate(request, timeout=300, metadata=metadata))
     return got.output_bytes.decode("utf-8"), got.final, got.tokens
 
 
@@ -349,3 +353,185 @@ def test_bad_and_pathological_constraints_are_refused_while_a_stream_finishes(pr
             text, final, _ = stream.result(timeout=300)
         assert final.finish_reason == pb2.FINISH_REASON_LENGTH and final.generated_tokens == 300, final
         check_output(SCHEMAS["bounds"], generate(api, pb2.Constraint(json_schema=json.dumps(SCHEMAS["bounds"])), 3)[0])
+
+
+# --- bounded compiles ----------------------------------------------------------------------------
+
+KEY_ALICE = "alice-0123456789abcdef"
+KEY_BOB = "bob-0123456789abcdef01"
+WORKER = "tost_constraint"  # the compile worker's name as /proc/<pid>/stat has it (15 bytes)
+
+
+def slow_schema(salt, properties=200):
+    """Within every shape bound (a pattern may spell out 1000 characters), yet some 75 ms of compile
+    per property on tost-austen: 200 of them take some 15 s of a core, far past the kill bound."""
+    props = {f"p{i}_{salt}": {"type": "string", "pattern": "^[a-z]{1000}$"} for i in range(properties)}
+    return json.dumps({"type": "object", "properties": props, "required": list(props)})
+
+
+def stat_fields(pid):
+    """/proc/<pid>/stat's fields after the command name (field 3, the state, is [0])."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def compile_workers(server_pid):
+    """The pids of the server's children that are compile workers."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone since it was listed
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if comm == WORKER and int(stat.rsplit(")", 1)[1].split()[1]) == server_pid:
+            found.append(int(name))
+    return found
+
+
+def cpu_seconds(pid):
+    """User and system CPU time of `pid` and its reaped children."""
+    fields = stat_fields(pid)
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.02)
+
+
+def test_one_callers_slow_compiles_leave_another_compiling_and_are_stopped(proto_modules, tmp_path):
+    """Alice sends two schemas that pass every shape bound but compile for some 15 s each. Each is
+    refused with RESOURCE_EXHAUSTED after --constraint_compile_timeout_ms (2 s) while it compiles on
+    in a worker process; meanwhile Bob's new schema compiles and generates normally. At
+    --constraint_compile_kill_ms (5 s) both workers are killed: none is left, the server's CPU
+    returns to idle, its memory grew by little and each worker's stayed under
+    --constraint_compile_memory_mb; the same schema is refused from then on within a second,
+    naming the kill. Before compiles ran in workers, both ran on in the server for their 15 s
+    (150 s and more for the schemas the shape bounds now refuse), and every other new constraint
+    was refused meanwhile."""
+    pb2, pb2_grpc = proto_modules
+    keys = tmp_path / "api_keys"
+    keys.write_text(f"alice {KEY_ALICE}\nbob {KEY_BOB}\n")
+    kill_ms, memory_mb = 5000, 256
+    args = [f"--api_keys_file={keys}", f"--constraint_compile_kill_ms={kill_ms}",
+            f"--constraint_compile_memory_mb={memory_mb}"]
+    alice, bob = [("x-api-key", KEY_ALICE)], [("x-api-key", KEY_BOB)]
+    with RunningServer(MODELS, args) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        pid = srv.proc.pid
+        # The vocabulary is built on the first constrained request: before measuring.
+        generate(api, pb2.Constraint(regex="[a-z]{3}"), 1, metadata=bob, max_new_tokens=4)
+        rss_before = proc_status(pid)["VmRSS"]
+        start = time.monotonic()
+        worker_peaks = {}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            slow = [pool.submit(expect_error, api, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                ["took longer than 2000 ms", "--constraint_compile_timeout_ms"],
+                                pb2.Constraint(json_schema=slow_schema(i)), metadata=alice)
+                    for i in range(2)]
+            wait_for(lambda: len(compile_workers(pid)) == 2, 3, "both slow compiles in their workers")
+            # Bob's new schema compiles beside them (no slot of Alice's is his) and constrains.
+            bob_start = time.monotonic()
+            schema = SCHEMAS["bounds"]
+            text, final, _ = generate(api, pb2.Constraint(json_schema=json.dumps(schema)), 7, metadata=bob)
+            bob_s = time.monotonic() - bob_start
+            assert final.finish_reason in (pb2.FINISH_REASON_EOS, pb2.FINISH_REASON_LENGTH), final
+            if final.finish_reason == pb2.FINISH_REASON_EOS:
+                check_output(schema, text)
+            for w in compile_workers(pid):
+                try:
+                    worker_peaks[w] = proc_status(w)["VmHWM"]
+                    with open(f"/proc/{w}/status") as f:
+                        peak_vm = [int(line.split()[1]) for line in f if line.startswith("VmPeak:")][0]
+                    assert peak_vm <= memory_mb << 10, f"worker {w} mapped {peak_vm} KiB"
+                except OSError:
+                    pass  # ended meanwhile
+            for f in slow:
+                f.result(timeout=30)
+        refused_s = time.monotonic() - start
+        assert refused_s < 4, refused_s
+        # Killed at kill_ms: no worker left, however long their compiles would have run.
+        wait_for(lambda: not compile_workers(pid), kill_ms / 1000 + 3 - (time.monotonic() - start),
+                 "the workers killed at --constraint_compile_kill_ms")
+        stopped_s = time.monotonic() - start
+        assert stopped_s >= kill_ms / 1000 - 0.5, stopped_s
+        # The server's CPU back to idle: less than a tenth of a core over a second.
+        cpu = cpu_seconds(pid)
+        time.sleep(1.0)
+        idle_cpu = cpu_seconds(pid) - cpu
+        assert idle_cpu < 0.1, f"{idle_cpu} s of CPU in an idle second after the kill"
+        status = proc_status(pid)
+        grown_mib = (status["VmHWM"] - rss_before) / 1024
+        # docs/api.md: compiles add at most --constraint_cache_bytes (256 MiB) of compiled
+        # constraints and, while they run, what their workers proved a compile takes; these
+        # killed ones added nothing of theirs.
+        assert grown_mib < 64, f"the server's peak RSS grew by {grown_mib:.0f} MiB"
+        # Refused at once from now on, naming the kill, whoever asks.
+        again = time.monotonic()
+        expect_error(api, grpc.StatusCode.INVALID_ARGUMENT,
+                     [f"ran past {kill_ms} ms (--constraint_compile_kill_ms) and was stopped"],
+                     pb2.Constraint(json_schema=slow_schema(0)), metadata=bob)
+        assert time.monotonic() - again < 1
+        samples = scrape_metrics(srv)
+
+        def m(name, **labels):
+            return metric_value(samples, name, default=None, model=MODEL, **labels)
+
+        assert m("tost_constraint_compiles_total", outcome="stopped") == 2
+        assert m("tost_constraint_compile_timeouts_total") == 2
+        assert m("tost_constraint_compiles_running") == 0
+        print(f"slow compiles refused after {refused_s:.2f} s, workers gone after {stopped_s:.2f} s, "
+              f"Bob's constrained generation {bob_s:.2f} s, worker peak RSS {max(worker_peaks.values(), default=0)} KiB, "
+              f"server peak RSS +{grown_mib:.1f} MiB, idle CPU {idle_cpu:.3f} s/s")
+
+
+# The acceptance's hostile shapes, and one past each of the schema's count bounds (docs/api.md,
+# Constrained generation): (kind, text, words of the refusal).
+HOSTILE = [
+    ("json_schema", '{"items":' * 60000 + "{}" + "}" * 60000, "at most 65536 bytes"),
+    ("json_schema", json.dumps({"enum": list(range(100000))}), "at most 65536 bytes"),
+    ("regex", "(a+)+$" * ((1 << 20) // 6), "at most 65536 bytes"),
+    ("grammar", "root ::= " + "(" * 60000 + '"a"' + ")" * 60000, "at most 65536 bytes"),
+    ("json_schema", '{"items":' * 300 + "{}" + "}" * 300, "nested at most 256 levels deep"),
+    ("regex", "(" * 300 + "a" + ")" * 300, "nested at most 256 levels deep"),
+    ("json_schema", json.dumps({"type": "object", "properties": {f"p{i}": {} for i in range(1025)}}),
+     "at most 1024 optional properties"),
+    ("json_schema", json.dumps({"enum": list(range(8193))}), "at most 8192 enum and const values"),
+    ("json_schema", json.dumps({"type": "string", "pattern": "^[a-z]{30000}$"}),
+     "each pattern of a json_schema to spell out at most 1024 characters"),
+]
+
+
+def test_hostile_constraints_are_refused_within_a_second_over_grpc_and_http(proto_modules):
+    pb2, pb2_grpc = proto_modules
+    with RunningServer(MODELS) as srv, grpc.insecure_channel(srv.address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        api = (pb2, pb2_grpc.TostStub(channel))
+        for kind, text, words in HOSTILE:
+            start = time.monotonic()
+            expect_error(api, grpc.StatusCode.INVALID_ARGUMENT, [words], pb2.Constraint(**{kind: text}))
+            took = time.monotonic() - start
+            assert took < 1, (kind, words, took)
+            field = {"json_schema": "guided_json", "regex": "guided_regex", "grammar": "guided_grammar"}[kind]
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 4, field: text}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+            start = time.monotonic()
+            conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            error = json.loads(answer.read())["error"]
+            took = time.monotonic() - start
+            conn.close()
+            assert answer.status == 400, (kind, words, answer.status, error)
+            assert error["param"] == field and words in error["message"], (kind, error)
+            assert took < 1, (kind, words, took)
+        # Nothing crashed: the server constrains as before.
+        _, final, _ = generate(api, pb2.Constraint(regex="[a-z]{3}"), 1, max_new_tokens=8)
+        assert final.finish_reason == pb2.FINISH_REASON_EOS, final
