@@ -1,5 +1,6 @@
 #include "service/openai/responses_request.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -21,6 +22,17 @@ size_t Chars(const std::string& s) {
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;
   return n;
+}
+
+// An unknown key as its path names it: as sent when it looks like a field name, else quoted
+// (bounded, escaped): the key is the client's text, and may be empty, long or anything.
+std::string KeyPath(absl::string_view prefix, const std::string& key) {
+  const bool plain =
+      !key.empty() && key.size() <= 64 && std::all_of(key.begin(), key.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '-';
+      });
+  return absl::StrCat(prefix, plain ? key : QuoteClientText(key));
 }
 
 absl::StatusOr<std::string> Id(const json& v, const std::string& field) {
@@ -77,7 +89,7 @@ absl::StatusOr<InputMessage> Message(const json& item, const std::string& at) {
   m.role = *name;
   for (const auto& [key, value] : item.items()) {
     if (key != "type" && key != "role" && key != "content" && key != "id" && key != "status") {
-      return FieldError(absl::StrCat(at, ".", key),
+      return FieldError(KeyPath(at + ".", key),
                         "unknown field of a message item (expected type, role, content, id, "
                         "status)");
     }
@@ -120,7 +132,7 @@ absl::Status ParseTextFormat(std::string_view raw_body, const json& text, Respon
       }
       continue;
     }
-    return FieldError(absl::StrCat("text.", key), "unknown field (expected format, verbosity)");
+    return FieldError(KeyPath("text.", key), "unknown field (expected format, verbosity)");
   }
   const json& format = Field(text, "format");
   if (format.is_null()) return absl::OkStatus();
@@ -135,7 +147,7 @@ absl::Status ParseTextFormat(std::string_view raw_body, const json& text, Respon
   if (t == "text" || t == "json_object") {
     for (const auto& [key, value] : format.items()) {
       if (key != "type") {
-        return FieldError(absl::StrCat("text.format.", key),
+        return FieldError(KeyPath("text.format.", key),
                           absl::StrCat("unknown field of a \"", t, "\" format (expected type)"));
       }
     }
@@ -174,7 +186,7 @@ absl::Status ParseTextFormat(std::string_view raw_body, const json& text, Respon
   for (const auto& [key, value] : format.items()) {
     if (key != "type" && key != "name" && key != "description" && key != "strict" &&
         key != "schema") {
-      return FieldError(absl::StrCat("text.format.", key),
+      return FieldError(KeyPath("text.format.", key),
                         "unknown field (expected type, name, schema, description, strict)");
     }
   }
@@ -258,7 +270,8 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
       if (!f.harmless(value)) return Unsupported(key, f.why, value);
     }
     if (!known) {
-      return FieldError(key, "unknown parameter of POST /v1/responses (docs/api.md lists them)");
+      return FieldError(KeyPath("", key),
+                        "unknown parameter of POST /v1/responses (docs/api.md lists them)");
     }
   }
   {
@@ -281,7 +294,7 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
     if (v.is_object()) {
       for (const auto& [key, value] : v.items()) {
         if (key != "id") {
-          return FieldError(absl::StrCat("conversation.", key), "unknown field (expected id)");
+          return FieldError(KeyPath("conversation.", key), "unknown field (expected id)");
         }
       }
       TOST_ASSIGN_OR_RETURN(r.conversation_id, Id(Field(v, "id"), "conversation.id"));
@@ -387,11 +400,12 @@ absl::StatusOr<ConversationRequest> ParseConversationRequest(ConversationBody ki
     const bool metadata_allowed = kind != ConversationBody::kAddItems;
     for (const auto& [key, value] : parsed.items()) {
       if ((key == "items" && items_allowed) || (key == "metadata" && metadata_allowed)) continue;
-      return FieldError(key, absl::StrCat("unknown parameter (expected ",
-                                          items_allowed && metadata_allowed ? "items, metadata"
-                                          : items_allowed                   ? "items"
-                                                                            : "metadata",
-                                          ")"));
+      return FieldError(KeyPath("", key),
+                        absl::StrCat("unknown parameter (expected ",
+                                     items_allowed && metadata_allowed ? "items, metadata"
+                                     : items_allowed                   ? "items"
+                                                                       : "metadata",
+                                     ")"));
     }
     ConversationRequest r;
     if (const json& v = Field(parsed, "items");
