@@ -528,6 +528,9 @@ def responses_request_seeds():
     seed("conversation_update_refused", 2, {"metadata": {"k": 1}, "items": []})
     seed("conversation_add_items", 3, {"items": items[1:]})
     seed("conversation_add_items_refused", 3, {"items": [{"type": "function_call_output"}]})
+    # An unknown key that is empty: its refusal once came without a param.
+    seed("conversation_update_empty_key", 2, {"": {"a": "1", "b": ""}})
+    seed("response_long_unknown_key", 0, {"model": "m", "input": "x", "k" * 200: 1})
 
 
 # --- constraints of structured output ---------------------------------------------------------------
