@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -23,6 +25,7 @@
 #include "service/heap_trim.h"
 #include "service/observability/grpc_log_bridge.h"
 #include "service/observability/logging.h"
+#include "service/open_files_limit.h"
 #include "service/server.h"
 
 namespace {
@@ -31,6 +34,16 @@ namespace {
 // state is all there is to hand back, and the replacement should start soon.
 constexpr int kExitDeviceLost = 70;
 constexpr int kDeviceLostDrainMs = 2000;
+
+// Exit status of a replica whose gRPC listener stopped accepting (EX_TEMPFAIL: a replacement will
+// do). Set by gRPC's logging thread, read by main after SIGUSR2 woke it.
+constexpr int kExitListenerFailed = 75;
+std::atomic<bool> grpc_listener_failed{false};
+
+void OnGrpcListenerFailure(std::string_view /*message: logged by the bridge itself*/) {
+  grpc_listener_failed.store(true);
+  kill(getpid(), SIGUSR2);
+}
 }  // namespace
 
 ABSL_FLAG(std::string, model_repository, "models", "Directory with one sub-directory per model");
@@ -366,9 +379,21 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
-  // Raised by the process itself when a CUDA error has lost the device (see below).
+  // Raised by the process itself when a CUDA error has lost the device, or gRPC's listener has
+  // stopped accepting (see below).
   sigaddset(&stop_signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  tost::service::SetListenerFailureHandler(&OnGrpcListenerFailure);
+
+  if (auto files = tost::service::RaiseOpenFilesLimit(); files.ok()) {
+    tost::service::Log(
+        files->soft < 4096 ? tost::service::LogLevel::kWarning : tost::service::LogLevel::kInfo,
+        "open files limit",
+        {{"soft", files->soft}, {"hard", files->hard}, {"soft_at_start", files->soft_before}});
+  } else {
+    tost::service::Log(tost::service::LogLevel::kWarning, "open files limit left as it was",
+                       {{"error", std::string(files.status().message())}});
+  }
 
   // Debian's Abseil keeps IsSpecifiedOnCommandLine() private: the current name counts as given
   // when it differs from its default, the old one (optional, no default) when it has a value.
@@ -496,6 +521,15 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
+  if (signal_number == SIGUSR2 && grpc_listener_failed.load()) {
+    // The connections already open keep working, so their calls get the whole drain.
+    tost::service::Log(tost::service::LogLevel::kError,
+                       "the gRPC listener stopped accepting connections and does not recover in "
+                       "this process: draining and exiting for a replacement (raise the open files "
+                       "limit, or put a proxy that bounds connections in front)");
+    (*server)->Drain(absl::GetFlag(FLAGS_drain_timeout_s) * 1000);
+    return kExitListenerFailed;
+  }
   if (signal_number == SIGUSR2) {
     tost::service::Log(tost::service::LogLevel::kError,
                        "the CUDA device failed; no request can succeed in this process: draining "

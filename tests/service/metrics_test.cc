@@ -731,6 +731,40 @@ TEST(LoggingTest, GrpcCoreLinesGoThroughTheServerLog) {
   gpr_set_log_function(nullptr);  // gRPC's own logger again for the other tests
 }
 
+// gRPC 1.51's listener logs this line and never accepts again; the server must hear it once.
+std::atomic<int> listener_failures{0};
+void CountListenerFailure(std::string_view message) {
+  EXPECT_EQ(message, "Failed accept4: Too many open files");
+  listener_failures.fetch_add(1);
+}
+
+TEST(GrpcLogBridgeTest, AListenerThatStoppedAcceptingIsReportedOnce) {
+  EXPECT_TRUE(IsListenerFailureLine("/build/grpc-1.51.1/src/core/lib/iomgr/tcp_server_posix.cc",
+                                    "Failed accept4: Too many open files"));
+  EXPECT_TRUE(IsListenerFailureLine("tcp_server_posix.cc", "Failed accept4: Cannot allocate memory"));
+  EXPECT_FALSE(IsListenerFailureLine("tcp_posix.cc", "Failed accept4: Too many open files"));
+  EXPECT_FALSE(IsListenerFailureLine("tcp_server_posix.cc", "Failed to add port to server"));
+  EXPECT_FALSE(IsListenerFailureLine("my_tcp_server_posix.cc.h", "Failed accept4: x"));
+
+  SetListenerFailureHandler(&CountListenerFailure);
+  RouteGrpcLogsToServerLog();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);  // gRPC's default (GRPC_VERBOSITY unset)
+  ::testing::internal::CaptureStderr();
+  gpr_log("src/core/lib/iomgr/tcp_server_posix.cc", 216, GPR_LOG_SEVERITY_ERROR,
+          "Failed to prepare server socket: %s", "x");
+  EXPECT_EQ(listener_failures.load(), 0);
+  for (int i = 0; i < 3; ++i) {
+    gpr_log("src/core/lib/iomgr/tcp_server_posix.cc", 216, GPR_LOG_SEVERITY_ERROR,
+            "Failed accept4: %s", "Too many open files");
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(listener_failures.load(), 1);  // one drain, however often gRPC repeats itself
+  // Still written as gRPC's line, each time.
+  EXPECT_NE(out.find("Failed accept4: Too many open files"), std::string::npos) << out;
+  SetListenerFailureHandler(nullptr);
+  gpr_set_log_function(nullptr);
+}
+
 TEST(LoggingTest, RequestIds) {
   EXPECT_TRUE(IsValidRequestId("trace-1.2_3:x"));
   EXPECT_FALSE(IsValidRequestId(""));
