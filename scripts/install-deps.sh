@@ -41,6 +41,7 @@ apt_packages=(
   libboost1.74-dev
   prometheus
   nginx-light  # the L7 gRPC proxy (grpc_pass) in front of several replicas in the failover tests
+  gettext-base  # envsubst: deploy/proxy/entrypoint.sh renders the edge proxy's nginx.conf with it
   redis-server  # the shared session store the store tests start on loopback
   libhiredis-dev  # the client of that store: connections, command encoding, reply parsing
   patch  # third_party/xgrammar/patches, applied to XGrammar's source when it is unpacked

@@ -120,9 +120,11 @@ class FloodConnection:
     table and literals only), so replaying it on every stream is valid HPACK. A reader thread drains
     what the server sends and counts GOAWAY frames."""
 
-    def __init__(self, address, path, message: bytes):
+    def __init__(self, address, path, message: bytes, source: str = ""):
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
+        # `source`: the local address to connect from (another loopback address is another client
+        # to a proxy that limits per client address).
+        self.sock = socket.create_connection((host, int(port)), source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path),
                                         (":authority", address), ("content-type", "application/grpc"),
@@ -180,11 +182,11 @@ class FloodConnection:
             pass
 
 
-def flood(address, pid, seconds, connections, path, message, max_streams=60000):
+def flood(address, pid, seconds, connections, path, message, max_streams=60000, source="", max_reconnects=64):
     """Floods for `seconds` or `max_streams` streams, whichever comes first (reconnecting when the
-    server closes a connection, at most 64 times) and samples the server's RSS every 50 ms.
-    Returns the counts."""
-    conns = [FloodConnection(address, path, message) for _ in range(connections)]
+    server closes a connection, at most `max_reconnects` times) and samples the server's RSS every
+    50 ms. Returns the counts."""
+    conns = [FloodConnection(address, path, message, source) for _ in range(connections)]
     result = {"streams": 0, "goaways": 0, "reconnects": 0, "peak_rss_mib": rss_mib(pid)}
     end = time.monotonic() + seconds
     next_sample = 0.0
@@ -194,11 +196,15 @@ def flood(address, pid, seconds, connections, path, message, max_streams=60000):
                 result["streams"] += c.sent
                 result["goaways"] += c.goaways
                 c.close()
-                if result["reconnects"] >= 64:
+                if result["reconnects"] >= max_reconnects:
                     conns[i] = None
                     continue
                 result["reconnects"] += 1
-                conns[i] = FloodConnection(address, path, message)
+                try:
+                    conns[i] = FloodConnection(address, path, message, source)
+                except OSError:
+                    conns[i] = None
+                    continue
         conns = [c for c in conns if c is not None]
         if not conns:
             break
@@ -411,8 +417,13 @@ def test_a_gzip_client_still_works(small_limit_server, proto_modules):
         assert "1048576" in e.value.details(), e.value.details()
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "flood":
+# flood HOST:PORT PID SECONDS CONNECTIONS [SOURCE MAX_STREAMS MAX_RECONNECTS]: PID is the server's
+# (its RSS is sampled), HOST:PORT the server or a proxy in front of it.
+if __name__ == "__main__" and len(sys.argv) in (6, 9) and sys.argv[1] == "flood":
     tost_pb2, _ = tost_protos.tost()
     address, pid, seconds, connections = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-    r = flood(address, pid, seconds, connections, CLASSIFY, digits_request(tost_pb2).SerializeToString())
+    more = {}
+    if len(sys.argv) == 9:
+        more = {"source": sys.argv[6], "max_streams": int(sys.argv[7]), "max_reconnects": int(sys.argv[8])}
+    r = flood(address, pid, seconds, connections, CLASSIFY, digits_request(tost_pb2).SerializeToString(), **more)
     print(json.dumps(r))
