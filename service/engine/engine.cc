@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   TOST_RETURN_IF_ERROR(ValidateSessionStoreOptions(options.sessions));
   TOST_RETURN_IF_ERROR(ValidatePrefixCacheOptions(options.prefix_cache));
   TOST_RETURN_IF_ERROR(ValidateConstraintCompilerOptions(options.constraints));
+  TOST_RETURN_IF_ERROR(ValidateTenantOptions(options.tenants));
   for (const ModelEntry& m : models) {
     if (!m.load_status.ok()) continue;
     if ((m.classifier == nullptr) == (m.generator == nullptr)) {
@@ -33,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   }
   std::unique_ptr<Engine> engine(
       new Engine(std::move(models), options.prefix_cache, std::move(codec)));
+  engine->tenants_ = std::make_unique<TenantLedger>(std::move(options.tenants), clock);
+  options.generation.tenants = engine->tenants_.get();
   if (options.prefix_cache_tier && engine->prefix_cache_.enabled()) {
     TOST_ASSIGN_OR_RETURN(engine->prefix_tier_, options.prefix_cache_tier(&engine->codec_));
     engine->prefix_cache_.SetSharedTier(engine->prefix_tier_.get());
@@ -214,6 +217,7 @@ EngineStats Engine::Stats() const {
   out.session_budget_bytes = sessions_->options().max_state_bytes;
   out.max_sessions = sessions_->options().max_sessions;
   out.prefix_cache_budget_bytes = prefix_cache_.options().max_bytes;
+  out.tenants = tenants_->Usage();
   return out;
 }
 

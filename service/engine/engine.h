@@ -26,6 +26,7 @@
 #include "service/engine/prefix_cache.h"
 #include "service/engine/session_codec.h"
 #include "service/engine/session_store.h"
+#include "service/engine/tenant_ledger.h"
 
 namespace tost::service {
 
@@ -66,6 +67,8 @@ struct EngineOptions {
   PrefixCacheOptions prefix_cache;
   // Per language model: the compiled-constraint cache and its compile-time bound.
   ConstraintCompilerOptions constraints;
+  // Tenants' weights and quotas, and the priority range, for every language model.
+  TenantOptions tenants;
   // false: no scheduler or batcher threads; tests drive them (StepOnce, ProcessReady).
   bool start_threads = true;
 };
@@ -93,6 +96,7 @@ struct EngineStats {
   int64_t session_budget_bytes = 0;  // SessionStoreOptions::max_state_bytes
   int64_t max_sessions = 0;
   int64_t prefix_cache_budget_bytes = 0;  // PrefixCacheOptions::max_bytes (0: disabled)
+  std::vector<TenantUsage> tenants;       // the configured tenants, then kOtherTenant
 };
 
 // A served classifier and its dynamic batcher: what one Engine::Classifier() lookup gives a front
@@ -157,6 +161,9 @@ class Engine {
       const std::string& name, const structured::Constraint& spec, const std::string& caller) const;
 
   SessionStore& sessions() { return *sessions_; }
+  // Tenants' weights, quotas and usage (what admission checks a call's priority and sessions
+  // against).
+  TenantLedger& tenants() const { return *tenants_; }
   const SessionCodec& codec() const { return codec_; }
 
   // The first half of a drain: new generations are refused (UNAVAILABLE), queued classification
@@ -185,6 +192,7 @@ class Engine {
   std::unique_ptr<PrefixCacheTier> prefix_tier_;
   // Before the schedulers: they use it until they are destroyed.
   PrefixStateCache prefix_cache_;
+  std::unique_ptr<TenantLedger> tenants_;
   std::map<std::string, std::unique_ptr<GenerationScheduler>> schedulers_;
   std::map<std::string, std::unique_ptr<DynamicBatcher>> batchers_;
   std::map<std::string, std::unique_ptr<ConstraintCompiler>> constraints_;

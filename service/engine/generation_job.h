@@ -85,6 +85,10 @@ struct GenerationRequest {
   // The caller's identity (Authenticator::Identify): the prefix-cache entries this job reads and
   // creates are its own; kAnonymousCaller when authentication is off (one shared scope).
   std::string owner;
+  // Lower runs sooner (as in vLLM): active places go to the lowest values first, and a job of a
+  // lower value takes the place of the highest-valued running one (parked with its state, resumed
+  // where it stopped). Between jobs of one priority, the owners (tenants) share places by weight.
+  int32_t priority = 0;
   PrefixCacheUse prefix_cache = PrefixCacheUse::kLookupAndInsert;
   // Constrained generation (null: none): before each draw the job's row may draw only the tokens
   // it allows (end-of-text only where the output may end), and it is told each drawn token. Its

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -144,6 +146,12 @@ struct GenerationScheduler::Job {
 
   // request.constraint's bitmask of the tokens the next draw allows (filled before each step).
   std::vector<uint32_t> allowed;
+
+  // Its tenant's count of generations, given back when it finishes.
+  TenantLedger::Lease lease;
+  int64_t seq = 0;  // arrival order
+  const std::string& tenant() const { return request.owner; }
+  int32_t priority() const { return request.priority; }
 };
 
 void GenerationJob::Cancel() {
@@ -326,19 +334,27 @@ absl::Status GenerationScheduler::Refuse(GenerationRefusal reason) {
       options_.max_queued_jobs, " queue places are taken; retry after a short backoff"));
 }
 
-absl::StatusOr<GenerationScheduler::Reservation> GenerationScheduler::Reserve() {
+absl::StatusOr<GenerationScheduler::Reservation> GenerationScheduler::Reserve(
+    std::string_view tenant) {
   GenerationRefusal refusal;
   {
     absl::MutexLock lock(&mu_);
     if (!admitting_ || stopping_) {
       refusal = GenerationRefusal::kDraining;
-    } else if (active_count_ + static_cast<int32_t>(queued_.size()) + reserved_ >=
+    } else if (active_count_ + parked_count_ + static_cast<int32_t>(queued_.size()) + reserved_ >=
                options_.max_active_jobs + options_.max_queued_jobs) {
       refusal = GenerationRefusal::kQueueFull;
     } else {
+      TenantLedger::Lease lease;
+      if (options_.tenants != nullptr) {
+        // The scheduler's lock is taken before the ledger's, never the reverse.
+        absl::StatusOr<TenantLedger::Lease> leased = options_.tenants->StartGeneration(tenant);
+        if (!leased.ok()) return leased.status();
+        lease = *std::move(leased);
+      }
       ++reserved_;
       stats_.reserved = reserved_;
-      return Reservation(this);
+      return Reservation(this, std::move(lease));
     }
   }
   return Refuse(refusal);
@@ -346,7 +362,7 @@ absl::StatusOr<GenerationScheduler::Reservation> GenerationScheduler::Reserve() 
 
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     GenerationRequest request) {
-  absl::StatusOr<Reservation> reservation = Reserve();
+  absl::StatusOr<Reservation> reservation = Reserve(request.owner);
   if (!reservation.ok()) return reservation.status();
   return Submit(*std::move(reservation), std::move(request));
 }
@@ -457,6 +473,13 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
                                     /*on_grid_only=*/options_.batch_invariant);
     }
   }
+  if (options_.tenants != nullptr) {
+    // Once the prompt is known, and before the job may run: a prompt that would pass the tenant's
+    // token window is refused here, whole.
+    TOST_RETURN_IF_ERROR(
+        options_.tenants->ChargePrompt(request.owner, static_cast<int64_t>(request.prompt.size())));
+  }
+  job->lease = std::move(reservation.lease_);
   job->text = std::make_unique<TextStream>(st.stop_strings, st.utf8_pending, st.held_text);
   job->request = std::move(request);
   if (options_.observer != nullptr) job->submitted = clock_->Now();
@@ -469,6 +492,7 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     --reserved_;
     stats_.reserved = reserved_;
     if (admitting_ && !stopping_) {
+      job->seq = next_seq_++;
       queued_.push_back(std::move(job));
       ++stats_.queued;
       doorbell_->Ring();
@@ -523,6 +547,7 @@ void GenerationScheduler::CheckpointPrefill(Job& job) {
 
 void GenerationScheduler::TakeRow(Job& job) {
   if (job.cache_lookup) LookUpPrefix(job);
+  job.cache_lookup = false;  // once: a parked job resumes from its own state
   job.row = free_rows_.back();
   free_rows_.pop_back();
   absl::Status stored = pool_->Store(job.row, job.state().sequence.stats);
@@ -582,6 +607,8 @@ void GenerationScheduler::Finish(Job& job, FinishReason reason, absl::Status sta
   e.status = std::move(status);
   e.finish_reason = reason;
   e.generated_tokens = job.generated;
+  // The tenant's generation ends before its client hears so, as the scheduler's place does.
+  job.lease = TenantLedger::Lease();
   // A call that fails (past its deadline, a model error) is reported failed to its client, so it
   // leaves its session or blob as it found it, whatever it had fed: a retry then starts from the
   // same place. A cancel (the client's own, or a stalled stream) keeps what was generated, as its
@@ -661,6 +688,7 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
   st.Remember(token);
   ++st.generated_tokens;
   ++job.generated;
+  if (options_.tenants != nullptr) options_.tenants->ChargeGenerated(job.tenant(), 1);
 
   GenerationEvent e;
   e.kind = GenerationEvent::Kind::kToken;
@@ -709,7 +737,7 @@ bool GenerationScheduler::StepOnce() {
   const absl::Time now = clock_->Now();
   const Admission admission = Schedule(now);
   if (active_.empty()) {
-    next_timed_event_ = admission.queued_deadline;
+    next_timed_event_ = std::min(admission.queued_deadline, throttle_wake_);
     return admission.dropped > 0;
   }
   EndInterrupted(now);
@@ -735,9 +763,19 @@ bool GenerationScheduler::StepOnce() {
 GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
   Admission out;
   // Queued jobs past their deadline (or cancelled and not yet taken out by Cancel) give their
-  // queue place back now, not when they would have become active.
+  // queue place back now, not when they would have become active; parked ones likewise.
   std::vector<std::unique_ptr<Job>> dropped;
-  std::vector<Job*> admitted_jobs;
+  std::vector<std::unique_ptr<Job>> dropped_parked;
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if ((*it)->handle->cancel_requested() || now >= (*it)->request.deadline) {
+      dropped_parked.push_back(std::move(*it));
+      it = parked_.erase(it);
+    } else {
+      out.queued_deadline = std::min(out.queued_deadline, (*it)->request.deadline);
+      ++it;
+    }
+  }
+  Placement plan;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = queued_.begin(); it != queued_.end();) {
@@ -750,16 +788,51 @@ GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
         ++it;
       }
     }
-    while (!queued_.empty() && static_cast<int32_t>(active_.size()) < options_.max_active_jobs) {
-      out.admitted = true;
-      out.prompt_tokens_started += queued_.front()->prompt_tokens;
-      admitted_jobs.push_back(queued_.front().get());
-      active_.push_back(std::move(queued_.front()));
-      queued_.pop_front();
-      --stats_.queued;
-      ++active_count_;
-    }
+    plan = Rebalance(now, out);
     stats_.active = active_count_;
+  }
+  std::vector<Job*> started;
+  for (Job* job : plan.park) {
+    if (Park(*job)) continue;
+    {
+      absl::MutexLock lock(&mu_);  // it stays active, to finish there
+      ++active_count_;
+      --parked_count_;
+      stats_.parked = parked_count_;
+    }
+    FinishActive(*job, FinishReason::kCancelled,
+                 absl::InternalError(absl::StrCat("model ", model_.config().name,
+                                                  ": the sequence's statistics could not be read "
+                                                  "back from the device to park it")));
+  }
+  for (auto it = active_.begin(); it != active_.end();) {
+    if ((*it)->row < 0 && !(*it)->finished) {
+      parked_.push_back(std::move(*it));
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (Job* job : plan.resume) {
+    auto it = std::find_if(parked_.begin(), parked_.end(),
+                           [job](const auto& p) { return p.get() == job; });
+    active_.push_back(std::move(*it));
+    parked_.erase(it);
+    started.push_back(job);
+  }
+  for (auto& job : plan.from_queue) {
+    started.push_back(job.get());
+    active_.push_back(std::move(job));
+  }
+  for (auto& job : dropped_parked) {
+    if (job->handle->cancel_requested()) {
+      FinishParked(*job, FinishReason::kCancelled);
+    } else {
+      FinishParked(
+          *job, FinishReason::kCancelled,
+          absl::DeadlineExceededError(absl::StrCat(
+              "generation passed its deadline while parked after ", job->generated, " token(s)")));
+    }
   }
   for (auto& job : dropped) {
     if (job->handle->cancel_requested()) {
@@ -770,10 +843,214 @@ GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
                  "generation passed its deadline while queued to become active"));
     }
   }
-  out.dropped = static_cast<int64_t>(dropped.size());
+  out.dropped = static_cast<int64_t>(dropped.size() + dropped_parked.size());
   // active_ never holds more jobs than the pool has rows, so a row is always free here.
-  for (Job* job : admitted_jobs) TakeRow(*job);
+  for (Job* job : started) TakeRow(*job);
   return out;
+}
+
+double GenerationScheduler::WeightOf(const std::string& tenant) const {
+  return options_.tenants == nullptr ? 1.0 : options_.tenants->Weight(tenant);
+}
+
+GenerationScheduler::Placement GenerationScheduler::Rebalance(absl::Time now, Admission& out) {
+  const auto slots = static_cast<size_t>(options_.max_active_jobs);
+  throttle_wake_ = absl::InfiniteFuture();
+  // A tenant out of its token window waits, whatever it holds.
+  std::map<std::string_view, bool> room;
+  const auto has_room = [&](const Job& job) {
+    if (options_.tenants == nullptr) return true;
+    auto [it, fresh] = room.try_emplace(job.tenant(), true);
+    if (fresh) it->second = options_.tenants->HasTokenRoom(job.tenant());
+    return it->second;
+  };
+  // The jobs that want a place, and where each is now.
+  enum Where { kActive = 0, kParked = 1, kQueued = 2 };
+  struct Candidate {
+    Job* job;
+    Where where;
+  };
+  std::vector<Candidate> candidates;
+  bool throttled = false;
+  for (auto& job : active_) {
+    if (job->finished) continue;
+    if (has_room(*job)) {
+      candidates.push_back({job.get(), kActive});
+    } else {
+      throttled = true;
+    }
+  }
+  for (auto& job : parked_) {
+    if (has_room(*job)) {
+      candidates.push_back({job.get(), kParked});
+    } else {
+      throttled = true;
+    }
+  }
+  for (auto& job : queued_) {
+    if (has_room(*job)) {
+      candidates.push_back({job.get(), kQueued});
+    } else {
+      throttled = true;
+    }
+  }
+  if (throttled) throttle_wake_ = now + options_.tenants->options().token_window / 60;
+  std::vector<Job*> chosen;
+  if (candidates.size() <= slots) {
+    for (const Candidate& c : candidates) chosen.push_back(c.job);
+  } else {
+    // By priority; within a tenant, running jobs first, then parked, then queued, oldest first.
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const Candidate& a, const Candidate& b) {
+                       if (a.job->priority() != b.job->priority()) {
+                         return a.job->priority() < b.job->priority();
+                       }
+                       if (a.where != b.where) return a.where < b.where;
+                       return a.job->seq < b.job->seq;
+                     });
+    size_t left = slots;
+    std::set<std::string, std::less<>> contended;  // tenants of the level the places ran out in
+    for (size_t begin = 0; begin < candidates.size() && left > 0;) {
+      size_t end = begin;
+      while (end < candidates.size() &&
+             candidates[end].job->priority() == candidates[begin].job->priority()) {
+        ++end;
+      }
+      if (end - begin <= left) {
+        for (size_t i = begin; i < end; ++i) chosen.push_back(candidates[i].job);
+        left -= end - begin;
+        begin = end;
+        continue;
+      }
+      // More jobs of this priority than places: the tenants share them by weight.
+      struct Share {
+        double weight = 1;
+        std::vector<Job*> jobs;  // in the candidates' order
+        double share = 0;
+        size_t given = 0;
+      };
+      std::map<std::string_view, Share> tenants;
+      for (size_t i = begin; i < end; ++i) {
+        Share& t = tenants[candidates[i].job->tenant()];
+        t.weight = WeightOf(candidates[i].job->tenant());
+        t.jobs.push_back(candidates[i].job);
+      }
+      // Water-filling: a tenant that wants less than its weighted share takes what it wants, and
+      // the rest is shared again among the others.
+      std::vector<Share*> open;
+      for (auto& [name, t] : tenants) open.push_back(&t);
+      double places = static_cast<double>(left);
+      while (!open.empty()) {
+        double weights = 0;
+        for (Share* t : open) weights += t->weight;
+        bool capped = false;
+        for (auto it = open.begin(); it != open.end();) {
+          if (static_cast<double>((*it)->jobs.size()) <= places * (*it)->weight / weights) {
+            (*it)->share = static_cast<double>((*it)->jobs.size());
+            places -= (*it)->share;
+            it = open.erase(it);
+            capped = true;
+          } else {
+            ++it;
+          }
+        }
+        if (capped) continue;
+        for (Share* t : open) t->share = places * t->weight / weights;
+        break;
+      }
+      // Whole places first; the ones left over go to the tenants owed most so far.
+      size_t given = 0;
+      for (auto& [name, t] : tenants) {
+        t.given = static_cast<size_t>(std::floor(t.share + 1e-9));
+        given += t.given;
+        double& credit = slot_credit_[std::string(name)];
+        credit = std::clamp(credit + t.share - static_cast<double>(t.given), -1.0, 2.0);
+        contended.emplace(name);
+      }
+      while (given < left) {
+        Share* best = nullptr;
+        double best_credit = 0;
+        for (auto& [name, t] : tenants) {
+          if (t.given >= t.jobs.size()) continue;
+          const double credit = slot_credit_.find(name)->second;
+          if (best == nullptr || credit > best_credit) {
+            best = &t;
+            best_credit = credit;
+          }
+        }
+        if (best == nullptr) break;
+        ++best->given;
+        ++given;
+        for (auto& [name, t] : tenants) {
+          if (&t == best) slot_credit_.find(name)->second -= 1.0;
+        }
+      }
+      for (auto& [name, t] : tenants) {
+        for (size_t i = 0; i < t.given; ++i) chosen.push_back(t.jobs[i]);
+      }
+      left = 0;
+    }
+    // A tenant's credit is for the contention it is in now: one that left it starts afresh.
+    std::erase_if(slot_credit_,
+                  [&](const auto& entry) { return !contended.contains(entry.first); });
+  }
+  // The running jobs that lost their place are parked, then the chosen get places (Schedule does
+  // both outside the lock); the counts change now, so that Reserve never sees a job in no count.
+  std::set<const Job*> keep(chosen.begin(), chosen.end());
+  int32_t best_new_priority = std::numeric_limits<int32_t>::max();
+  for (Job* job : chosen) {
+    if (job->row < 0) best_new_priority = std::min(best_new_priority, job->priority());
+  }
+  Placement plan;
+  for (auto& job : active_) {
+    if (job->finished || keep.contains(job.get())) continue;
+    if (best_new_priority < job->priority()) {
+      ++stats_.preemptions_priority;
+    } else {
+      ++stats_.preemptions_fair_share;
+    }
+    plan.park.push_back(job.get());
+    --active_count_;
+    ++parked_count_;
+  }
+  for (Job* job : chosen) {
+    if (job->row >= 0) continue;  // already running
+    auto q = std::find_if(queued_.begin(), queued_.end(),
+                          [job](const auto& p) { return p.get() == job; });
+    if (q != queued_.end()) {
+      out.prompt_tokens_started += job->prompt_tokens;
+      plan.from_queue.push_back(std::move(*q));
+      queued_.erase(q);
+      --stats_.queued;
+    } else {
+      plan.resume.push_back(job);
+      --parked_count_;
+    }
+    out.admitted = true;
+    ++active_count_;
+  }
+  stats_.parked = parked_count_;
+  return plan;
+}
+
+bool GenerationScheduler::Park(Job& job) {
+  // The row holds every token fed so far, prompt chunks included: the state takes it whole, and
+  // the job resumes from it exactly.
+  if (!pool_->Load(job.row, absl::MakeSpan(job.state().sequence.stats)).ok()) {
+    job.row_lost = true;
+    return false;
+  }
+  free_rows_.push_back(std::exchange(job.row, -1));
+  return true;
+}
+
+void GenerationScheduler::FinishParked(Job& job, FinishReason reason, absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    --parked_count_;
+    stats_.parked = parked_count_;
+  }
+  Finish(job, reason, std::move(status));
 }
 
 void GenerationScheduler::EndInterrupted(absl::Time now) {
@@ -793,10 +1070,42 @@ void GenerationScheduler::EndInterrupted(absl::Time now) {
 }
 
 GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
-  // At most prefill_chunk_tokens prompt tokens per step, shared by the prefilling jobs in arrival
-  // order, so decoders wait at most one chunk and many short prompts start together.
+  // At most prefill_chunk_tokens prompt tokens per step, so decoders wait at most one chunk and
+  // many short prompts start together. They go by priority, then to the tenant fed the fewest
+  // prompt tokens per weight so far, then in arrival order: one tenant's long prompts take turns
+  // with another's short one instead of running ahead of it.
   PrefillCounts out;
+  std::vector<Job*> prefilling;
   for (auto& job : active_) {
+    if (!job->finished && !job->decoding()) prefilling.push_back(job.get());
+  }
+  if (prefilling.empty()) return out;
+  // A tenant that prefills again after a pause starts level with those prefilling now.
+  double floor = std::numeric_limits<double>::infinity();
+  for (Job* job : prefilling) {
+    if (auto it = prefill_vtime_.find(job->tenant()); it != prefill_vtime_.end()) {
+      floor = std::min(floor, it->second);
+    }
+  }
+  if (!std::isfinite(floor)) floor = 0;
+  std::map<std::string, double, std::less<>> vtime;
+  for (Job* job : prefilling) {
+    auto it = prefill_vtime_.find(job->tenant());
+    vtime[job->tenant()] = it == prefill_vtime_.end() ? floor : std::max(it->second, floor);
+  }
+  std::stable_sort(prefilling.begin(), prefilling.end(), [](const Job* a, const Job* b) {
+    if (a->priority() != b->priority()) return a->priority() < b->priority();
+    return a->seq < b->seq;
+  });
+  while (!prefilling.empty()) {
+    // The first job (in priority, then arrival order) of the least-fed tenant at the best priority.
+    size_t pick = 0;
+    for (size_t i = 1;
+         i < prefilling.size() && prefilling[i]->priority() == prefilling[0]->priority(); ++i) {
+      if (vtime[prefilling[i]->tenant()] < vtime[prefilling[pick]->tenant()]) pick = i;
+    }
+    Job* job = prefilling[pick];
+    prefilling.erase(prefilling.begin() + static_cast<std::ptrdiff_t>(pick));
     const int64_t budget = options_.prefill_chunk_tokens - out.tokens;
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
@@ -824,9 +1133,12 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     seq.position += static_cast<int64_t>(n);
     job->prefilled += n;
     out.tokens += static_cast<int64_t>(n);
+    vtime[job->tenant()] += static_cast<double>(n) / WeightOf(job->tenant());
     ++out.chunks;
     if (job->cache_scope.has_value()) CheckpointPrefill(*job);
   }
+  prefill_vtime_.clear();
+  for (auto& [tenant, t] : vtime) prefill_vtime_.emplace(tenant, t);
   return out;
 }
 
@@ -957,7 +1269,7 @@ int64_t GenerationScheduler::Retire(absl::Time queued_deadline, const PrefillCou
       std::count_if(active_.begin(), active_.end(), [](const auto& j) { return j->finished; });
   std::erase_if(active_, [](const auto& j) { return j->finished; });
   int32_t paused = 0;
-  next_timed_event_ = queued_deadline;
+  next_timed_event_ = std::min(queued_deadline, throttle_wake_);
   for (const auto& job : active_) {
     next_timed_event_ = std::min(next_timed_event_, job->request.deadline);
     if (job->paused_since == absl::InfiniteFuture()) continue;
@@ -1052,16 +1364,20 @@ void GenerationScheduler::Shutdown() {
     ReleaseRow(*job);
     Finish(*job, FinishReason::kDrained);
   }
+  for (auto& job : parked_) Finish(*job, FinishReason::kDrained);
   for (auto& job : queued) Finish(*job, FinishReason::kDrained);
   active_.clear();
+  parked_.clear();
   absl::MutexLock lock(&mu_);
   active_count_ = 0;
+  parked_count_ = 0;
   stats_.active = 0;
+  stats_.parked = 0;
 }
 
 int32_t GenerationScheduler::in_flight() const {
   absl::MutexLock lock(&mu_);
-  return active_count_ + static_cast<int32_t>(queued_.size());
+  return active_count_ + parked_count_ + static_cast<int32_t>(queued_.size());
 }
 
 GenerationSchedulerStats GenerationScheduler::stats() const {

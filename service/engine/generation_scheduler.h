@@ -7,6 +7,19 @@
 // every decoding job, samples per job and publishes each token to its job at once. Jobs join and
 // leave between steps.
 //
+// Who runs when the active places are fewer than the jobs: each step, the places go to the lowest
+// `priority` values first; between the jobs of one priority, the tenants (request.owner) with jobs
+// there share them in proportion to their weights (TenantLedger), a fractional share carried as a
+// credit from step to step so that, over steps, each tenant gets its share exactly; within a
+// tenant, running jobs keep their places before parked ones resume, and those before queued ones
+// start, oldest first. A running job that loses its place is parked: its row is copied back into
+// its state (a few KB) and freed, and when it gets a place again its state is written to a row
+// and it goes on from the same token, never recomputed (under batch_invariant, with exactly the
+// tokens it would have drawn without the pause). Prefill tokens are shared the same way: each
+// step's chunk goes to the prefilling jobs by priority, then to the tenant that has been fed the
+// fewest prompt tokens per weight. A tenant whose tokens_per_minute window is used up gets no
+// place until it has room again.
+//
 // Jobs are handed to callers as GenerationJob handles: the front end takes their events (notified
 // by a listener) and writes them to its stream, so a slow client never blocks the step loop. Flow
 // control is per job: a job whose consumer has not taken `max_buffered_tokens` published tokens is
@@ -21,6 +34,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +57,8 @@
 #include "service/engine/listener_delivery.h"
 #include "service/engine/model_interface.h"
 #include "service/engine/prefix_cache.h"
+#include "service/engine/session_codec.h"
+#include "service/engine/tenant_ledger.h"
 
 namespace tost::service {
 
@@ -104,6 +120,9 @@ struct GenerationSchedulerOptions {
   // Started on the first constrained step.
   int32_t mask_threads = 2;
   GenerationObserver* observer = nullptr;  // not owned, outlives the scheduler; null: no records
+  // Tenants' weights and quotas, shared by the engine's schedulers; not owned, outlives the
+  // scheduler. Null: every owner weighs 1 and has no quota.
+  TenantLedger* tenants = nullptr;
 };
 
 absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions& o);
@@ -119,7 +138,12 @@ struct GenerationSchedulerStats {
   std::vector<int64_t> decode_batch_histogram;  // [b] = decode steps that ran with batch size b
   int32_t active = 0;
   int32_t queued = 0;
-  int32_t paused = 0;            // active jobs waiting for their consumer
+  int32_t paused = 0;  // active jobs waiting for their consumer
+  int32_t parked = 0;  // started jobs that gave their place up, waiting with their state
+  // Running jobs parked to give their place to a job of a lower priority value, or to another
+  // tenant's fair share (tokens_per_minute throttling included).
+  int64_t preemptions_priority = 0;
+  int64_t preemptions_fair_share = 0;
   int32_t reserved = 0;          // places reserved and not yet submitted
   int64_t stalled_jobs = 0;      // jobs cancelled after stream_stall_timeout
   int64_t state_pool_bytes = 0;  // the model's state pool (max_active_jobs rows)
@@ -153,7 +177,7 @@ class GenerationScheduler {
   class Reservation {
    public:
     Reservation(Reservation&& other) noexcept
-        : scheduler_(std::exchange(other.scheduler_, nullptr)) {}
+        : scheduler_(std::exchange(other.scheduler_, nullptr)), lease_(std::move(other.lease_)) {}
     Reservation& operator=(Reservation&& other) noexcept;
     Reservation(const Reservation&) = delete;
     Reservation& operator=(const Reservation&) = delete;
@@ -161,12 +185,15 @@ class GenerationScheduler {
 
    private:
     friend class GenerationScheduler;
-    explicit Reservation(GenerationScheduler* scheduler) : scheduler_(scheduler) {}
+    Reservation(GenerationScheduler* scheduler, TenantLedger::Lease lease)
+        : scheduler_(scheduler), lease_(std::move(lease)) {}
     GenerationScheduler* scheduler_ = nullptr;
+    TenantLedger::Lease lease_;  // the tenant's count of generations
   };
   // RESOURCE_EXHAUSTED (with a retry hint) when every active place and queue place is taken or
-  // reserved, UNAVAILABLE once draining: Submit's refusals, decided before any work.
-  absl::StatusOr<Reservation> Reserve();
+  // reserved, or `tenant` is at its max_concurrent or out of its token window; UNAVAILABLE once
+  // draining: Submit's refusals, decided before any work. The tenant is the request's owner.
+  absl::StatusOr<Reservation> Reserve(std::string_view tenant = kAnonymousCaller);
   // Submits with a place taken by Reserve(); errors as Submit's.
   absl::StatusOr<std::shared_ptr<GenerationJob>> Submit(Reservation reservation,
                                                         GenerationRequest request);
@@ -211,6 +238,22 @@ class GenerationScheduler {
     int64_t prompt_tokens_started = 0;  // the prompt tokens of the jobs admitted
     absl::Time queued_deadline = absl::InfiniteFuture();  // the earliest of those still queued
   };
+  // What Rebalance decided: active jobs to park, parked ones to resume, queued ones (taken out of
+  // the queue) to start.
+  struct Placement {
+    std::vector<Job*> park;
+    std::vector<Job*> resume;
+    std::vector<std::unique_ptr<Job>> from_queue;
+  };
+  // Tenant-weighted choice of the jobs that hold places this step (the class comment); counts
+  // the moves it decides as done.
+  Placement Rebalance(absl::Time now, Admission& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies an active job's row into its state and frees the row; false when the row could not
+  // be read (the job keeps it, marked lost).
+  bool Park(Job& job);
+  // Ends a parked job (the state it holds is current: it has no row).
+  void FinishParked(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
+  double WeightOf(const std::string& tenant) const;
   struct PrefillCounts {
     int64_t tokens = 0;
     int64_t chunks = 0;
@@ -283,6 +326,8 @@ class GenerationScheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Reservations not yet submitted
+  int32_t parked_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // arrival order of submitted jobs
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;
@@ -291,6 +336,15 @@ class GenerationScheduler {
 
   // Owned by the step loop (one thread at a time).
   std::vector<std::unique_ptr<Job>> active_;
+  // Started jobs that gave their place up; they hold no row, their state is current.
+  std::vector<std::unique_ptr<Job>> parked_;
+  // Per tenant: the fractional share of places it was owed and not given (fair share), and the
+  // prompt tokens fed to it per weight (prefill order; lifted to the least of the tenants that
+  // prefill, so that an idle tenant comes back with no backlog of credit).
+  std::map<std::string, double, std::less<>> slot_credit_;
+  std::map<std::string, double, std::less<>> prefill_vtime_;
+  // A tenant out of its token window was left without a place: look again this soon.
+  absl::Time throttle_wake_ = absl::InfiniteFuture();
   // The active jobs' statistics, one row each, where the model computes: decode steps update them
   // in place, and a row is copied to the host only for a snapshot or when its job ends.
   const std::unique_ptr<model::StatePool> pool_;
