@@ -21,6 +21,15 @@ std::string PrefixStateCache::ScopeKey(const PrefixCacheScope& scope) {
                       absl::string_view("\0", 1), scope.owner);
 }
 
+int64_t PrefixStateCache::PositionsWithin(int64_t max_bytes, const PrefixCacheScope& scope,
+                                          int64_t key_tokens, int64_t state_floats) {
+  if (max_bytes <= 0 || key_tokens <= 0 || state_floats < 0) return 0;
+  const int64_t entry =
+      EntryBytes(ScopeKey(scope).size() + scope.model.size(), static_cast<size_t>(key_tokens),
+                 static_cast<size_t>(state_floats));
+  return max_bytes / entry * key_tokens;
+}
+
 uint64_t PrefixStateCache::ScopeHash(const std::string& scope_key) {
   uint64_t h = base::SplitMix64(scope_key.size());
   for (unsigned char c : scope_key) h = base::SplitMix64(h ^ c);

@@ -148,6 +148,13 @@ class PrefixStateCache {
   int64_t bytes() const;
   int64_t entries() const;
 
+  // The most token positions that entries of `scope`, each `key_tokens` long and holding
+  // `state_floats` statistics, cover within `max_bytes`: whole entries (as Insert counts their
+  // bytes) times their length; 0 when not one fits. What the metrics report as the cache's
+  // capacity in blocks of one token.
+  static int64_t PositionsWithin(int64_t max_bytes, const PrefixCacheScope& scope,
+                                 int64_t key_tokens, int64_t state_floats);
+
  private:
   struct Entry {
     uint64_t hash = 0;
