@@ -11,6 +11,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/index_add.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/logical_not.h>
 #include <ATen/ops/sort.h>
@@ -40,10 +41,11 @@ struct HostPlan {
   std::vector<double> penalised;     // (row, token) pairs: distinct tokens of each row's window
   std::vector<double> sampled_rows;  // rows drawn from a distribution (the rest take the argmax)
   std::vector<double> logprob_rows;  // rows that asked for logprobs (their own, alternatives)
+  std::vector<double> biased;        // (row, token, bias) triples of the rows' logit biases
   int64_t top_n = 0;                 // the most alternatives any row asked for
 };
 
-HostPlan PlanDraws(absl::Span<const TokenDraw> draws, int64_t vocab) {
+HostPlan PlanDraws(absl::Span<const TokenDraw> draws, int64_t vocab, int64_t defined) {
   HostPlan plan;
   plan.params.reserve(draws.size() * kColumns);
   std::vector<char> seen(static_cast<size_t>(vocab), 0);
@@ -64,6 +66,12 @@ HostPlan PlanDraws(absl::Span<const TokenDraw> draws, int64_t vocab) {
                               {static_cast<double>(b), static_cast<double>(t)});
       }
       for (int32_t t : marked) seen[t] = 0;
+    }
+    for (const auto& [id, bias] : draws[b].logit_bias) {
+      // The defined ids only, as DrawTokens: a padded id stays -infinity.
+      if (id < 0 || id >= defined) continue;
+      plan.biased.insert(plan.biased.end(),
+                         {static_cast<double>(b), static_cast<double>(id), bias});
     }
     if (!(p.temperature == 0.f || p.top_k == 1))
       plan.sampled_rows.push_back(static_cast<double>(b));
@@ -96,15 +104,17 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
   const auto longs = at::TensorOptions(at::kLong).device(device);
 
   // Everything the device needs of the host, in one copy.
-  const HostPlan plan = PlanDraws(draws, vocab);
+  const HostPlan plan = PlanDraws(draws, vocab, defined);
   const int64_t pairs = static_cast<int64_t>(plan.penalised.size()) / 2;
   const int64_t sampled = static_cast<int64_t>(plan.sampled_rows.size());
   const int64_t with_logprobs = static_cast<int64_t>(plan.logprob_rows.size());
-  at::Tensor staged = at::empty({rows * kColumns + 2 * pairs + sampled + with_logprobs},
-                                at::TensorOptions(at::kDouble).pinned_memory(device.is_cuda()));
+  const int64_t biases = static_cast<int64_t>(plan.biased.size()) / 3;
+  at::Tensor staged =
+      at::empty({rows * kColumns + 2 * pairs + sampled + with_logprobs + 3 * biases},
+                at::TensorOptions(at::kDouble).pinned_memory(device.is_cuda()));
   double* dst = staged.data_ptr<double>();
   for (const std::vector<double>* part :
-       {&plan.params, &plan.penalised, &plan.sampled_rows, &plan.logprob_rows}) {
+       {&plan.params, &plan.penalised, &plan.sampled_rows, &plan.logprob_rows, &plan.biased}) {
     dst = std::copy(part->begin(), part->end(), dst);
   }
   const at::Tensor up = staged.to(device, /*non_blocking=*/true);
@@ -118,6 +128,7 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
   const at::Tensor pair_ids = take(2 * pairs).to(at::kLong).view({pairs, 2});
   const at::Tensor sampled_ids = take(sampled).to(at::kLong);
   const at::Tensor logprob_ids = take(with_logprobs).to(at::kLong);
+  const at::Tensor bias_triples = take(3 * biases).view({biases, 3});
 
   // Ids the tokenizer does not define are never drawn; a copy, since the logits may be a CUDA
   // graph's output buffer.
@@ -161,6 +172,13 @@ std::vector<DrawnToken> DrawTokensOnDevice(const at::Tensor& logits, int64_t def
     kernels::apply_token_bitmask_(masked,
                                   up.narrow(0, 0, masked_rows * words).view({masked_rows, words}),
                                   up.narrow(0, masked_rows * words, masked_rows));
+  }
+
+  // Logit biases (TokenDraw::logit_bias), after the mask: a forbidden id's -infinity stays.
+  if (biases > 0) {
+    const at::Tensor flat =
+        bias_triples.select(1, 0).to(at::kLong) * vocab + bias_triples.select(1, 1).to(at::kLong);
+    masked.view({-1}).index_add_(0, flat, bias_triples.select(1, 2).to(at::kFloat));
   }
 
   // The repetition penalty, on a second copy: the alternatives report the raw logits.

@@ -211,6 +211,12 @@ void MaskDisallowed(absl::Span<const uint32_t> allowed, absl::Span<float> logits
   for (size_t id = covered_words * 32; id < n; ++id) logits[id] = kForbidden;
 }
 
+void ApplyLogitBias(absl::Span<const std::pair<int32_t, float>> bias, absl::Span<float> logits) {
+  for (const auto& [id, b] : bias) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] += b;
+  }
+}
+
 std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
                                    absl::Span<const TokenDraw> draws) {
   std::vector<DrawnToken> out(draws.size());
@@ -234,6 +240,8 @@ std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defin
     const TokenDraw& draw = draws[b];
     // After the check above: a forbidden id's -infinity is the constraint's, not an overflow.
     MaskDisallowed(draw.allowed, absl::MakeSpan(row));
+    // Only the defined ids: a padded id stays -infinity whatever its bias.
+    ApplyLogitBias(draw.logit_bias, absl::MakeSpan(row.data(), defined));
     d.id = SampleToken(row, draw.params, draw.position, draw.recent);
     if (!draw.wants_logprob()) continue;
     const double log_z = LogPartition(row);

@@ -62,6 +62,11 @@ struct TokenDraw {
   // distribution: a forbidden alternative's is -infinity). Empty: unconstrained. The caller keeps
   // at least one defined id allowed (a row that allows none draws garbage).
   absl::Span<const uint32_t> allowed = {};
+  // Added to the logits of their ids after `allowed` masks them (a forbidden id stays forbidden)
+  // and before anything else: the repetition penalty, the draw and the logprobs, which are then
+  // those of the biased distribution. Ids outside the logits are ignored; each id at most once
+  // (the caller checks both). OpenAI's logit_bias; empty: none.
+  absl::Span<const std::pair<int32_t, float>> logit_bias = {};
 
   bool wants_logprob() const { return logprobs || top_logprobs > 0; }
 };
@@ -69,6 +74,10 @@ struct TokenDraw {
 // Sets logits[i] to -infinity for every id `allowed` does not allow (TokenDraw::allowed); an empty
 // `allowed` leaves the logits as they are.
 void MaskDisallowed(absl::Span<const uint32_t> allowed, absl::Span<float> logits);
+
+// Adds each (id, bias) of `bias` to logits[id] (TokenDraw::logit_bias); ids outside `logits` are
+// skipped.
+void ApplyLogitBias(absl::Span<const std::pair<int32_t, float>> bias, absl::Span<float> logits);
 
 // What comes back of one row: all a step needs to leave the device.
 struct DrawnToken {

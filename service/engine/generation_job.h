@@ -80,6 +80,10 @@ struct GenerationRequest {
   int32_t top_logprobs = 0;     // per token, the n most likely alternatives
   bool logprobs = false;        // each token's own logprob; top_logprobs > 0 implies it
   int32_t snapshot_every = 0;   // publish the state every k tokens (0: only at the end)
+  // (token id, bias) pairs added to this job's logits before each draw (model::TokenDraw's
+  // logit_bias); ids distinct and within the vocabulary (BuildGenerationRequest checks). Not part
+  // of the state: a continued call biases only if it asks again.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool persistent = false;      // the state outlives this call: keep withheld text in it
   absl::Time deadline = absl::InfiniteFuture();
   // The caller's identity (Authenticator::Identify): the prefix-cache entries this job reads and

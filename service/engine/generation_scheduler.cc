@@ -1181,6 +1181,7 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
     draws[i] = {st.sampling, static_cast<uint64_t>(st.sequence.position + 1), recent[i],
                 out.jobs[i]->request.top_logprobs, out.jobs[i]->request.logprobs};
     if (out.jobs[i]->request.constraint != nullptr) draws[i].allowed = out.jobs[i]->allowed;
+    draws[i].logit_bias = out.jobs[i]->request.logit_bias;
   }
   const auto finish_masks = [&] {
     masker_.Finish();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "service/engine/client_text.h"
 
 namespace tost::service {
 
@@ -99,6 +100,14 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& 
     return absl::InvalidArgumentError(
         absl::StrCat(names.snapshot_every, " must be >= 0, got ", in.snapshot_every));
   }
+  const int64_t vocab = scheduler.model().config().language.vocab_size;
+  for (const auto& [id, bias] : in.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          names.logit_bias, ": expected token ids of model ", QuoteClientText(state.model),
+          "'s vocabulary (0 to ", vocab - 1, "), got ", id));
+    }
+  }
   GenerationRequest request;
   TOST_ASSIGN_OR_RETURN(request.prompt,
                         PromptTokenIds(in, scheduler.model().tokenizer(), limits, names));
@@ -111,6 +120,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& 
   request.top_logprobs = in.top_logprobs;
   request.logprobs = in.logprobs;
   request.snapshot_every = in.snapshot_every;
+  request.logit_bias = in.logit_bias;
   return request;
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,9 @@ struct GenerationInput {
   int32_t top_logprobs = 0;    // per token, the n most likely alternatives
   bool logprobs = false;       // each token's own logprob; top_logprobs > 0 implies it
   int32_t snapshot_every = 0;  // publish the state every k tokens (0: only at the end)
+  // (token id, bias) pairs, ids distinct, added to the logits of this call's draws
+  // (model::TokenDraw::logit_bias); not kept in the state. Ids must be in the model's vocabulary.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // How the front end's request names the fields, for error messages (tost.v1's by default).
@@ -52,6 +56,7 @@ struct GenerationFieldNames {
   std::string stop_token_ids = "stop_token_ids";
   std::string top_logprobs = "top_logprobs";
   std::string snapshot_every = "state_every_tokens";
+  std::string logit_bias = "logit_bias";
 };
 
 // The seed of choice `index` of a request with several choices (which start from the same prompt,
@@ -79,9 +84,9 @@ absl::StatusOr<std::vector<int32_t>> PromptTokenIds(const GenerationInput& in,
 // scheduler refuses before the prompt is tokenised). `continued` is the state of a session or a
 // state blob being continued; nullopt starts a fresh one. Checks, in order: the stop counts, the
 // max_new_tokens range [0, limits.max_new_tokens], the top_logprobs range [0, kMaxTopLogprobs], a
-// snapshot interval >= 0, the prompt's size, and a prompt that is not empty unless the state has a
-// pending token to feed. The state's own contents are left to Submit (CheckState). The caller sets
-// `persistent` and `deadline`.
+// snapshot interval >= 0, the logit biases' ids within the model's vocabulary, the prompt's size,
+// and a prompt that is not empty unless the state has a pending token to feed. The state's own
+// contents are left to Submit (CheckState). The caller sets `persistent` and `deadline`.
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const GenerationInput& in,
                                                          const GenerationScheduler& scheduler,
                                                          std::optional<GenerationState> continued,

@@ -55,7 +55,9 @@ absl::StatusOr<std::string> RenderChat(const model::ChatTemplate& chat_template,
         turn = &chat_template.assistant;
         break;
     }
-    absl::StrAppend(&out, turn->prefix, m.content, turn->suffix);
+    absl::StrAppend(&out, turn->prefix);
+    if (!m.name.empty()) absl::StrAppend(&out, m.name, ": ");
+    absl::StrAppend(&out, m.content, turn->suffix);
   }
   out += chat_template.generation_prompt;
   return out;

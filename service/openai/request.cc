@@ -95,6 +95,9 @@ absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
     const json& m = v[i];
     const std::string at = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return Expected(at, "an object {\"role\", \"content\"}", m);
+    if (const json& t = Field(m, "tool_call_id"); !t.is_null()) {
+      return Unsupported(absl::StrCat(at, ".tool_call_id"), "no tool calling", t);
+    }
     const json& role = Field(m, "role");
     ChatMessage msg;
     const std::string* name = role.is_string() ? &role.get_ref<const std::string&>() : nullptr;
@@ -108,6 +111,22 @@ absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
     } else {
       return Expected(absl::StrCat(at, ".role"),
                       "one of \"system\", \"developer\", \"user\", \"assistant\"", role);
+    }
+    if (const json& n = Field(m, "name"); !n.is_null()) {
+      if (!n.is_string() || !ValidSchemaName(n.get_ref<const std::string&>())) {
+        return Expected(absl::StrCat(at, ".name"), "a name of 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                        n);
+      }
+      msg.name = n.get<std::string>();
+    }
+    for (const char* key : {"audio", "refusal"}) {
+      if (const json& v = Field(m, key); !v.is_null()) {
+        return Unsupported(absl::StrCat(at, ".", key),
+                           std::string_view(key) == "audio"
+                               ? "no audio: the models here read and write text"
+                               : "no refusals: send the assistant's text as \"content\"",
+                           v);
+      }
     }
     for (const char* tool_key : {"tool_calls", "function_call"}) {
       const json& t = Field(m, tool_key);
@@ -176,10 +195,9 @@ absl::Status ParseLogprobs(const json& body, OpenAiRequest& r) {
 
 absl::Status ParseMaxTokens(const json& body, OpenAiRequest& r) {
   const json& max_tokens = Field(body, "max_tokens");
-  // Completions has no max_completion_tokens: there it is an unknown field, ignored.
-  static const json kAbsent;
-  const json& max_completion =
-      r.endpoint == Endpoint::kChatCompletions ? Field(body, "max_completion_tokens") : kAbsent;
+  // OpenAI's completions schema has no max_completion_tokens; vLLM takes it on both routes, and so
+  // does this server, as the same bound.
+  const json& max_completion = Field(body, "max_completion_tokens");
   const int64_t hi = std::numeric_limits<int32_t>::max();
   if (!max_tokens.is_null()) {
     TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_tokens, "max_tokens", 1, hi));
@@ -198,6 +216,110 @@ absl::Status ParseMaxTokens(const json& body, OpenAiRequest& r) {
   return absl::OkStatus();
 }
 
+// vLLM's sampling extensions top_k, min_p and repetition_penalty, and its stop_token_ids.
+absl::Status ParseVllmSampling(const json& body, OpenAiRequest& r) {
+  if (const json& v = Field(body, "top_k"); !v.is_null()) {
+    // vLLM's "off" is -1 (or 0); the sampler's is 0.
+    TOST_ASSIGN_OR_RETURN(int64_t k, Int(v, "top_k", -1, std::numeric_limits<int32_t>::max()));
+    r.top_k = static_cast<int32_t>(std::max<int64_t>(k, 0));
+  }
+  if (const json& v = Field(body, "min_p"); !v.is_null()) {
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() < 1.0)) {
+      return Expected("min_p", "a number in [0, 1)", v);
+    }
+    r.min_p = v.get<float>();
+  }
+  if (const json& v = Field(body, "repetition_penalty"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(double p, Number(v, "repetition_penalty", model::kMinRepetitionPenalty,
+                                           model::kMaxRepetitionPenalty));
+    r.repetition_penalty = static_cast<float>(p);
+  }
+  if (const json& v = Field(body, "stop_token_ids"); !v.is_null()) {
+    if (!v.is_array()) return Expected("stop_token_ids", "an array of token ids", v);
+    // The count is checked before anything is copied (the state's own bound).
+    TOST_RETURN_IF_ERROR(CheckStopCounts(0, v.size(), FieldNames(r)));
+    TOST_ASSIGN_OR_RETURN(r.stop_token_ids, TokenIds(v, "stop_token_ids"));
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI's logit_bias: {"<token id>": bias}, at most kMaxLogitBias entries, biases in
+// [-100, 100]. The ids' range is the model's to check (BuildGenerationRequest).
+absl::Status ParseLogitBias(const json& v, OpenAiRequest& r) {
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_object()) {
+    return Expected("logit_bias", "an object mapping token ids (as strings) to biases", v);
+  }
+  if (v.size() > kMaxLogitBias) {
+    return FieldError("logit_bias", absl::StrCat("expected at most ", kMaxLogitBias,
+                                                 " token ids, got ", v.size()));
+  }
+  for (const auto& [key, bias] : v.items()) {
+    int64_t id = -1;
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return FieldError("logit_bias",
+                        absl::StrCat("expected token ids as decimal strings, got the key ",
+                                     QuoteClientText(key)));
+    }
+    const std::string at = absl::StrCat("logit_bias[\"", id, "\"]");
+    TOST_ASSIGN_OR_RETURN(double b, Number(bias, at, -kMaxLogitBiasValue, kMaxLogitBiasValue));
+    r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
+  // JSON object keys are distinct strings, but "7" and "07" name one id.
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());
+  for (size_t i = 1; i < r.logit_bias.size(); ++i) {
+    if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
+      return FieldError("logit_bias", absl::StrCat("expected each token id once, got ",
+                                                   r.logit_bias[i].first, " twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The fields of OpenAI's chat schema for what only OpenAI's own service offers (audio, storage,
+// moderation, web search, reasoning models' settings, service tiers, cache lifetimes): each is
+// accepted at its default (absent, null, or the value that asks for nothing) and refused by name
+// otherwise.
+absl::Status RefuseServiceOnly(const json& body) {
+  struct Rule {
+    const char* key;
+    const char* why;
+    bool (*accepted)(const json&);
+  };
+  static constexpr Rule kRules[] = {
+      {"audio", "no audio output: the models here write text", [](const json&) { return false; }},
+      {"modalities", "text output only: [\"text\"] is accepted",
+       [](const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; }},
+      {"store", "nothing is stored: false is accepted",
+       [](const json& v) { return v.is_boolean() && !v.get<bool>(); }},
+      {"metadata", "nothing is stored to tag: {} is accepted",
+       [](const json& v) { return v.is_object() && v.empty(); }},
+      {"moderation", "no moderation model", [](const json&) { return false; }},
+      {"prediction", "no predicted outputs", [](const json&) { return false; }},
+      {"web_search_options", "no web search", [](const json&) { return false; }},
+      {"reasoning_effort", "the models here do not reason before answering: \"none\" is accepted",
+       [](const json& v) { return v == "none"; }},
+      {"verbosity", "no verbosity setting: the length is max_tokens'",
+       [](const json&) { return false; }},
+      {"service_tier", "one tier: \"auto\" and \"default\" are accepted",
+       [](const json& v) { return v == "auto" || v == "default"; }},
+      {"prompt_cache_options",
+       "the prefix cache is automatic, without breakpoints or lifetimes: {} is accepted",
+       [](const json& v) { return v.is_object() && v.empty(); }},
+      {"prompt_cache_retention", "the prefix cache keeps entries by its own byte budget",
+       [](const json&) { return false; }},
+  };
+  for (const Rule& rule : kRules) {
+    const json& v = Field(body, rule.key);
+    if (!v.is_null() && !rule.accepted(v)) return Unsupported(rule.key, rule.why, v);
+  }
+  return absl::OkStatus();
+}
+
 // The fields that change what is generated and that this server cannot honour: each is accepted
 // at its default (absent, null, zero, empty) and refused otherwise.
 absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
@@ -209,15 +331,8 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
       return Unsupported(key,
                          "OpenAI's penalties subtract from a token's logit per occurrence; "
                          "the model's repetition penalty divides it, which is not the same "
-                         "distribution: send 0",
+                         "distribution: send 0 (or repetition_penalty, vLLM's)",
                          v);
-    }
-  }
-  {
-    const json& v = Field(body, "logit_bias");
-    if (!v.is_null() && !(v.is_object() && v.empty())) {
-      if (!v.is_object()) return Expected("logit_bias", "an object of token id -> bias", v);
-      return Unsupported("logit_bias", "no logit biases", v);
     }
   }
   for (const char* key : {"tools", "functions"}) {
@@ -226,6 +341,11 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
       if (!v.is_array()) return Expected(key, "an array", v);
       return Unsupported(key, "no tool calling", v);
     }
+  }
+  if (const json& v = Field(body, "parallel_tool_calls"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(bool parallel, Bool(v, "parallel_tool_calls"));
+    if (parallel)
+      return Unsupported("parallel_tool_calls", "no tool calling; false is accepted", v);
   }
   for (const char* key : {"tool_choice", "function_call"}) {
     const json& v = Field(body, key);
@@ -417,10 +537,24 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
     if (const json& u = Field(v, "include_usage"); !u.is_null()) {
       TOST_ASSIGN_OR_RETURN(r.include_usage, Bool(u, "stream_options.include_usage"));
     }
+    if (const json& o = Field(v, "include_obfuscation"); !o.is_null()) {
+      TOST_ASSIGN_OR_RETURN(bool obfuscate, Bool(o, "stream_options.include_obfuscation"));
+      if (obfuscate) {
+        return Unsupported("stream_options.include_obfuscation",
+                           "no padding of stream chunks: false is accepted", o);
+      }
+    }
   }
-  if (const json& v = Field(body, "user"); !v.is_null() && !v.is_string()) {
-    return Expected("user", "a string", v);
+  // Identifiers with no effect on the output by OpenAI's own definition (abuse monitoring, its
+  // cache routing; this server's prefix cache finds shared prefixes without a key): type-checked.
+  for (const char* key : {"user", "safety_identifier", "prompt_cache_key"}) {
+    if (const json& v = Field(body, key); !v.is_null() && !v.is_string()) {
+      return Expected(key, "a string", v);
+    }
   }
+  TOST_RETURN_IF_ERROR(ParseVllmSampling(body, r));
+  TOST_RETURN_IF_ERROR(ParseLogitBias(Field(body, "logit_bias"), r));
+  if (endpoint == Endpoint::kChatCompletions) TOST_RETURN_IF_ERROR(RefuseServiceOnly(body));
   TOST_RETURN_IF_ERROR(RefuseUnsupported(body, r));
   TOST_RETURN_IF_ERROR(ParseConstraint(raw_body, body, r));
   if (const json& v = Field(body, "session_id"); !v.is_null()) {
@@ -447,13 +581,19 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
   return ParseJsonBody(body, [&](const json& parsed) { return Parse(endpoint, body, parsed); });
 }
 
+bool SetsSampling(const OpenAiRequest& request) {
+  return request.temperature.has_value() || request.top_p.has_value() || request.seed.has_value() ||
+         request.top_k.has_value() || request.min_p.has_value() ||
+         request.repetition_penalty.has_value();
+}
+
 GenerationFieldNames FieldNames(const OpenAiRequest& request) {
   GenerationFieldNames names;
   names.max_new_tokens = request.max_tokens_field;
   names.prompt_tokens = "prompt";
   names.prompt_text = request.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
   names.stop = "stop";
-  names.stop_token_ids = "stop";
+  names.stop_token_ids = "stop_token_ids";
   return names;
 }
 
@@ -466,6 +606,7 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     TOST_ASSIGN_OR_RETURN(*prompt_storage, RenderChat(config, request.messages));
     in.prompt_text = *prompt_storage;
     in.stop.emplace();
+    in.stop->token_ids = request.stop_token_ids.value_or(std::vector<int32_t>{});
     if (request.constraint.has_value()) {
       // The constraint ends the reply (end-of-text where the output is complete); the template's
       // stop strings (tost-austen's closing quote) would cut a JSON output at its first quote.
@@ -480,20 +621,23 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     } else if (request.prompt_text.has_value()) {
       in.prompt_text = *request.prompt_text;
     }
-    if (request.stop.has_value() || !continued) {
+    if (request.stop.has_value() || request.stop_token_ids.has_value() || !continued) {
       in.stop.emplace();
       in.stop->strings = request.stop.value_or(std::vector<std::string>{});
+      in.stop->token_ids = request.stop_token_ids.value_or(std::vector<int32_t>{});
     }
   }
-  const bool sets_sampling =
-      request.temperature.has_value() || request.top_p.has_value() || request.seed.has_value();
-  if (sets_sampling || !continued) {
+  if (SetsSampling(request) || !continued) {
     model::SamplingParams s;  // temperature 1 and top_p 1: OpenAI's defaults too
     s.temperature = request.temperature.value_or(1.f);
     s.top_p = request.top_p.value_or(1.f);
+    s.top_k = request.top_k.value_or(0);
+    s.min_p = request.min_p.value_or(0.f);
+    s.repetition_penalty = request.repetition_penalty.value_or(1.f);
     s.seed = request.seed.value_or(0);
     in.sampling = s;
   }
+  in.logit_bias = request.logit_bias;
   in.max_new_tokens = request.max_tokens.value_or(0);
   in.logprobs = request.logprobs.has_value();
   in.top_logprobs = request.logprobs.value_or(0);

@@ -6,15 +6,18 @@
 //
 // Every refusal is INVALID_ARGUMENT whose message starts with the field's path ("stop[2]",
 // "messages[1].content[0].type"), says what was expected and what came, and carries the path as
-// the error body's "param" (error.h). Unknown fields are ignored, as OpenAI's servers do; fields
-// this server cannot honour are refused when they ask for anything but their default (docs/api.md
-// lists them).
+// the error body's "param" (error.h). Every field of OpenAI's request schemas is either honoured
+// or, when it asks for what this server cannot do, refused by name (docs/api.md lists them; the
+// integration test test_openai_fields.py walks the openai package's schemas against that list);
+// fields outside those schemas and vLLM's extensions read here are ignored, as OpenAI's servers
+// ignore them.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +34,9 @@ enum class Endpoint { kCompletions, kChatCompletions };
 
 // OpenAI's limit on "stop"; the other limits are every front end's (generation_limits.h).
 inline constexpr int32_t kMaxStop = 4;
+// OpenAI's limits on logit_bias: at most 300 ids, each bias in [-100, 100].
+inline constexpr size_t kMaxLogitBias = 300;
+inline constexpr double kMaxLogitBiasValue = 100.0;
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -45,12 +51,23 @@ struct OpenAiRequest {
   std::string max_tokens_field = "max_tokens";  // which of the two the request used
   std::optional<float> temperature;             // unset: 1, OpenAI's default
   std::optional<float> top_p;                   // unset: 1
+  // vLLM's sampling extensions. top_k: unset, 0 or -1: off; min_p in [0, 1); repetition_penalty
+  // in [model::kMinRepetitionPenalty, model::kMaxRepetitionPenalty] (1: off).
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs, ids distinct and sorted, at most
+  // kMaxLogitBias; ids are checked against the model's vocabulary when the call is built.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Unset: the HTTP routes draw a random one (unseeded requests vary, as OpenAI's do);
   // ToGenerationInput alone uses 0.
   std::optional<uint64_t> seed;
   // At most kMaxStop, each 1..kMaxStopStringBytes bytes; unset when the request has no "stop" (null
   // included), so that a continued generation keeps its state's.
   std::optional<std::vector<std::string>> stop;
+  // vLLM's stop_token_ids: generation ends after one of them (the token is part of the output).
+  // Unset when absent or null, as "stop".
+  std::optional<std::vector<int32_t>> stop_token_ids;
   // Alternatives per token to report: completions "logprobs", chat "top_logprobs" (with
   // "logprobs": true). Unset: no logprobs at all; 0: the chosen tokens' only.
   std::optional<int32_t> logprobs;
@@ -83,6 +100,10 @@ inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view
   return ParseOpenAiRequest(Endpoint::kChatCompletions, body);
 }
 
+// Whether the request sets a sampling parameter (temperature, top_p, seed, top_k, min_p,
+// repetition_penalty): a continued generation then takes the request's, with defaults for the rest.
+bool SetsSampling(const OpenAiRequest& request);
+
 // How BuildGenerationRequest's errors name this request's fields.
 GenerationFieldNames FieldNames(const OpenAiRequest& request);
 
@@ -90,8 +111,8 @@ GenerationFieldNames FieldNames(const OpenAiRequest& request);
 // (its stop strings first), the sampling parameters with OpenAI's defaults, the stop strings. The
 // input's prompt is a view into `request` or, for a chat, into `*prompt_storage`, which holds the
 // rendered prompt: both must outlive the input. A continued generation (session_id or state) keeps
-// its state's sampling parameters unless the request sets one of temperature, top_p and seed (then
-// the others take their defaults), and its stop strings unless the request sets "stop" (a chat
+// its state's sampling parameters unless the request sets one (SetsSampling; then the others take
+// their defaults), and its stop strings unless the request sets "stop" (a chat
 // always sets its template's, except under a constraint: the constraint ends the reply, and the
 // template's stop strings, such as a closing quote, could cut a JSON output short, so a
 // constrained chat stops on the request's own "stop" alone). A continued chat renders only the

@@ -127,8 +127,9 @@ class OpenAiSink final : public CallSink {
     const bool fresh = request_.session_id.empty() && !request_.state.has_value();
     // OpenAI's servers sample an unseeded request differently each time; the seed is drawn here,
     // where a sampling setting applies (a continued generation that sets none keeps its state's).
-    const bool sets_sampling = request_.temperature.has_value() || request_.top_p.has_value();
-    if (!request_.seed.has_value() && (fresh || sets_sampling)) request_.seed = RandomSeed();
+    if (!request_.seed.has_value() && (fresh || openai::SetsSampling(request_))) {
+      request_.seed = RandomSeed();
+    }
     GenerationCallRequest r;
     r.owner = CallerOf(http_request);
     r.model = request_.model;

@@ -477,6 +477,18 @@ def openai_request_seeds():
     seed("completion_guided_choice", 0, {**completion, "guided_choice": ["yes", "no", "caf\u00e9"]})
     seed("completion_two_constraints", 0, {**completion, "guided_choice": ["a"], "guided_regex": "a",
                                            "response_format": {"type": "json_object"}})
+    # vLLM's sampling fields, stop ids and OpenAI's logit_bias; names; OpenAI's service-only fields.
+    seed("completion_vllm_sampling", 0, {
+        **completion, "top_k": -1, "min_p": 0.05, "repetition_penalty": 1.3,
+        "stop_token_ids": [2047, 7], "logit_bias": {"7": -100, "300": 2.5, "07": 1},
+        "max_completion_tokens": 16})
+    seed("completion_logit_bias_bad", 0, {**completion, "logit_bias": {"-1": 1, "x": 101}})
+    seed("chat_names_and_service_fields", 1, {
+        "model": "m", "messages": [{"role": "user", "content": "Hi", "name": "Emma"},
+                                   {"role": "assistant", "content": "", "refusal": "no"}],
+        "store": False, "metadata": {}, "modalities": ["text"], "service_tier": "flex",
+        "reasoning_effort": "none", "parallel_tool_calls": True, "prompt_cache_key": "k",
+        "stream": True, "stream_options": {"include_obfuscation": True}})
 
 
 # --- Responses and Conversations API request bodies ----------------------------------------------

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <ATen/ops/equal.h>
@@ -201,6 +202,59 @@ TEST(DeviceSampler, ConstrainedRowsDrawOnlyAllowedIdsAsTheHostDoes) {
     }
   }
   EXPECT_GT(constrained_rows, 200);
+}
+
+// Logit biases (some on padded or forbidden ids) move the device's draws and logprobs as they move
+// the host's.
+TEST(DeviceSampler, LogitBiasesDrawAsTheHostDraws) {
+  std::mt19937 rng(20261129);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  int64_t moved = 0;  // rows whose greedy id the bias changed
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 5);
+    const int64_t vocab = std::vector<int64_t>{3, 33, 257}[rng() % 3];
+    const int64_t defined = rng() % 3 == 0 ? std::max<int64_t>(1, vocab - 2) : vocab;
+    std::vector<float> logits(static_cast<size_t>(rows * vocab));
+    for (float& l : logits) l = normal(rng);
+    std::vector<std::vector<std::pair<int32_t, float>>> biases(static_cast<size_t>(rows));
+    std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(rows));
+    std::vector<TokenDraw> draws(static_cast<size_t>(rows));
+    for (int64_t b = 0; b < rows; ++b) {
+      SamplingParams p;
+      p.temperature = std::vector<float>{0.f, 0.7f, 1.f}[rng() % 3];
+      p.top_k = std::vector<int32_t>{0, 2}[rng() % 2];
+      p.seed = rng();
+      draws[b] = {p, rng() % 100000, {}, std::vector<int32_t>{0, 1, 5}[rng() % 3], true};
+      std::vector<char> used(static_cast<size_t>(vocab), 0);
+      for (int i = 0; i < 4; ++i) {
+        const auto id = static_cast<int32_t>(rng() % vocab);
+        if (used[id]) continue;
+        used[id] = 1;
+        biases[b].emplace_back(id, std::vector<float>{-100.f, -3.5f, 0.25f, 100.f}[rng() % 4]);
+      }
+      draws[b].logit_bias = biases[b];
+      if (rng() % 3 == 0) {
+        masks[b].assign(static_cast<size_t>((vocab + 31) / 32), 0);
+        for (int64_t i = 0; i < vocab; ++i) {
+          if (rng() % 2 == 0) masks[b][i / 32] |= 1u << (i % 32);
+        }
+        masks[b][0] |= 1u;
+        draws[b].allowed = masks[b];
+      }
+      TokenDraw unbiased = draws[b];
+      unbiased.logit_bias = {};
+      const std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
+      if (p.temperature == 0.f &&
+          DrawTokens(row, defined, std::vector<TokenDraw>{unbiased})[0].id !=
+              DrawTokens(row, defined, std::vector<TokenDraw>{draws[b]})[0].id) {
+        ++moved;
+      }
+    }
+    const auto where = absl::StrCat("trial ", trial, " (", rows, "x", vocab, ")");
+    ExpectSameDraws(DrawTokens(logits, defined, draws),
+                    DrawTokensOnDevice(AsTensor(logits, rows), defined, draws), where);
+  }
+  EXPECT_GT(moved, 20);  // the biases really steer draws
 }
 
 TEST(DeviceSampler, ALogitsShapeThatDoesNotMatchTheDrawsIsRefused) {

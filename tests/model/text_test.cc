@@ -426,3 +426,55 @@ TEST(Sampler, TiedCandidatesAndSignedZerosKeepTheirIdOrder) {
 
 }  // namespace
 }  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+// OpenAI's logit_bias: added to the ids' logits before the draw and the logprobs, after the
+// constraint's mask (a forbidden id stays forbidden), never to a padded id.
+TEST(DrawTokens, LogitBiasMovesTheDrawAndTheLogprobs) {
+  const std::vector<float> logits = {3.f, 1.f, 0.f, 9.f};  // id 3 padded away
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  TokenDraw plain{greedy, 1, {}, 3, true};
+  EXPECT_EQ(DrawTokens(logits, 3, std::vector<TokenDraw>{plain})[0].id, 0);
+
+  const std::vector<std::pair<int32_t, float>> bias = {{2, 100.f}, {0, -100.f}, {3, 100.f}};
+  TokenDraw biased = plain;
+  biased.logit_bias = bias;
+  const DrawnToken d = DrawTokens(logits, 3, std::vector<TokenDraw>{biased})[0];
+  EXPECT_EQ(d.id, 2);
+  const std::vector<float> want_row = {-97.f, 1.f, 100.f};
+  const auto want = TopLogprobs(want_row, 3);
+  ASSERT_EQ(d.top_logprobs.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(d.top_logprobs[k].first, want[k].first);
+    EXPECT_FLOAT_EQ(d.top_logprobs[k].second, want[k].second);
+  }
+  EXPECT_FLOAT_EQ(d.logprob, want[0].second);
+
+  // A constraint that forbids id 2: its bias of +100 does not bring it back.
+  const std::vector<uint32_t> allowed = {0b011u};
+  biased.allowed = allowed;
+  EXPECT_EQ(DrawTokens(logits, 3, std::vector<TokenDraw>{biased})[0].id, 1);
+
+  // A sampled draw with a bias of -100 on every id but one draws that one, seed after seed.
+  SamplingParams warm;
+  const std::vector<std::pair<int32_t, float>> only_one = {{0, -100.f}, {2, -100.f}};
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    warm.seed = seed;
+    TokenDraw draw{warm, seed, {}, 0};
+    draw.logit_bias = only_one;
+    EXPECT_EQ(DrawTokens(logits, 3, std::vector<TokenDraw>{draw})[0].id, 1) << "seed " << seed;
+  }
+}
+
+TEST(Sampler, ApplyLogitBiasSkipsIdsOutsideTheLogits) {
+  std::vector<float> logits = {1.f, 2.f};
+  const std::vector<std::pair<int32_t, float>> bias = {{-1, 5.f}, {1, -0.5f}, {2, 7.f}};
+  ApplyLogitBias(bias, absl::MakeSpan(logits));
+  EXPECT_EQ(logits, (std::vector<float>{1.f, 1.5f}));
+}
+
+}  // namespace
+}  // namespace tost::model

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/openai/error.h"
@@ -147,6 +148,8 @@ TEST(OpenAiRequest, Messages) {
   EXPECT_EQ(r->messages[1].role, ChatRole::kSystem);
   EXPECT_EQ(r->messages[2].role, ChatRole::kUser);
   EXPECT_EQ(r->messages[2].content, "Hello, you");
+  EXPECT_EQ(r->messages[2].name, "x");
+  EXPECT_EQ(r->messages[1].name, "");
   EXPECT_EQ(r->messages[3].role, ChatRole::kAssistant);
 
   const Endpoint chat = Endpoint::kChatCompletions;
@@ -182,6 +185,17 @@ TEST(OpenAiRequest, Messages) {
       R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]})",
       "messages[0].content[0].text: expected a string, got an integer (3)",
       "messages[0].content[0].text");
+  ExpectRefused(chat,
+                R"({"model": "m", "messages": [{"role": "user", "content": "", "name": "a b"}]})",
+                "messages[0].name: expected a name of 1 to 64 of a-z, A-Z, 0-9, _ and -, got a "
+                "string (\"a b\")",
+                "messages[0].name");
+  ExpectRefused(
+      chat,
+      R"({"model": "m", "messages": [{"role": "assistant", "content": "", "refusal": "no"}]})",
+      "messages[0].refusal: not supported by this server (no refusals: send the assistant's text "
+      "as \"content\"), got a string (\"no\")",
+      "messages[0].refusal");
   ExpectRefused(
       chat,
       R"({"model": "m", "messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]})",
@@ -193,8 +207,12 @@ TEST(OpenAiRequest, Messages) {
 TEST(OpenAiRequest, MaxTokens) {
   EXPECT_EQ(Completion(R"(, "max_tokens": 10)").max_tokens, 10);
   EXPECT_EQ(Completion(R"(, "max_tokens": null)").max_tokens, std::nullopt);
-  // Completions has no max_completion_tokens: an unknown field, ignored.
-  EXPECT_EQ(Completion(R"(, "max_completion_tokens": 0)").max_tokens, std::nullopt);
+  // vLLM's max_completion_tokens on completions too.
+  EXPECT_EQ(Completion(R"(, "max_completion_tokens": 5)").max_tokens, 5);
+  CompletionRefused(
+      R"(, "max_completion_tokens": 0)",
+      "max_completion_tokens: expected an integer in [1, 2147483647], got an integer (0)",
+      "max_completion_tokens");
   CompletionRefused(R"(, "max_tokens": 0)",
                     "max_tokens: expected an integer in [1, 2147483647], got an integer (0)",
                     "max_tokens");
@@ -320,6 +338,10 @@ TEST(OpenAiRequest, UnsupportedFieldsAtTheirDefaultsAreAccepted) {
                "some_future_field": {"x": [1, 2]})");
   Chat(R"(, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
          "logit_bias": null, "parallel_tool_calls": false)");
+  Chat(R"(, "store": false, "metadata": {}, "modalities": ["text"], "reasoning_effort": "none",
+         "service_tier": "auto", "prompt_cache_options": {}, "safety_identifier": "s",
+         "prompt_cache_key": "k", "audio": null, "verbosity": null, "web_search_options": null,
+         "stream": true, "stream_options": {"include_obfuscation": false})");
 }
 
 TEST(OpenAiRequest, UnsupportedFieldsAreRefusedByName) {
@@ -330,17 +352,37 @@ TEST(OpenAiRequest, UnsupportedFieldsAreRefusedByName) {
   CompletionRefused(R"(, "frequency_penalty": 0.5)",
                     "frequency_penalty: not supported by this server (OpenAI's penalties subtract "
                     "from a token's logit per occurrence; the model's repetition penalty divides "
-                    "it, which is not the same distribution: send 0), got a number (0.5)",
+                    "it, which is not the same distribution: send 0 (or repetition_penalty, "
+                    "vLLM's)), got a number (0.5)",
                     "frequency_penalty");
   CompletionRefused(R"(, "presence_penalty": 3)",
                     "presence_penalty: expected a number in [-2, 2], got an integer (3)",
                     "presence_penalty");
-  CompletionRefused(R"(, "logit_bias": {"50256": -100})",
-                    "logit_bias: not supported by this server (no logit biases), got an object",
-                    "logit_bias");
-  CompletionRefused(R"(, "logit_bias": 1)",
-                    "logit_bias: expected an object of token id -> bias, got an integer (1)",
-                    "logit_bias");
+  // OpenAI's own service's fields, each by name.
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "audio": {"voice": "alloy", "format": "mp3"})", "audio"},
+           {R"(, "modalities": ["text", "audio"])", "modalities"},
+           {R"(, "store": true)", "store"},
+           {R"(, "metadata": {"k": "v"})", "metadata"},
+           {R"(, "moderation": {"model": "m"})", "moderation"},
+           {R"(, "prediction": {"type": "content", "content": "x"})", "prediction"},
+           {R"(, "web_search_options": {})", "web_search_options"},
+           {R"(, "reasoning_effort": "high")", "reasoning_effort"},
+           {R"(, "verbosity": "low")", "verbosity"},
+           {R"(, "service_tier": "flex")", "service_tier"},
+           {R"(, "prompt_cache_options": {"ttl": "30m"})", "prompt_cache_options"},
+           {R"(, "prompt_cache_retention": "24h")", "prompt_cache_retention"},
+           {R"(, "stream": true, "stream_options": {"include_obfuscation": true})",
+            "stream_options.include_obfuscation"},
+           {R"(, "safety_identifier": 1)", "safety_identifier"},
+       }) {
+    auto r = ParseChatCompletionRequest(
+        R"({"model": "m", "messages": [{"role": "user", "content": "Hi"}])" + body + "}");
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_TRUE(absl::StartsWith(r.status().message(), field + ": ")) << r.status();
+    EXPECT_EQ(ErrorParam(r.status()), field);
+  }
   CompletionRefused(R"(, "suffix": "end")",
                     "suffix: not supported by this server (no insertion, completions append "
                     "only), got a string (\"end\")",
@@ -593,6 +635,82 @@ model::ModelConfig ChatModel() {
   t.stop = {"\nQ:"};
   c.chat_template = t;
   return c;
+}
+
+TEST(OpenAiRequest, VllmSamplingAndStopTokenIds) {
+  const OpenAiRequest r = Completion(
+      R"(, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.3, "stop_token_ids": [7, 2047])");
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_EQ(r.min_p, 0.05f);
+  EXPECT_EQ(r.repetition_penalty, 1.3f);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{7, 2047}));
+  EXPECT_EQ(Completion(R"(, "top_k": -1)").top_k, 0);  // vLLM's "off"
+  EXPECT_TRUE(SetsSampling(Completion(R"(, "min_p": 0.1)")));
+  EXPECT_FALSE(SetsSampling(Completion(R"(, "stop_token_ids": [1])")));
+  CompletionRefused(R"(, "top_k": -2)",
+                    "top_k: expected an integer in [-1, 2147483647], got an integer (-2)", "top_k");
+  CompletionRefused(R"(, "min_p": 1)", "min_p: expected a number in [0, 1), got an integer (1)",
+                    "min_p");
+  CompletionRefused(R"(, "repetition_penalty": 0)",
+                    "repetition_penalty: expected a number in [0.01, 100], got an integer (0)",
+                    "repetition_penalty");
+  CompletionRefused(
+      R"(, "stop_token_ids": [1, -1])",
+      "stop_token_ids[1]: expected an integer in [0, 2147483647], got an integer (-1)",
+      "stop_token_ids[1]");
+  CompletionRefused(R"(, "stop_token_ids": 3)",
+                    "stop_token_ids: expected an array of token ids, got an integer (3)",
+                    "stop_token_ids");
+
+  std::string storage;
+  auto in = ToGenerationInput(r, ChatModel(), &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->sampling->top_k, 40);
+  EXPECT_EQ(in->sampling->min_p, 0.05f);
+  EXPECT_EQ(in->sampling->repetition_penalty, 1.3f);
+  EXPECT_EQ(in->stop->token_ids, (std::vector<int32_t>{7, 2047}));
+  in = ToGenerationInput(Chat(R"(, "stop_token_ids": [5])"), ChatModel(), &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->stop->token_ids, std::vector<int32_t>{5});
+  // A continued completion that sets only stop_token_ids keeps its state's sampling.
+  in = ToGenerationInput(Completion(R"(, "session_id": "s", "stop_token_ids": [5])"), ChatModel(),
+                         &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_FALSE(in->sampling.has_value());
+  EXPECT_EQ(in->stop->token_ids, std::vector<int32_t>{5});
+}
+
+TEST(OpenAiRequest, LogitBias) {
+  const OpenAiRequest r = Completion(R"(, "logit_bias": {"50": -100, "7": 100, "300": 0.5})");
+  EXPECT_EQ(r.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{7, 100.f}, {50, -100.f}, {300, 0.5f}}));
+  std::string storage;
+  auto in = ToGenerationInput(r, ChatModel(), &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->logit_bias, r.logit_bias);
+  CompletionRefused(R"(, "logit_bias": 1)",
+                    "logit_bias: expected an object mapping token ids (as strings) to biases, got "
+                    "an integer (1)",
+                    "logit_bias");
+  CompletionRefused(R"(, "logit_bias": {"7": 101})",
+                    "logit_bias[\"7\"]: expected a number in [-100, 100], got an integer (101)",
+                    "logit_bias[\"7\"]");
+  CompletionRefused(R"(, "logit_bias": {"7": "x"})",
+                    "logit_bias[\"7\"]: expected a number in [-100, 100], got a string (\"x\")",
+                    "logit_bias[\"7\"]");
+  CompletionRefused(R"(, "logit_bias": {"-1": 1})",
+                    "logit_bias: expected token ids as decimal strings, got the key \"-1\"",
+                    "logit_bias");
+  CompletionRefused(R"(, "logit_bias": {"99999999999": 1})",
+                    "logit_bias: expected token ids as decimal strings, got the key "
+                    "\"99999999999\"",
+                    "logit_bias");
+  CompletionRefused(R"(, "logit_bias": {"7": 1, "07": 2})",
+                    "logit_bias: expected each token id once, got 7 twice", "logit_bias");
+  std::string many = R"(, "logit_bias": {)";
+  for (int i = 0; i <= 300; ++i) absl::StrAppend(&many, i == 0 ? "" : ", ", "\"", i, "\": 1");
+  many += "}";
+  CompletionRefused(many, "logit_bias: expected at most 300 token ids, got 301", "logit_bias");
 }
 
 TEST(OpenAiToGenerationInput, CompletionDefaultsAreOpenAis) {
