@@ -84,7 +84,7 @@ struct GenerationRequest {
   // logit_bias); ids distinct and within the vocabulary (BuildGenerationRequest checks). Not part
   // of the state: a continued call biases only if it asks again.
   std::vector<std::pair<int32_t, float>> logit_bias;
-  bool persistent = false;      // the state outlives this call: keep withheld text in it
+  bool persistent = false;  // the state outlives this call: keep withheld text in it
   absl::Time deadline = absl::InfiniteFuture();
   // The caller's identity (Authenticator::Identify): the prefix-cache entries this job reads and
   // creates are its own; kAnonymousCaller when authentication is off (one shared scope).
