@@ -229,6 +229,13 @@ ABSL_FLAG(std::string, metrics_address, "",
 ABSL_FLAG(bool, metrics_require_api_key, false,
           "With --api_keys_file, scrapes of /metrics need a key too (x-api-key, or authorization: "
           "Bearer <key>); off, /metrics is served to anyone who reaches --metrics_address");
+ABSL_FLAG(bool, metrics_vllm_names, false,
+          "Also export the model server protocol's gauges (tost_generation_requests_waiting, "
+          "tost_generation_requests_running, tost_state_budget_utilization, "
+          "tost_prefix_cache_config_info) under vLLM's names (vllm:num_requests_waiting, "
+          "vllm:num_requests_running, vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc, "
+          "vllm:cache_config_info), so that an inference gateway's endpoint picker configured for "
+          "vLLM reads them unchanged");
 ABSL_FLAG(int, http_port, 8501,
           "HTTP front end port (health routes, the OpenAI-compatible API), beside gRPC's; same TLS "
           "files and API keys (Authorization: Bearer <key>). 0 picks a free port (printed on "
@@ -486,6 +493,7 @@ int main(int argc, char** argv) {
   options.metrics.address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics.require_api_key = absl::GetFlag(FLAGS_metrics_require_api_key);
   options.metrics.log_requests = absl::GetFlag(FLAGS_log_requests);
+  options.metrics.vllm_names = absl::GetFlag(FLAGS_metrics_vllm_names);
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_address = absl::GetFlag(FLAGS_http_address);
   options.heap_trim_interval_ms = absl::GetFlag(FLAGS_heap_trim_interval_ms);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/ssl.hpp>
@@ -289,6 +290,8 @@ class Connection final : public internal::ConnectionBase {
     request_.method = r.method;
     request_.path = r.path;
     request_.request_id = r.request_id;
+    request_.trace_id = r.trace_id;
+    request_.span_id = r.span_id;
     request_.route = r.route;
     request_.peer = r.peer;
     core_->in_flight.fetch_add(1, std::memory_order_acq_rel);
@@ -371,14 +374,18 @@ class Connection final : public internal::ConnectionBase {
       core_->options.observer->OnRequestFinished(request_, status, elapsed);
     }
     if (core_->options.log_requests) {
-      Log(LevelFor(status), "http",
-          {{"request_id", request_.request_id},
-           {"server", core_->options.name},
-           {"method", request_.method},
-           {"path", request_.path},
-           {"status", status},
-           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
-           {"peer", request_.peer}});
+      std::vector<service::LogField> fields = {{"request_id", request_.request_id},
+                                               {"server", core_->options.name},
+                                               {"method", request_.method},
+                                               {"path", request_.path},
+                                               {"status", status},
+                                               {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+                                               {"peer", request_.peer}};
+      if (!request_.trace_id.empty()) {
+        fields.push_back({"trace_id", request_.trace_id});
+        fields.push_back({"span_id", request_.span_id});
+      }
+      Log(LevelFor(status), "http", fields);
     }
   }
 

@@ -6,6 +6,7 @@
 #include "service/http/internal/core.h"
 #include "service/http/internal/request.h"
 #include "service/observability/logging.h"
+#include "service/observability/trace_context.h"
 
 namespace tost::http {
 
@@ -47,8 +48,11 @@ HttpRequest ParseRequest(bhttp::request<bhttp::string_body>& message, const std:
                            std::string(field.value()));
   }
   r.body = std::move(message.body());
-  const std::string_view id = r.Header("x-request-id");
-  r.request_id = service::IsValidRequestId(id) ? std::string(id) : service::NewRequestId();
+  service::RequestIdentity who =
+      service::IdentifyRequest(r.Header("x-request-id"), r.Header("traceparent"));
+  r.request_id = std::move(who.request_id);
+  r.trace_id = std::move(who.trace_id);
+  r.span_id = std::move(who.span_id);
   r.peer = peer;
   const std::string_view auth = r.Header("authorization");
   if (absl::StartsWithIgnoreCase(Absl(auth), "bearer ")) {

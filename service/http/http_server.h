@@ -48,8 +48,13 @@ struct HttpRequest {
   HttpHeaders headers;  // names lower-cased, in the order sent
   std::string body;
   // The client's x-request-id when valid (service/observability/logging.h: IsValidRequestId),
-  // else a new one; echoed in the response's x-request-id.
+  // else, with a valid W3C traceparent header, "<trace_id>-<span_id>", else a new one; echoed in
+  // the response's x-request-id (service/observability/trace_context.h).
   std::string request_id;
+  // From a valid traceparent header: its trace id, and this server's span id for the request
+  // (both in the access log line); empty without one.
+  std::string trace_id;
+  std::string span_id;
   std::string peer;  // "ADDRESS:PORT" of the client
   // Identity material for authentication: the token of `Authorization: Bearer <token>` (empty if
   // none), and with TLS the client certificate's subject (one line, "/CN=alice") and identity as

@@ -168,6 +168,12 @@ LogFormat GetLogFormat() { return g_format.load(std::memory_order_relaxed); }
 
 std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view message,
                           std::initializer_list<LogField> fields) {
+  return FormatLogLine(format, level, message,
+                       absl::Span<const LogField>(fields.begin(), fields.size()));
+}
+
+std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view message,
+                          absl::Span<const LogField> fields) {
   const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
   std::string line;
   if (format == LogFormat::kJson) {
@@ -221,6 +227,10 @@ std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view mes
 }
 
 void Log(LogLevel level, std::string_view message, std::initializer_list<LogField> fields) {
+  Log(level, message, absl::Span<const LogField>(fields.begin(), fields.size()));
+}
+
+void Log(LogLevel level, std::string_view message, absl::Span<const LogField> fields) {
   std::string line = FormatLogLine(GetLogFormat(), level, message, fields);
   line += '\n';
   absl::MutexLock lock(&g_write_mu);

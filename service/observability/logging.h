@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tost::service {
 
@@ -60,7 +61,11 @@ std::string EscapeForLog(std::string_view bytes, LogFormat format);
 // without quotes, '=' or backslashes; values also without spaces), else quoted and escaped.
 std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view message,
                           std::initializer_list<LogField> fields);
+std::string FormatLogLine(LogFormat format, LogLevel level, std::string_view message,
+                          absl::Span<const LogField> fields);
 void Log(LogLevel level, std::string_view message, std::initializer_list<LogField> fields = {});
+// For a line whose fields depend on the event (optional ones appended to a vector).
+void Log(LogLevel level, std::string_view message, absl::Span<const LogField> fields);
 
 // A request id for a call that did not bring a usable one: 16 random hex digits. Not a secret.
 std::string NewRequestId();

@@ -38,6 +38,8 @@
 #include "service/engine/engine.h"
 #include "service/observability/logging.h"
 #include "service/observability/process_memory.h"
+#include "service/observability/serving_protocol_metrics.h"
+#include "service/observability/trace_context.h"
 
 namespace tost::service {
 namespace {
@@ -144,6 +146,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     records_ = records;
   }
+  void ExportVllmNames(bool on) { vllm_names_.store(on, std::memory_order_relaxed); }
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
@@ -225,6 +228,62 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
         {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
          CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
+    {
+      // Per tenant: the configured ones by name, every other caller summed as "other", so the
+      // label's values are bounded by the tenants file.
+      std::vector<ClientMetric> generations, prompt, generated, window, refusals;
+      for (const TenantUsage& t : stats.tenants) {
+        const std::vector<ClientMetric::Label> labels = {{"tenant", t.tenant}};
+        generations.push_back(GaugeSample(static_cast<double>(t.generations), labels));
+        prompt.push_back(CounterSample(static_cast<double>(t.prompt_tokens), labels));
+        generated.push_back(CounterSample(static_cast<double>(t.generated_tokens), labels));
+        window.push_back(GaugeSample(static_cast<double>(t.window_tokens), labels));
+        for (const char* quota :
+             {"max_concurrent", "tokens_per_minute", "max_sessions", "max_session_bytes"}) {
+          auto it = t.refusals.find(quota);
+          refusals.push_back(CounterSample(
+              static_cast<double>(it == t.refusals.end() ? 0 : it->second),
+              {{"tenant", t.tenant}, {"quota", quota}}));
+        }
+      }
+      out.push_back(MakeFamily("tost_tenant_generations",
+                               "Generations admitted and not finished, per tenant (configured "
+                               "tenants by name, every other caller as \"other\")",
+                               MetricType::Gauge, std::move(generations)));
+      out.push_back(MakeFamily("tost_tenant_prompt_tokens_total",
+                               "Prompt tokens of the generations admitted, per tenant",
+                               MetricType::Counter, std::move(prompt)));
+      out.push_back(MakeFamily("tost_tenant_generated_tokens_total",
+                               "Tokens generated, per tenant", MetricType::Counter,
+                               std::move(generated)));
+      out.push_back(MakeFamily("tost_tenant_window_tokens",
+                               "Prompt and generated tokens in the current tokens_per_minute "
+                               "window (--tenant_token_window_s), per tenant with that quota",
+                               MetricType::Gauge, std::move(window)));
+      out.push_back(MakeFamily("tost_tenant_quota_refusals_total",
+                               "Calls refused past a tenant's quota, by quota", MetricType::Counter,
+                               std::move(refusals)));
+      std::vector<ClientMetric> preemptions, parked;
+      for (const GeneratorStats& g : stats.generators) {
+        preemptions.push_back(
+            CounterSample(static_cast<double>(g.scheduler.preemptions_priority),
+                          {{"model", g.model}, {"reason", "priority"}}));
+        preemptions.push_back(
+            CounterSample(static_cast<double>(g.scheduler.preemptions_fair_share),
+                          {{"model", g.model}, {"reason", "fair_share"}}));
+        parked.push_back(
+            GaugeSample(static_cast<double>(g.scheduler.parked), {{"model", g.model}}));
+      }
+      out.push_back(MakeFamily(
+          "tost_generation_preemptions_total",
+          "Running generations parked (state kept, never recomputed) to give their slot to a "
+          "lower priority value (priority) or to another tenant's share (fair_share, quota "
+          "throttling included)",
+          MetricType::Counter, std::move(preemptions)));
+      out.push_back(MakeFamily("tost_generations_parked",
+                               "Generations parked with their state, waiting for a slot",
+                               MetricType::Gauge, std::move(parked)));
+    }
     std::vector<ClientMetric> lookups, hits, shared_hits, hit_tokens, entries, bytes, evictions;
     for (const GeneratorStats& g : stats.generators) {
       const std::vector<ClientMetric::Label> labels = {{"model", g.model}};
@@ -349,6 +408,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
     out.push_back(MakeFamily("tost_queue_capacity",
                              "Queue places; more waiting requests are refused (queue_full)",
                              MetricType::Gauge, std::move(capacity)));
+    for (auto& f : ServingProtocolFamilies(ServingProtocolSamples(*engine_, stats),
+                                           vllm_names_.load(std::memory_order_relaxed))) {
+      out.push_back(std::move(f));
+    }
     return out;
   }
 
@@ -358,6 +421,7 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
   const HandlerPool* stateless_admission_ ABSL_GUARDED_BY(mu_) = nullptr;
   const HandlerPool* store_admission_ ABSL_GUARDED_BY(mu_) = nullptr;
   const RecordStore* records_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::atomic<bool> vllm_names_{false};
 };
 
 }  // namespace
@@ -684,6 +748,7 @@ Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 Metrics::~Metrics() { StopServing(); }
 
 absl::Status Metrics::Serve(const MetricsOptions& options, ScrapeAuthenticator authenticate) {
+  impl_->collector->ExportVllmNames(options.vllm_names);
   if (options.port < 0) return absl::OkStatus();
   TOST_RETURN_IF_ERROR(ValidateMetricsOptions(options));
   absl::MutexLock lock(&impl_->http_mu);
@@ -904,11 +969,15 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       const auto* md = methods->GetRecvInitialMetadata();
       if (md != nullptr) {
-        auto it = md->find("x-request-id");
-        if (it != md->end()) {
-          const std::string_view id(it->second.data(), it->second.size());
-          if (IsValidRequestId(id)) request_id_ = std::string(id);
-        }
+        const auto value = [md](const char* key) {
+          auto it = md->find(key);
+          return it == md->end() ? std::string_view()
+                                 : std::string_view(it->second.data(), it->second.size());
+        };
+        RequestIdentity who = IdentifyRequest(value("x-request-id"), value("traceparent"));
+        request_id_ = std::move(who.request_id);
+        trace_id_ = std::move(who.trace_id);
+        span_id_ = std::move(who.span_id);
       }
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
@@ -959,35 +1028,36 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
     return LogLevel::kInfo;
   }
 
+  // The trace of a call that brought a valid traceparent: its id and this server's span id.
+  void AppendTrace(std::vector<LogField>& fields) const {
+    if (trace_id_.empty()) return;
+    fields.push_back({"trace_id", trace_id_});
+    fields.push_back({"span_id", span_id_});
+  }
+
   // Without --log_requests, what a client was not sent of its error still goes to the log.
   void LogWithheld(const grpc::Status& status, const std::string& detail) {
-    Log(LevelFor(status.error_code()), "rpc error: part withheld from the client",
-        {{"request_id", RequestId()},
-         {"rpc", series_->label},
-         {"code", GrpcCodeName(status.error_code())},
-         {"error", FullError(status, detail)}});
+    const std::string error = FullError(status, detail);
+    std::vector<LogField> fields = {{"request_id", RequestId()},
+                                    {"rpc", series_->label},
+                                    {"code", GrpcCodeName(status.error_code())},
+                                    {"error", error}};
+    AppendTrace(fields);
+    Log(LevelFor(status.error_code()), "rpc error: part withheld from the client", fields);
   }
 
   void LogCall(const grpc::Status& status, absl::Duration elapsed, const std::string& detail) {
     const grpc::StatusCode code = status.error_code();
-    const LogLevel level = LevelFor(code);
     const std::string peer = context_ != nullptr ? context_->peer() : std::string();
-    if (status.ok()) {
-      Log(level, "rpc",
-          {{"request_id", RequestId()},
-           {"rpc", series_->label},
-           {"code", GrpcCodeName(code)},
-           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
-           {"peer", peer}});
-    } else {
-      Log(level, "rpc",
-          {{"request_id", RequestId()},
-           {"rpc", series_->label},
-           {"code", GrpcCodeName(code)},
-           {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
-           {"peer", peer},
-           {"error", FullError(status, detail)}});
-    }
+    const std::string error = status.ok() ? std::string() : FullError(status, detail);
+    std::vector<LogField> fields = {{"request_id", RequestId()},
+                                    {"rpc", series_->label},
+                                    {"code", GrpcCodeName(code)},
+                                    {"duration_ms", absl::ToDoubleMilliseconds(elapsed)},
+                                    {"peer", peer}};
+    if (!status.ok()) fields.push_back({"error", error});
+    AppendTrace(fields);
+    Log(LevelFor(code), "rpc", fields);
   }
 
   Impl* const metrics_;
@@ -997,6 +1067,8 @@ class Metrics::RpcInterceptor final : public grpc::experimental::Interceptor {
   const bool log_requests_;
   const absl::Time start_;
   std::string request_id_;
+  std::string trace_id_;  // from a valid traceparent; empty without
+  std::string span_id_;
 };
 
 class Metrics::RpcInterceptorFactory final

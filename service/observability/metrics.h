@@ -49,6 +49,9 @@ struct MetricsOptions {
   bool require_api_key = false;
   // One access-log line per RPC (service/observability/logging.h).
   bool log_requests = true;
+  // Also export the model server protocol's gauges under vLLM's names (vllm:num_requests_waiting,
+  // ...: serving_protocol_metrics.h), so that an endpoint picker configured for vLLM reads them.
+  bool vllm_names = false;
 };
 
 // Checks a scrape's credentials: an error (UNAUTHENTICATED: 401, PERMISSION_DENIED: 403) refuses
@@ -87,7 +90,8 @@ class Metrics final : public BatchObserver,
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Starts the HTTP endpoint (GET /metrics) at options.address:options.port; nothing for port -1.
+  // Starts the HTTP endpoint (GET /metrics) at options.address:options.port; nothing for port -1
+  // (options.vllm_names applies to Render() either way).
   // Each scrape must pass `authenticate` when it is set (the server sets it for
   // options.require_api_key). UNAVAILABLE if the address cannot be bound.
   absl::Status Serve(const MetricsOptions& options, ScrapeAuthenticator authenticate = {});

@@ -15,7 +15,8 @@ namespace tost::http {
 namespace internal {
 
 // The request of `message` (its body moved out) from `peer`. Header names are lower-cased; the
-// request id is the client's x-request-id when valid, else a new one.
+// request id and trace come from its x-request-id and traceparent headers
+// (service/observability/trace_context.h: IdentifyRequest).
 HttpRequest ParseRequest(boost::beast::http::request<boost::beast::http::string_body>& message,
                          const std::string& peer);
 
