@@ -22,10 +22,12 @@ Sections:
            already have) renders with `kubectl kustomize` from a temporary copy holding freshly
            generated secret inputs; every rendered built-in object validates with
            `kubernetes-validate --strict` against Kubernetes
-           K8S_VERSION, every custom resource against its CRD schema in deploy/schemas; and the
-           objects agree: flags (the ConfigMap's flag files as the container reads them) exist and
-           are accepted by tost_server, ports, probes, drain vs grace period, secret mounts,
-           securityContext, Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric;
+           K8S_VERSION, every custom resource against its CRD schema in deploy/schemas (a JSON
+           schema, or an upstream CRD whose openAPIV3Schema becomes one); and the objects agree:
+           flags (the ConfigMap's flag files as the container reads them) exist and are accepted by
+           tost_server, ports, probes, drain vs grace period, secret mounts, securityContext,
+           Services, ServiceMonitor, NetworkPolicy, PDB, HPA and its metric or the KEDA
+           ScaledObject and its query, the InferencePool and InferenceObjectives;
            with a shared --session_store, the StatefulSet it names (one replica, a volume, the
            append-only file, the same password Secret as the server's, probes, hardening, memory
            limit vs maxmemory) and the NetworkPolicies between the server and the store.
@@ -39,7 +41,8 @@ exist, so it stops right after validating them).
 --self-test breaks a copy of the tree in several ways (an unknown flag, a bad flag value, a
 too-short grace period, an unknown field in a Deployment, in the ServiceMonitor and in the compose
 file, a COPY of a missing file, a lint error, a session store open to every pod, split over two
-replicas, or without the server's password) and fails unless each one is caught.
+replicas, or without the server's password, a field of the InferencePool, the InferenceObjective, the
+KEDA ScaledObject and the queued-requests HPA broken) and fails unless each one is caught.
 
 Prints one line per check and a closing 'N passed, M failed'; exits 1 on any failure, 77 (ctest's
 skip) when the validators' venv is missing. Runs on Debian's /usr/bin/python3 with python3-yaml."""
@@ -58,9 +61,15 @@ import yaml
 
 K8S_VERSION = "1.32.0"
 SECTIONS = ("static", "images", "compose", "k8s", "docs")
-# Custom resources and the schema each validates against (relative to SOURCE_DIR).
+# Custom resources and the schema each validates against (relative to SOURCE_DIR): a JSON schema, or
+# an upstream CustomResourceDefinition (.yaml) whose version's openAPIV3Schema is turned into one
+# (crd_json_schema).
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "deploy/schemas/servicemonitor-monitoring.coreos.com-v1.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "deploy/schemas/inference.networking.k8s.io_inferencepools.yaml",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"):
+        "deploy/schemas/inference.networking.x-k8s.io_inferenceobjectives.yaml",
+    ("keda.sh/v1alpha1", "ScaledObject"): "deploy/schemas/keda.sh_scaledobjects.yaml",
 }
 # Flags whose value is a file the server opens: replaced by temporary files when tost_server is
 # started to validate a flag set.
@@ -634,6 +643,66 @@ def render_variants(src, work, only_variants=None):
     return out
 
 
+def structural_to_json_schema(node):
+    """A CRD's structural schema as a JSON schema that refuses what the API server would refuse with
+    strict field validation: an object with `properties` takes no other field unless it says so
+    (additionalProperties, x-kubernetes-preserve-unknown-fields); int-or-string is either. The CEL
+    rules (x-kubernetes-validations) are left out: no offline validator runs them, and the semantic
+    checks below test what they protect."""
+    if isinstance(node, list):
+        return [structural_to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k.startswith("x-kubernetes-"):
+            continue
+        if k in ("properties", "patternProperties"):
+            out[k] = {name: structural_to_json_schema(sub) for name, sub in v.items()}
+        elif k in ("items", "additionalProperties", "anyOf", "allOf", "oneOf", "not"):
+            out[k] = structural_to_json_schema(v)
+        else:
+            out[k] = v
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if "properties" in out and "additionalProperties" not in out \
+            and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_json_schema(crd_path, api_version, kind):
+    """The JSON schema of `api_version` `kind` from the CustomResourceDefinition at crd_path: its
+    version's openAPIV3Schema (structural_to_json_schema), with apiVersion and kind pinned."""
+    crd = next(d for d in yaml.safe_load_all(open(crd_path)) if d)
+    group, version = api_version.split("/")
+    if crd["spec"]["group"] != group or crd["spec"]["names"]["kind"] != kind:
+        raise ValueError(f"{crd_path} defines {crd['spec']['group']} {crd['spec']['names']['kind']}, not {group} {kind}")
+    served = [v for v in crd["spec"]["versions"] if v["name"] == version and v.get("served")]
+    if not served:
+        raise ValueError(f"{crd_path} serves no version {version}")
+    schema = structural_to_json_schema(served[0]["schema"]["openAPIV3Schema"])
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema.setdefault("properties", {})
+    schema["properties"]["apiVersion"] = {"const": api_version}
+    schema["properties"]["kind"] = {"const": kind}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "metadata"})
+    return schema
+
+
+def schema_file(src, rel, api_version, kind, work):
+    """A JSON schema file for check-jsonschema: `rel` itself, or the one made from its CRD."""
+    if not rel.endswith((".yaml", ".yml")):
+        return os.path.join(src, rel)
+    out = os.path.join(work, "schemas", os.path.basename(rel) + ".json")
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as fh:
+            json.dump(crd_json_schema(os.path.join(src, rel), api_version, kind), fh, indent=1)
+    return out
+
+
 def validate_objects(src, venv, variant, objs, work):
     d = os.path.join(work, "objects", variant.replace(os.sep, "_"))
     os.makedirs(d)
@@ -643,7 +712,9 @@ def validate_objects(src, venv, variant, objs, work):
         path = os.path.join(d, f"{i:02d}-{o['kind']}-{o['metadata']['name']}.yaml")
         with open(path, "w") as fh:
             yaml.safe_dump(o, fh)
-        (custom if "." in key[0].split("/")[0] and "k8s.io" not in key[0] else builtin).append((o, path))
+        # inference.networking.k8s.io is a CRD group in the k8s.io domain: the schema list decides.
+        is_custom = key in CRD_SCHEMAS or ("." in key[0].split("/")[0] and "k8s.io" not in key[0])
+        (custom if is_custom else builtin).append((o, path))
     kv = os.path.join(venv, "bin", "kubernetes-validate")
     r = run([kv, "--strict", "-k", K8S_VERSION] + [p for _, p in builtin])
     lines = (r.stdout + r.stderr).splitlines()
@@ -660,7 +731,12 @@ def validate_objects(src, venv, variant, objs, work):
         if not check(f"deploy/k8s/{variant}: {name} has a CRD schema in deploy/schemas", schema is not None,
                      f"no schema for {o['apiVersion']} {o['kind']}; known: {sorted(CRD_SCHEMAS)}"):
             continue
-        r = run([cj, "--schemafile", os.path.join(src, schema), p])
+        try:
+            schema_path = schema_file(src, schema, o["apiVersion"], o["kind"], work)
+        except (ValueError, KeyError, StopIteration, yaml.YAMLError) as e:
+            check(f"deploy/k8s/{variant}: {name}: the CRD {schema} gives a schema", False, str(e))
+            continue
+        r = run([cj, "--schemafile", schema_path, p])
         check(f"deploy/k8s/{variant}: {name} validates against {schema}", r.returncode == 0,
               (r.stdout + r.stderr).strip().replace("\n", " "))
 
@@ -829,8 +905,13 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
         by_kind.setdefault(o["kind"], []).append(o)
     one = lambda kind: (by_kind.get(kind) or [None])[0]  # noqa: E731
     for kind in ("Namespace", "Deployment", "ConfigMap", "Secret", "Service", "NetworkPolicy", "ServiceMonitor",
-                 "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+                 "PodDisruptionBudget"):
         check(f"{where}: renders a {kind}", kind in by_kind, f"kinds rendered: {sorted(by_kind)}")
+    # Two autoscalers of one Deployment undo each other: the base's HPA, or KEDA's ScaledObject
+    # (components/keda removes the HPA; KEDA makes its own).
+    autoscalers = by_kind.get("HorizontalPodAutoscaler", []) + by_kind.get("ScaledObject", [])
+    check(f"{where}: renders one autoscaler (a HorizontalPodAutoscaler or a KEDA ScaledObject)", len(autoscalers) == 1,
+          f"rendered {[o['kind'] + '/' + o['metadata']['name'] for o in autoscalers]}")
     dep = one("Deployment")
     if dep is None:
         return
@@ -1031,6 +1112,80 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
                       f"not exported by service/: {sorted(used - real)}")
         check(f"{n}: CPU utilisation is the fallback metric",
               any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics), f"metrics {metrics}")
+    check_k8s_keda(src, where, one("ScaledObject"), dep, pdb, ns)
+    check_k8s_inference_pool(where, by_kind, labels, ports, eff)
+
+
+def check_k8s_keda(src, where, so, dep, pdb, ns):
+    """A KEDA ScaledObject: it scales the Deployment from 2 replicas, on queued generations per replica
+    read from Prometheus (real tost_server series, this namespace), with CPU beside."""
+    if not so:
+        return
+    n = f"{where} ScaledObject/{so['metadata']['name']}"
+    spec = so["spec"]
+    ref = spec["scaleTargetRef"]
+    check(f"{n}: scales the Deployment", ref.get("kind", "Deployment") == "Deployment" and ref["name"] == dep["metadata"]["name"],
+          f"scaleTargetRef {ref}")
+    lowest = spec.get("minReplicaCount", 0)
+    check(f"{n}: at least 2 replicas", lowest >= 2, f"minReplicaCount {lowest}")
+    if pdb and "minAvailable" in pdb["spec"]:
+        check(f"{where}: PodDisruptionBudget minAvailable is below the ScaledObject's minReplicaCount",
+              int(pdb["spec"]["minAvailable"]) < lowest, f"minAvailable {pdb['spec']['minAvailable']}, minReplicaCount {lowest}")
+    triggers = spec.get("triggers", [])
+    prometheus = [t for t in triggers if t.get("type") == "prometheus"]
+    check(f"{n}: scales on a serving signal per replica (a prometheus trigger, metricType AverageValue)",
+          bool(prometheus) and all(t.get("metricType", "AverageValue") == "AverageValue" for t in prometheus),
+          f"triggers {triggers}")
+    real = service_metric_names(src)
+    for t in prometheus:
+        query = t.get("metadata", {}).get("query", "")
+        used = set(re.findall(r"\btost_[a-z_]+", query))
+        check(f"{n}: trigger {t.get('name')} reads real tost_server metrics", bool(used) and used <= real,
+              f"query {query!r}: not exported by service/: {sorted(used - real)}")
+        check(f"{n}: trigger {t.get('name')} reads this namespace's pods", f'namespace="{ns}"' in query, f"query {query!r}")
+        check(f"{n}: trigger {t.get('name')} has a threshold", float(t.get("metadata", {}).get("threshold", "0")) > 0,
+              f"metadata {t.get('metadata')}")
+    check(f"{n}: CPU utilisation is a second trigger", any(t.get("type") == "cpu" for t in triggers), f"triggers {triggers}")
+
+
+def check_k8s_inference_pool(where, by_kind, labels, ports, eff):
+    """The Gateway API Inference Extension's objects: the InferencePool selects the pods on the HTTP
+    front end's port, names its endpoint picker with a port (the CRD's CEL rule, which no offline
+    validator runs), the picker can read the metrics (vLLM's names on, the metrics port admitted) and
+    the gateway reach the pool's port; every InferenceObjective names a rendered pool."""
+    pools = by_kind.get("InferencePool", [])
+    admitted = {}
+    for np in by_kind.get("NetworkPolicy", []):
+        if not selects(np["spec"]["podSelector"], labels):
+            continue
+        for rule in np["spec"].get("ingress", []):
+            for p in rule.get("ports", []):
+                port = p.get("port")
+                admitted.setdefault(ports.get(port, port), []).append(rule.get("from"))
+    for pool in pools:
+        n = f"{where} InferencePool/{pool['metadata']['name']}"
+        spec = pool["spec"]
+        check(f"{n}: selects the pods", selects(spec["selector"], labels), f"{spec['selector']} vs {labels}")
+        numbers = [p["number"] for p in spec.get("targetPorts", [])]
+        check(f"{n}: targets the HTTP front end's container port", numbers == [ports.get("http")],
+              f"targetPorts {numbers}, http containerPort {ports.get('http')}")
+        epp = spec.get("endpointPickerRef") or {}
+        check(f"{n}: names its endpoint picker, with a port when it is a Service",
+              bool(epp.get("name")) and (epp.get("kind", "Service") != "Service" or "number" in (epp.get("port") or {})),
+              f"endpointPickerRef {epp}")
+        check(f"{n}: the server exports the protocol's gauges under vLLM's names (--metrics_vllm_names)",
+              eff.get("metrics_vllm_names") == "true", f"--metrics_vllm_names={eff.get('metrics_vllm_names')}")
+        check(f"{n}: a NetworkPolicy admits the gateway to port {ports.get('http')}", ports.get("http") in admitted,
+              f"admitted ports {sorted(map(str, admitted))}")
+        check(f"{n}: a NetworkPolicy admits the endpoint picker to the metrics port",
+              any(sources for sources in admitted.get(ports.get("metrics"), [])
+                  if any("podSelector" in s for s in sources)), f"metrics port sources {admitted.get(ports.get('metrics'))}")
+    names = {p["metadata"]["name"] for p in pools}
+    for obj in by_kind.get("InferenceObjective", []):
+        ref = obj["spec"].get("poolRef", {})
+        check(f"{where} InferenceObjective/{obj['metadata']['name']}: names a rendered InferencePool",
+              ref.get("name") in names and ref.get("group", "inference.networking.k8s.io") == "inference.networking.k8s.io"
+              and ref.get("kind", "InferencePool") == "InferencePool", f"poolRef {ref}, pools {sorted(names)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1107,7 +1262,8 @@ def check_deploy_doc(src):
                    "deploy/k8s/overlays/gpu", "round_robin", "dns:///", "--max_connection_age_ms",
                    "sessions.md#streams-that-survive-the-loss-of-a-replica", "tests/integration/test_failover.py",
                    "statically", "--profile shared-sessions", "kubectl apply -k deploy/k8s/overlays/cpu-shared-sessions",
-                   "appendfsync"):
+                   "appendfsync", "deploy/k8s/components/inference-extension", "deploy/k8s/components/keda",
+                   "deploy/k8s/components/hpa-queued-requests", "--model-server-metrics-port=8502"):
         check(f"{rel} mentions {needle}", needle in sec, f"'{needle}' not in the page")
     path_re = r"(?<![\w/])((?:deploy|tests|scripts)/[A-Za-z0-9_./+-]*[A-Za-z0-9_]|docker-compose\.yml)"
     for p in sorted(set(re.findall(path_re, sec))):
@@ -1193,6 +1349,18 @@ MUTATIONS = [
      "--session_store_password_file is a mounted Secret key"),
     ("compose store without the server's password", "compose", "docker-compose.yml",
      "    secrets: [redis_password]\n", "    secrets: [session_key]\n", "--requirepass reads the server's password"),
+    # The custom resources of the routing and autoscaling components, against their vendored CRDs.
+    ("InferencePool field misspelt", "k8s:variants/cpu+inference-extension",
+     "deploy/k8s/components/inference-extension/inferencepool.yaml", "  targetPorts:\n", "  targetPort:\n",
+     "validates against deploy/schemas/inference.networking.k8s.io_inferencepools.yaml"),
+    ("InferenceObjective priority not an integer", "k8s:variants/cpu+inference-extension",
+     "deploy/k8s/components/inference-extension/inferenceobjectives.yaml", "  priority: 10\n", "  priority: high\n",
+     "validates against deploy/schemas/inference.networking.x-k8s.io_inferenceobjectives.yaml"),
+    ("ScaledObject field misspelt", "k8s:variants/cpu+keda", "deploy/k8s/components/keda/scaledobject.yaml",
+     "  minReplicaCount: 2\n", "  minReplicas: 2\n", "validates against deploy/schemas/keda.sh_scaledobjects.yaml"),
+    ("HPA on queued requests: target field misspelt", "k8s:variants/cpu+hpa-queued-requests",
+     "deploy/k8s/components/hpa-queued-requests/hpa.yaml", 'averageValue: "2"', 'averageValu: "2"',
+     "'averageValu' was unexpected"),
 ]
 
 
