@@ -405,6 +405,35 @@ def check_images(src, server, compose_images):
 # --------------------------------------------------------------------------------------------
 # compose
 
+PROXY_ENTRYPOINT = ["tost-grpc-proxy"]
+PROXY_PORT_DEFAULT = "8500"
+
+
+def check_compose_grpc_proxy(where, name, s, eff, services, published):
+    """A server's gRPC port is published only through a grpc-proxy service in front of it: same
+    profiles, the server's image, hardened like it, forwarding to the server's --port."""
+    upstream = f"{name}:{eff.get('port')}"
+    proxies = [(n, p) for n, p in services.items() if p.get("entrypoint") == PROXY_ENTRYPOINT
+               and (p.get("environment") or {}).get("TOST_GRPC_UPSTREAM") == upstream]
+    if not check(f"{where}: a grpc-proxy service forwards to its --port ({upstream})", len(proxies) == 1,
+                 f"services with entrypoint {PROXY_ENTRYPOINT} and TOST_GRPC_UPSTREAM={upstream}: "
+                 f"{[n for n, _ in proxies]}"):
+        return
+    pname, p = proxies[0]
+    pwhere = f"docker-compose.yml service {pname}"
+    check(f"{where}: does not publish --port (clients go through {pname})", eff.get("port") not in published,
+          f"published container ports {sorted(published)}")
+    listen = (p.get("environment") or {}).get("TOST_GRPC_PROXY_PORT", PROXY_PORT_DEFAULT)
+    check(f"{pwhere}: publishes its port {listen}", listen in {x.split(":")[-1] for x in p.get("ports", [])},
+          f"ports {p.get('ports')}")
+    check(f"{pwhere}: the profiles of {name}", sorted(p.get("profiles", [])) == sorted(s.get("profiles", [])),
+          f"{p.get('profiles')} vs {s.get('profiles')}")
+    check(f"{pwhere}: the image of {name}", p.get("image") == s.get("image"), f"{p.get('image')} vs {s.get('image')}")
+    check(f"{pwhere}: read-only root filesystem with a tmpfs /tmp, all capabilities dropped",
+          p.get("read_only") is True and "/tmp" in p.get("tmpfs", []) and "ALL" in p.get("cap_drop", []),
+          f"read_only={p.get('read_only')} tmpfs={p.get('tmpfs')} cap_drop={p.get('cap_drop')}")
+
+
 def check_compose(src, server, venv):
     path = os.path.join(src, "docker-compose.yml")
     check("docker-compose.yml is at the repository root", os.path.exists(path), f"{path} missing")
@@ -455,8 +484,9 @@ def check_compose(src, server, venv):
               f"tmpfs={s.get('tmpfs')}")
         check(f"{where}: drops all capabilities", "ALL" in s.get("cap_drop", []), f"cap_drop={s.get('cap_drop')}")
         ports = {p.split(":")[-1] for p in s.get("ports", [])}
-        check(f"{where}: publishes --port and --metrics_port", {eff.get("port"), eff.get("metrics_port")} <= ports,
-              f"expected container ports {eff.get('port')} and {eff.get('metrics_port')}, got {sorted(ports)}")
+        check(f"{where}: publishes --metrics_port", eff.get("metrics_port") in ports,
+              f"expected container port {eff.get('metrics_port')}, got {sorted(ports)}")
+        check_compose_grpc_proxy(where, name, s, eff, services, ports)
         check(f"{where}: publishes --http_port", eff.get("http_port", HTTP_PORT_DEFAULT) in ports,
               f"expected container port {eff.get('http_port', HTTP_PORT_DEFAULT)}, got {sorted(ports)}")
         if "gpu" in s.get("profiles", []):
@@ -898,6 +928,46 @@ def check_k8s_store(where, by_kind, eff, secret_mounts, labels, np, sec):
               to_store and dns, f"egress {egress}")
 
 
+def check_k8s_grpc_proxy(where, dname, proxy, c, eff, vols, sec):
+    """The grpc-proxy sidecar in front of the server's loopback gRPC port; returns its gRPC port."""
+    pname = f"{where} initContainer grpc-proxy"
+    env = {e["name"]: e.get("value") for e in proxy.get("env", [])}
+    check(f"{pname}: a native sidecar (restartPolicy Always: up before the server, down after its drain)",
+          proxy.get("restartPolicy") == "Always", f"restartPolicy={proxy.get('restartPolicy')}")
+    check(f"{pname}: runs tost-grpc-proxy from the server's image",
+          proxy.get("command") == PROXY_ENTRYPOINT and proxy.get("image") == c.get("image"),
+          f"command {proxy.get('command')}, image {proxy.get('image')} vs {c.get('image')}")
+    check(f"{pname}: forwards to --port on the loopback the server alone listens on (--host=127.0.0.1)",
+          env.get("TOST_GRPC_UPSTREAM") == f"127.0.0.1:{eff.get('port')}" and eff.get("host") == "127.0.0.1",
+          f"TOST_GRPC_UPSTREAM={env.get('TOST_GRPC_UPSTREAM')}, --port={eff.get('port')}, --host={eff.get('host')}")
+    pports = {p["name"]: p["containerPort"] for p in proxy.get("ports", [])}
+    listen = env.get("TOST_GRPC_PROXY_PORT", PROXY_PORT_DEFAULT)
+    check(f"{pname}: its grpc containerPort is TOST_GRPC_PROXY_PORT", str(pports.get("grpc")) == listen,
+          f"expected {listen}, got {pports.get('grpc')}")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        check(f"{pname}: {probe} connects to its port",
+              proxy.get(probe, {}).get("tcpSocket", {}).get("port") in (pports.get("grpc"), "grpc"), f"{proxy.get(probe)}")
+    csc = proxy.get("securityContext", {})
+    check(f"{pname}: read-only root filesystem, no privilege escalation, all capabilities dropped",
+          csc.get("readOnlyRootFilesystem") is True and csc.get("allowPrivilegeEscalation") is False
+          and "ALL" in csc.get("capabilities", {}).get("drop", []), f"securityContext {csc}")
+    mounts = {m["mountPath"]: m["name"] for m in proxy.get("volumeMounts", [])}
+    check(f"{pname}: writable emptyDir at /tmp", "emptyDir" in vols.get(mounts.get("/tmp"), {}), f"mounts {mounts}")
+    check(f"{pname}: a memory limit", bool(proxy.get("resources", {}).get("limits", {}).get("memory")),
+          f"resources {proxy.get('resources')}")
+    # TLS at the proxy: both files, each a key of a mounted Secret.
+    tls_files = [env.get(k) for k in ("TOST_PROXY_TLS_CERT_FILE", "TOST_PROXY_TLS_KEY_FILE")]
+    if any(tls_files):
+        for f in tls_files:
+            mount = next((mp for mp in mounts if f and f.startswith(mp.rstrip("/") + "/")), None)
+            v = vols.get(mounts.get(mount), {})
+            name = v.get("secret", {}).get("secretName")
+            key = f[len(mount.rstrip("/")) + 1:] if mount and f else None
+            check(f"{pname}: TLS file {f} is a key of a mounted Secret",
+                  name in sec and key in sec[name].get("data", {}), f"mount {mount}, Secret {name}")
+    return pports.get("grpc")
+
+
 def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images):
     where = f"deploy/k8s/{variant}"
     by_kind = {}
@@ -978,15 +1048,25 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
                   f"--{f}={eff[f]}, Secret files: {sorted(secret_mounts)}")
 
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    check(f"{dname}: grpc containerPort is --port", str(ports.get("grpc")) == eff.get("port"),
-          f"expected {eff.get('port')}, got {ports.get('grpc')}")
+    proxy = next((x for x in pod.get("initContainers", []) if x.get("name") == "grpc-proxy"), None)
+    if proxy is not None:
+        ports["grpc"] = check_k8s_grpc_proxy(where, dname, proxy, c, eff, vols, sec)
+    else:
+        check(f"{dname}: grpc containerPort is --port", str(ports.get("grpc")) == eff.get("port"),
+              f"expected {eff.get('port')}, got {ports.get('grpc')}")
     check(f"{dname}: metrics containerPort is --metrics_port", str(ports.get("metrics")) == eff.get("metrics_port"),
           f"expected {eff.get('metrics_port')}, got {ports.get('metrics')}")
     check(f"{dname}: http containerPort is --http_port", str(ports.get("http")) == eff.get("http_port", HTTP_PORT_DEFAULT),
           f"expected {eff.get('http_port', HTTP_PORT_DEFAULT)}, got {ports.get('http')}")
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         p = c.get(probe, {})
-        if tls:
+        if proxy is not None:
+            # The kubelet cannot reach a gRPC port on the pod's loopback: the HTTP health routes.
+            path = "/v1/health/live" if probe == "livenessProbe" else "/v1/health/ready"
+            get = p.get("httpGet", {})
+            check(f"{dname}: {probe} is GET {path} on the http port",
+                  get.get("path") == path and get.get("port") in ("http", ports.get("http")), f"got {p}")
+        elif tls:
             cmd = p.get("exec", {}).get("command", [])
             ca = next((a.split("=", 1)[1] for a in cmd if a.startswith("--tls_ca=")), None)
             check(f"{dname}: {probe} runs grpc.health.v1 over TLS (the kubelet's gRPC probe is plaintext)",
@@ -1329,9 +1409,16 @@ MUTATIONS = [
      "    image: tost-serve:0.1.0\n", "    image: tost-serve:0.1.0\n    restart_policy: always\n",
      "validates against the compose specification"),
     ("unknown flag in compose", "compose", "docker-compose.yml",
-     "--drain_timeout_s=20\n      - --batch_invariant_decode=true\n    ports: [\"8500",
-     "--drain_timeout_s=20\n      - --batch_invariant_decoding=true\n    ports: [\"8500",
+     "--drain_timeout_s=20\n      - --batch_invariant_decode=true\n    ports: [\"8501",
+     "--drain_timeout_s=20\n      - --batch_invariant_decoding=true\n    ports: [\"8501",
      "unknown: ['batch_invariant_decoding']"),
+    ("compose proxy forwarding to the wrong port", "compose", "docker-compose.yml",
+     'TOST_GRPC_UPSTREAM: "tost-serve:8500"', 'TOST_GRPC_UPSTREAM: "tost-serve:8501"',
+     "a grpc-proxy service forwards to its --port"),
+    ("sidecar forwarding to the wrong port", "k8s:overlays/cpu", "deploy/k8s/base/deployment.yaml",
+     'value: "127.0.0.1:8400"', 'value: "127.0.0.1:8500"', "forwards to --port on the loopback"),
+    ("server gRPC on every address behind the sidecar", "k8s:overlays/gpu", "deploy/k8s/base/server.flags",
+     "--host=127.0.0.1", "--host=0.0.0.0", "forwards to --port on the loopback"),
     ("COPY of a missing file", "images", "deploy/docker/Dockerfile",
      "COPY models /models", "COPY modelz /models", "COPY source modelz exists"),
     ("install-deps.sh input not copied first", "images", "deploy/docker/Dockerfile.cuda",

@@ -44,7 +44,7 @@ MAX_BYSTANDER_MEDIAN_SECONDS = 0.05
 class EdgeProxy:
     """deploy/proxy/entrypoint.sh in front of `upstream`, in a temporary run directory."""
 
-    def __init__(self, upstream: str, tmp_path):
+    def __init__(self, upstream: str, tmp_path, extra_env=None, credentials=None):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.run_dir = str(tmp_path / "proxy")
@@ -53,7 +53,8 @@ class EdgeProxy:
                "TOST_PROXY_RUN_DIR": self.run_dir, "TOST_NGINX_BIN": NGINX,
                "TOST_PROXY_ACCESS_LOG": f"{self.access_log} tost_grpc",
                # As root (CI), nginx would run its workers as `nobody`, who cannot write the run dir.
-               "TOST_PROXY_GLOBALS": "user root;" if os.geteuid() == 0 else ""}
+               "TOST_PROXY_GLOBALS": "user root;" if os.geteuid() == 0 else "", **(extra_env or {})}
+        self.credentials = credentials
         self.stderr = open(tmp_path / "proxy.err", "w+")
         self.proc = subprocess.Popen(["/bin/sh", ENTRYPOINT], env=env, stdout=subprocess.DEVNULL,
                                      stderr=self.stderr)
@@ -62,12 +63,18 @@ class EdgeProxy:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the proxy exited with {self.proc.returncode}: {self.errors()}")
             try:
-                with grpc.insecure_channel(self.address) as ch:
+                with self.channel() as ch:
                     grpc.channel_ready_future(ch).result(timeout=1)
                 return
             except grpc.FutureTimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the proxy did not listen on {self.address}: {self.errors()}")
+
+    def channel(self):
+        if self.credentials is None:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, self.credentials,
+                                   options=[("grpc.ssl_target_name_override", "tost-serve.test")])
 
     def errors(self) -> str:
         self.stderr.seek(0)
@@ -161,6 +168,38 @@ def test_a_rapid_reset_flood_through_the_shipped_proxy(tmp_path, proto_modules):
                 assert pb2_grpc.TostStub(ch).ListModels(pb2.ListModelsRequest(), timeout=10).models
         assert srv.alive()
         assert "Failed accept4" not in srv.log_text()
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        assert srv.stop() == 0
+
+
+def test_the_proxy_terminates_tls_in_front_of_a_plaintext_server(tmp_path, proto_modules):
+    """TOST_PROXY_TLS_CERT_FILE / _KEY_FILE: clients speak TLS to the proxy, which passes the calls
+    to the server in plaintext (on the pod's loopback in Kubernetes)."""
+    pb2, pb2_grpc = proto_modules
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=tost-serve.test", "-addext", "subjectAltName=DNS:tost-serve.test",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    srv = RunningServer(REPO)
+    proxy = None
+    try:
+        proxy = EdgeProxy(srv.address, tmp_path,
+                          {"TOST_PROXY_TLS_CERT_FILE": str(cert), "TOST_PROXY_TLS_KEY_FILE": str(key)},
+                          credentials=grpc.ssl_channel_credentials(root_certificates=cert.read_bytes()))
+        with proxy.channel() as ch:
+            stub = pb2_grpc.TostStub(ch)
+            assert {m.name for m in stub.ListModels(pb2.ListModelsRequest(), timeout=10).models} >= {"tost-digits"}
+            assert len(stub.Classify(digits_request(pb2), timeout=30).results) == 1
+        # Plaintext to the TLS port is refused.
+        with grpc.insecure_channel(proxy.address) as ch:
+            try:
+                pb2_grpc.TostStub(ch).ListModels(pb2.ListModelsRequest(), timeout=5)
+                raise AssertionError("a plaintext call went through the TLS proxy")
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED), e
     finally:
         if proxy is not None:
             proxy.stop()
