@@ -70,8 +70,8 @@ void AppendFamilies(const std::vector<ServingProtocolSample>& samples, const Nam
                              {"num_gpu_blocks", absl::StrCat(s.cache_positions)}}));
   }
   out.push_back(Family(names.waiting,
-                       "Generation requests admitted and waiting for an active place, per "
-                       "language model",
+                       "Generation requests admitted and waiting for an active place (queued, or "
+                       "parked to resume), per language model",
                        std::move(waiting)));
   out.push_back(Family(names.running,
                        "Generation requests holding an active place (prefilling, decoding, or "
@@ -99,7 +99,7 @@ std::vector<ServingProtocolSample> ServingProtocolSamples(const Engine& engine,
   for (const GeneratorStats& g : stats.generators) {
     ServingProtocolSample s;
     s.model = g.model;
-    s.waiting = g.scheduler.queued;
+    s.waiting = g.scheduler.queued + g.scheduler.parked;
     s.running = g.scheduler.active;
     s.utilization = std::clamp(std::max(sessions, Fraction(s.running, g.max_active)), 0.0, 1.0);
     if (auto entry = engine.Find(g.model); entry.ok()) {

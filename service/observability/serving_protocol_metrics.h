@@ -20,7 +20,9 @@ namespace tost::service {
 // One language model's figures, as the families export them.
 struct ServingProtocolSample {
   std::string model;
-  int64_t waiting = 0;          // admitted, waiting for an active place
+  // Admitted, waiting for an active place: queued, or parked (a running one that gave its place
+  // to a higher priority or another tenant's share, waiting with its state to resume).
+  int64_t waiting = 0;
   int64_t running = 0;          // holding an active place (prefilling, decoding, or paused on the
                                 // client's reading)
   double utilization = 0;       // in [0, 1]

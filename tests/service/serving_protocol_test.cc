@@ -110,8 +110,9 @@ std::unique_ptr<Served> Serve(int32_t max_active, int32_t max_queued, int64_t bu
   return s;
 }
 
-std::shared_ptr<GenerationJob> Submit(GenerationScheduler& scheduler) {
+std::shared_ptr<GenerationJob> Submit(GenerationScheduler& scheduler, int32_t priority = 0) {
   GenerationRequest r;
+  r.priority = priority;
   r.state = scheduler.NewState({});
   r.prompt = {'H', 'i'};
   r.max_new_tokens = 400;  // far more than the test's few steps produce
@@ -175,6 +176,37 @@ TEST(ServingProtocolMetricsTest, GaugesReadExactlyTheRequestsHeldQueuedAndRunnin
   EXPECT_EQ(Sample(text, "tost_generation_requests_waiting" + model), 0);
   EXPECT_EQ(Sample(text, "tost_generation_requests_running" + model), 0);
   metrics.StopServing();
+  metrics.WatchEngine(nullptr);
+}
+
+// A running request that gives its place up to a higher priority is parked with its state: it
+// waits again, and counts as waiting until it resumes (tost_queue_depth counts the queue only).
+TEST(ServingProtocolMetricsTest, AParkedRequestCountsAsWaiting) {
+  auto s = Serve(/*max_active=*/2, /*max_queued=*/4, /*budget_states=*/8, 64 << 10);
+  ASSERT_NE(s, nullptr);
+  Metrics metrics;
+  metrics.WatchEngine(s->engine.get());
+  const std::string model = "{model=\"fake-lm\"}";
+  std::vector<std::shared_ptr<GenerationJob>> jobs = {Submit(*s->scheduler, /*priority=*/5),
+                                                      Submit(*s->scheduler, /*priority=*/5)};
+  ASSERT_TRUE(s->scheduler->StepOnce());
+  std::string text = metrics.Render();
+  EXPECT_EQ(Sample(text, "tost_generation_requests_waiting" + model), 0);
+  EXPECT_EQ(Sample(text, "tost_generation_requests_running" + model), 2);
+  jobs.push_back(Submit(*s->scheduler, /*priority=*/0));  // served first: one of the 5s is parked
+  ASSERT_TRUE(s->scheduler->StepOnce());
+  const GenerationSchedulerStats stats = s->scheduler->stats();
+  ASSERT_EQ(stats.parked, 1);
+  ASSERT_EQ(stats.queued, 0);
+  text = metrics.Render();
+  EXPECT_EQ(Sample(text, "tost_generation_requests_waiting" + model), 1);
+  EXPECT_EQ(Sample(text, "tost_generation_requests_running" + model), 2);
+  EXPECT_EQ(Sample(text, "tost_queue_depth{model=\"fake-lm\",workload=\"generate\"}"), 0);
+  for (auto& job : jobs) job->Cancel();
+  for (int i = 0; i < 10 && s->scheduler->in_flight() > 0; ++i) s->scheduler->StepOnce();
+  text = metrics.Render();
+  EXPECT_EQ(Sample(text, "tost_generation_requests_waiting" + model), 0);
+  EXPECT_EQ(Sample(text, "tost_generation_requests_running" + model), 0);
   metrics.WatchEngine(nullptr);
 }
 
