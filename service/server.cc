@@ -347,8 +347,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   TOST_ASSIGN_OR_RETURN(store::SharedStoreFactories shared_store,
                         MakeSharedStore(options, metrics.get()));
   Authenticator auth;
+  TenantOptions tenants = options.tenants;
   if (!options.api_keys_file.empty()) {
     TOST_ASSIGN_OR_RETURN(auth, Authenticator::FromFile(options.api_keys_file));
+    TOST_ASSIGN_OR_RETURN(
+        tenants.table, TenantTable::FromFile(options.api_keys_file, TenantLineForm::kApiKeysFile));
+  }
+  if (!options.tenants_file.empty()) {
+    TOST_ASSIGN_OR_RETURN(TenantTable named, TenantTable::FromFile(options.tenants_file,
+                                                                   TenantLineForm::kTenantsFile));
+    TOST_ASSIGN_OR_RETURN(tenants.table, TenantTable::Merge(tenants.table, named));
+  }
+  TOST_RETURN_IF_ERROR(ValidateTenantOptions(tenants));
+  if (options.session_store != "memory") {
+    // A shared store's sessions are counted by no replica: a quota on them would not hold.
+    for (const TenantSpec& t : tenants.table.tenants()) {
+      if (t.quotas.max_sessions.has_value() || t.quotas.max_session_bytes.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenant \"", t.name,
+                         "\": max_sessions and max_session_bytes are held by the in-memory "
+                         "session store only; with a shared --session_store, leave them out"));
+      }
+    }
   }
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeCredentials(options));
@@ -438,6 +458,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
   engine_options.prefix_cache = options.prefix_cache;
   engine_options.constraints = options.constraints;
   engine_options.constraints.compiler_path = constraint_compiler;
+  engine_options.tenants = std::move(tenants);
   engine_options.session_store = std::move(shared_store.sessions);
   engine_options.prefix_cache_tier = std::move(shared_store.prefix_tier);
   TOST_ASSIGN_OR_RETURN(server->engine_,

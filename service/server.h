@@ -86,6 +86,10 @@ struct ServerOptions {
   int64_t session_lease_ms = 10'000;         // a dead replica's sessions stay busy this long
   std::string session_store_key_prefix = "tost:";
   std::string api_keys_file;  // "name key" lines; empty = no API keys
+  // "name [field=value ...]" lines (service/engine/tenants.h); empty = none. Its tenants, and those
+  // of api_keys_file's lines, fill tenants.table at start-up.
+  std::string tenants_file;
+  TenantOptions tenants;  // the priority range and the token window
   std::string tls_cert_file;  // PEM certificate chain; with tls_key_file turns TLS on
   std::string tls_key_file;   // PEM private key
   std::string

@@ -222,6 +222,19 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "(x-api-key, or authorization: Bearer <key>) except the health probes (grpc.health.v1, "
           "GET /v1/health/live and /v1/health/ready) and, without --metrics_require_api_key, "
           "GET /metrics");
+ABSL_FLAG(std::string, tenants_file, "",
+          "\"name [weight=W] [max_concurrent=N] [tokens_per_minute=N] [max_sessions=N] "
+          "[max_session_bytes=N]\" lines: each tenant (an API key's name, tls:<identity>, or "
+          "anonymous) with its share of generation slots and its quotas (docs/deploying.md); the "
+          "same fields may follow the key on --api_keys_file's lines. Empty: every tenant weighs 1 "
+          "with no quota");
+ABSL_FLAG(int, max_priority, 100,
+          "Generation requests' priority must be in [-max_priority, max_priority]; lower runs "
+          "sooner, and preempts (parks) the highest-valued running generation when every slot is "
+          "taken");
+ABSL_FLAG(int, tenant_token_window_s, 60,
+          "Seconds over which tokens_per_minute quotas are counted (the quota scales with it: 10 "
+          "counts a sixth of the per-minute figure); 60 but for tests");
 ABSL_FLAG(int, metrics_port, 8502,
           "Prometheus /metrics HTTP port; 0 picks a free port (printed on stdout), -1 disables it");
 ABSL_FLAG(std::string, metrics_address, "",
@@ -291,6 +304,8 @@ absl::Status CheckNumericFlags() {
        "0 = no default deadline"},
       {"max_active_generations", absl::GetFlag(FLAGS_max_active_generations), 1, 4096},
       {"max_queued_generations", absl::GetFlag(FLAGS_max_queued_generations), 0, 1 << 20},
+      {"max_priority", absl::GetFlag(FLAGS_max_priority), 0, 1'000'000},
+      {"tenant_token_window_s", absl::GetFlag(FLAGS_tenant_token_window_s), 1, 3600},
       {"prefill_chunk_tokens", absl::GetFlag(FLAGS_prefill_chunk_tokens), 1, 1 << 20},
       {"stream_stall_timeout_ms", absl::GetFlag(FLAGS_stream_stall_timeout_ms), 0, kDayS * 1000,
        "0 = never"},
@@ -486,6 +501,9 @@ int main(int argc, char** argv) {
   options.session_lease_ms = absl::GetFlag(FLAGS_session_lease_ms);
   options.session_store_key_prefix = absl::GetFlag(FLAGS_session_store_key_prefix);
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
+  options.tenants.max_priority = absl::GetFlag(FLAGS_max_priority);
+  options.tenants.token_window = absl::Seconds(absl::GetFlag(FLAGS_tenant_token_window_s));
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

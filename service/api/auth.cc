@@ -1,5 +1,7 @@
 #include "service/api/auth.h"
 
+#include <algorithm>
+
 #include <openssl/crypto.h>
 
 #include "absl/strings/ascii.h"
@@ -31,9 +33,14 @@ absl::StatusOr<Authenticator> Authenticator::FromText(const std::string& text,
     if (line.empty() || line[0] == '#') continue;
     std::vector<std::string> parts =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (parts.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line_no, ": expected \"name key\", got ", parts.size(), " fields"));
+    // After the key, tenant fields (field=value; TenantTable reads them).
+    const bool tenant_fields =
+        std::all_of(parts.begin() + std::min<size_t>(parts.size(), 2), parts.end(),
+                    [](const std::string& p) { return p.find('=') != std::string::npos; });
+    if (parts.size() < 2 || !tenant_fields) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ":", line_no, ": expected \"name key [field=value ...]\", got ",
+                       parts.size(), " fields"));
     }
     // "anonymous" is the identity of callers without a key: a key of that name would share it
     // (their sessions, and state blobs bound to no one).

@@ -179,6 +179,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     r.clear_constraint = std::as_const(request_).clear_constraint();
     r.return_state = request_.return_state();
     r.deadline = RequestDeadline(*context_);
+    r.priority = request_.priority();
     return call_->Admit(std::move(r));
   }
   // Serialises message_ and starts its write.

@@ -36,6 +36,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
       new Engine(std::move(models), options.prefix_cache, std::move(codec)));
   engine->tenants_ = std::make_unique<TenantLedger>(std::move(options.tenants), clock);
   options.generation.tenants = engine->tenants_.get();
+  options.sessions.owner_quota = [ledger = engine->tenants_.get()](
+                                     const std::string& owner, int64_t sessions_held,
+                                     int64_t bytes_held, int64_t new_bytes) {
+    return ledger->CheckSessions(owner, sessions_held, bytes_held, new_bytes);
+  };
   if (options.prefix_cache_tier && engine->prefix_cache_.enabled()) {
     TOST_ASSIGN_OR_RETURN(engine->prefix_tier_, options.prefix_cache_tier(&engine->codec_));
     engine->prefix_cache_.SetSharedTier(engine->prefix_tier_.get());

@@ -22,6 +22,10 @@ void MemorySessionStore::Erase(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   bytes_ -= it->second.bytes;
+  if (auto o = owners_.find(it->second.owner); o != owners_.end()) {
+    o->second.bytes -= it->second.bytes;
+    if (--o->second.sessions == 0) owners_.erase(o);
+  }
   lru_.erase(it->second.lru);
   sessions_.erase(it);
 }
@@ -50,6 +54,14 @@ absl::StatusOr<std::string> MemorySessionStore::Add(const std::string& owner,
         "this replica is draining: a session created here now would end with the process; create "
         "it on another replica (sessions held here can still be exported with ExportSession)");
   }
+  if (options_.owner_quota) {
+    auto o = owners_.find(owner);
+    const OwnerHolds held = o == owners_.end() ? OwnerHolds{} : o->second;
+    if (absl::Status allowed = options_.owner_quota(owner, held.sessions, held.bytes, bytes);
+        !allowed.ok()) {
+      return allowed;
+    }
+  }
   if (!MakeRoom(bytes, /*extra_sessions=*/1)) {
     if (options_.observer != nullptr) options_.observer->OnStoreFull();
     return absl::ResourceExhaustedError(
@@ -63,6 +75,9 @@ absl::StatusOr<std::string> MemorySessionStore::Add(const std::string& owner,
   e.state = std::move(state);
   e.bytes = bytes;
   bytes_ += bytes;
+  OwnerHolds& held = owners_[owner];
+  ++held.sessions;
+  held.bytes += bytes;
   e.lru = lru_.insert(lru_.end(), id);
   e.last_used = clock_->Now();
   return id;
@@ -104,6 +119,7 @@ void MemorySessionStore::CheckinLocked(const std::string& id, GenerationState st
   // chosen; if busy sessions alone exceed the budget, new sessions are refused until it is met.
   if (bytes > e.bytes) MakeRoom(bytes - e.bytes, /*extra_sessions=*/0);
   bytes_ += bytes - e.bytes;
+  owners_[e.owner].bytes += bytes - e.bytes;
   e.bytes = bytes;
   e.state = std::move(state);
   e.busy = false;

@@ -36,6 +36,10 @@ class MemorySessionStore final : public SessionStore {
   const SessionStoreOptions& options() const override { return options_; }
 
  private:
+  struct OwnerHolds {
+    int64_t sessions = 0;
+    int64_t bytes = 0;
+  };
   struct Entry {
     std::string owner;
     GenerationState state;
@@ -61,6 +65,8 @@ class MemorySessionStore final : public SessionStore {
   std::unordered_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per owner, for SessionStoreOptions::owner_quota; an owner holding nothing has no entry.
+  std::unordered_map<std::string, OwnerHolds> owners_ ABSL_GUARDED_BY(mu_);
   int64_t evicted_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t evicted_lru_ ABSL_GUARDED_BY(mu_) = 0;
   bool adding_ ABSL_GUARDED_BY(mu_) = true;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
@@ -41,6 +42,12 @@ struct SessionStoreOptions {
   // Unused this long → evicted (the shared store: expires through the store's TTL).
   absl::Duration idle_timeout = absl::Minutes(30);
   SessionStoreObserver* observer = nullptr;  // not owned, outlives the store; may be null
+  // The in-memory store: asked before each new session whether its owner may hold one more of
+  // `new_bytes`, given the sessions and bytes it holds (TenantLedger::CheckSessions); its error
+  // refuses the session. Called with the store's lock held. Null: no per-owner quota.
+  std::function<absl::Status(const std::string& owner, int64_t sessions_held, int64_t bytes_held,
+                             int64_t new_bytes)>
+      owner_quota = nullptr;
 };
 
 absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o);

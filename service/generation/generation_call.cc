@@ -62,6 +62,7 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
         absl::StrCat("a generation continuing a session takes 1 choice, got ", request.choices));
   }
   owner_ = request.owner;
+  TOST_RETURN_IF_ERROR(engine_.tenants().CheckPriority(request.priority));
   const bool fresh = request.session_id.empty() && !request.state_blob.has_value();
   {
     auto source =
@@ -75,7 +76,7 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
   // is rendered and tokenised. Places taken before a refusal go back as the reservations drop.
   std::vector<GenerationScheduler::Reservation> reservations;
   for (int32_t i = 0; i < request.choices; ++i) {
-    auto reservation = scheduler.Reserve();
+    auto reservation = scheduler.Reserve(owner_);
     if (!reservation.ok()) return sink.Refine(AdmissionStep::kReserve, reservation.status());
     reservations.push_back(*std::move(reservation));
   }
@@ -111,6 +112,7 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
     // A fresh state may start from the caller's longest cached prefix; a session or a blob brings
     // its own state, and only stores what it reaches.
     job_request->owner = owner_;
+    job_request->priority = request.priority;
     job_request->prefix_cache = fresh ? PrefixCacheUse::kLookupAndInsert : PrefixCacheUse::kInsert;
     job_requests.push_back(*std::move(job_request));
   }

@@ -50,6 +50,7 @@ struct GenerationCallRequest {
   bool clear_constraint = false;  // drop the state's pending constraint instead of continuing it
   bool return_state = false;      // each choice's final state goes back as a blob
   absl::Time deadline = absl::InfiniteFuture();
+  int32_t priority = 0;  // lower runs sooner; within the engine's tenants().options().max_priority
   GenerationFieldNames names;  // how errors name the request's fields
 };
 

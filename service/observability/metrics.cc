@@ -228,6 +228,62 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         "Sessions evicted, by reason (idle timeout or LRU for room)", MetricType::Counter,
         {CounterSample(static_cast<double>(s.evicted_idle), {{"reason", "idle"}}),
          CounterSample(static_cast<double>(s.evicted_lru), {{"reason", "lru"}})}));
+    {
+      // Per tenant: the configured ones by name, every other caller summed as "other", so the
+      // label's values are bounded by the tenants file.
+      std::vector<ClientMetric> generations, prompt, generated, window, refusals;
+      for (const TenantUsage& t : stats.tenants) {
+        const std::vector<ClientMetric::Label> labels = {{"tenant", t.tenant}};
+        generations.push_back(GaugeSample(static_cast<double>(t.generations), labels));
+        prompt.push_back(CounterSample(static_cast<double>(t.prompt_tokens), labels));
+        generated.push_back(CounterSample(static_cast<double>(t.generated_tokens), labels));
+        window.push_back(GaugeSample(static_cast<double>(t.window_tokens), labels));
+        for (const char* quota :
+             {"max_concurrent", "tokens_per_minute", "max_sessions", "max_session_bytes"}) {
+          auto it = t.refusals.find(quota);
+          refusals.push_back(CounterSample(
+              static_cast<double>(it == t.refusals.end() ? 0 : it->second),
+              {{"tenant", t.tenant}, {"quota", quota}}));
+        }
+      }
+      out.push_back(MakeFamily("tost_tenant_generations",
+                               "Generations admitted and not finished, per tenant (configured "
+                               "tenants by name, every other caller as \"other\")",
+                               MetricType::Gauge, std::move(generations)));
+      out.push_back(MakeFamily("tost_tenant_prompt_tokens_total",
+                               "Prompt tokens of the generations admitted, per tenant",
+                               MetricType::Counter, std::move(prompt)));
+      out.push_back(MakeFamily("tost_tenant_generated_tokens_total",
+                               "Tokens generated, per tenant", MetricType::Counter,
+                               std::move(generated)));
+      out.push_back(MakeFamily("tost_tenant_window_tokens",
+                               "Prompt and generated tokens in the current tokens_per_minute "
+                               "window (--tenant_token_window_s), per tenant with that quota",
+                               MetricType::Gauge, std::move(window)));
+      out.push_back(MakeFamily("tost_tenant_quota_refusals_total",
+                               "Calls refused past a tenant's quota, by quota", MetricType::Counter,
+                               std::move(refusals)));
+      std::vector<ClientMetric> preemptions, parked;
+      for (const GeneratorStats& g : stats.generators) {
+        preemptions.push_back(
+            CounterSample(static_cast<double>(g.scheduler.preemptions_priority),
+                          {{"model", g.model}, {"reason", "priority"}}));
+        preemptions.push_back(
+            CounterSample(static_cast<double>(g.scheduler.preemptions_fair_share),
+                          {{"model", g.model}, {"reason", "fair_share"}}));
+        parked.push_back(
+            GaugeSample(static_cast<double>(g.scheduler.parked), {{"model", g.model}}));
+      }
+      out.push_back(MakeFamily(
+          "tost_generation_preemptions_total",
+          "Running generations parked (state kept, never recomputed) to give their slot to a "
+          "lower priority value (priority) or to another tenant's share (fair_share, quota "
+          "throttling included)",
+          MetricType::Counter, std::move(preemptions)));
+      out.push_back(MakeFamily("tost_generations_parked",
+                               "Generations parked with their state, waiting for a slot",
+                               MetricType::Gauge, std::move(parked)));
+    }
     std::vector<ClientMetric> lookups, hits, shared_hits, hit_tokens, entries, bytes, evictions;
     for (const GeneratorStats& g : stats.generators) {
       const std::vector<ClientMetric::Label> labels = {{"model", g.model}};

@@ -259,6 +259,7 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
                                              "stream",
                                              "state",
                                              "return_state",
+                                             "priority",
                                              "user",
                                              "safety_identifier",
                                              "prompt_cache_key"};
@@ -334,6 +335,11 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
   }
   if (const json& v = Field(body, "return_state"); !v.is_null()) {
     TOST_ASSIGN_OR_RETURN(r.return_state, Bool(v, "return_state"));
+  }
+  if (const json& v = Field(body, "priority"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(int64_t p, Int(v, "priority", std::numeric_limits<int32_t>::min(),
+                                         std::numeric_limits<int32_t>::max()));
+    r.priority = static_cast<int32_t>(p);
   }
   for (auto [key, out] :
        {std::pair{"user", &r.user}, std::pair{"safety_identifier", &r.safety_identifier},

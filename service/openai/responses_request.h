@@ -67,6 +67,7 @@ struct ResponsesRequest {
   // for the response's final state as base64 ("state" in the response).
   std::optional<std::string> state;
   bool return_state = false;
+  int32_t priority = 0;  // as on the chat routes: lower runs sooner (the engine bounds it)
   // Echoed, never acted on: they change nothing here.
   std::string user;
   std::string safety_identifier;

@@ -297,6 +297,7 @@ class ResponsesSink final : public CallSink {
     r.choices = 1;
     r.constraint = request_.constraint;
     r.return_state = request_.store || request_.return_state;
+    r.priority = request_.priority;
     r.names.model = "model";
     r.names.max_new_tokens = "max_output_tokens";
     r.names.prompt_text = "input";

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "service/engine/memory_session_store.h"
 #include "service/engine/tenant_ledger.h"
 
 namespace tost::service {
@@ -122,6 +123,40 @@ TEST(TenantsTest, TokenWindowRefusalSaysWhenThereIsRoomAgain) {
   clock.Advance(absl::Seconds(31));
   EXPECT_TRUE(ledger.HasTokenRoom("q"));
   EXPECT_TRUE(ledger.ChargePrompt("q", 60).ok());
+}
+
+// max_sessions and max_session_bytes, held by the in-memory store: a tenant past either is refused
+// a new session naming the quota, the others are not, and a closed session gives its room back.
+TEST(TenantsTest, SessionQuotasHoldInTheMemoryStore) {
+  auto t = TenantTable::Parse("s max_sessions=2\nb max_session_bytes=1000\n", "t",
+                              TenantLineForm::kTenantsFile);
+  ASSERT_TRUE(t.ok());
+  FakeClock clock;
+  TenantLedger ledger(TenantOptions{.table = *t}, &clock);
+  SessionStoreOptions o;
+  o.owner_quota = [&](const std::string& owner, int64_t held, int64_t bytes, int64_t more) {
+    return ledger.CheckSessions(owner, held, bytes, more);
+  };
+  MemorySessionStore store(o, &clock);
+  GenerationState state;
+  state.sequence.stats.assign(100, 0.f);  // some 400 bytes and the struct's
+  auto first = store.Add("s", state);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(store.Add("s", state).ok());
+  auto third = store.Add("s", state);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("quota max_sessions=2 reached (2 sessions"));
+  EXPECT_TRUE(store.Add("other", state).ok());
+  ASSERT_TRUE(store.Close(*first, "s").ok());
+  EXPECT_TRUE(store.Add("s", state).ok()) << "a closed session gives its room back";
+  ASSERT_TRUE(store.Add("b", state).ok());
+  auto over = store.Add("b", state);
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(over.status().message(), HasSubstr("quota max_session_bytes=1000 reached"));
+  const std::vector<TenantUsage> usage = ledger.Usage();
+  EXPECT_EQ(usage[0].refusals.at("max_sessions"), 1);
+  EXPECT_EQ(usage[1].refusals.at("max_session_bytes"), 1);
 }
 
 }  // namespace
