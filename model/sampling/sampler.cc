@@ -251,4 +251,31 @@ std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defin
   return out;
 }
 
+std::vector<DrawnToken> ScoreTokens(absl::Span<const float> logits, int64_t defined_vocab,
+                                    absl::Span<const int32_t> tokens, int32_t top_n) {
+  std::vector<DrawnToken> out;
+  if (tokens.size() < 2) return out;
+  const size_t vocab = logits.size() / tokens.size();
+  const size_t defined = std::min(vocab, static_cast<size_t>(std::max<int64_t>(0, defined_vocab)));
+  out.resize(tokens.size() - 1);
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    DrawnToken& d = out[i - 1];
+    d.id = tokens[i];
+    const absl::Span<const float> row = logits.subspan((i - 1) * vocab, defined);
+    for (size_t j = 0; j < defined; ++j) {
+      if (!std::isfinite(row[j])) {
+        d.nonfinite_id = static_cast<int64_t>(j);
+        break;
+      }
+    }
+    if (d.nonfinite_id >= 0 || defined == 0) continue;
+    const double log_z = LogPartition(row);
+    d.logprob = d.id >= 0 && static_cast<size_t>(d.id) < defined
+                    ? Logprob(row[d.id], log_z)
+                    : -std::numeric_limits<float>::infinity();
+    if (top_n > 0) d.top_logprobs = TopLogprobsGiven(row, top_n, log_z);
+  }
+  return out;
+}
+
 }  // namespace tost::model

@@ -98,4 +98,12 @@ struct DrawnToken {
 std::vector<DrawnToken> DrawTokens(absl::Span<const float> logits, int64_t defined_vocab,
                                    absl::Span<const TokenDraw> draws);
 
+// Prompt scoring (OpenAI's echo with logprobs): for each i in [1, tokens.size()), how likely
+// tokens[i] was after the tokens before it, read from row i - 1 of `logits` ([tokens.size(), vocab]
+// row-major, one forward over the whole prompt). Entry i - 1: id tokens[i], its log-softmax over
+// the ids below `defined_vocab` (as DrawnToken::logprob), the top_n most likely of those ids, and
+// nonfinite_id as DrawTokens reports it. A token at or past defined_vocab gets -infinity.
+std::vector<DrawnToken> ScoreTokens(absl::Span<const float> logits, int64_t defined_vocab,
+                                    absl::Span<const int32_t> tokens, int32_t top_n);
+
 }  // namespace tost::model

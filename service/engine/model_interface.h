@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "model/config/config.h"
 #include "model/sampling/sampler.h"
@@ -80,6 +81,16 @@ class GenerativeModel {
                                                      model::StatePool& pool, int64_t row,
                                                      int64_t position,
                                                      int64_t chunk_tokens) const = 0;
+
+  // Prompt scoring (a completion's echo with logprobs): one forward over `tokens` (at least one,
+  // at most the context length) from a fresh sequence, touching no pool row; entry i - 1 says how
+  // likely tokens[i] was after the tokens before it (model::ScoreTokens) with the top_n most likely
+  // alternatives. UNIMPLEMENTED for a model that cannot.
+  virtual absl::StatusOr<std::vector<model::DrawnToken>> ScorePrompt(
+      absl::Span<const int32_t> tokens, int32_t top_n) const {
+    return absl::UnimplementedError(
+        absl::StrCat("model ", config().name, " cannot score a prompt"));
+  }
 
   // One decode step: token b is fed to the sequence in rows[b] (distinct) at positions[b], and
   // that sequence's next token is drawn as draws[b] says (model::DrawTokens is the reference).

@@ -151,6 +151,45 @@ json ResponseBuilder::ChoiceLogprobs(const Choice& c) const {
   return json{{"content", c.content}, {"refusal", nullptr}};
 }
 
+std::string ResponseBuilder::Echo(const EchoedPrompt& prompt) {
+  std::string out;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    json lists = {{"tokens", json::array()},
+                  {"token_logprobs", json::array()},
+                  {"top_logprobs", json::array()},
+                  {"text_offset", json::array()}};
+    if (request_.logprobs.has_value()) {
+      for (const TokenEvent& token : prompt.tokens) {
+        json lp = TokenLogprobs(c, token);
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+          // The first token has nothing before it: no logprob and no alternatives (null).
+          lists[key].push_back(std::string_view(key) == "top_logprobs" && !token.logprob
+                                   ? json(nullptr)
+                                   : lp[key][0]);
+        }
+      }
+    }
+    if (!request_.stream) {
+      c.text += prompt.text;
+      for (const json& v : lists["tokens"]) c.tokens.push_back(v);
+      for (const json& v : lists["token_logprobs"]) c.token_logprobs.push_back(v);
+      for (const json& v : lists["top_logprobs"]) c.top_logprobs.push_back(v);
+      for (const json& v : lists["text_offset"]) c.text_offset.push_back(v);
+      continue;
+    }
+    json choice = {{"index", i},
+                   {"text", prompt.text},
+                   {"logprobs", request_.logprobs.has_value() ? std::move(lists) : json(nullptr)},
+                   {"finish_reason", nullptr}};
+    json chunk = Envelope("text_completion");
+    chunk["choices"] = json::array({std::move(choice)});
+    if (request_.include_usage) chunk["usage"] = nullptr;
+    out += SseEvent(chunk);
+  }
+  return out;
+}
+
 void ResponseBuilder::AddToken(int32_t index, const TokenEvent& token) {
   Choice& c = At(index);
   c.text += token.text;
@@ -286,23 +325,69 @@ std::string ErrorEvent(const absl::Status& status, std::string_view param) {
       "data: ", OpenAiErrorBody(status, absl::string_view(param.data(), param.size())), "\n\n");
 }
 
+namespace {
+
+bool ServedLanguageModel(const ModelEntry& m) {
+  return m.load_status.ok() && m.generator != nullptr &&
+         m.config.architecture == model::Architecture::kLanguage;
+}
+
+json ModelObject(const ModelEntry& m) {
+  return {{"id", m.name},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "tost-serve"},
+          {"tost",
+           {{"version", m.config.version},
+            {"context_length", m.config.language.context_length},
+            {"chat", m.config.chat_template.has_value()}}}};
+}
+
+}  // namespace
+
 std::string ModelsListBody(const std::vector<ModelEntry>& models) {
   json data = json::array();
   for (const ModelEntry& m : models) {
-    if (!m.load_status.ok() || m.generator == nullptr ||
-        m.config.architecture != model::Architecture::kLanguage) {
-      continue;
-    }
-    data.push_back({{"id", m.name},
-                    {"object", "model"},
-                    {"created", 0},
-                    {"owned_by", "tost-serve"},
-                    {"tost",
-                     {{"version", m.config.version},
-                      {"context_length", m.config.language.context_length},
-                      {"chat", m.config.chat_template.has_value()}}}});
+    if (ServedLanguageModel(m)) data.push_back(ModelObject(m));
   }
   return Dump(json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+std::optional<std::string> ModelBody(const std::vector<ModelEntry>& models,
+                                     const std::string& name) {
+  for (const ModelEntry& m : models) {
+    if (m.name == name && ServedLanguageModel(m)) return Dump(ModelObject(m));
+  }
+  return std::nullopt;
+}
+
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len) {
+  return Dump(json{{"count", tokens.size()},
+                   {"max_model_len", max_model_len},
+                   {"tokens", tokens},
+                   {"token_strs", nullptr}});
+}
+
+std::string DetokenizeBody(std::string_view text) {
+  return Dump(json{{"prompt", TokenString(text)}});
+}
+
+// The end-of-text token as text; null when it has no bytes (a special token, as tost-austen's): a
+// client encoding "" back to it would find no token.
+static json EosToken(const model::Tokenizer& tokenizer) {
+  const int64_t eos = tokenizer.eos_token_id();
+  if (eos < 0) return nullptr;
+  const std::string bytes = tokenizer.TokenBytes(static_cast<int32_t>(eos));
+  return bytes.empty() ? json() : json(TokenString(bytes));
+}
+
+std::string TokenizerInfoBody(const model::ModelConfig& config, const model::Tokenizer& tokenizer) {
+  return Dump(json{{"tokenizer_class", tokenizer.type()},
+                   {"eos_token", EosToken(tokenizer)},
+                   {"bos_token", nullptr},
+                   {"pad_token", nullptr},
+                   {"model_max_length", config.language.context_length},
+                   {"vocab_size", tokenizer.vocab_size()}});
 }
 
 }  // namespace tost::service::openai

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,14 @@ std::string ResponseId(Endpoint endpoint, std::string_view unique);
 // refuses.
 const char* FinishReasonString(FinishReason reason);
 
+// A completion's echoed prompt (echo: true): its text, and when the request asks for logprobs
+// each of its tokens as a TokenEvent (bytes, logprob and top_logprobs; the first token has neither,
+// as OpenAI's legacy completions showed it: null).
+struct EchoedPrompt {
+  std::string text;
+  std::vector<TokenEvent> tokens;
+};
+
 class ResponseBuilder {
  public:
   // `request` and `tokenizer` (the model's, for the alternatives' bytes) outlive the builder.
@@ -57,6 +66,10 @@ class ResponseBuilder {
 
   // Prompt tokens the engine found cached (prompt_tokens_details.cached_tokens); 0 by default.
   void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
+
+  // echo: every choice starts with the prompt. Call once, before any token. Non-streamed: the
+  // prompt is recorded in each choice; streamed: the returned chunks (one per choice) carry it.
+  std::string Echo(const EchoedPrompt& prompt);
 
   // Non-streamed: record, then Body() once every choice finished.
   void AddToken(int32_t index, const TokenEvent& token);
@@ -97,5 +110,18 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // models only: every model listed can serve /v1/completions (and /v1/chat/completions when "chat"
 // is true). Classifiers are the tost.v1 and KServe APIs' and would only fail here.
 std::string ModelsListBody(const std::vector<ModelEntry>& models);
+
+// GET /v1/models/{id}: the one model's object, as ModelsListBody lists it; nullopt when `name` is
+// not a served language model.
+std::optional<std::string> ModelBody(const std::vector<ModelEntry>& models,
+                                     const std::string& name);
+
+// vLLM's tokenizer routes: POST /tokenize {"count", "max_model_len", "tokens", "token_strs": null},
+// POST /detokenize {"prompt"}, and GET /tokenizer_info {"tokenizer_class", "eos_token",
+// "bos_token", "pad_token", "model_max_length", "vocab_size"} (the tokens as text, \xNN where a
+// token's bytes are not whole characters; null where the tokenizer has none).
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len);
+std::string DetokenizeBody(std::string_view text);
+std::string TokenizerInfoBody(const model::ModelConfig& config, const model::Tokenizer& tokenizer);
 
 }  // namespace tost::service::openai

@@ -71,6 +71,13 @@ class LoadedRepository::Generator final : public GenerativeModel {
     return model_.Prefill(tokens, pool, row, position, chunk_tokens);
   }
 
+  absl::StatusOr<std::vector<model::DrawnToken>> ScorePrompt(absl::Span<const int32_t> tokens,
+                                                              int32_t top_n) const override {
+    const auto length = static_cast<int64_t>(tokens.size());
+    TOST_ASSIGN_OR_RETURN(std::vector<float> logits, model_.ForwardAll(tokens, 1, length));
+    return model::ScoreTokens(logits, model_.tokenizer().vocab_size(), tokens, top_n);
+  }
+
   absl::StatusOr<std::vector<model::DrawnToken>> Step(
       absl::Span<const int32_t> tokens, model::StatePool& pool, absl::Span<const int64_t> rows,
       absl::Span<const int64_t> positions, absl::Span<const model::TokenDraw> draws,

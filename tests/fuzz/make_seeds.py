@@ -483,6 +483,12 @@ def openai_request_seeds():
         "stop_token_ids": [2047, 7], "logit_bias": {"7": -100, "300": 2.5, "07": 1},
         "max_completion_tokens": 16})
     seed("completion_logit_bias_bad", 0, {**completion, "logit_bias": {"-1": 1, "x": 101}})
+    seed("completion_echo_scoring", 0, {"model": "m", "prompt": [[73, 116, 32]], "echo": True,
+                                        "logprobs": 1, "max_tokens": 0, "temperature": 0})
+    seed("completion_structured_outputs", 0, {**completion, "structured_outputs": {
+        "json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "regex": None}})
+    seed("completion_structured_outputs_two", 0, {**completion, "structured_outputs": {
+        "choice": ["a"], "grammar": "root ::= \"a\"", "whitespace_pattern": " "}})
     seed("chat_names_and_service_fields", 1, {
         "model": "m", "messages": [{"role": "user", "content": "Hi", "name": "Emma"},
                                    {"role": "assistant", "content": "", "refusal": "no"}],

@@ -221,7 +221,7 @@ FIELDS = {
         "prompt": Honoured("Emma Woodhouse, handsome, clever, and rich", differs),
         "logprobs": Honoured(3, completion_logprobs(3)),
         "logit_bias": Honoured({"100": 100}, one_repeated_token, base={"logprobs": 0}),
-        "echo": Refused(True),
+        "echo": Honoured(True, echoed),
         "suffix": Refused("the end"),
         "best_of": Refused(2),
     },
@@ -276,6 +276,7 @@ EXTENSIONS = {
         "guided_choice": Honoured(["yes", "no"], one_of({"yes", "no"})),
         "guided_regex": Honoured("[a-c]{4}", matches("[a-c]{4}")),
         "return_state": Honoured(True, state_returned),
+        "structured_outputs": Honoured({"choice": ["yes", "no"]}, one_of({"yes", "no"})),
     },
     "chat": {
         "top_k": Honoured(1, differs),
@@ -283,5 +284,6 @@ EXTENSIONS = {
         "repetition_penalty": Honoured(5.0, differs),
         "stop_token_ids": Honoured([100], one_token_stop, base=FORCED),
         "guided_choice": Honoured(["yes", "no"], one_of({"yes", "no"})),
+        "structured_outputs": Honoured({"regex": "[a-c]{4}"}, matches("[a-c]{4}")),
     },
 }

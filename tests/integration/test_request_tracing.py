@@ -7,7 +7,6 @@ both replicas, carries the trace id, a span id of the server's own, and the requ
 "<trace id>-<span id>" that the response echoed; a client's own x-request-id is kept beside the
 trace; a malformed traceparent is no trace."""
 import json
-import os
 import re
 import time
 import urllib.request

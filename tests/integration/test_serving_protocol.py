@@ -6,7 +6,9 @@ protocol of inference gateways"): what an inference gateway's endpoint picker re
   /metrics then reads exactly 5 waiting and 2 running, under the tost_ names and vLLM's
   (--metrics_vllm_names), and the utilisation gauge reads 1 (every place taken).
 - Sessions: with a 64 KiB state budget, the utilisation gauge is the sessions' state bytes over the
-  budget, rising with each session created and falling with each one closed, back to 0."""
+  budget, rising with each session created and falling with each one closed, back to 0.
+- traceparent on one server: a traced gRPC call and HTTP request log its trace id (the two-replica
+  case, on Redis, is test_request_tracing.py)."""
 import os
 import threading
 import time
@@ -122,3 +124,31 @@ def test_utilization_follows_sessions_created_and_closed(proto_modules):
         assert all(b > a for a, b in zip(seen[:7], seen[1:7])), seen
         assert all(b < a for a, b in zip(seen[6:], seen[7:])), seen
         assert seen[-1] == 0 and 0 < seen[6] < 1
+
+
+def test_traceparent_reaches_the_access_log_on_grpc_and_http_of_one_server(proto_modules):
+    """The same as request_tracing_end_to_end on one server, without Redis: a traced gRPC call and a
+    traced HTTP request each log the trace id, a span id of the server's and the request id
+    <trace id>-<span id> that the response echoed."""
+    import json
+    import urllib.request
+    pb2, pb2_grpc = proto_modules
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    with RunningServer(MODELS, ["--log_format=json"]) as s, grpc.insecure_channel(s.address) as channel:
+        _, call = pb2_grpc.TostStub(channel).ListModels.with_call(
+            pb2.ListModelsRequest(), metadata=[("traceparent", f"00-{trace}-b7ad6b7169203331-01")], timeout=30)
+        echoed = {"ListModels": dict(call.initial_metadata())["x-request-id"]}
+        req = urllib.request.Request(f"http://127.0.0.1:{s.http_port}/v1/models",
+                                     headers={"traceparent": f"00-{trace}-b7ad6b7169203332-00"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            echoed["/v1/models"] = r.headers["x-request-id"]
+        deadline = time.monotonic() + 10
+        while True:
+            events = [json.loads(line) for line in open(s.log.name) if line.strip()]
+            traced = {e.get("rpc") or e.get("path"): e for e in events if e.get("trace_id") == trace}
+            if len(traced) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert set(traced) == {"ListModels", "/v1/models"}, traced
+        for key, e in traced.items():
+            assert e["request_id"] == f"{trace}-{e['span_id']}" == echoed[key], (key, e, echoed)

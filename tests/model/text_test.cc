@@ -478,3 +478,48 @@ TEST(Sampler, ApplyLogitBiasSkipsIdsOutsideTheLogits) {
 
 }  // namespace
 }  // namespace tost::model
+
+namespace tost::model {
+namespace {
+
+// Prompt scoring reads row i - 1 for token i, normalised over the defined ids, with the
+// alternatives TopLogprobs gives.
+TEST(ScoreTokens, EachTokenIsScoredByTheRowBeforeIt) {
+  const std::vector<int32_t> tokens = {2, 0, 1, 3};          // 3 is padded away
+  const std::vector<float> logits = {0.f,  1.f, 2.f,  50.f,  // after token 2: scores 0
+                                     3.f,  1.f, -1.f, 50.f,  // after 0: scores 1
+                                     0.5f, 0.f, 0.f,  50.f,  // after 1: scores 3 (undefined)
+                                     9.f,  9.f, 9.f,  9.f};  // after 3: nothing left to score
+  const std::vector<DrawnToken> scored = ScoreTokens(logits, /*defined_vocab=*/3, tokens, 2);
+  ASSERT_EQ(scored.size(), 3u);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::vector<float> row(logits.begin() + i * 4, logits.begin() + i * 4 + 3);
+    const auto want = TopLogprobs(row, 3);
+    EXPECT_EQ(scored[i].id, tokens[i + 1]);
+    float own = 0;
+    for (const auto& [id, lp] : want) own = id == tokens[i + 1] ? lp : own;
+    EXPECT_FLOAT_EQ(scored[i].logprob, own) << i;
+    ASSERT_EQ(scored[i].top_logprobs.size(), 2u);
+    EXPECT_EQ(scored[i].top_logprobs[0], want[0]);
+    EXPECT_EQ(scored[i].top_logprobs[1], want[1]);
+  }
+  EXPECT_EQ(scored[2].id, 3);
+  EXPECT_EQ(scored[2].logprob, -std::numeric_limits<float>::infinity());
+  // The sum of a prompt's logprobs is its log-likelihood: log p(0 | 2) + log p(1 | 0).
+  const double z0 = std::exp(0.0) + std::exp(1.0) + std::exp(2.0);
+  const double z1 = std::exp(3.0) + std::exp(1.0) + std::exp(-1.0);
+  EXPECT_NEAR(scored[0].logprob + scored[1].logprob, (0.0 - std::log(z0)) + (1.0 - std::log(z1)),
+              1e-6);
+  // A one-token prompt has nothing to score: its first token has no logprob.
+  EXPECT_TRUE(ScoreTokens(std::vector<float>(4, 0.f), 3, std::vector<int32_t>{1}, 2).empty());
+}
+
+TEST(ScoreTokens, ANonFiniteLogitIsReported) {
+  const std::vector<float> logits = {0.f, std::nanf(""), 0.f, 0.f};
+  const std::vector<DrawnToken> scored = ScoreTokens(logits, 2, std::vector<int32_t>{0, 1}, 0);
+  ASSERT_EQ(scored.size(), 1u);
+  EXPECT_EQ(scored[0].nonfinite_id, 1);
+}
+
+}  // namespace
+}  // namespace tost::model

@@ -345,10 +345,6 @@ TEST(OpenAiRequest, UnsupportedFieldsAtTheirDefaultsAreAccepted) {
 }
 
 TEST(OpenAiRequest, UnsupportedFieldsAreRefusedByName) {
-  CompletionRefused(R"(, "echo": true)",
-                    "echo: not supported by this server (the response holds the completion "
-                    "only), got true",
-                    "echo");
   CompletionRefused(R"(, "frequency_penalty": 0.5)",
                     "frequency_penalty: not supported by this server (OpenAI's penalties subtract "
                     "from a token's logit per occurrence; the model's repetition penalty divides "
@@ -858,6 +854,93 @@ TEST(OpenAiToGenerationInput, BuildsAnEngineRequestNamingOpenAiFields) {
   req = BuildGenerationRequest(*in, **scheduler, std::nullopt, limits, FieldNames(ids));
   ASSERT_FALSE(req.ok());
   EXPECT_EQ(req.status().message(), "prompt holds 4 ids, more than the limit of 3");
+}
+
+TEST(OpenAiRequest, Echo) {
+  const OpenAiRequest r = Completion(R"(, "echo": true, "logprobs": 1, "max_tokens": 0)");
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_FALSE(Completion(R"(, "echo": false)").echo);
+  EXPECT_FALSE(Chat(R"(, "echo": true)").echo);  // not a chat field: ignored there
+  CompletionRefused(R"(, "echo": 1)", "echo: expected true or false, got an integer (1)", "echo");
+  CompletionRefused(R"(, "max_tokens": 0)",
+                    "max_tokens: expected an integer in [1, 2147483647], got an integer (0)",
+                    "max_tokens");
+  CompletionRefused(R"(, "echo": true, "session_id": "s")",
+                    "echo: expected a prompt that starts a sequence, got one continuing a session "
+                    "(session_id): its earlier tokens are not in the request to echo",
+                    "echo");
+}
+
+TEST(OpenAiRequest, TokenizeAndDetokenize) {
+  auto t = ParseTokenizeRequest(R"({"prompt": "Hi", "add_special_tokens": false})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->prompt, "Hi");
+  EXPECT_EQ(t->model, "");
+  t = ParseTokenizeRequest(R"({"model": 3, "prompt": "Hi"})");
+  EXPECT_EQ(t.status().message(), "model: expected a non-empty string, got an integer (3)");
+  t = ParseTokenizeRequest(R"({"model": "m"})");
+  EXPECT_EQ(t.status().message(), "prompt: missing: expected the text to tokenize");
+  auto d = ParseDetokenizeRequest(R"({"model": "m", "tokens": [1, 2]})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->tokens, (std::vector<int32_t>{1, 2}));
+  d = ParseDetokenizeRequest(R"({"tokens": [1, -2]})");
+  EXPECT_EQ(d.status().message(),
+            "tokens[1]: expected an integer in [0, 2147483647], got an integer (-2)");
+  EXPECT_EQ(ErrorParam(d.status()), "tokens[1]");
+}
+
+TEST(OpenAiRequest, StructuredOutputs) {
+  using Kind = structured::Constraint::Kind;
+  const auto constraint_of = [](const std::string& extra) {
+    const OpenAiRequest r = Completion(extra);
+    EXPECT_TRUE(r.constraint.has_value()) << extra;
+    return std::make_pair(r.constraint.value_or(structured::Constraint{}), r.constraint_field);
+  };
+  auto [json_schema, json_field] =
+      constraint_of(R"(, "structured_outputs": {"json": {"type": "object", "b": 1, "a": 2}})");
+  EXPECT_EQ(json_schema.kind, Kind::kJsonSchema);
+  EXPECT_EQ(json_schema.text, R"({"type":"object","b":1,"a":2})");  // the client's key order
+  EXPECT_EQ(json_field, "structured_outputs.json");
+  EXPECT_EQ(
+      constraint_of(R"(, "structured_outputs": {"json": "{\"type\": \"string\"}"})").first.text,
+      R"({"type": "string"})");
+  EXPECT_EQ(
+      constraint_of(R"(, "structured_outputs": {"regex": "[a-z]+", "grammar": null})").first.kind,
+      Kind::kRegex);
+  EXPECT_EQ(constraint_of(R"(, "structured_outputs": {"grammar": "root ::= \"a\""})").first.kind,
+            Kind::kGrammar);
+  auto [choice, choice_field] =
+      constraint_of(R"(, "structured_outputs": {"choice": ["yes", "no"]})");
+  EXPECT_EQ(choice.choices, (std::vector<std::string>{"yes", "no"}));
+  EXPECT_EQ(choice_field, "structured_outputs.choice");
+  EXPECT_EQ(constraint_of(R"(, "structured_outputs": {"json_object": true})").first.kind,
+            Kind::kJsonObject);
+  EXPECT_FALSE(Completion(R"(, "structured_outputs": {"json_object": false})").constraint);
+  EXPECT_FALSE(Completion(R"(, "structured_outputs": null)").constraint);
+
+  CompletionRefused(R"(, "structured_outputs": {"regex": "a", "choice": ["a"]})",
+                    "structured_outputs.regex: expected one constraint in structured_outputs, got "
+                    "two: structured_outputs.choice and structured_outputs.regex",
+                    "structured_outputs.regex");
+  CompletionRefused(R"(, "structured_outputs": {"regex": "a"}, "guided_regex": "b")",
+                    "structured_outputs: expected one constraint per request, got two: "
+                    "guided_regex and structured_outputs both constrain the output; send one",
+                    "structured_outputs");
+  CompletionRefused(R"(, "structured_outputs": {"disable_any_whitespace": true})",
+                    "structured_outputs.disable_any_whitespace: not supported by this server (this "
+                    "server's constraints take no backend settings), got true",
+                    "structured_outputs.disable_any_whitespace");
+  CompletionRefused(
+      R"(, "structured_outputs": {"choice": []})",
+      "structured_outputs.choice: expected a non-empty array of strings, got an array "
+      "of 0 element(s)",
+      "structured_outputs.choice");
+  CompletionRefused(R"(, "structured_outputs": [])",
+                    "structured_outputs: expected an object with one of \"json\", \"regex\", "
+                    "\"choice\", \"grammar\", \"json_object\", \"structural_tag\", got an "
+                    "array of 0 element(s)",
+                    "structured_outputs");
 }
 
 }  // namespace

@@ -284,5 +284,52 @@ TEST(OpenAiModels, ListsServedLanguageModels) {
        "tost": {"version": "1", "context_length": 64, "chat": false}}]})"));
 }
 
+// echo: the prompt first, its first token without a logprob or alternatives (null), the
+// generated tokens' offsets after the prompt's characters.
+TEST(ResponseBuilder, EchoPutsThePromptFirst) {
+  const OpenAiRequest r =
+      Parsed(Endpoint::kCompletions,
+             R"({"model": "lm", "prompt": "ab", "echo": true, "logprobs": 1, "max_tokens": 1})");
+  ResponseBuilder b(r, kMeta, kBytes);
+  EchoedPrompt prompt;
+  prompt.text = "ab";
+  prompt.tokens = {Tok('a'), Tok('b', -0.5f, {{'c', -0.25f}})};
+  EXPECT_EQ(b.Echo(prompt), "");  // non-streamed: nothing to write yet
+  b.AddToken(0, Tok('c', -1.f, {{'c', -1.f}}));
+  ASSERT_TRUE(b.Finish(0, Final(FinishReason::kLength, 2, 1)).ok());
+  const json choice = json::parse(b.Body())["choices"][0];
+  EXPECT_EQ(choice["text"], "abc");
+  EXPECT_EQ(choice["logprobs"], json::parse(R"({
+      "tokens": ["a", "b", "c"], "token_logprobs": [null, -0.5, -1.0],
+      "top_logprobs": [null, {"c": -0.25}, {"c": -1.0}], "text_offset": [0, 1, 2]})"));
+
+  const OpenAiRequest streamed = Parsed(
+      Endpoint::kCompletions,
+      R"({"model": "lm", "prompt": "ab", "echo": true, "max_tokens": 0, "stream": true, "n": 2})");
+  ResponseBuilder s(streamed, kMeta, kBytes);
+  const std::vector<std::string> events = Events(s.Echo(prompt));
+  ASSERT_EQ(events.size(), 2u);  // one chunk per choice
+  for (size_t i = 0; i < 2; ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["choices"][0]["index"], i);
+    EXPECT_EQ(chunk["choices"][0]["text"], "ab");
+    EXPECT_TRUE(chunk["choices"][0]["logprobs"].is_null());
+  }
+}
+
+TEST(OpenAiBodies, ModelTokenizeDetokenizeAndTokenizerInfo) {
+  EXPECT_EQ(json::parse(TokenizeBody({1, 2}, 1024)),
+            json::parse(R"({"count": 2, "max_model_len": 1024, "tokens": [1, 2],
+                            "token_strs": null})"));
+  EXPECT_EQ(json::parse(DetokenizeBody("h\xc3")), json::parse(R"({"prompt": "h\\xc3"})"));
+  model::ModelConfig config;
+  config.language.context_length = 64;
+  const json info = json::parse(TokenizerInfoBody(config, kBytes));
+  EXPECT_EQ(info["model_max_length"], 64);
+  EXPECT_EQ(info["vocab_size"], 260);
+  EXPECT_TRUE(info["eos_token"].is_null());  // id 256: a special token without bytes
+  EXPECT_FALSE(ModelBody({}, "lm").has_value());
+}
+
 }  // namespace
 }  // namespace tost::service::openai
