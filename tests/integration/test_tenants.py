@@ -266,3 +266,30 @@ def test_max_concurrent_refuses_past_the_quota_on_grpc_and_http(proto_modules, t
         long_call.cancel()
     finally:
         srv.stop()
+
+
+def test_session_quotas_refuse_past_max_sessions_and_close_gives_room_back(proto_modules, tmp_path,
+                                                                         key_file):
+    pb2, pb2_grpc = proto_modules
+    keys = keys_file(tmp_path, f"a {KEY_A} max_sessions=2\nb {KEY_B}\n")
+    srv = RunningServer(MODELS, [f"--api_keys_file={keys}"])
+    try:
+        stub = pb2_grpc.TostStub(grpc.insecure_channel(srv.address))
+        md = (("x-api-key", KEY_A),)
+        first = stub.CreateSession(pb2.CreateSessionRequest(model=LM), metadata=md)
+        stub.CreateSession(pb2.CreateSessionRequest(model=LM), metadata=md)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.CreateSession(pb2.CreateSessionRequest(model=LM), metadata=md)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "quota max_sessions=2 reached" in e.value.details()
+        stub.CreateSession(pb2.CreateSessionRequest(model=LM), metadata=(("x-api-key", KEY_B),))
+        stub.CloseSession(pb2.SessionRef(session_id=first.session_id), metadata=md)
+        stub.CreateSession(pb2.CreateSessionRequest(model=LM), metadata=md)
+    finally:
+        srv.stop()
+    # A shared store counts no tenant's sessions: the quota is refused at start.
+    with pytest.raises(tost_launch.StartError) as e:
+        RunningServer(MODELS, [f"--api_keys_file={keys}", f"--session_key_file={key_file}",
+                               "--session_store=redis://127.0.0.1:1/0", "--session_store_timeout_ms=200"])
+    assert "max_sessions and max_session_bytes are held by the in-memory session store only" in \
+        str(e.value).replace('\\"', '"')
