@@ -311,6 +311,7 @@ GenerationScheduler::Reservation& GenerationScheduler::Reservation::operator=(
   if (this != &other) {
     Reservation dropped(std::move(*this));
     scheduler_ = std::exchange(other.scheduler_, nullptr);
+    lease_ = std::move(other.lease_);
   }
   return *this;
 }

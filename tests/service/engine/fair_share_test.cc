@@ -331,10 +331,23 @@ TEST_F(FairShareTest, MaxConcurrentRefusesPastTheQuotaAndOthersGoOn) {
   Collected c = testing::RunToEnd(*s, **job);
   ASSERT_TRUE(c.final.has_value());
   EXPECT_TRUE(s->Reserve("c").ok()) << "a finished generation gives its count back";
+  {
+    // A reservation moved onto another carries its count; the one it replaced gives its back.
+    { GenerationScheduler::Reservation gone = *std::move(r2); }
+    auto x = s->Reserve("c");
+    auto y = s->Reserve("c");
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_FALSE(s->Reserve("c").ok());
+    *x = *std::move(y);
+    y = absl::CancelledError("the moved-from reservation goes");
+    auto z = s->Reserve("c");
+    EXPECT_TRUE(z.ok());
+    EXPECT_FALSE(s->Reserve("c").ok()) << "y's count moved with it into x";
+  }
   const std::vector<TenantUsage> usage = ledger_->Usage();
   ASSERT_EQ(usage.size(), 2u);
   EXPECT_EQ(usage[0].tenant, "c");
-  EXPECT_EQ(usage[0].refusals.at("max_concurrent"), 2);
+  EXPECT_EQ(usage[0].refusals.at("max_concurrent"), 4);
 }
 
 }  // namespace
