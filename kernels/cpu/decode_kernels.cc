@@ -37,6 +37,9 @@ constexpr int kBlockVecs = std::min(kPanelVecs, 4);
 // (4 rows x 4 vectors fill half of AVX-512's 32 registers; AVX2 has 16).
 constexpr int kRowBlock = kLanes >= 16 ? 4 : 2;
 static_assert(kPanelWidth % (kLanes * kBlockVecs) == 0, "a panel is whole column blocks");
+// The fewest rows for which int8 weights go through float32 tiles (MatmulInt8Tiles) rather than
+// the widening product.
+constexpr int64_t kInt8TileMinRows = 4;
 
 // How far ahead of the input channel being multiplied the panel is prefetched: about 2 KiB.
 template <typename W>
@@ -138,9 +141,131 @@ void MatmulTyped(const PackedMatrix& w, const float* x, int64_t rows, int64_t ld
   }
 }
 
-void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
-            const void* /*prepared*/, int64_t panel_begin, int64_t panel_end, float* y,
-            int64_t ldy) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// int8 weights at many rows without the dot-product instructions. The widening product converts
+// every int8 vector it loads (sign-extend, convert: two instructions) for only kRowBlock rows'
+// FMAs, so at many rows the conversions cost as much as the products. Here a tile of a panel
+// (kTileInputs input channels × the panel's 64 channels) is widened once into float32 on the
+// stack, and every row of the call (up to kTileRowGroup at a time) multiplies it from L1 cache at
+// the rate of float32 weights: kTileRows rows × kTileVecs vectors of accumulators, each weight
+// vector loaded feeding kTileRows FMAs. The partial sums wait in float32 between tiles, which
+// stores and reloads them exactly, and each output lane takes the same FMAs in the same order as
+// the widening product's (from zero, input by input, then ·scale, then + bias): the results are
+// bit for bit the widening product's, so the path can follow the row count without breaking
+// batch invariance.
+constexpr int kTileVecs = 2;
+constexpr int64_t kTileWidth = kTileVecs * kLanes;
+// 6 × 2 accumulators + 2 weight vectors + a broadcast fill 15 of AVX2's 16 registers.
+constexpr int kTileRows = kLanes >= 16 ? 8 : 6;
+constexpr int64_t kTileInputs = 128;   // a tile: 128 × 64 float32 = 32 KiB
+constexpr int64_t kTileRowGroup = 64;  // partial sums: 64 rows × 64 float32 = 16 KiB
+static_assert(kPanelWidth % kTileWidth == 0, "a panel is whole tile columns");
+
+// Rows [0, kRows) of x (from input i0) times tile columns [lane0, lane0 + kTileWidth) of `tile`
+// (`inputs` input channels, kPanelWidth apart), added to `partial` (rows kPanelWidth apart) or,
+// for the first tile, stored there.
+template <int kRows>
+TOST_CPU_INLINE void TileProduct(const float* tile, int64_t inputs, int64_t lane0, const float* x,
+                                 int64_t ldx, bool first, float* partial) {
+  Vec acc[kRows][kTileVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kTileVecs; ++c) {
+      acc[r][c] = first ? Vec(0.f) : Vec::loadu(partial + r * kPanelWidth + lane0 + c * kLanes);
+    }
+  }
+  const float* t = tile + lane0;
+  for (int64_t i = 0; i < inputs; ++i, t += kPanelWidth) {
+    Vec wv[kTileVecs];
+    for (int c = 0; c < kTileVecs; ++c) wv[c] = Vec::loadu(t + c * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const Vec xb(x[r * ldx + i]);
+      for (int c = 0; c < kTileVecs; ++c) acc[r][c] = at::vec::fmadd(wv[c], xb, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kTileVecs; ++c) {
+      acc[r][c].store(partial + r * kPanelWidth + lane0 + c * kLanes);
+    }
+  }
+}
+
+template <int kRows>
+void TileRows(const float* tile, int64_t inputs, const float* x, int64_t ldx, bool first,
+              float* partial) {
+  for (int64_t lane0 = 0; lane0 < kPanelWidth; lane0 += kTileWidth) {
+    TileProduct<kRows>(tile, inputs, lane0, x, ldx, first, partial);
+  }
+}
+
+void MatmulInt8Tiles(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                     int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
+  alignas(64) float tile[kTileInputs * kPanelWidth];
+  alignas(64) float partial[kTileRowGroup * kPanelWidth];
+  const auto* data = static_cast<const int8_t*>(w.data);
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int8_t* panel = data + p * w.in * kPanelWidth;
+    const int64_t o0 = p * kPanelWidth;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRowGroup) {
+      const int64_t group_rows = std::min(kTileRowGroup, rows - r0);
+      const float* xg = x + r0 * ldx;
+      for (int64_t i0 = 0; i0 < w.in; i0 += kTileInputs) {
+        const int64_t inputs = std::min(kTileInputs, w.in - i0);
+        const int8_t* src = panel + i0 * kPanelWidth;
+        for (int64_t j = 0; j < inputs * kPanelWidth; j += kLanes) {
+          LoadWeights(src + j).store(tile + j);
+        }
+        const bool first = i0 == 0;
+        int64_t r = 0;
+        for (; r + kTileRows <= group_rows; r += kTileRows) {
+          TileRows<kTileRows>(tile, inputs, xg + r * ldx + i0, ldx, first,
+                              partial + r * kPanelWidth);
+        }
+        const float* xr = xg + r * ldx + i0;
+        float* pr = partial + r * kPanelWidth;
+        switch (group_rows - r) {
+#define TOST_CPU_TILE_REST(n)                      \
+  case n:                                          \
+    TileRows<n>(tile, inputs, xr, ldx, first, pr); \
+    break;
+          TOST_CPU_TILE_REST(7)
+          TOST_CPU_TILE_REST(6)
+          TOST_CPU_TILE_REST(5)
+          TOST_CPU_TILE_REST(4)
+          TOST_CPU_TILE_REST(3)
+          TOST_CPU_TILE_REST(2)
+          TOST_CPU_TILE_REST(1)
+#undef TOST_CPU_TILE_REST
+          default:
+            break;
+        }
+      }
+      // The widening product's epilogue: ·scale, then + bias, channels below `out` stored.
+      for (int64_t lane = 0; lane < kPanelWidth; lane += kLanes) {
+        const int64_t o = o0 + lane;
+        const int64_t valid = std::min<int64_t>(kLanes, w.out - o);
+        if (valid <= 0) break;
+        const Vec scale = Vec::loadu(w.scale + o);
+        const Vec bias = w.bias != nullptr ? Vec::loadu(w.bias + o) : Vec(0.f);
+        for (int64_t rr = 0; rr < group_rows; ++rr) {
+          Vec v = Vec::loadu(partial + rr * kPanelWidth + lane) * scale;
+          if (w.bias != nullptr) v = v + bias;
+          float* dst = y + (r0 + rr) * ldy + o;
+          if (valid == kLanes) {
+            v.store(dst);
+          } else {
+            v.store(dst, static_cast<int>(valid));
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // AVX2 or AVX512
+
+// The widening product in every precision (the previous int8 path at every row count).
+void MatmulWidening(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                    const void* /*prepared*/, int64_t panel_begin, int64_t panel_end, float* y,
+                    int64_t ldy) {
   switch (w.type) {
     case PackedType::kFloat32:
       return MatmulTyped<float>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
@@ -151,6 +276,17 @@ void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
     case PackedType::kInt8:
       return MatmulTyped<int8_t>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
   }
+}
+
+// The widening product, with int8 weights through tiles of float32 from kInt8TileMinRows rows.
+void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx, const void* prepared,
+            int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  if (w.type == PackedType::kInt8 && rows >= kInt8TileMinRows) {
+    return MatmulInt8Tiles(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+  }
+#endif
+  MatmulWidening(w, x, rows, ldx, prepared, panel_begin, panel_end, y, ldy);
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -402,6 +538,8 @@ void PrepareNothing(const PackedMatrix& /*w*/, const float* /*x*/, int64_t /*row
 
 constexpr DecodeKernels kTable{{1, 1, 1, 1}, &PrepareNothing, &Matmul,
                                &LayerNorm,   &Gelu,           &AddScaled};
+constexpr DecodeKernels kWideningTable{{1, 1, 1, 1}, &PrepareNothing, &MatmulWidening,
+                                       &LayerNorm,   &Gelu,           &AddScaled};
 #if defined(CPU_CAPABILITY_AVX512)
 // Indexed by PackedType: float32, bfloat16 (pairs), float16, int8 (quads).
 constexpr DecodeKernels kDotTable{{1, 2, 1, 4}, &PrepareDot, &MatmulDot,
@@ -413,6 +551,10 @@ constexpr DecodeKernels kDotTable{{1, 2, 1, 4}, &PrepareDot, &MatmulDot,
 
 const DecodeKernels& TOST_CPU_CAT(DecodeKernels, TOST_CPU_ISA)() {
   return TOST_CPU_ISA_NAMESPACE::kTable;
+}
+
+const DecodeKernels& TOST_CPU_CAT(TOST_CPU_CAT(DecodeKernels, TOST_CPU_ISA), Widening)() {
+  return TOST_CPU_ISA_NAMESPACE::kWideningTable;
 }
 
 #if defined(CPU_CAPABILITY_AVX512)

@@ -7,7 +7,8 @@
 // in (float32, bfloat16, float16 or int8 with one float32 scale per output channel) and
 // accumulates in float32 (int32 for int8 quads): fewer bytes than float32 weights, and no product
 // output rounded to the weight's precision. Everywhere it widens the weights to float32 in
-// registers, except on CPUs with AVX-512 BF16 and VNNI, where bfloat16 and int8 weights go
+// registers (int8 ones of many-row calls a tile at a time into float32 on the stack, which the
+// rows then share), except on CPUs with AVX-512 BF16 and VNNI, where bfloat16 and int8 weights go
 // through the dot-product instructions (rows rounded to bfloat16, or quantised to 8 bits per row)
 // at two and four times the multiply-adds per instruction, which many-row steps need. The small
 // operators around the products (layer norm, GELU, the scaled residual) are plain loops over
@@ -115,5 +116,11 @@ const DecodeKernels& DecodeKernelsAvx2();
 const DecodeKernels& DecodeKernelsAvx512();
 // AVX-512 with the BF16 and VNNI dot products (pairs and quads); only where the CPU has both.
 const DecodeKernels& DecodeKernelsAvx512Dot();
+// The same tables with the widening product at every row count: at AVX2 and AVX-512 the tables
+// above take int8 weights of calls of 4 rows or more through float32 tiles instead (the same
+// values bit for bit, faster at many rows). For tests and benchmarks.
+const DecodeKernels& DecodeKernelsDefaultWidening();
+const DecodeKernels& DecodeKernelsAvx2Widening();
+const DecodeKernels& DecodeKernelsAvx512Widening();
 
 }  // namespace tost::kernels::cpu

@@ -130,6 +130,26 @@ const DecodeKernels& DecodeKernelsFor(CpuIsa isa, bool dot_products) {
   }
 }
 
+std::string_view Int8ProductsName(CpuIsa isa, bool dot_products) {
+  if (isa == CpuIsa::kAvx512 && dot_products && CpuHasDotProducts()) return "vnni-quads";
+  return isa == CpuIsa::kDefault ? "widening" : "fp32-tiles";
+}
+
+const DecodeKernels& WideningDecodeKernelsFor(CpuIsa isa) {
+  TORCH_CHECK(IsAvailable(isa), "tost CPU decode kernels: instruction set ", CpuIsaName(isa),
+              " is not available (not compiled into this build or not supported by this CPU)");
+  switch (isa) {
+#if defined(TOST_CPU_X86_ISAS)
+    case CpuIsa::kAvx512:
+      return DecodeKernelsAvx512Widening();
+    case CpuIsa::kAvx2:
+      return DecodeKernelsAvx2Widening();
+#endif
+    default:
+      return DecodeKernelsDefaultWidening();
+  }
+}
+
 template const RowKernels<float>& KernelsFor<float>(CpuIsa);
 template const RowKernels<double>& KernelsFor<double>(CpuIsa);
 template const RowKernels<c10::Half>& KernelsFor<c10::Half>(CpuIsa);

@@ -36,4 +36,13 @@ bool CpuHasDotProducts();
 // KernelsFor.
 const DecodeKernels& DecodeKernelsFor(CpuIsa isa, bool dot_products = true);
 
+// How the lean decode step multiplies int8 weights with `isa` (and `dot_products` as above):
+// "vnni-quads" (AVX-512 VNNI), "fp32-tiles" (AVX2 and AVX-512 without VNNI: widened into float32
+// tiles that many rows share) or "widening" (DEFAULT). For the start-up log.
+std::string_view Int8ProductsName(CpuIsa isa, bool dot_products = true);
+
+// DecodeKernelsFor's table with the widening product at every row count (DecodeKernels*Widening),
+// to compare the int8 tiles against. Throws like KernelsFor.
+const DecodeKernels& WideningDecodeKernelsFor(CpuIsa isa);
+
 }  // namespace tost::kernels::cpu
