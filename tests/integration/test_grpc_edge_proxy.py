@@ -29,10 +29,10 @@ HARDENING = os.path.join(os.path.dirname(__file__), "test_http2_hardening.py")
 FLOOD_SECONDS = 10
 FLOOD_CONNECTIONS = 38
 FLOOD_SOURCE = "127.0.0.3"
-# Measured here (2 cores, AVX-512, 2026-11-29): 550,000 streams, the server +33 MiB at the peak,
-# 2,600 descriptors at most (connections nginx opened for reset calls and closed, which gRPC tears
-# down within about two seconds), 97% of the flood answered 429 by the proxy. Bounds for a loaded
-# CI machine.
+# Measured here (2 cores, AVX-512, 2026-11-29, other builds running): 430,000-790,000 streams,
+# the server +32 to +36 MiB at the peak, 2,000-2,600 descriptors at most (connections nginx opened
+# for reset calls and closed, which gRPC tears down within about two seconds), 98% of the flood
+# answered 429 by the proxy itself. Bounds for a loaded CI machine.
 MIN_STREAMS = 50_000
 MAX_FLOOD_GROWTH_MIB = 120
 MAX_RESIDUAL_GROWTH_MIB = 60
@@ -81,6 +81,9 @@ class EdgeProxy:
         return self.stderr.read()[-3000:]
 
     def statuses(self):
+        """What the access log holds, by status: the calls the proxy passed on (it writes no line for
+        the ones it refused itself, 429). Lines are flushed at least once a second."""
+        time.sleep(1.2)
         counts = {}
         with open(self.access_log, errors="replace") as f:
             for line in f:
@@ -155,8 +158,9 @@ def test_a_rapid_reset_flood_through_the_shipped_proxy(tmp_path, proto_modules):
               f"slowest {(times[-1] if times else 0) * 1000:.0f} ms")
         assert not errors, errors[0]
         assert result["streams"] >= MIN_STREAMS, result  # the flood did happen
-        # The proxy refused most of it itself (429: the per-client call rate).
-        assert statuses.get("429", 0) >= 0.8 * sum(statuses.values()), statuses
+        # The proxy refused most of it itself (429: the per-client call rate), unlogged.
+        assert "429" not in statuses, statuses
+        assert sum(statuses.values()) <= 0.2 * result["streams"], (statuses, result)
         assert result["peak_rss_mib"] - before < MAX_FLOOD_GROWTH_MIB, (before, result)
         assert after - before < MAX_RESIDUAL_GROWTH_MIB, (before, after)
         assert fd_peak[0] < MAX_SERVER_FDS, fd_peak
