@@ -896,6 +896,8 @@ GenerationScheduler::Placement GenerationScheduler::Rebalance(absl::Time now, Ad
     }
   }
   if (throttled) throttle_wake_ = now + options_.tenants->options().token_window / 60;
+  // Nothing waits and nothing must give its place up: every step of an unloaded server.
+  if (!throttled && parked_.empty() && queued_.empty()) return {};
   std::vector<Job*> chosen;
   if (candidates.size() <= slots) {
     for (const Candidate& c : candidates) chosen.push_back(c.job);

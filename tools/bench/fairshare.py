@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Noisy neighbour, weighted fair share and priority through tost_server (tost.v1 Generate over
+gRPC, API keys naming two tenants), on the generation benchmark's LM (tests/bench/generation_bench.cc:
+6 layers, C 384, byte vocabulary, random weights) or the model of --model-dir.
+
+Four runs, each on a fresh server with --max_active_generations=S (--slots):
+  noisy     tenant a keeps 4·S closed-loop streams (so most of a's requests wait) while tenant b
+            sends --b-requests requests one at a time: b's time to first token (TTFT) at p50/p99,
+            against its own TTFT on the idle server (its prefill and one decode step) plus two
+            decode steps of the running batch (a's median inter-token latency, measured beside it).
+  equal     weights 1:1, both tenants with 2·S closed-loop streams: each one's share of the decode
+            tokens (the server's tost_tenant_generated_tokens_total over the window, and the
+            tokens the client received).
+  weighted  weights 3:1, the same load: the split should be 3:1.
+  priority  tenant a fills every slot with 4·S streams at priority 10, and sends --b-requests more
+            requests one at a time at priority -10: their TTFT against the same bound.
+
+Writes one JSON file (--out) with every sample's summary and the raw per-request TTFTs. The
+figures are wall-clock on whatever else the machine runs: say what else ran beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+KEYS = {"a": "fairshare-tenant-a-0123456789", "b": "fairshare-tenant-b-0123456789"}
+PROMPT = b"It is a truth universally acknowledged, that a single man in possession of a good fortune"
+B_PROMPT = b"Elizabeth said"
+
+
+def pct(values: List[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(p / 100.0 * len(s) + 0.5)) - 1))]
+
+
+class Load:
+    """Closed-loop Generate streams of one tenant: each stream starts its next request when the
+    previous one ends. Counts the tokens received and the gaps between a stream's tokens."""
+
+    def __init__(self, stub, pb2, model, tenant, streams, max_new_tokens, priority=0):
+        self.stub, self.pb2, self.model = stub, pb2, model
+        self.md = (("x-api-key", KEYS[tenant]),)
+        self.max_new_tokens, self.priority = max_new_tokens, priority
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.tokens = 0
+        self.gaps: List[float] = []
+        self.errors: Dict[str, int] = {}
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(streams)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def run(self, i):
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            req = self.pb2.GenerateRequest(model=self.model, prompt_bytes=PROMPT,
+                                           max_new_tokens=self.max_new_tokens, priority=self.priority,
+                                           sampling=self.pb2.SamplingParams(temperature=1.0, seed=i * 100003 + n))
+            last = None
+            try:
+                for msg in self.stub.Generate(req, metadata=self.md, timeout=600):
+                    if msg.WhichOneof("event") != "token":
+                        continue
+                    now = time.monotonic()
+                    with self.lock:
+                        self.tokens += 1
+                        if last is not None:
+                            self.gaps.append(now - last)
+                    last = now
+                    if self.stop.is_set():
+                        break
+            except grpc.RpcError as e:
+                with self.lock:
+                    self.errors[e.code().name] = self.errors.get(e.code().name, 0) + 1
+                time.sleep(0.05)
+
+    def count(self):
+        with self.lock:
+            return self.tokens
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+
+def ttfts(stub, pb2, model, tenant, n, priority=0, max_new_tokens=4) -> List[float]:
+    """`n` requests one after another; each one's time to its first token, in seconds."""
+    out = []
+    for i in range(n):
+        req = pb2.GenerateRequest(model=model, prompt_bytes=B_PROMPT, max_new_tokens=max_new_tokens,
+                                  priority=priority, sampling=pb2.SamplingParams(temperature=1.0, seed=i))
+        t0 = time.monotonic()
+        first = None
+        for msg in stub.Generate(req, metadata=(("x-api-key", KEYS[tenant]),), timeout=600):
+            if msg.WhichOneof("event") == "token" and first is None:
+                first = time.monotonic() - t0
+        out.append(first)
+    return out
+
+
+def decode_steps(server) -> float:
+    m = benchlib.scrape_metrics(server.metrics_port, "tost_batch_size_count")
+    return sum(v for k, v in m.items() if 'workload="generate"' in k)
+
+
+def load_process(args, server, tenant, streams, tokens, priority):
+    """A's closed-loop streams in a process of their own, so that their Python threads do not hold
+    the measuring process's interpreter lock."""
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--load-only",
+                             f"--address={server.address}", f"--tenant={tenant}", f"--streams={streams}",
+                             f"--tokens={tokens}", f"--priority={priority}", f"--model={args.model}"])
+
+
+def server_tokens(server, tenant) -> float:
+    m = benchlib.scrape_metrics(server.metrics_port, "tost_tenant_generated_tokens_total")
+    return m.get(f'tost_tenant_generated_tokens_total{{tenant="{tenant}"}}', 0.0)
+
+
+def start(args, weights, workdir):
+    keys = os.path.join(workdir, "keys.txt")
+    with open(keys, "w") as f:
+        for t in ("a", "b"):
+            f.write(f"{t} {KEYS[t]} weight={weights[t]}\n")
+    flags = [f"--max_active_generations={args.slots}", "--max_queued_generations=1024",
+             f"--api_keys_file={keys}", f"--intra_op_threads={args.intra_op_threads}"]
+    return benchlib.start_tost_server(args.build_dir, args.repo, flags, metrics=True)
+
+
+def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
+    with start(args, {"a": 1, "b": 1}, workdir) as server:
+        stub = stub_of(server)
+        ttfts(stub, pb2, args.model, "b", 5)  # warm
+        alone = ttfts(stub, pb2, args.model, "b", args.b_requests)
+        load = load_process(args, server, "a", 4 * args.slots, args.a_tokens, 10 if priority_run else 0)
+        try:
+            time.sleep(args.warmup_s)
+            steps0, t0 = decode_steps(server), time.monotonic()
+            if priority_run:
+                # The same tenant, so that only the priority tells the requests apart.
+                noisy = ttfts(stub, pb2, args.model, "a", args.b_requests, priority=-10)
+            else:
+                noisy = ttfts(stub, pb2, args.model, "b", args.b_requests)
+            elapsed, steps = time.monotonic() - t0, decode_steps(server) - steps0
+            waiting = benchlib.scrape_metrics(server.metrics_port, "tost_tenant_generations")
+            preempt = benchlib.scrape_metrics(server.metrics_port, "tost_generation_preemptions_total")
+        finally:
+            load.send_signal(signal.SIGTERM)
+            load.wait(timeout=60)
+    # The running batch's step period: the decode steps the server ran while b's requests were
+    # measured (every one of them with a's rows in it).
+    step = elapsed / steps
+    bound = statistics.median(alone) + 2 * step
+    return {
+        "slots": args.slots, "a_streams": 4 * args.slots, "a_max_new_tokens": args.a_tokens,
+        "requests": args.b_requests, "ttft_alone_s": alone, "ttft_under_load_s": noisy,
+        "ttft_alone_p50_ms": 1e3 * statistics.median(alone),
+        "ttft_p50_ms": 1e3 * statistics.median(noisy), "ttft_p99_ms": 1e3 * pct(noisy, 99),
+        "ttft_max_ms": 1e3 * max(noisy),
+        "decode_steps": steps, "decode_step_period_ms": 1e3 * step,
+        "bound_ms": 1e3 * bound, "p99_within_bound": pct(noisy, 99) <= bound,
+        "tenant_generations_at_end": waiting, "preemptions": preempt,
+        # Where b would wait without fair share: behind a's 3·S waiting requests, S at a time.
+        "fifo_wait_estimate_ms": 1e3 * 3 * args.a_tokens * step,
+    }
+
+
+def run_split(args, stub_of, pb2, workdir, weights):
+    with start(args, weights, workdir) as server:
+        stub = stub_of(server)
+        loads = {t: Load(stub, pb2, args.model, t, 2 * args.slots, args.split_tokens).start()
+                 for t in ("a", "b")}
+        time.sleep(args.warmup_s)
+        c0 = {t: loads[t].count() for t in loads}
+        s0 = {t: server_tokens(server, t) for t in loads}
+        t0 = time.monotonic()
+        time.sleep(args.window_s)
+        elapsed = time.monotonic() - t0
+        c1 = {t: loads[t].count() for t in loads}
+        s1 = {t: server_tokens(server, t) for t in loads}
+        for load in loads.values():
+            load.finish()
+        preempt = benchlib.scrape_metrics(server.metrics_port, "tost_generation_preemptions_total")
+    server_rate = {t: (s1[t] - s0[t]) / elapsed for t in loads}
+    client_rate = {t: (c1[t] - c0[t]) / elapsed for t in loads}
+    expected = weights["a"] / (weights["a"] + weights["b"])
+    share = server_rate["a"] / (server_rate["a"] + server_rate["b"])
+    ratio = server_rate["a"] / server_rate["b"] if server_rate["b"] else None
+    want = weights["a"] / weights["b"]
+    return {
+        "weights": weights, "streams_per_tenant": 2 * args.slots, "slots": args.slots,
+        "max_new_tokens": args.split_tokens, "window_s": elapsed,
+        "server_tokens_per_s": server_rate, "client_tokens_per_s": client_rate,
+        "a_share": share, "expected_a_share": expected, "a_to_b": ratio, "expected_a_to_b": want,
+        "within_10_percent": ratio is not None and abs(ratio / want - 1) <= 0.10,
+        "errors": {t: loads[t].errors for t in loads}, "preemptions": preempt,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    benchlib.add_build_args(ap)
+    ap.add_argument("--model-dir", default="", help="serve this model instead of the benchmark LM")
+    ap.add_argument("--model", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--slots", type=int, default=4, help="--max_active_generations")
+    ap.add_argument("--a-tokens", type=int, default=64, help="max_new_tokens of a's noisy streams")
+    ap.add_argument("--split-tokens", type=int, default=256, help="max_new_tokens in the split runs")
+    ap.add_argument("--b-requests", type=int, default=50)
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--window-s", type=float, default=20.0)
+    ap.add_argument("--intra-op-threads", type=int, default=1)
+    ap.add_argument("--runs", default="noisy,equal,weighted,priority")
+    ap.add_argument("--out", default="fairshare.json")
+    # What load_process runs.
+    ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--tenant", help=argparse.SUPPRESS)
+    ap.add_argument("--streams", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--priority", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.load_only:
+        pb2, pb2_grpc = benchlib.proto_modules()
+        stub = pb2_grpc.TostStub(grpc.insecure_channel(args.address))
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        load = Load(stub, pb2, args.model, args.tenant, args.streams, args.tokens, args.priority).start()
+        done.wait()
+        load.stop.set()
+        os._exit(0)  # its streams end with the process
+    pb2, pb2_grpc = benchlib.proto_modules()
+    workdir = tempfile.mkdtemp(prefix="fairshare_")
+    args.repo, args.model, lm = benchlib.lm_repo("fairshare_repo_", args.model_dir)
+
+    def stub_of(server):
+        return pb2_grpc.TostStub(grpc.insecure_channel(server.address))
+
+    result = {"machine": benchlib.machine(), "model": args.model, "lm": lm, "args": {
+        k: v for k, v in vars(args).items() if k not in ("repo",)}, "runs": {}}
+    try:
+        isa = sorted(set(w for line in open("/proc/cpuinfo") if line.startswith("flags")
+                         for w in line.split() if w.startswith(("avx512", "amx")) or w == "avx2"))
+        result["machine"]["isa"] = isa
+    except OSError:
+        pass
+    for run in args.runs.split(","):
+        print(f"--- {run}", flush=True)
+        if run == "noisy":
+            r = run_noisy(args, stub_of, pb2, workdir)
+        elif run == "priority":
+            r = run_noisy(args, stub_of, pb2, workdir, priority_run=True)
+        elif run == "equal":
+            r = run_split(args, stub_of, pb2, workdir, {"a": 1, "b": 1})
+        elif run == "weighted":
+            r = run_split(args, stub_of, pb2, workdir, {"a": 3, "b": 1})
+        else:
+            raise SystemExit(f"unknown run {run!r}")
+        result["runs"][run] = r
+        summary = {k: v for k, v in r.items() if not isinstance(v, list)}
+        print(summary, flush=True)
+    result["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+    shutil.rmtree(workdir)
+    shutil.rmtree(args.repo)
+    benchlib.write_json(args.out, result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
