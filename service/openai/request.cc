@@ -199,12 +199,14 @@ absl::Status ParseMaxTokens(const json& body, OpenAiRequest& r) {
   // does this server, as the same bound.
   const json& max_completion = Field(body, "max_completion_tokens");
   const int64_t hi = std::numeric_limits<int32_t>::max();
+  // With echo, 0 asks for the prompt's scores alone (how evaluation harnesses score text).
+  const int64_t lo = r.echo ? 0 : 1;
   if (!max_tokens.is_null()) {
-    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_tokens, "max_tokens", 1, hi));
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_tokens, "max_tokens", lo, hi));
     r.max_tokens = static_cast<int32_t>(n);
   }
   if (!max_completion.is_null()) {
-    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_completion, "max_completion_tokens", 1, hi));
+    TOST_ASSIGN_OR_RETURN(int64_t n, Int(max_completion, "max_completion_tokens", lo, hi));
     if (r.max_tokens.has_value() && *r.max_tokens != n) {
       return FieldError("max_completion_tokens",
                         absl::StrCat("expected the same value as max_tokens (", *r.max_tokens,
@@ -354,13 +356,6 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
     }
   }
   {
-    const json& v = Field(body, "echo");
-    if (!v.is_null()) {
-      TOST_ASSIGN_OR_RETURN(bool echo, Bool(v, "echo"));
-      if (echo) return Unsupported("echo", "the response holds the completion only", v);
-    }
-  }
-  {
     const json& v = Field(body, "suffix");
     if (!v.is_null() && !(v.is_string() && v.get_ref<const std::string&>().empty())) {
       return Unsupported("suffix", "no insertion, completions append only", v);
@@ -453,6 +448,79 @@ absl::Status ParseResponseFormat(std::string_view raw_body, const json& v, OpenA
   return SetConstraint(r, source, "response_format", schema_field, std::move(spec));
 }
 
+// vLLM's structured_outputs {"json" | "regex" | "choice" | "grammar" | "json_object" |
+// "structural_tag": ...}, the object that replaced its guided_* fields: exactly one of them; its
+// other keys (whitespace and fallback settings of vLLM's backends) are refused by name.
+absl::Status ParseStructuredOutputs(std::string_view raw_body, const json& v, OpenAiRequest& r,
+                                    std::string& source) {
+  if (v.is_null()) return absl::OkStatus();
+  constexpr absl::string_view kWhat =
+      R"(an object with one of "json", "regex", "choice", "grammar", "json_object", )"
+      R"("structural_tag")";
+  if (!v.is_object()) return Expected("structured_outputs", kWhat, v);
+  std::optional<structured::Constraint> spec;
+  std::string field;
+  for (const auto& [key, value] : v.items()) {
+    if (value.is_null()) continue;
+    const std::string at = absl::StrCat("structured_outputs.", key);
+    if (key != "json" && key != "regex" && key != "choice" && key != "grammar" &&
+        key != "json_object" && key != "structural_tag") {
+      return Unsupported(at.size() <= 96 ? at : "structured_outputs",
+                         "this server's constraints take no backend settings", value);
+    }
+    if (spec.has_value()) {
+      return FieldError(at, absl::StrCat("expected one constraint in structured_outputs, got two: ",
+                                         field, " and ", at));
+    }
+    structured::Constraint c;
+    if (key == "json") {
+      c.kind = structured::Constraint::Kind::kJsonSchema;
+      if (value.is_object()) {
+        c.text = OrderedSchemaText(raw_body, {"structured_outputs", "json"}, value);
+      } else if (value.is_string() && !value.get_ref<const std::string&>().empty()) {
+        c.text = value.get<std::string>();
+      } else {
+        return Expected(at, "a JSON schema: an object, or a string holding one", value);
+      }
+    } else if (key == "regex" || key == "grammar") {
+      if (!value.is_string() || value.get_ref<const std::string&>().empty()) {
+        return Expected(
+            at,
+            key == "regex"
+                ? "a non-empty string (a regular expression the whole output matches)"
+                : "a non-empty string (an XGrammar EBNF grammar whose start rule is root)",
+            value);
+      }
+      c.kind = key == "regex" ? structured::Constraint::Kind::kRegex
+                              : structured::Constraint::Kind::kGrammar;
+      c.text = value.get<std::string>();
+    } else if (key == "choice") {
+      if (!value.is_array() || value.empty())
+        return Expected(at, "a non-empty array of strings", value);
+      c.kind = structured::Constraint::Kind::kChoice;
+      for (size_t i = 0; i < value.size(); ++i) {
+        if (!value[i].is_string() || value[i].get_ref<const std::string&>().empty()) {
+          return Expected(absl::StrCat(at, "[", i, "]"), "a non-empty string", value[i]);
+        }
+        c.choices.push_back(value[i].get<std::string>());
+      }
+    } else if (key == "json_object") {
+      TOST_ASSIGN_OR_RETURN(bool on, Bool(value, at));
+      if (!on) continue;
+      c.kind = structured::Constraint::Kind::kJsonObject;
+    } else {
+      return Unsupported(at,
+                         "no structural tags: json, regex, choice, grammar and json_object are "
+                         "accepted",
+                         value);
+    }
+    spec = std::move(c);
+    field = at;
+  }
+  if (!spec.has_value()) return absl::OkStatus();
+  return SetConstraint(r, source, "structured_outputs", field, *std::move(spec));
+}
+
 // vLLM's guided_json, guided_regex, guided_grammar and guided_choice, and OpenAI's
 // response_format: at most one of them per request.
 absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAiRequest& r) {
@@ -483,6 +551,8 @@ absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAi
     spec.text = v.get<std::string>();
     TOST_RETURN_IF_ERROR(SetConstraint(r, source, key, key, std::move(spec)));
   }
+  TOST_RETURN_IF_ERROR(
+      ParseStructuredOutputs(raw_body, Field(body, "structured_outputs"), r, source));
   if (const json& v = Field(body, "guided_choice"); !v.is_null()) {
     if (!v.is_array() || v.empty())
       return Expected("guided_choice", "a non-empty array of strings", v);
@@ -517,6 +587,9 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
     TOST_RETURN_IF_ERROR(ParsePrompt(Field(body, "prompt"), r));
   } else {
     TOST_RETURN_IF_ERROR(ParseMessages(Field(body, "messages"), r));
+  }
+  if (const json& v = Field(body, "echo"); !v.is_null() && endpoint == Endpoint::kCompletions) {
+    TOST_ASSIGN_OR_RETURN(r.echo, Bool(v, "echo"));
   }
   TOST_RETURN_IF_ERROR(ParseMaxTokens(body, r));
   TOST_RETURN_IF_ERROR(ParseSampling(body, r.temperature, r.top_p, r.seed));
@@ -563,6 +636,13 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
   TOST_RETURN_IF_ERROR(ParseStateBlob(body, r.state));
   if (!r.session_id.empty() && r.state.has_value()) {
     return FieldError("state", "set session_id or state, not both");
+  }
+  if (r.echo && (!r.session_id.empty() || r.state.has_value())) {
+    return FieldError("echo", absl::StrCat("expected a prompt that starts a sequence, got one "
+                                           "continuing ",
+                                           r.session_id.empty() ? "a state blob (state)"
+                                                                : "a session (session_id)",
+                                           ": its earlier tokens are not in the request to echo"));
   }
   if (r.n > 1 && !r.session_id.empty()) {
     return FieldError("n", absl::StrCat("a request continuing a session (session_id) takes n = 1 "
@@ -647,6 +727,49 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
   in.logprobs = request.logprobs.has_value();
   in.top_logprobs = request.logprobs.value_or(0);
   return in;
+}
+
+namespace {
+
+// The tokenizer routes' optional "model": a non-empty string when given.
+absl::Status ParseOptionalModel(const json& body, std::string& model) {
+  const json& v = Field(body, "model");
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+    return Expected("model", "a non-empty string", v);
+  }
+  model = v.get<std::string>();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  return ParseJsonBody(body, [](const json& b) -> absl::StatusOr<TokenizeRequest> {
+    if (!b.is_object()) return Expected("body", "a JSON object", b);
+    TokenizeRequest r;
+    TOST_RETURN_IF_ERROR(ParseOptionalModel(b, r.model));
+    const json& prompt = Field(b, "prompt");
+    if (prompt.is_null()) return FieldError("prompt", "missing: expected the text to tokenize");
+    TOST_ASSIGN_OR_RETURN(r.prompt, String(prompt, "prompt"));
+    if (const json& v = Field(b, "add_special_tokens"); !v.is_null()) {
+      TOST_RETURN_IF_ERROR(Bool(v, "add_special_tokens").status());
+    }
+    return r;
+  });
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body) {
+  return ParseJsonBody(body, [](const json& b) -> absl::StatusOr<DetokenizeRequest> {
+    if (!b.is_object()) return Expected("body", "a JSON object", b);
+    DetokenizeRequest r;
+    TOST_RETURN_IF_ERROR(ParseOptionalModel(b, r.model));
+    const json& tokens = Field(b, "tokens");
+    if (tokens.is_null()) return FieldError("tokens", "missing: expected an array of token ids");
+    if (!tokens.is_array()) return Expected("tokens", "an array of token ids", tokens);
+    TOST_ASSIGN_OR_RETURN(r.tokens, TokenIds(tokens, "tokens"));
+    return r;
+  });
 }
 
 }  // namespace tost::service::openai

@@ -46,7 +46,12 @@ struct OpenAiRequest {
   std::optional<std::vector<int32_t>> prompt_tokens;
   // /v1/chat/completions: the messages, rendered by the model's chat template.
   std::vector<ChatMessage> messages;
-  // max_tokens or (chat) max_completion_tokens, >= 1; unset: the server's default.
+  // /v1/completions' echo: the reply starts with the prompt, its tokens with their logprobs when
+  // logprobs are asked for (the first token's null). Not with session_id or state (the prompt's
+  // context would be the state's).
+  bool echo = false;
+  // max_tokens or max_completion_tokens, >= 1 (0 with echo: the prompt scored, nothing generated);
+  // unset: the server's default.
   std::optional<int32_t> max_tokens;
   std::string max_tokens_field = "max_tokens";  // which of the two the request used
   std::optional<float> temperature;             // unset: 1, OpenAI's default
@@ -122,5 +127,20 @@ GenerationFieldNames FieldNames(const OpenAiRequest& request);
 absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
                                                   const model::ModelConfig& config,
                                                   std::string* prompt_storage);
+
+// vLLM's tokenizer routes, which evaluation harnesses (lm-evaluation-harness's remote tokenizer)
+// tokenize through: POST /tokenize {"model"?, "prompt", "add_special_tokens"?} and POST /detokenize
+// {"model"?, "tokens"}. An empty model names the server's only language model. This server's
+// tokenizers add no special tokens, so add_special_tokens changes nothing and is only type-checked.
+struct TokenizeRequest {
+  std::string model;
+  std::string prompt;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body);
 
 }  // namespace tost::service::openai

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "service/engine/client_text.h"
 #include "service/generation/generation_call.h"
 #include "service/http/http_errors.h"
@@ -27,9 +28,10 @@ using openai::Endpoint;
 // weakly.
 class OpenAiSink final : public CallSink {
  public:
-  OpenAiSink(Engine& engine, std::shared_ptr<HttpExchange> exchange, Endpoint endpoint,
-             HandlerPool& store_admission)
+  OpenAiSink(Engine& engine, const ServiceLimits& limits, std::shared_ptr<HttpExchange> exchange,
+             Endpoint endpoint, HandlerPool& store_admission)
       : engine_(engine),
+        limits_(limits),
         exchange_(std::move(exchange)),
         endpoint_(endpoint),
         store_admission_(store_admission) {}
@@ -39,6 +41,10 @@ class OpenAiSink final : public CallSink {
   void Start(GenerationCall& call) {
     StartCall(*exchange_, call, [&]() -> absl::Status {
       TOST_RETURN_IF_ERROR(Parse());
+      if (request_.echo) {
+        TOST_RETURN_IF_ERROR(ScoreEcho());
+        if (request_.max_tokens == 0) return AnswerEchoOnly();
+      }
       if (request_.session_id.empty()) return Admit(call);
       return AdmitOnStorePool(store_admission_, exchange_, call,
                               [this, &call] { return Admit(call); });
@@ -72,6 +78,11 @@ class OpenAiSink final : public CallSink {
     builder_ = std::make_unique<openai::ResponseBuilder>(request_, std::move(meta),
                                                          call.generator->tokenizer());
     if (request_.stream) exchange_->StartStream();
+    if (request_.echo) {
+      if (std::string chunks = builder_->Echo(echo_); !chunks.empty()) {
+        exchange_->Write(std::move(chunks));
+      }
+    }
   }
   bool HasRoom() override { return !request_.stream || exchange_->HasRoom(); }
   bool NotifyWhenRoom(absl::AnyInvocable<void()> wake) override {
@@ -122,6 +133,108 @@ class OpenAiSink final : public CallSink {
                           openai::ParseOpenAiRequest(endpoint_, exchange_->request().body));
     return absl::OkStatus();
   }
+  // echo: the prompt's text and, with logprobs, each of its tokens scored in one forward over it
+  // (GenerativeModel::ScorePrompt), before the call is admitted: a prompt the model cannot score
+  // is refused before anything is generated. The forward runs on this admission thread, beside
+  // the scheduler's steps; the prompt is at most the context length.
+  absl::Status ScoreEcho() {
+    auto scheduler = engine_.Scheduler(request_.model);
+    if (!scheduler.ok()) return ModelRefusal(engine_, request_.model, scheduler.status());
+    const GenerativeModel& model = (*scheduler)->model();
+    GenerationInput in;
+    if (request_.prompt_tokens.has_value()) {
+      in.prompt_tokens = absl::MakeConstSpan(*request_.prompt_tokens);
+    } else if (request_.prompt_text.has_value()) {
+      in.prompt_text = *request_.prompt_text;
+    }
+    auto ids = PromptTokenIds(in, model.tokenizer(), limits_, openai::FieldNames(request_));
+    if (!ids.ok()) return openai::WithParam(ids.status(), "prompt");
+    const std::vector<int32_t> tokens = *std::move(ids);
+    const int64_t vocab = model.config().language.vocab_size;
+    const int64_t context = model.config().language.context_length;
+    if (tokens.empty()) {
+      return openai::FieldError("prompt",
+                                "expected a prompt of at least one token to echo, got none");
+    }
+    if (static_cast<int64_t>(tokens.size()) > context) {
+      return openai::FieldError(
+          "prompt", absl::StrCat("echo scores a prompt in one pass over the model's context: "
+                                 "expected at most ",
+                                 context, " tokens for model ", QuoteClientText(request_.model),
+                                 ", got ", tokens.size()));
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= vocab) {
+        return openai::FieldError(
+            absl::StrCat("prompt[", i, "]"),
+            absl::StrCat("expected a token id of model ", QuoteClientText(request_.model),
+                         "'s vocabulary (0 to ", vocab - 1, "), got ", tokens[i]));
+      }
+    }
+    const model::Tokenizer& tokenizer = model.tokenizer();
+    if (request_.prompt_text.has_value()) {
+      echo_.text = *request_.prompt_text;
+    } else {
+      std::string bytes;
+      for (int32_t t : tokens) bytes += tokenizer.TokenBytes(t);
+      echo_.text = model::EscapeInvalidUtf8(bytes);
+    }
+    echo_prompt_tokens_ = static_cast<int32_t>(tokens.size());
+    if (!request_.logprobs.has_value()) return absl::OkStatus();
+    std::vector<model::DrawnToken> scored;
+    if (tokens.size() > 1) {
+      auto s = model.ScorePrompt(tokens, *request_.logprobs);
+      if (!s.ok()) return openai::WithParam(s.status(), "prompt");
+      scored = *std::move(s);
+    }
+    echo_.tokens.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      TokenEvent& t = echo_.tokens[i];
+      t.id = tokens[i];
+      t.bytes = tokenizer.TokenBytes(tokens[i]);
+      t.position = static_cast<int64_t>(i);
+      if (i == 0) continue;
+      const model::DrawnToken& d = scored[i - 1];
+      if (d.nonfinite_id >= 0) {
+        return absl::InternalError(absl::StrCat("model ", request_.model,
+                                                ": a non-finite logit scoring the prompt (id ",
+                                                d.nonfinite_id, ")"));
+      }
+      t.logprob = d.logprob;
+      t.top_logprobs = d.top_logprobs;
+    }
+    return absl::OkStatus();
+  }
+  // echo with max_tokens 0: the prompt scored is the whole answer; nothing is admitted.
+  absl::Status AnswerEchoOnly() {
+    openai::ResponseMeta meta;
+    meta.id = openai::ResponseId(endpoint_, exchange_->request().request_id);
+    meta.created = absl::ToUnixSeconds(absl::Now());
+    meta.model = request_.model;
+    auto scheduler = engine_.Scheduler(request_.model);
+    if (!scheduler.ok()) return ModelRefusal(engine_, request_.model, scheduler.status());
+    openai::ResponseBuilder builder(request_, std::move(meta), (*scheduler)->model().tokenizer());
+    GenerationEvent finished;
+    finished.kind = GenerationEvent::Kind::kFinished;
+    finished.finish_reason = FinishReason::kLength;
+    finished.prompt_tokens = echo_prompt_tokens_;
+    if (!request_.stream) {
+      builder.Echo(echo_);
+      for (int32_t i = 0; i < request_.n; ++i) TOST_RETURN_IF_ERROR(builder.Finish(i, finished));
+      exchange_->Respond(http::MakeResponse(200, builder.Body()));
+      return absl::OkStatus();
+    }
+    exchange_->StartStream();
+    std::string out = builder.Echo(echo_);
+    for (int32_t i = 0; i < request_.n; ++i) {
+      TOST_ASSIGN_OR_RETURN(std::string chunk, builder.FinishChunk(i, finished));
+      out += chunk;
+    }
+    out += builder.End();
+    exchange_->Write(std::move(out));
+    exchange_->Finish();
+    return absl::OkStatus();
+  }
   absl::Status Admit(GenerationCall& call) {
     const http::HttpRequest& http_request = exchange_->request();
     const bool fresh = request_.session_id.empty() && !request_.state.has_value();
@@ -143,21 +256,101 @@ class OpenAiSink final : public CallSink {
     return call.Admit(std::move(r));
   }
   Engine& engine_;
+  const ServiceLimits& limits_;
   const std::shared_ptr<HttpExchange> exchange_;
   const Endpoint endpoint_;
   HandlerPool& store_admission_;
   // Set by Parse(), Admit() and Started(), then read-only.
   openai::OpenAiRequest request_;
   std::string prompt_storage_;  // a chat's rendered prompt, which the call's input views
+  openai::EchoedPrompt echo_;   // echo: the prompt, scored when logprobs are asked for
+  int32_t echo_prompt_tokens_ = 0;
   std::unique_ptr<openai::ResponseBuilder> builder_;
 };
 
 void Route(Engine& engine, const ServiceLimits& limits, AdmissionPools admission, Endpoint endpoint,
            std::shared_ptr<HttpExchange> exchange) {
-  auto sink = std::make_shared<OpenAiSink>(engine, exchange, endpoint, admission.store);
+  auto sink = std::make_shared<OpenAiSink>(engine, limits, exchange, endpoint, admission.store);
   std::shared_ptr<GenerationCall> call = GenerationCall::Create(engine, limits, sink);
   if (!admission.stateless.Schedule([sink, call] { sink->Start(*call); })) {
     RespondError(*exchange, admission.stateless.Refusal(exchange->request().path));
+  }
+}
+
+// The language model a tokenizer route names (`name`), or the server's only one when it names
+// none.
+absl::StatusOr<const GenerativeModel*> TokenizerModel(Engine& engine, const std::string& name) {
+  std::string model = name;
+  if (model.empty()) {
+    std::vector<std::string> served;
+    for (const ModelEntry& m : engine.models()) {
+      if (m.load_status.ok() && m.generator != nullptr) served.push_back(m.name);
+    }
+    if (served.size() != 1) {
+      return openai::FieldError(
+          "model", absl::StrCat("missing: expected the name of a language model (this server "
+                                "serves ",
+                                served.size(), "), as GET /v1/models lists them"));
+    }
+    model = served[0];
+  }
+  auto scheduler = engine.Scheduler(model);
+  if (!scheduler.ok()) return ModelRefusal(engine, model, scheduler.status());
+  return &(*scheduler)->model();
+}
+
+absl::Status Tokenize(Engine& engine, const ServiceLimits& limits, HttpExchange& exchange) {
+  TOST_ASSIGN_OR_RETURN(openai::TokenizeRequest r,
+                        openai::ParseTokenizeRequest(exchange.request().body));
+  TOST_ASSIGN_OR_RETURN(const GenerativeModel* model, TokenizerModel(engine, r.model));
+  GenerationInput in;
+  in.prompt_text = r.prompt;
+  GenerationFieldNames names;
+  names.prompt_text = "prompt";
+  auto tokens = PromptTokenIds(in, model->tokenizer(), limits, names);
+  if (!tokens.ok()) return openai::WithParam(tokens.status(), "prompt");
+  exchange.Respond(http::MakeResponse(
+      200, openai::TokenizeBody(*tokens, model->config().language.context_length)));
+  return absl::OkStatus();
+}
+
+absl::Status Detokenize(Engine& engine, const ServiceLimits& limits, HttpExchange& exchange) {
+  TOST_ASSIGN_OR_RETURN(openai::DetokenizeRequest r,
+                        openai::ParseDetokenizeRequest(exchange.request().body));
+  TOST_ASSIGN_OR_RETURN(const GenerativeModel* model, TokenizerModel(engine, r.model));
+  GenerationInput in;
+  in.prompt_tokens = absl::MakeConstSpan(r.tokens);
+  GenerationFieldNames names;
+  names.prompt_tokens = "tokens";
+  // The prompt limit bounds the ids' count as it bounds a prompt's.
+  auto tokens = PromptTokenIds(in, model->tokenizer(), limits, names);
+  if (!tokens.ok()) return openai::WithParam(tokens.status(), "tokens");
+  const int64_t vocab = model->tokenizer().vocab_size();
+  std::string bytes;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const int32_t id = (*tokens)[i];
+    if (id >= vocab) {
+      return openai::FieldError(absl::StrCat("tokens[", i, "]"),
+                                absl::StrCat("expected a token id of the model's vocabulary (0 to ",
+                                             vocab - 1, "), got ", id));
+    }
+    bytes += model->tokenizer().TokenBytes(id);
+  }
+  exchange.Respond(http::MakeResponse(200, openai::DetokenizeBody(bytes)));
+  return absl::OkStatus();
+}
+
+// The tokenizer routes run on the stateless admission pool: a prompt of up to the prompt limit is
+// tokenised off the connection's thread.
+void TokenizerRoute(Engine& engine, const ServiceLimits& limits, HandlerPool& pool,
+                    std::shared_ptr<HttpExchange> exchange,
+                    absl::Status (*handle)(Engine&, const ServiceLimits&, HttpExchange&)) {
+  const std::string path = exchange->request().path;
+  if (!pool.Schedule([&engine, &limits, exchange, handle] {
+        if (exchange->cancelled()) return;
+        if (absl::Status s = handle(engine, limits, *exchange); !s.ok()) RespondError(*exchange, s);
+      })) {
+    RespondError(*exchange, pool.Refusal(path));
   }
 }
 
@@ -169,6 +362,38 @@ void AddOpenAiRoutes(ServingEngine engine, const ServiceLimits& limits, Admissio
     if (Engine* e = EngineOrLoading(engine, *exchange))
       exchange->Respond(http::MakeResponse(200, openai::ModelsListBody(e->models())));
   });
+  router.Handle("GET", "/v1/models/{model}", [engine](std::shared_ptr<HttpExchange> exchange) {
+    Engine* e = EngineOrLoading(engine, *exchange);
+    if (e == nullptr) return;
+    const std::string name(exchange->request().PathParam("model"));
+    if (std::optional<std::string> body = openai::ModelBody(e->models(), name)) {
+      exchange->Respond(http::MakeResponse(200, *std::move(body)));
+      return;
+    }
+    // Not served here: the engine's own words (unknown, failed to load, or a classifier).
+    absl::Status status =
+        absl::NotFoundError(absl::StrCat("model ", QuoteClientText(name), " is not served"));
+    if (auto scheduler = e->Scheduler(name); !scheduler.ok()) status = scheduler.status();
+    RespondError(*exchange, ModelRefusal(*e, name, std::move(status)));
+  });
+  router.Handle("GET", "/tokenizer_info", [engine](std::shared_ptr<HttpExchange> exchange) {
+    Engine* e = EngineOrLoading(engine, *exchange);
+    if (e == nullptr) return;
+    auto model = TokenizerModel(*e, "");
+    if (!model.ok()) return RespondError(*exchange, model.status());
+    exchange->Respond(http::MakeResponse(
+        200, openai::TokenizerInfoBody((*model)->config(), (*model)->tokenizer())));
+  });
+  router.Handle("POST", "/tokenize",
+                [engine, &limits, admission](std::shared_ptr<HttpExchange> exchange) {
+                  if (Engine* e = EngineOrLoading(engine, *exchange))
+                    TokenizerRoute(*e, limits, admission.stateless, std::move(exchange), Tokenize);
+                });
+  router.Handle(
+      "POST", "/detokenize", [engine, &limits, admission](std::shared_ptr<HttpExchange> exchange) {
+        if (Engine* e = EngineOrLoading(engine, *exchange))
+          TokenizerRoute(*e, limits, admission.stateless, std::move(exchange), Detokenize);
+      });
   router.Handle("POST", "/v1/completions",
                 [engine, &limits, admission](std::shared_ptr<HttpExchange> exchange) {
                   if (Engine* e = EngineOrLoading(engine, *exchange))
