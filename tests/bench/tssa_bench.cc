@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/decode_pack.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/tssa_cpu.h"
@@ -48,7 +49,9 @@ usage: tssa_bench [--quick] [--threads=N] [--sections=LIST] [--device=cpu|cuda|c
                    acceptance measurements: the bandwidth arrays fit in the last-level cache)
   --threads=N      intra-op threads for every measurement (default: all cores)
   --sections=LIST  comma-separated subset of bandwidth,kernel,causal,layer-time,layer-memory
-                   (default: all)
+                   (default: all), or decode-products (only when named): the lean decode
+                   step's packed products (kernels/cpu/decode_kernels.h) at int8 and fp32, every
+                   table this CPU runs side by side, one thread
   --sizes=LIST     kernel section only these B:N pairs, e.g. 8:16384,8:65536 (default: B 1 and 8,
                    N 256...65536)
   --device=D       cpu (default: this benchmark) or cuda[:N]: runs tssa_gpu_bench, the same
@@ -591,6 +594,87 @@ std::vector<std::string> ChildArgs(const std::string& variant, const std::string
           "--threads=" + std::to_string(at::get_num_threads())};
 }
 
+// The lean decode step's products on the bench LM's four dense layers (C 384: 384→1152, 384→384,
+// 384→1536, 1536→384), one thread, every product table this CPU runs: per table and row count the
+// median time of the four products, and its ratio to the first table's. The int8 tables: the
+// widening product at every row count (AVX2 and AVX-512: the path before the float32 tiles),
+// the tables the lean step takes (AVX2 and AVX-512 without VNNI: float32 tiles from 4 rows), and
+// AVX-512 VNNI's quads where the CPU has them.
+void RunDecodeProductsSection(const Args& args) {
+  using namespace kernels::cpu;
+  const std::vector<std::pair<int64_t, int64_t>> layers = {
+      {1152, 384}, {384, 384}, {1536, 384}, {384, 1536}};
+  const std::vector<int64_t> row_counts =
+      args.quick ? std::vector<int64_t>{1, 16}
+                 : std::vector<int64_t>{1, 2, 4, 6, 8, 12, 16, 32, 64, 128};
+  struct Table {
+    std::string name;
+    const DecodeKernels* kernels;
+  };
+  std::vector<Table> tables;
+  for (CpuIsa isa : AvailableCpuIsas()) {
+    if (isa == CpuIsa::kDefault) continue;
+    tables.push_back({std::string(CpuIsaName(isa)) + " widening", &WideningDecodeKernelsFor(isa)});
+    tables.push_back(
+        {std::string(CpuIsaName(isa)) + " " + std::string(Int8ProductsName(isa, false)),
+         &DecodeKernelsFor(isa, false)});
+  }
+  if (CpuHasDotProducts()) {
+    tables.push_back({"AVX512 vnni-quads", &DecodeKernelsFor(CpuIsa::kAvx512, true)});
+  }
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const int reps = args.quick ? 3 : 15;
+  for (PackedType type : {PackedType::kInt8, PackedType::kFloat32}) {
+    std::printf(
+        "\nLean decode products, %s weights, bench LM layers (384x1152, 384x384, 384x1536, "
+        "1536x384), 1 thread, ms for the four (median of %d interleaved repeats); ratio = first "
+        "table's time / this table's\n  %6s",
+        type == PackedType::kInt8 ? "int8" : "fp32", reps, "rows");
+    for (const Table& t : tables) std::printf(" %22s %6s", t.name.c_str(), "ratio");
+    std::printf("\n");
+    at::manual_seed(7);
+    // Weights packed per table (the VNNI table packs int8 in quads).
+    std::vector<std::vector<PackedWeights>> packed(tables.size());
+    for (size_t t = 0; t < tables.size(); ++t) {
+      for (auto [out, in] : layers) {
+        const int64_t group = tables[t].kernels->input_group[static_cast<int>(type)];
+        at::manual_seed(out * 7919 + in);
+        packed[t].push_back(PackWeights(at::randn({out, in}), at::randn({out}), type, group));
+      }
+    }
+    for (int64_t rows : row_counts) {
+      const at::Tensor x = at::randn({rows, 1536});
+      std::vector<float> y(static_cast<size_t>(rows * 1536));
+      std::vector<uint32_t> prepared(static_cast<size_t>(rows * 1537 + 16));
+      std::vector<std::vector<double>> ms(tables.size());
+      for (int rep = 0; rep < reps + 1; ++rep) {
+        for (size_t t = 0; t < tables.size(); ++t) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (const PackedWeights& p : packed[t]) {
+            const PackedMatrix& m = p.matrix;
+            tables[t].kernels->prepare(m, x.data_ptr<float>(), rows, m.in, prepared.data());
+            tables[t].kernels->matmul(m, x.data_ptr<float>(), rows, m.in, prepared.data(), 0,
+                                      m.panels(), y.data(), m.out);
+          }
+          const double elapsed =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          if (rep > 0) ms[t].push_back(elapsed);  // the first round warms the caches
+        }
+      }
+      std::printf("  %6lld", static_cast<long long>(rows));
+      const double first = Median(ms[0]);
+      for (size_t t = 0; t < tables.size(); ++t) {
+        const double m = Median(ms[t]);
+        std::printf(" %22.3f %5.2fx", m, first / m);
+      }
+      std::printf("\n");
+    }
+  }
+  at::set_num_threads(previous_threads);
+}
+
 void RunLayerTimeSection(const Args& args) {
   const std::vector<int64_t> tokens =
       args.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
@@ -695,6 +779,7 @@ int Main(int argc, char** argv) {
   if (Wants(args, "causal")) ok = RunCausalSection(args) && ok;
   if (Wants(args, "layer-time")) RunLayerTimeSection(args);
   if (Wants(args, "layer-memory")) RunLayerMemorySection(args);
+  if (Wants(args, "decode-products")) RunDecodeProductsSection(args);
   std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
   return ok ? 0 : 1;
 }
