@@ -225,40 +225,46 @@ absl::StatusOr<ChatTemplate> ParseChatTemplateJson(const json& v, const std::str
                    absl::StrCat("chat_template must be an object, got ", Utf8Prefix(v.dump(), 64)));
   }
   static constexpr const char* kKeys[] = {"system", "user", "assistant", "generation_prompt",
-                                          "stop"};
+                                          "stop",   "tools"};
   for (const auto& item : v.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), item.key()) == std::end(kKeys)) {
       return Invalid(where,
                      absl::StrCat("chat_template has an unknown key \"", Utf8Prefix(item.key(), 64),
                                   "\" (expected system, user, assistant, "
-                                  "generation_prompt, stop)"));
+                                  "generation_prompt, stop, tools)"));
     }
   }
-  auto text = [&](const char* key) -> absl::StatusOr<std::string> {
-    const json& t = v.at(key);
+  auto text_in = [&](const json& obj, const std::string& key,
+                     std::string display = "") -> absl::StatusOr<std::string> {
+    if (display.empty()) display = key;
+    const json& t = obj.at(key);
     if (!t.is_string()) {
-      return Invalid(where, absl::StrCat("chat_template.", key, ": expected a string, got ",
+      return Invalid(where, absl::StrCat("chat_template.", display, ": expected a string, got ",
                                          Utf8Prefix(t.dump(), 64)));
     }
     std::string s = t.get<std::string>();
     if (s.size() > kMaxChatTemplateTextBytes) {
-      return Invalid(where, absl::StrCat("chat_template.", key, ": at most ",
+      return Invalid(where, absl::StrCat("chat_template.", display, ": at most ",
                                          kMaxChatTemplateTextBytes, " bytes, got ", s.size()));
     }
     return s;
   };
-  constexpr std::string_view kPlaceholder = "{content}";
-  auto turn = [&](const char* key) -> absl::StatusOr<ChatTemplate::Turn> {
-    TOST_ASSIGN_OR_RETURN(std::string s, text(key));
-    const size_t at = s.find(kPlaceholder);
-    if (at == std::string::npos || s.find(kPlaceholder, at + 1) != std::string::npos) {
-      return Invalid(where, absl::StrCat("chat_template.", key,
-                                         ": expected exactly one \"{content}\" (where the "
-                                         "message goes), got ",
-                                         Utf8Prefix(json(s).dump(), 64)));
+  auto text = [&](const char* key) { return text_in(v, key); };
+  // `key`'s text (in `obj`, named `display` in errors) split at its one `placeholder`.
+  auto split_in = [&](const json& obj, const std::string& key, const std::string& display,
+                      const std::string& placeholder) -> absl::StatusOr<ChatTemplate::Turn> {
+    TOST_ASSIGN_OR_RETURN(std::string s, text_in(obj, key, display));
+    const size_t at = s.find(placeholder);
+    if (at == std::string::npos || s.find(placeholder, at + 1) != std::string::npos) {
+      return Invalid(where, absl::StrCat("chat_template.", display, ": expected exactly one \"",
+                                         placeholder, "\" (where the ",
+                                         placeholder == "{tools}" ? "tools go" : "message goes",
+                                         "), got ", Utf8Prefix(json(s).dump(), 64)));
     }
-    return ChatTemplate::Turn{s.substr(0, at), s.substr(at + kPlaceholder.size())};
+    return ChatTemplate::Turn{s.substr(0, at), s.substr(at + placeholder.size())};
   };
+  constexpr std::string_view kPlaceholder = "{content}";
+  auto turn = [&](const char* key) { return split_in(v, key, key, std::string(kPlaceholder)); };
   ChatTemplate t;
   for (const char* required : {"user", "assistant"}) {
     if (!v.contains(required)) {
@@ -278,6 +284,45 @@ absl::StatusOr<ChatTemplate> ParseChatTemplateJson(const json& v, const std::str
                      "chat_template.generation_prompt: expected no \"{content}\" (it opens the "
                      "reply, which has no content yet)");
     }
+  }
+  if (v.contains("tools")) {
+    const json& tools = v.at("tools");
+    static constexpr const char* kToolKeys[] = {"definitions", "call_begin", "call_end", "result"};
+    if (!tools.is_object()) {
+      return Invalid(where, absl::StrCat("chat_template.tools: expected an object {",
+                                         "\"definitions\", \"call_begin\", \"call_end\", "
+                                         "\"result\"}, got ",
+                                         Utf8Prefix(tools.dump(), 64)));
+    }
+    for (const char* key : kToolKeys) {
+      if (!tools.contains(key)) {
+        return Invalid(where, absl::StrCat("chat_template.tools.", key, ": missing"));
+      }
+    }
+    for (const auto& item : tools.items()) {
+      if (std::find(std::begin(kToolKeys), std::end(kToolKeys), item.key()) ==
+          std::end(kToolKeys)) {
+        return Invalid(where, absl::StrCat("chat_template.tools has an unknown key \"",
+                                           Utf8Prefix(item.key(), 64),
+                                           "\" (expected definitions, call_begin, call_end, "
+                                           "result)"));
+      }
+    }
+    ChatTemplate::Tools f;
+    TOST_ASSIGN_OR_RETURN(ChatTemplate::Turn defs,
+                          split_in(tools, "definitions", "tools.definitions", "{tools}"));
+    f.definitions_prefix = std::move(defs.prefix);
+    f.definitions_suffix = std::move(defs.suffix);
+    TOST_ASSIGN_OR_RETURN(f.call_begin, text_in(tools, "call_begin", "tools.call_begin"));
+    TOST_ASSIGN_OR_RETURN(f.call_end, text_in(tools, "call_end", "tools.call_end"));
+    if (f.call_begin.empty() || f.call_end.empty()) {
+      return Invalid(where,
+                     "chat_template.tools: expected a non-empty call_begin and call_end (what "
+                     "marks a call in the model's output)");
+    }
+    TOST_ASSIGN_OR_RETURN(f.result,
+                          split_in(tools, "result", "tools.result", std::string(kPlaceholder)));
+    t.tools = std::move(f);
   }
   if (v.contains("stop")) {
     const json& stop = v.at("stop");

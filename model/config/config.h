@@ -75,6 +75,19 @@ struct ChatTemplate {
   std::string generation_prompt;  // appended after the last turn: where the reply starts
   // Stop strings every chat request gets (the end of a turn), before the request's own.
   std::vector<std::string> stop;
+  // How the model sees tools and calls them ("tools"; absent: the model takes no tool calls). The
+  // request's functions, as a JSON array of {"name", "description", "parameters"}, replace
+  // "{tools}" in `definitions`, which comes before the first turn. An assistant turn's calls are
+  // `call_begin` + a JSON array of {"name", "arguments"} + `call_end`, after its content; a tool
+  // message is a `result` turn.
+  struct Tools {
+    std::string definitions_prefix;  // `definitions` before "{tools}"
+    std::string definitions_suffix;  // and after it
+    std::string call_begin;
+    std::string call_end;
+    Turn result;
+  };
+  std::optional<Tools> tools;
 };
 
 // Bounds on a chat template: its stop strings join a request's (at most 4) in a state that holds

@@ -8,12 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
 #include "service/engine/client_text.h"
 #include "service/openai/error.h"
 #include "service/openai/json_fields.h"
+#include "service/structured/constraint.h"
 
 namespace tost::service::openai {
 namespace {
@@ -88,6 +90,60 @@ absl::StatusOr<std::string> MessageContent(const json& v, const std::string& fie
   return text;
 }
 
+// An assistant's tool_calls and a tool message's tool_call_id, which must name a call of an
+// earlier assistant message.
+absl::Status ParseMessageToolFields(const json& m, const std::string& at, ChatMessage& msg,
+                                    const std::vector<ChatMessage>& earlier) {
+  const json& calls = Field(m, "tool_calls");
+  if (!calls.is_null()) {
+    const std::string field = absl::StrCat(at, ".tool_calls");
+    if (msg.role != ChatRole::kAssistant) {
+      return FieldError(field, "only an assistant message carries tool calls");
+    }
+    if (!calls.is_array() || calls.size() > kMaxTools) {
+      return Expected(field, absl::StrCat("an array of at most ", kMaxTools, " tool calls"), calls);
+    }
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const json& c = calls[k];
+      const std::string ck = absl::StrCat(field, "[", k, "]");
+      if (!c.is_object()) {
+        return Expected(
+            ck, R"(an object {"id", "type": "function", "function": {"name", "arguments"}})", c);
+      }
+      ToolCall call;
+      TOST_ASSIGN_OR_RETURN(call.id, String(Field(c, "id"), ck + ".id"));
+      if (const json& type = Field(c, "type"); !type.is_null() && type != "function") {
+        return Expected(ck + ".type", "\"function\"", type);
+      }
+      const json& fn = Field(c, "function");
+      if (!fn.is_object())
+        return Expected(ck + ".function", R"(an object {"name", "arguments"})", fn);
+      TOST_ASSIGN_OR_RETURN(call.name, String(Field(fn, "name"), ck + ".function.name"));
+      TOST_ASSIGN_OR_RETURN(call.arguments,
+                            String(Field(fn, "arguments"), ck + ".function.arguments"));
+      msg.tool_calls.push_back(std::move(call));
+    }
+  }
+  const json& id = Field(m, "tool_call_id");
+  if (msg.role != ChatRole::kTool) {
+    if (!id.is_null()) {
+      return FieldError(absl::StrCat(at, ".tool_call_id"), "only a tool message answers a call");
+    }
+    return absl::OkStatus();
+  }
+  const std::string field = absl::StrCat(at, ".tool_call_id");
+  if (id.is_null()) return FieldError(field, "missing: expected the id of the call this answers");
+  TOST_ASSIGN_OR_RETURN(msg.tool_call_id, String(id, field));
+  for (const ChatMessage& e : earlier) {
+    for (const ToolCall& c : e.tool_calls) {
+      if (c.id == msg.tool_call_id) return absl::OkStatus();
+    }
+  }
+  return FieldError(field, absl::StrCat("expected the id of a call an earlier assistant message "
+                                        "made, got ",
+                                        QuoteClientText(msg.tool_call_id)));
+}
+
 absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
   if (v.is_null()) return FieldError("messages", "missing: expected an array of messages");
   if (!v.is_array() || v.empty()) return Expected("messages", "a non-empty array of messages", v);
@@ -95,9 +151,6 @@ absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
     const json& m = v[i];
     const std::string at = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return Expected(at, "an object {\"role\", \"content\"}", m);
-    if (const json& t = Field(m, "tool_call_id"); !t.is_null()) {
-      return Unsupported(absl::StrCat(at, ".tool_call_id"), "no tool calling", t);
-    }
     const json& role = Field(m, "role");
     ChatMessage msg;
     const std::string* name = role.is_string() ? &role.get_ref<const std::string&>() : nullptr;
@@ -108,9 +161,11 @@ absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
       msg.role = ChatRole::kUser;
     } else if (name != nullptr && *name == "assistant") {
       msg.role = ChatRole::kAssistant;
+    } else if (name != nullptr && *name == "tool") {
+      msg.role = ChatRole::kTool;
     } else {
       return Expected(absl::StrCat(at, ".role"),
-                      "one of \"system\", \"developer\", \"user\", \"assistant\"", role);
+                      "one of \"system\", \"developer\", \"user\", \"assistant\", \"tool\"", role);
     }
     if (const json& n = Field(m, "name"); !n.is_null()) {
       if (!n.is_string() || !ValidSchemaName(n.get_ref<const std::string&>())) {
@@ -128,13 +183,16 @@ absl::Status ParseMessages(const json& v, OpenAiRequest& r) {
                            v);
       }
     }
-    for (const char* tool_key : {"tool_calls", "function_call"}) {
-      const json& t = Field(m, tool_key);
-      if (!t.is_null() && !(t.is_array() && t.empty())) {
-        return Unsupported(absl::StrCat(at, ".", tool_key), "no tool calling", t);
-      }
+    if (const json& t = Field(m, "function_call"); !t.is_null()) {
+      return Unsupported(absl::StrCat(at, ".function_call"),
+                         "the deprecated function_call form: send tool_calls", t);
     }
-    TOST_ASSIGN_OR_RETURN(msg.content, MessageContent(Field(m, "content"), at + ".content"));
+    TOST_RETURN_IF_ERROR(ParseMessageToolFields(m, at, msg, r.messages));
+    const json& content = Field(m, "content");
+    // An assistant message that calls tools may have no content.
+    if (!(content.is_null() && !msg.tool_calls.empty())) {
+      TOST_ASSIGN_OR_RETURN(msg.content, MessageContent(content, at + ".content"));
+    }
     r.messages.push_back(std::move(msg));
   }
   return absl::OkStatus();
@@ -239,7 +297,10 @@ absl::Status ParseVllmSampling(const json& body, OpenAiRequest& r) {
   if (const json& v = Field(body, "stop_token_ids"); !v.is_null()) {
     if (!v.is_array()) return Expected("stop_token_ids", "an array of token ids", v);
     // The count is checked before anything is copied (the state's own bound).
-    TOST_RETURN_IF_ERROR(CheckStopCounts(0, v.size(), FieldNames(r)));
+    if (v.size() > kMaxStopTokenIds) {
+      return FieldError("stop_token_ids", absl::StrCat("expected at most ", kMaxStopTokenIds,
+                                                       " token ids, got ", v.size()));
+    }
     TOST_ASSIGN_OR_RETURN(r.stop_token_ids, TokenIds(v, "stop_token_ids"));
   }
   return absl::OkStatus();
@@ -337,23 +398,13 @@ absl::Status RefuseUnsupported(const json& body, const OpenAiRequest& r) {
                          v);
     }
   }
-  for (const char* key : {"tools", "functions"}) {
-    const json& v = Field(body, key);
-    if (!v.is_null() && !(v.is_array() && v.empty())) {
-      if (!v.is_array()) return Expected(key, "an array", v);
-      return Unsupported(key, "no tool calling", v);
-    }
+  // The deprecated forms of tools and tool_choice.
+  if (const json& v = Field(body, "functions"); !v.is_null() && !(v.is_array() && v.empty())) {
+    if (!v.is_array()) return Expected("functions", "an array", v);
+    return Unsupported("functions", "the deprecated functions form: send tools", v);
   }
-  if (const json& v = Field(body, "parallel_tool_calls"); !v.is_null()) {
-    TOST_ASSIGN_OR_RETURN(bool parallel, Bool(v, "parallel_tool_calls"));
-    if (parallel)
-      return Unsupported("parallel_tool_calls", "no tool calling; false is accepted", v);
-  }
-  for (const char* key : {"tool_choice", "function_call"}) {
-    const json& v = Field(body, key);
-    if (!v.is_null() && !(v.is_string() && v.get_ref<const std::string&>() == "none")) {
-      return Unsupported(key, "no tool calling; \"none\" is accepted", v);
-    }
+  if (const json& v = Field(body, "function_call"); !v.is_null() && v != "none") {
+    return Unsupported("function_call", "the deprecated function_call form: send tool_choice", v);
   }
   {
     const json& v = Field(body, "suffix");
@@ -570,6 +621,210 @@ absl::Status ParseConstraint(std::string_view raw_body, const json& body, OpenAi
   return absl::OkStatus();
 }
 
+// `schema` with every "$ref" that points into its own document ("#...") rebased to `base`.
+template <typename Json>
+void RebaseRefs(Json& schema, const std::string& base) {
+  if (schema.is_object()) {
+    for (auto& [key, value] : schema.items()) {
+      if (key == "$ref" && value.is_string()) {
+        const std::string ref = value.template get<std::string>();
+        if (!ref.empty() && ref[0] == '#') value = base + ref.substr(1);
+      } else {
+        RebaseRefs(value, base);
+      }
+    }
+  } else if (schema.is_array()) {
+    for (Json& e : schema) RebaseRefs(e, base);
+  }
+}
+
+// Whether some finite JSON value satisfies `node` of schema `root`, as far as its local
+// references, combinators, required properties and non-empty arrays go: a reference back to a
+// schema being checked on the current path counts as unsatisfiable there, so a schema whose every
+// branch recurses ({"$ref": "#"}, or an object requiring itself) has no finite value. `budget`
+// bounds the visits (a schema with many shared references); past it the answer is yes, and the
+// compiler's own bounds apply.
+bool HasFiniteValue(const json& root, const json& node, std::vector<const json*>& path,
+                    int64_t& budget) {
+  if (--budget < 0 || !node.is_object()) return true;
+  if (std::find(path.begin(), path.end(), &node) != path.end()) return false;
+  path.push_back(&node);
+  bool finite = true;
+  const auto all = [&](const json& list) {
+    for (const json& e : list) {
+      if (!HasFiniteValue(root, e, path, budget)) return false;
+    }
+    return true;
+  };
+  if (const json& ref = Field(node, "$ref"); ref.is_string()) {
+    const std::string& r = ref.get_ref<const std::string&>();
+    if (r == "#" || absl::StartsWith(r, "#/")) {
+      try {
+        const json::json_pointer pointer(r.substr(1));
+        if (root.contains(pointer)) finite = HasFiniteValue(root, root.at(pointer), path, budget);
+      } catch (const json::exception&) {
+        // Not a pointer nlohmann reads ("~2"): the compiler says what is wrong with it.
+      }
+    }
+  }
+  for (const char* any_key : {"anyOf", "oneOf"}) {
+    const json& list = Field(node, any_key);
+    if (finite && list.is_array() && !list.empty()) {
+      finite = std::any_of(list.begin(), list.end(),
+                           [&](const json& e) { return HasFiniteValue(root, e, path, budget); });
+    }
+  }
+  if (const json& list = Field(node, "allOf"); finite && list.is_array()) finite = all(list);
+  const json& required = Field(node, "required");
+  const json& properties = Field(node, "properties");
+  if (finite && required.is_array() && properties.is_object()) {
+    for (const json& name : required) {
+      if (name.is_string() && properties.contains(name.get<std::string>()) &&
+          !HasFiniteValue(root, properties.at(name.get<std::string>()), path, budget)) {
+        finite = false;
+        break;
+      }
+    }
+  }
+  if (const json& items = Field(node, "items"); finite && items.is_object()) {
+    const json& min_items = Field(node, "minItems");
+    if (min_items.is_number() && min_items.get<double>() > 0) {
+      finite = HasFiniteValue(root, items, path, budget);
+    }
+  }
+  path.pop_back();
+  return finite;
+}
+
+// tools, tool_choice and parallel_tool_calls (chat). Each function's parameters are checked as a
+// constraint's schema is (structured::Validate: size, nesting, counts) and refused naming
+// tools[i].function.parameters; a required or named call's schema (ToolCallSchema) becomes the
+// request's constraint, reported under "tools".
+absl::Status ParseTools(std::string_view raw_body, const json& body, OpenAiRequest& r) {
+  const json& tools = Field(body, "tools");
+  if (!tools.is_null()) {
+    // The body once more with its objects' keys in the order sent (nlohmann's json sorts them).
+    const nlohmann::ordered_json ordered_body = nlohmann::ordered_json::parse(raw_body);
+    const nlohmann::ordered_json& ordered_tools = ordered_body.at("tools");
+    if (!tools.is_array() || tools.size() > kMaxTools) {
+      return Expected("tools",
+                      absl::StrCat("an array of at most ", kMaxTools,
+                                   " {\"type\": \"function\", \"function\": {...}}"),
+                      tools);
+    }
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const std::string at = absl::StrCat("tools[", i, "]");
+      const json& t = tools[i];
+      if (!t.is_object()) {
+        return Expected(at, R"(an object {"type": "function", "function": {"name", "parameters"}})",
+                        t);
+      }
+      if (const json& type = Field(t, "type"); type != "function") {
+        return Expected(at + ".type", "\"function\" (the only kind of tool here)", type);
+      }
+      const json& fn = Field(t, "function");
+      if (!fn.is_object()) {
+        return Expected(at + ".function", R"(an object {"name", "description", "parameters"})", fn);
+      }
+      ToolFunction f;
+      const json& name = Field(fn, "name");
+      if (!name.is_string() || !ValidSchemaName(name.get_ref<const std::string&>())) {
+        return Expected(at + ".function.name", "a name of 1 to 64 of a-z, A-Z, 0-9, _ and -", name);
+      }
+      f.name = name.get<std::string>();
+      for (const ToolFunction& other : r.tools) {
+        if (other.name == f.name) {
+          return FieldError(at + ".function.name",
+                            absl::StrCat("expected distinct function names, got ",
+                                         QuoteClientText(f.name), " twice"));
+        }
+      }
+      if (const json& d = Field(fn, "description"); !d.is_null()) {
+        TOST_ASSIGN_OR_RETURN(f.description, String(d, at + ".function.description"));
+      }
+      if (const json& strict = Field(fn, "strict"); !strict.is_null()) {
+        TOST_RETURN_IF_ERROR(Bool(strict, at + ".function.strict").status());
+      }
+      const std::string pfield = at + ".function.parameters";
+      const json& params = Field(fn, "parameters");
+      if (!params.is_null() && !params.is_object()) {
+        return Expected(pfield, "a JSON schema (an object)", params);
+      }
+      // As the client wrote it: the schema's property order is the arguments' order.
+      f.parameters = params.is_null() ? std::string("{}")
+                                      : ordered_tools.at(i).at("function").at("parameters").dump();
+      structured::Constraint c;
+      c.kind = structured::Constraint::Kind::kJsonSchema;
+      c.text = f.parameters;
+      if (absl::Status valid = structured::Validate(c); !valid.ok()) {
+        return FieldError(pfield, valid.message());
+      }
+      std::vector<const json*> path;
+      int64_t budget = 100000;
+      if (!params.is_null() && !HasFiniteValue(params, params, path, budget)) {
+        return FieldError(pfield,
+                          "expected a schema some finite JSON value satisfies, got one "
+                          "whose references recurse without end (every branch comes back "
+                          "to a schema it is inside)");
+      }
+      r.tools.push_back(std::move(f));
+    }
+  }
+  if (const json& v = Field(body, "parallel_tool_calls"); !v.is_null()) {
+    TOST_ASSIGN_OR_RETURN(r.parallel_tool_calls, Bool(v, "parallel_tool_calls"));
+  }
+  r.tool_choice = r.tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  const json& choice = Field(body, "tool_choice");
+  constexpr absl::string_view kChoices =
+      R"("none", "auto", "required" or {"type": "function", "function": {"name"}})";
+  if (choice.is_string()) {
+    const std::string& c = choice.get_ref<const std::string&>();
+    if (c == "none") {
+      r.tool_choice = ToolChoice::kNone;
+    } else if (c == "auto") {
+      r.tool_choice = ToolChoice::kAuto;
+    } else if (c == "required") {
+      r.tool_choice = ToolChoice::kRequired;
+    } else {
+      return Expected("tool_choice", kChoices, choice);
+    }
+  } else if (choice.is_object()) {
+    const json& fn = Field(choice, "function");
+    const json& name = fn.is_object() ? Field(fn, "name") : fn;
+    if (Field(choice, "type") != "function" || !name.is_string()) {
+      return Expected("tool_choice", kChoices, choice);
+    }
+    r.tool_choice = ToolChoice::kNamed;
+    r.tool_choice_name = name.get<std::string>();
+    if (std::none_of(r.tools.begin(), r.tools.end(),
+                     [&](const ToolFunction& f) { return f.name == r.tool_choice_name; })) {
+      return FieldError("tool_choice.function.name",
+                        absl::StrCat("expected the name of one of the request's tools, got ",
+                                     QuoteClientText(r.tool_choice_name)));
+    }
+  } else if (!choice.is_null()) {
+    return Expected("tool_choice", kChoices, choice);
+  }
+  if (r.tool_choice != ToolChoice::kNone && r.tools.empty()) {
+    return FieldError("tool_choice", "expected tools to choose from: the request has none");
+  }
+  if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) {
+    if (r.constraint.has_value()) {
+      return FieldError(
+          "tool_choice",
+          absl::StrCat("a required call is constrained by the functions' schemas, "
+                       "and ",
+                       r.constraint_field, " constrains the output too: send one of them"));
+    }
+    structured::Constraint c;
+    c.kind = structured::Constraint::Kind::kJsonSchema;
+    c.text = ToolCallSchema(r);
+    r.constraint = std::move(c);
+    r.constraint_field = "tools";
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body,
                                     const json& body) {
   if (!body.is_object()) return Expected("body", "a JSON object", body);
@@ -630,6 +885,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
   if (endpoint == Endpoint::kChatCompletions) TOST_RETURN_IF_ERROR(RefuseServiceOnly(body));
   TOST_RETURN_IF_ERROR(RefuseUnsupported(body, r));
   TOST_RETURN_IF_ERROR(ParseConstraint(raw_body, body, r));
+  if (endpoint == Endpoint::kChatCompletions) TOST_RETURN_IF_ERROR(ParseTools(raw_body, body, r));
   if (const json& v = Field(body, "session_id"); !v.is_null()) {
     TOST_ASSIGN_OR_RETURN(r.session_id, String(v, "session_id"));
   }
@@ -666,6 +922,37 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
   return ParseJsonBody(body, [&](const json& parsed) { return Parse(endpoint, body, parsed); });
 }
 
+std::string ToolCallSchema(const OpenAiRequest& request) {
+  using json = nlohmann::ordered_json;  // "name" before "arguments", parameters as sent
+  json defs = json::object();
+  json calls = json::array();
+  for (size_t i = 0; i < request.tools.size(); ++i) {
+    const ToolFunction& f = request.tools[i];
+    if (request.tool_choice == ToolChoice::kNamed && f.name != request.tool_choice_name) continue;
+    const std::string def = absl::StrCat("tool_", i);
+    json params = json::parse(f.parameters, nullptr, /*allow_exceptions=*/false);
+    if (params.is_discarded() || (params.is_object() && params.empty())) {
+      params = json{{"type", "object"}};
+    }
+    RebaseRefs(params, absl::StrCat("#/$defs/", def));
+    defs[def] = std::move(params);
+    calls.push_back({{"type", "object"},
+                     {"properties",
+                      {{"name", {{"const", f.name}}},
+                       {"arguments", {{"$ref", absl::StrCat("#/$defs/", def)}}}}},
+                     {"required", {"name", "arguments"}},
+                     {"additionalProperties", false}});
+  }
+  json items = calls.size() == 1 ? calls[0] : json{{"anyOf", std::move(calls)}};
+  json schema = {{"type", "array"}, {"items", std::move(items)}, {"minItems", 1}};
+  // A named function is called once; otherwise parallel_tool_calls false allows one call.
+  if (!request.parallel_tool_calls || request.tool_choice == ToolChoice::kNamed) {
+    schema["maxItems"] = 1;
+  }
+  schema["$defs"] = std::move(defs);
+  return schema.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 bool SetsSampling(const OpenAiRequest& request) {
   return request.temperature.has_value() || request.top_p.has_value() || request.seed.has_value() ||
          request.top_k.has_value() || request.min_p.has_value() ||
@@ -688,7 +975,22 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
   GenerationInput in;
   const bool continued = !request.session_id.empty() || request.state.has_value();
   if (request.endpoint == Endpoint::kChatCompletions) {
-    TOST_ASSIGN_OR_RETURN(*prompt_storage, RenderChat(config, request.messages));
+    if (!config.chat_template.has_value()) {
+      TOST_RETURN_IF_ERROR(RenderChat(config, request.messages).status());  // says why
+    }
+    const model::ChatTemplate& chat = *config.chat_template;
+    // "none" shows the model no tools (its history may still hold calls and results).
+    const std::vector<ToolFunction> no_tools;
+    TOST_ASSIGN_OR_RETURN(
+        *prompt_storage,
+        RenderChatWithTools(chat, request.messages,
+                            request.tool_choice == ToolChoice::kNone ? no_tools : request.tools,
+                            config.name));
+    const bool must_call =
+        request.tool_choice == ToolChoice::kRequired || request.tool_choice == ToolChoice::kNamed;
+    // A required call starts at once: the reply opens with the template's call marker, and the
+    // constraint (ToolCallSchema) makes the calls' JSON.
+    if (must_call) *prompt_storage += chat.tools->call_begin;
     in.prompt_text = *prompt_storage;
     in.stop.emplace();
     in.stop->token_ids = request.stop_token_ids.value_or(std::vector<int32_t>{});
@@ -699,6 +1001,12 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     } else {
       in.stop->strings =
           ChatStopStrings(*config.chat_template, request.stop.value_or(std::vector<std::string>{}));
+      // With tools offered, the end of a call ends the reply (ParseToolCalls reads it).
+      if (request.tool_choice == ToolChoice::kAuto &&
+          std::find(in.stop->strings.begin(), in.stop->strings.end(), chat.tools->call_end) ==
+              in.stop->strings.end()) {
+        in.stop->strings.push_back(chat.tools->call_end);
+      }
     }
   } else {
     if (request.prompt_tokens.has_value()) {
@@ -721,6 +1029,15 @@ absl::StatusOr<GenerationInput> ToGenerationInput(const OpenAiRequest& request,
     s.repetition_penalty = request.repetition_penalty.value_or(1.f);
     s.seed = request.seed.value_or(0);
     in.sampling = s;
+  }
+  // Checked here as well as by BuildGenerationRequest, so that the refusal carries its param.
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id >= config.language.vocab_size) {
+      return FieldError(
+          "logit_bias",
+          absl::StrCat("expected token ids of model ", QuoteClientText(config.name),
+                       "'s vocabulary (0 to ", config.language.vocab_size - 1, "), got ", id));
+    }
   }
   in.logit_bias = request.logit_bias;
   in.max_new_tokens = request.max_tokens.value_or(0);

@@ -34,6 +34,15 @@ enum class Endpoint { kCompletions, kChatCompletions };
 
 // OpenAI's limit on "stop"; the other limits are every front end's (generation_limits.h).
 inline constexpr int32_t kMaxStop = 4;
+// Functions a chat request may offer (OpenAI allows 128).
+inline constexpr size_t kMaxTools = 128;
+
+// Whether and how the reply calls the request's tools: "none" (never; the default without tools),
+// "auto" (the model answers in text or calls; the default with tools), "required" (at least one
+// call), or a named function (a call of it). Required and named calls are constrained by the
+// functions' JSON schemas (ToolCallSchema).
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
+
 // OpenAI's limits on logit_bias: at most 300 ids, each bias in [-100, 100].
 inline constexpr size_t kMaxLogitBias = 300;
 inline constexpr double kMaxLogitBiasValue = 100.0;
@@ -46,6 +55,12 @@ struct OpenAiRequest {
   std::optional<std::vector<int32_t>> prompt_tokens;
   // /v1/chat/completions: the messages, rendered by the model's chat template.
   std::vector<ChatMessage> messages;
+  // The chat's tools (at most kMaxTools), how they are to be called, and whether a reply may hold
+  // several calls (parallel_tool_calls; false: at most one).
+  std::vector<ToolFunction> tools;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_name;  // kNamed: the function
+  bool parallel_tool_calls = true;
   // /v1/completions' echo: the reply starts with the prompt, its tokens with their logprobs when
   // logprobs are asked for (the first token's null). Not with session_id or state (the prompt's
   // context would be the state's).
@@ -105,6 +120,12 @@ inline absl::StatusOr<OpenAiRequest> ParseCompletionRequest(std::string_view bod
 inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view body) {
   return ParseOpenAiRequest(Endpoint::kChatCompletions, body);
 }
+
+// The JSON schema a required or named tool call's output must satisfy: a JSON array of
+// {"name": <a function's name>, "arguments": <valid under its parameters>} (one for a named
+// function or with parallel_tool_calls false), each function's schema moved under "$defs" with its own "$ref"s
+// rebased there, so a recursive schema stays recursive in itself.
+std::string ToolCallSchema(const OpenAiRequest& request);
 
 // Whether the request sets a sampling parameter (temperature, top_p, seed, top_k, min_p,
 // repetition_penalty): a continued generation then takes the request's, with defaults for the rest.

@@ -40,7 +40,8 @@ struct ResponseBuilder::Choice {
   std::string finish_reason;
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
-  std::string state;  // base64
+  std::string state;                 // base64
+  std::vector<ToolCall> tool_calls;  // a chat offering tools: the calls parsed out at the end
   // Non-streamed logprobs, per token: completions' four lists, or chat's content entries.
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        text_offset = json::array(), content = json::array();
@@ -205,6 +206,103 @@ void ResponseBuilder::AddToken(int32_t index, const TokenEvent& token) {
   }
 }
 
+bool ResponseBuilder::ToolMode() const {
+  return request_.endpoint == Endpoint::kChatCompletions &&
+         request_.tool_choice != ToolChoice::kNone && !call_begin_.empty();
+}
+
+void ResponseBuilder::ParseCalls(int32_t index, Choice& c) const {
+  ParsedToolCalls parsed = ParseToolCalls(request_, call_begin_, c.text);
+  if (parsed.calls.empty()) return;
+  // Ids unique per response: the response's own id, the choice, the call.
+  const std::string_view unique = std::string_view(meta_.id).substr(meta_.id.find('-') + 1);
+  for (size_t k = 0; k < parsed.calls.size(); ++k) {
+    parsed.calls[k].id =
+        absl::StrCat("call_", absl::string_view(unique.data(), unique.size()), "_", index, "_", k);
+  }
+  c.text = std::move(parsed.content);
+  c.tool_calls = std::move(parsed.calls);
+  // A reply cut by max_tokens keeps "length": its complete calls are there, the last one is not.
+  if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+}
+
+// The complete elements of a JSON array whose text was cut short (max_tokens ended the calls):
+// the items up to the last one whose closing bracket came, as an array; discarded when there is
+// none. A scan that tracks strings and nesting finds where each top-level item ends.
+static nlohmann::ordered_json CompleteItems(std::string_view text) {
+  using json = nlohmann::ordered_json;
+  const size_t open = text.find_first_not_of(" \t\r\n");
+  if (open == std::string_view::npos || text[open] != '[') return json(json::value_t::discarded);
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  size_t last_end = std::string_view::npos;
+  for (size_t i = open; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      ++depth;
+    } else if (ch == ']' || ch == '}') {
+      if (--depth == 1) last_end = i;
+    }
+  }
+  if (last_end == std::string_view::npos) return json(json::value_t::discarded);
+  const std::string closed =
+      absl::StrCat(absl::string_view(text.data() + open, last_end + 1 - open), "]");
+  return json::parse(closed, nullptr, /*allow_exceptions=*/false);
+}
+
+ParsedToolCalls ParseToolCalls(const OpenAiRequest& request, std::string_view call_begin,
+                               std::string_view text) {
+  ParsedToolCalls out;
+  out.content = std::string(text);
+  std::string_view calls_text = text;
+  std::string_view content;
+  if (request.tool_choice == ToolChoice::kAuto) {
+    const size_t at = call_begin.empty() ? std::string_view::npos : text.find(call_begin);
+    if (at == std::string_view::npos) return out;
+    content = text.substr(0, at);
+    calls_text = text.substr(at + call_begin.size());
+  } else if (request.tool_choice == ToolChoice::kNone) {
+    return out;
+  }
+  // Ordered: the arguments keep the order the model wrote them in.
+  using ordered = nlohmann::ordered_json;
+  ordered parsed = ordered::parse(calls_text.begin(), calls_text.end(), nullptr,
+                                  /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) parsed = CompleteItems(calls_text);  // an array cut short
+  if (parsed.is_discarded()) return out;
+  if (parsed.is_object()) parsed = ordered::array({std::move(parsed)});
+  if (!parsed.is_array() || parsed.empty()) return out;
+  std::vector<ToolCall> calls;
+  for (const ordered& call : parsed) {
+    if (!call.is_object() || !call.contains("name") || !call.at("name").is_string() ||
+        !call.contains("arguments")) {
+      return out;
+    }
+    const std::string& name = call.at("name").get_ref<const std::string&>();
+    if (std::none_of(request.tools.begin(), request.tools.end(),
+                     [&](const ToolFunction& f) { return f.name == name; })) {
+      return out;
+    }
+    calls.push_back(
+        {"", name, call.at("arguments").dump(-1, ' ', false, ordered::error_handler_t::replace)});
+  }
+  out.content = std::string(content);
+  out.calls = std::move(calls);
+  return out;
+}
+
 absl::Status ResponseBuilder::Finish(int32_t index, const GenerationEvent& finished,
                                      std::string_view state_blob) {
   if (!finished.status.ok()) return finished.status;
@@ -219,6 +317,7 @@ absl::Status ResponseBuilder::Finish(int32_t index, const GenerationEvent& finis
   c.finish_reason = FinishReasonString(finished.finish_reason);
   c.prompt_tokens = finished.prompt_tokens;
   c.generated_tokens = finished.generated_tokens;
+  if (ToolMode()) ParseCalls(index, c);
   if (!state_blob.empty()) {
     c.state = absl::Base64Escape(absl::string_view(state_blob.data(), state_blob.size()));
   }
@@ -232,7 +331,18 @@ std::string ResponseBuilder::Body() const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     json choice = {{"index", i}};
-    if (chat) {
+    if (chat && !c.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCall& t : c.tool_calls) {
+        calls.push_back({{"id", t.id},
+                         {"type", "function"},
+                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      choice["message"] = {{"role", "assistant"},
+                           {"content", c.text.empty() ? json() : json(c.text)},
+                           {"refusal", nullptr},
+                           {"tool_calls", std::move(calls)}};
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
     } else {
       choice["text"] = c.text;
@@ -250,6 +360,10 @@ std::string ResponseBuilder::Body() const {
 
 std::string ResponseBuilder::Token(int32_t index, const TokenEvent& token) {
   Choice& c = At(index);
+  if (ToolMode()) {  // held until the reply ends: its calls are known only then
+    c.text += token.text;
+    return {};
+  }
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
   json logprobs = nullptr;
   if (request_.logprobs.has_value()) {
@@ -283,8 +397,10 @@ absl::StatusOr<std::string> ResponseBuilder::FinishChunk(int32_t index,
   const size_t before = At(index).text.size();
   if (absl::Status s = Finish(index, finished, state_blob); !s.ok()) return s;
   Choice& c = At(index);
-  const std::string tail = c.text.substr(before);
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  if (ToolMode() && !c.tool_calls.empty()) return ToolCallChunks(index, c);
+  // A held reply (ToolMode without calls) goes out whole.
+  const std::string tail = ToolMode() ? c.text : c.text.substr(before);
   json choice = {{"index", index}};
   if (chat) {
     json delta = json::object();
@@ -303,6 +419,44 @@ absl::StatusOr<std::string> ResponseBuilder::FinishChunk(int32_t index,
   if (request_.include_usage) chunk["usage"] = nullptr;
   if (!request_.session_id.empty()) chunk["session_id"] = request_.session_id;
   return SseEvent(chunk);
+}
+
+std::string ResponseBuilder::ToolCallChunks(int32_t index, Choice& c) {
+  // OpenAI's deltas: each call's id, type and name with empty arguments, then its arguments; the
+  // last chunk carries finish_reason alone.
+  std::string out;
+  auto chunk_of = [&](json delta, json finish_reason) {
+    json choice = {{"index", index},
+                   {"delta", std::move(delta)},
+                   {"logprobs", nullptr},
+                   {"finish_reason", std::move(finish_reason)}};
+    json chunk = Envelope("chat.completion.chunk");
+    chunk["choices"] = json::array({std::move(choice)});
+    if (request_.include_usage) chunk["usage"] = nullptr;
+    return chunk;
+  };
+  for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+    const ToolCall& t = c.tool_calls[k];
+    json delta = json::object();
+    if (!c.started) {
+      delta["role"] = "assistant";
+      delta["content"] = c.text.empty() ? json() : json(c.text);
+      c.started = true;
+    }
+    delta["tool_calls"] = json::array({{{"index", k},
+                                        {"id", t.id},
+                                        {"type", "function"},
+                                        {"function", {{"name", t.name}, {"arguments", ""}}}}});
+    out += SseEvent(chunk_of(std::move(delta), nullptr));
+    out += SseEvent(chunk_of(
+        {{"tool_calls", json::array({{{"index", k}, {"function", {{"arguments", t.arguments}}}}})}},
+        nullptr));
+  }
+  json last = chunk_of(json::object(), c.finish_reason);
+  if (!c.state.empty()) last["choices"][0]["state"] = c.state;
+  if (!request_.session_id.empty()) last["session_id"] = request_.session_id;
+  out += SseEvent(last);
+  return out;
 }
 
 std::string ResponseBuilder::End() const {

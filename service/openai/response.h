@@ -64,6 +64,13 @@ class ResponseBuilder {
                   const model::Tokenizer& tokenizer);
   ~ResponseBuilder();
 
+  // A chat that offers tools (tool_choice not "none"): the model's call marker
+  // (chat_template.tools.call_begin), which must be set before any token. The reply's calls are
+  // then parsed out of its text (ParseToolCalls) into message.tool_calls with finish_reason
+  // "tool_calls"; streamed, the reply is held until it ends and then sent as OpenAI's deltas (one
+  // with each call's id and name, one with its arguments).
+  void set_call_begin(std::string call_begin) { call_begin_ = std::move(call_begin); }
+
   // Prompt tokens the engine found cached (prompt_tokens_details.cached_tokens); 0 by default.
   void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
 
@@ -92,7 +99,12 @@ class ResponseBuilder {
   nlohmann::json TokenLogprobs(Choice& c, const TokenEvent& token) const;
   nlohmann::json ChoiceLogprobs(const Choice& c) const;
 
+  bool ToolMode() const;
+  void ParseCalls(int32_t index, Choice& c) const;
+  std::string ToolCallChunks(int32_t index, Choice& c);
+
   const OpenAiRequest& request_;
+  std::string call_begin_;
   const ResponseMeta meta_;
   const model::Tokenizer& tokenizer_;
   std::vector<Choice> choices_;
@@ -110,6 +122,18 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // models only: every model listed can serve /v1/completions (and /v1/chat/completions when "chat"
 // is true). Classifiers are the tost.v1 and KServe APIs' and would only fail here.
 std::string ModelsListBody(const std::vector<ModelEntry>& models);
+
+// The calls in a chat reply: for a required or named tool_choice the whole text is the
+// constrained JSON array of {"name", "arguments"}; for "auto" they follow `call_begin` (the text
+// before it is the content), as an array or one object. Calls must name one of `tools`; otherwise,
+// or when the JSON does not parse (an output cut by max_tokens), there are none and the text stays
+// content. Each call's arguments come back as compact JSON text.
+struct ParsedToolCalls {
+  std::string content;
+  std::vector<ToolCall> calls;
+};
+ParsedToolCalls ParseToolCalls(const OpenAiRequest& request, std::string_view call_begin,
+                               std::string_view text);
 
 // GET /v1/models/{id}: the one model's object, as ModelsListBody lists it; nullopt when `name` is
 // not a served language model.

@@ -77,6 +77,11 @@ class OpenAiSink final : public CallSink {
     meta.model = call.model;
     builder_ = std::make_unique<openai::ResponseBuilder>(request_, std::move(meta),
                                                          call.generator->tokenizer());
+    if (const auto& chat = call.generator->config().chat_template;
+        chat.has_value() && chat->tools.has_value() &&
+        request_.tool_choice != openai::ToolChoice::kNone) {
+      builder_->set_call_begin(chat->tools->call_begin);
+    }
     if (request_.stream) exchange_->StartStream();
     if (request_.echo) {
       if (std::string chunks = builder_->Echo(echo_); !chunks.empty()) {

@@ -483,6 +483,22 @@ def openai_request_seeds():
         "stop_token_ids": [2047, 7], "logit_bias": {"7": -100, "300": 2.5, "07": 1},
         "max_completion_tokens": 16})
     seed("completion_logit_bias_bad", 0, {**completion, "logit_bias": {"-1": 1, "x": 101}})
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {
+        "type": "object", "properties": {"town": {"type": "string"}, "next": {"$ref": "#"}},
+        "required": ["town"]}}}
+    seed("chat_tools_required", 1, {**chat, "tools": [tool, {"type": "function", "function": {"name": "f"}}],
+                                    "tool_choice": "required", "parallel_tool_calls": False})
+    seed("chat_tools_round_trip", 1, {"model": "m", "tools": [tool], "tool_choice": {
+        "type": "function", "function": {"name": "get_weather"}}, "messages": [
+        {"role": "user", "content": "Rain?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "wet"},
+        {"role": "tool", "tool_call_id": "c2", "content": "unknown call"}]})
+    seed("chat_tools_unending", 1, {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                    "tools": [{"type": "function", "function": {
+                                        "name": "f", "parameters": {"$ref": "#/$defs/a", "$defs": {
+                                            "a": {"allOf": [{"$ref": "#/$defs/a"}]}}}}}]})
     seed("completion_echo_scoring", 0, {"model": "m", "prompt": [[73, 116, 32]], "echo": True,
                                         "logprobs": 1, "max_tokens": 0, "temperature": 0})
     seed("completion_structured_outputs", 0, {**completion, "structured_outputs": {

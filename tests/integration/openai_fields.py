@@ -188,12 +188,26 @@ def state_returned(base, probed):
     assert probed.choices[0].state
 
 
+def calls(n=None):
+    """The reply holds tool calls (exactly n when given), the base none or more than n."""
+    def check(base, probed):
+        assert not is_error(probed), probed
+        got = probed.choices[0].message.tool_calls or []
+        assert got if n is None else len(got) == n, probed.choices[0]
+        before = base.choices[0].message.tool_calls or []
+        assert (not before) if n is None else len(before) > n, base.choices[0]
+    return check
+
+
 def parses_as_json(base, probed):
     assert not is_error(probed), probed
     json.loads(texts(probed)[0])
 
 
 FORCED = {"logit_bias": {"100": 100}}  # every draw takes token 100
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"town": {"type": "string", "maxLength": 12}}, "required": ["town"]}}}
+CALL = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"town": "Bath"}'}}]
 
 IDENTIFIER = "an identifier for OpenAI's abuse monitoring or cache routing; no effect on any output"
 
@@ -234,18 +248,18 @@ FIELDS = {
         "messages[].name": Honoured("Elizabeth", longer_prompt),
         "messages[].refusal": Refused("I cannot", base={"role": "assistant"}),
         "messages[].audio": Refused({"id": "a"}, base={"role": "assistant"}),
-        "messages[].tool_calls": Refused([{"id": "c", "type": "function",
-                                           "function": {"name": "f", "arguments": "{}"}}],
-                                         base={"role": "assistant"}),
+        "messages[].tool_calls": Honoured(CALL, longer_prompt, base={"role": "assistant"}),
         "messages[].function_call": Refused({"name": "f", "arguments": "{}"}, base={"role": "assistant"}),
-        "messages[].tool_call_id": Refused("c", base={"role": "tool"}),
+        # Read on every message: one naming no earlier call is refused (here, on a user message).
+        "messages[].tool_call_id": Honoured("call_1", refused_as(400, "messages[0].tool_call_id")),
         "max_completion_tokens": Honoured(3, completion_tokens(3), without=("max_tokens",)),
         "logprobs": Honoured(True, chat_logprobs(0)),
         "top_logprobs": Honoured(2, chat_logprobs(2), base={"logprobs": True}),
         "response_format": Honoured({"type": "json_object"}, json_start),
-        "tools": Refused([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-        "tool_choice": Refused("auto"),
-        "parallel_tool_calls": Refused(True),
+        "tools": Honoured([WEATHER], longer_prompt),
+        "tool_choice": Honoured("required", calls(), base={"tools": [WEATHER], "max_tokens": 300}),
+        "parallel_tool_calls": Honoured(False, calls(1), base={"tools": [WEATHER], "tool_choice": "required",
+                                                             "max_tokens": 300}),
         "functions": Refused([{"name": "f", "parameters": {"type": "object"}}]),
         "function_call": Refused("auto"),
         "audio": Refused({"voice": "alloy", "format": "mp3"}),

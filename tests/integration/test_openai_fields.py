@@ -93,7 +93,7 @@ def _bodies(route, name, entry):
     base = dict(CHAT_BASE if route == "chat" else COMPLETION_BASE)
     if name.startswith("messages[]."):
         key = name[len("messages[]."):]
-        message = {**base["messages"][0], **entry.base} if isinstance(entry, Refused) else dict(base["messages"][0])
+        message = {**base["messages"][0], **(entry.base or {})}
         probed_message = {**message, key: entry.value}
         return ({**base, "messages": [message]}, {**base, "messages": [probed_message]})
     base.update(getattr(entry, "base", {}) or {})

@@ -58,7 +58,7 @@ TEST(ChatTemplateConfig, Refusals) {
   ExpectConfigError("[]", "chat_template must be an object, got []");
   ExpectConfigError(R"({"user": "{content}", "assistant": "{content}", "tool": "{content}"})",
                     "chat_template has an unknown key \"tool\" (expected system, user, assistant, "
-                    "generation_prompt, stop)");
+                    "generation_prompt, stop, tools)");
   ExpectConfigError(R"({"assistant": "{content}"})",
                     "chat_template.user: missing (a string holding \"{content}\")");
   ExpectConfigError(R"({"user": "{content}"})",
@@ -156,6 +156,38 @@ TEST(RenderChat, SystemNeedsASystemRole) {
             "messages[1].role: this model's chat template has no \"system\" role: send the "
             "instructions as a \"user\" message");
   EXPECT_EQ(ErrorParam(p.status()), "messages[1].role");
+}
+
+TEST(ChatTemplateConfig, ToolFormat) {
+  auto c = model::ParseModelConfig(
+      LmConfig(R"(, "chat_template": {"user": "U: {content}\n", "assistant": "A: {content}\n",
+          "tools": {"definitions": "<tools>{tools}</tools>\n", "call_begin": "<call>",
+                    "call_end": "</call>", "result": "R: {content}\n"}})"),
+      "m/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->chat_template->tools.has_value());
+  const model::ChatTemplate::Tools& t = *c->chat_template->tools;
+  EXPECT_EQ(t.definitions_prefix, "<tools>");
+  EXPECT_EQ(t.definitions_suffix, "</tools>\n");
+  EXPECT_EQ(t.call_begin, "<call>");
+  EXPECT_EQ(t.call_end, "</call>");
+  EXPECT_EQ(t.result.prefix, "R: ");
+  const std::string turns = R"("user": "{content}", "assistant": "{content}", )";
+  ExpectConfigError(absl::StrCat("{", turns, R"("tools": {"definitions": "{tools}",
+                    "call_begin": "<c>", "call_end": "</c>"}})"),
+                    "chat_template.tools.result: missing");
+  ExpectConfigError(absl::StrCat("{", turns, R"("tools": {"definitions": "no placeholder",
+                    "call_begin": "<c>", "call_end": "</c>", "result": "{content}"}})"),
+                    "chat_template.tools.definitions: expected exactly one \"{tools}\" (where the "
+                    "tools go), got \"no placeholder\"");
+  ExpectConfigError(absl::StrCat("{", turns, R"("tools": {"definitions": "{tools}",
+                    "call_begin": "", "call_end": "</c>", "result": "{content}"}})"),
+                    "chat_template.tools: expected a non-empty call_begin and call_end (what "
+                    "marks a call in the model's output)");
+  ExpectConfigError(absl::StrCat("{", turns, R"("tools": {"definitions": "{tools}",
+                    "call_begin": "<c>", "call_end": "</c>", "result": "{content}", "x": 1}})"),
+                    "chat_template.tools has an unknown key \"x\" (expected definitions, "
+                    "call_begin, call_end, result)");
 }
 
 }  // namespace

@@ -165,12 +165,11 @@ TEST(OpenAiRequest, Messages) {
                 R"({"model": "m", "messages": [{"role": "user", "content": "a"},
                     {"role": "user", "content": "b"}, {"role": "robot", "content": "c"}]})",
                 "messages[2].role: expected one of \"system\", \"developer\", \"user\", "
-                "\"assistant\", got a string (\"robot\")",
+                "\"assistant\", \"tool\", got a string (\"robot\")",
                 "messages[2].role");
   ExpectRefused(chat, R"({"model": "m", "messages": [{"role": "tool", "content": "c"}]})",
-                "messages[0].role: expected one of \"system\", \"developer\", \"user\", "
-                "\"assistant\", got a string (\"tool\")",
-                "messages[0].role");
+                "messages[0].tool_call_id: missing: expected the id of the call this answers",
+                "messages[0].tool_call_id");
   ExpectRefused(chat, R"({"model": "m", "messages": [{"role": "user", "content": null}]})",
                 "messages[0].content: expected a string or an array of {\"type\": \"text\"} parts, "
                 "got null",
@@ -199,9 +198,7 @@ TEST(OpenAiRequest, Messages) {
   ExpectRefused(
       chat,
       R"({"model": "m", "messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]})",
-      "messages[0].tool_calls: not supported by this server (no tool calling), got an "
-      "array of 1 element(s)",
-      "messages[0].tool_calls");
+      "messages[0].tool_calls[0].id: expected a string, got null", "messages[0].tool_calls[0].id");
 }
 
 TEST(OpenAiRequest, MaxTokens) {
@@ -387,14 +384,16 @@ TEST(OpenAiRequest, UnsupportedFieldsAreRefusedByName) {
                     "best_of: not supported by this server (no ranking of choices; best_of equal "
                     "to n (1) is accepted), got an integer (3)",
                     "best_of");
-  ChatRefused(R"(, "tools": [{"type": "function"}])",
-              "tools: not supported by this server (no tool calling), got an array of 1 "
-              "element(s)",
-              "tools");
+  ChatRefused(R"(, "functions": [{"name": "f"}])",
+              "functions: not supported by this server (the deprecated functions form: send "
+              "tools), got an array of 1 element(s)",
+              "functions");
+  ChatRefused(R"(, "function_call": "auto")",
+              "function_call: not supported by this server (the deprecated function_call form: "
+              "send tool_choice), got a string (\"auto\")",
+              "function_call");
   ChatRefused(R"(, "tool_choice": "auto")",
-              "tool_choice: not supported by this server (no tool calling; \"none\" is "
-              "accepted), got a string (\"auto\")",
-              "tool_choice");
+              "tool_choice: expected tools to choose from: the request has none", "tool_choice");
   ChatRefused(R"(, "user": 5)", "user: expected a string, got an integer (5)", "user");
 }
 
@@ -678,12 +677,19 @@ TEST(OpenAiRequest, VllmSamplingAndStopTokenIds) {
 
 TEST(OpenAiRequest, LogitBias) {
   const OpenAiRequest r = Completion(R"(, "logit_bias": {"50": -100, "7": 100, "300": 0.5})");
+  model::ModelConfig config = ChatModel();
+  config.language.vocab_size = 301;
   EXPECT_EQ(r.logit_bias,
             (std::vector<std::pair<int32_t, float>>{{7, 100.f}, {50, -100.f}, {300, 0.5f}}));
   std::string storage;
-  auto in = ToGenerationInput(r, ChatModel(), &storage);
+  auto in = ToGenerationInput(r, config, &storage);
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->logit_bias, r.logit_bias);
+  config.language.vocab_size = 300;  // id 300 is past it
+  in = ToGenerationInput(r, config, &storage);
+  EXPECT_EQ(in.status().message(),
+            "logit_bias: expected token ids of model \"fake-lm\"'s vocabulary (0 to 299), got 300");
+  EXPECT_EQ(ErrorParam(in.status()), "logit_bias");
   CompletionRefused(R"(, "logit_bias": 1)",
                     "logit_bias: expected an object mapping token ids (as strings) to biases, got "
                     "an integer (1)",
@@ -941,6 +947,128 @@ TEST(OpenAiRequest, StructuredOutputs) {
                     "\"choice\", \"grammar\", \"json_object\", \"structural_tag\", got an "
                     "array of 0 element(s)",
                     "structured_outputs");
+}
+
+model::ModelConfig ToolModel() {
+  model::ModelConfig c = ChatModel();
+  c.chat_template->tools =
+      model::ChatTemplate::Tools{"Tools: ", "\n", "<call>", "</call>", {"Result: ", "\n"}};
+  return c;
+}
+
+constexpr char kWeather[] =
+    R"({"type": "function", "function": {"name": "weather", "description": "d",
+        "parameters": {"type": "object", "properties": {"town": {"type": "string"},
+                       "days": {"type": "integer"}}, "required": ["town"]}}})";
+
+TEST(OpenAiRequest, Tools) {
+  const OpenAiRequest r = Chat(absl::StrCat(R"(, "tools": [)", kWeather, "]"));
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0].name, "weather");
+  EXPECT_EQ(r.tools[0].description, "d");
+  // The parameters as sent: their properties in the client's order.
+  EXPECT_EQ(
+      r.tools[0].parameters,
+      R"({"type":"object","properties":{"town":{"type":"string"},"days":{"type":"integer"}},"required":["town"]})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kAuto);
+  EXPECT_FALSE(r.constraint.has_value());
+  EXPECT_TRUE(r.parallel_tool_calls);
+
+  const OpenAiRequest required = Chat(absl::StrCat(
+      R"(, "tool_choice": "required", "parallel_tool_calls": false, "tools": [)", kWeather, "]"));
+  EXPECT_EQ(required.tool_choice, ToolChoice::kRequired);
+  ASSERT_TRUE(required.constraint.has_value());
+  EXPECT_EQ(required.constraint_field, "tools");
+  EXPECT_EQ(required.constraint->text,
+            R"({"type":"array","items":{"type":"object","properties":{"name":{"const":"weather"},)"
+            R"("arguments":{"$ref":"#/$defs/tool_0"}},"required":["name","arguments"],)"
+            R"("additionalProperties":false},"minItems":1,"maxItems":1,"$defs":{"tool_0":)"
+            R"({"type":"object","properties":{"town":{"type":"string"},"days":{"type":"integer"}},)"
+            R"("required":["town"]}}})");
+  // A recursive schema stays recursive in itself: its "$ref": "#" is rebased.
+  const OpenAiRequest recursive = Chat(
+      R"(, "tool_choice": {"type": "function", "function": {"name": "t"}}, "tools": [
+          {"type": "function", "function": {"name": "u"}},
+          {"type": "function", "function": {"name": "t", "parameters": {"type": "object",
+           "properties": {"child": {"$ref": "#"}}}}}])");
+  EXPECT_EQ(recursive.tool_choice, ToolChoice::kNamed);
+  EXPECT_NE(
+      recursive.constraint->text.find(
+          R"("$defs":{"tool_1":{"type":"object","properties":{"child":{"$ref":"#/$defs/tool_1"}}}})"),
+      std::string::npos)
+      << recursive.constraint->text;
+  EXPECT_EQ(recursive.constraint->text.find("tool_0"), std::string::npos);  // only the named one
+
+  ChatRefused(R"(, "tools": [{"type": "function", "function": {"name": "a b"}}])",
+              "tools[0].function.name: expected a name of 1 to 64 of a-z, A-Z, 0-9, _ and -, got a "
+              "string (\"a b\")",
+              "tools[0].function.name");
+  ChatRefused(R"(, "tools": [{"type": "code_interpreter"}])",
+              "tools[0].type: expected \"function\" (the only kind of tool here), got a string "
+              "(\"code_interpreter\")",
+              "tools[0].type");
+  ChatRefused(absl::StrCat(R"(, "tools": [)", kWeather, ",", kWeather, "]"),
+              "tools[1].function.name: expected distinct function names, got \"weather\" twice",
+              "tools[1].function.name");
+  ChatRefused(absl::StrCat(R"(, "tool_choice": "sometimes", "tools": [)", kWeather, "]"),
+              "tool_choice: expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+              "\"function\": {\"name\"}}, got a string (\"sometimes\")",
+              "tool_choice");
+  ChatRefused(R"(, "tool_choice": "required", "tools": [{"type": "function", "function":
+                 {"name": "f", "parameters": {"$ref": "#"}}}])",
+              "tools[0].function.parameters: expected a schema some finite JSON value satisfies, "
+              "got one whose references recurse without end (every branch comes back to a schema "
+              "it is inside)",
+              "tools[0].function.parameters");
+  ChatRefused(R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":
+                 {"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                  "required": ["a"]}}}], "response_format": {"type": "json_object"},
+                 "tool_choice": "required")",
+              "tool_choice: a required call is constrained by the functions' schemas, and "
+              "response_format constrains the output too: send one of them",
+              "tool_choice");
+}
+
+TEST(OpenAiToGenerationInput, ToolsAreRenderedAndARequiredCallOpensTheReply) {
+  const std::string body = absl::StrCat(
+      R"({"model": "fake-lm", "messages": [{"role": "user", "content": "Rain?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+           "function": {"name": "weather", "arguments": "{\"town\": \"Bath\"}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "wet"}], "tools": [)",
+      kWeather, R"(], "tool_choice": "required"})");
+  auto r = ParseChatCompletionRequest(body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::string storage;
+  auto in = ToGenerationInput(*r, ToolModel(), &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(
+      storage,
+      R"(Tools: [{"name":"weather","description":"d","parameters":{"type":"object",)"
+      R"("properties":{"town":{"type":"string"},"days":{"type":"integer"}},"required":["town"]}}])"
+      "\nQ: Rain?\nA: <call>"
+      R"([{"name":"weather","arguments":{"town":"Bath"}}])"
+      "</call>\nResult: wet\nA:<call>");
+  EXPECT_TRUE(in->stop->strings.empty());  // the constraint ends the reply
+  // auto: the reply may call; the end of a call ends it.
+  r->tool_choice = ToolChoice::kAuto;
+  r->constraint.reset();
+  in = ToGenerationInput(*r, ToolModel(), &storage);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_TRUE(absl::EndsWith(storage, "Result: wet\nA:"));
+  EXPECT_EQ(in->stop->strings, (std::vector<std::string>{"\nQ:", "</call>"}));
+  // A template without a tool format: a 400 that says so, naming tools.
+  in = ToGenerationInput(*r, ChatModel(), &storage);
+  ASSERT_FALSE(in.ok());
+  EXPECT_EQ(ErrorParam(in.status()), "messages[1].tool_calls");
+  EXPECT_THAT(std::string(in.status().message()),
+              ::testing::HasSubstr("has no tool format in its chat template"));
+  auto plain = ParseChatCompletionRequest(
+      absl::StrCat(R"({"model": "fake-lm", "messages": [{"role": "user", "content": "Rain?"}],
+                      "tools": [)",
+                   kWeather, "]}"));
+  ASSERT_TRUE(plain.ok());
+  in = ToGenerationInput(*plain, ChatModel(), &storage);
+  EXPECT_EQ(ErrorParam(in.status()), "tools");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/utf8.h"
 #include "model/text/tokenizer.h"
@@ -329,6 +330,78 @@ TEST(OpenAiBodies, ModelTokenizeDetokenizeAndTokenizerInfo) {
   EXPECT_EQ(info["vocab_size"], 260);
   EXPECT_TRUE(info["eos_token"].is_null());  // id 256: a special token without bytes
   EXPECT_FALSE(ModelBody({}, "lm").has_value());
+}
+
+OpenAiRequest ToolRequest(const std::string& choice) {
+  return Parsed(Endpoint::kChatCompletions,
+                absl::StrCat(R"({"model": "lm", "messages": [{"role": "user", "content": "x"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}},
+                              {"type": "function", "function": {"name": "g"}}],
+                    "tool_choice": )",
+                             choice, "}"));
+}
+
+TEST(ParseToolCalls, RequiredAutoCutAndForeign) {
+  const OpenAiRequest required = ToolRequest(R"("required")");
+  ParsedToolCalls p = ParseToolCalls(
+      required, "<call>",
+      R"([{"name": "f", "arguments": {"b": 1, "a": [2]}}, {"name": "g", "arguments": {}}])");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "f");
+  EXPECT_EQ(p.calls[0].arguments, R"({"b":1,"a":[2]})");  // compact, in the model's order
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  EXPECT_EQ(p.content, "");
+  // Cut by max_tokens: the complete calls before the cut.
+  p = ParseToolCalls(required, "<call>",
+                     R"([{"name": "f", "arguments": {"s": "]}"}}, {"name": "g", "argu)");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, R"({"s":"]}"})");
+  // A name the request did not offer: no calls, the text stays content.
+  p = ParseToolCalls(required, "<call>", R"([{"name": "h", "arguments": {}}])");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, R"([{"name": "h", "arguments": {}}])");
+  // auto: the calls follow the marker, the text before it is the content.
+  const OpenAiRequest automatic = ToolRequest(R"("auto")");
+  p = ParseToolCalls(automatic, "<call>",
+                     R"(Let me see.<call>{"name": "g", "arguments": {"x": 1}})");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content, "Let me see.");
+  p = ParseToolCalls(automatic, "<call>", "Just text.");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "Just text.");
+}
+
+TEST(ResponseBuilder, ToolCallsInTheBodyAndAsStreamedDeltas) {
+  const OpenAiRequest r = ToolRequest(R"("required")");
+  const std::string text = R"([{"name": "g", "arguments": {"x": 1}}])";
+  ResponseBuilder whole(r, {"chatcmpl-abc", 1, "lm"}, kBytes);
+  whole.set_call_begin("<call>");
+  for (char ch : text) whole.AddToken(0, Tok(ch));
+  ASSERT_TRUE(
+      whole.Finish(0, Final(FinishReason::kEos, 3, static_cast<int32_t>(text.size()))).ok());
+  const json choice = json::parse(whole.Body())["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  EXPECT_EQ(choice["message"]["tool_calls"],
+            json::parse(R"([{"id": "call_abc_0_0", "type": "function",
+      "function": {"name": "g", "arguments": "{\"x\":1}"}}])"));
+
+  OpenAiRequest streamed_request = r;
+  streamed_request.stream = true;
+  ResponseBuilder streamed(streamed_request, {"chatcmpl-abc", 1, "lm"}, kBytes);
+  streamed.set_call_begin("<call>");
+  for (char ch : text) EXPECT_EQ(streamed.Token(0, Tok(ch)), "");  // held until the end
+  auto chunks = streamed.FinishChunk(0, Final(FinishReason::kEos, 3, 10));
+  ASSERT_TRUE(chunks.ok());
+  const std::vector<std::string> events = Events(*chunks);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"], json::parse(R"({"role": "assistant",
+      "content": null, "tool_calls": [{"index": 0, "id": "call_abc_0_0", "type": "function",
+      "function": {"name": "g", "arguments": ""}}]})"));
+  EXPECT_EQ(
+      json::parse(events[1])["choices"][0]["delta"],
+      json::parse(R"({"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\":1}"}}]})"));
+  EXPECT_EQ(json::parse(events[2])["choices"][0]["finish_reason"], "tool_calls");
 }
 
 }  // namespace
