@@ -337,28 +337,67 @@ absl::Status GenerationScheduler::Refuse(GenerationRefusal reason) {
 
 absl::StatusOr<GenerationScheduler::Reservation> GenerationScheduler::Reserve(
     std::string_view tenant) {
-  GenerationRefusal refusal;
+  std::optional<GenerationRefusal> refusal;
+  std::unique_ptr<Job> displaced;  // finished outside the lock: its listener may call back in
+  absl::StatusOr<TenantLedger::Lease> lease = TenantLedger::Lease();
   {
     absl::MutexLock lock(&mu_);
     if (!admitting_ || stopping_) {
       refusal = GenerationRefusal::kDraining;
+    } else if (options_.tenants != nullptr &&
+               !(lease = options_.tenants->StartGeneration(tenant)).ok()) {
+      // The scheduler's lock is taken before the ledger's, never the reverse.
     } else if (active_count_ + parked_count_ + static_cast<int32_t>(queued_.size()) + reserved_ >=
-               options_.max_active_jobs + options_.max_queued_jobs) {
+                   options_.max_active_jobs + options_.max_queued_jobs &&
+               (displaced = DisplaceQueued(tenant)) == nullptr) {
       refusal = GenerationRefusal::kQueueFull;
     } else {
-      TenantLedger::Lease lease;
-      if (options_.tenants != nullptr) {
-        // The scheduler's lock is taken before the ledger's, never the reverse.
-        absl::StatusOr<TenantLedger::Lease> leased = options_.tenants->StartGeneration(tenant);
-        if (!leased.ok()) return leased.status();
-        lease = *std::move(leased);
-      }
       ++reserved_;
       stats_.reserved = reserved_;
-      return Reservation(this, std::move(lease));
     }
   }
-  return Refuse(refusal);
+  if (displaced != nullptr) {
+    Finish(*displaced, FinishReason::kCancelled,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "model ", model_.config().name,
+               ": every active and queue place is taken, and this tenant held more than its "
+               "weighted share of the queue: its newest queued generation gave its place to "
+               "another tenant's; retry after a short backoff")));
+  }
+  if (refusal.has_value()) return Refuse(*refusal);  // the lease, if taken, goes back
+  if (!lease.ok()) return lease.status();
+  return Reservation(this, *std::move(lease));
+}
+
+std::unique_ptr<GenerationScheduler::Job> GenerationScheduler::DisplaceQueued(
+    std::string_view tenant) {
+  // Queue places are shared by weight too: when none is left, the tenant holding the most of
+  // them per weight gives its newest queued job up, if it holds more per weight than `tenant`
+  // would with one more. A tenant with a single request is so never kept out by another's many.
+  std::map<std::string_view, int64_t> queued;
+  for (const auto& job : queued_) ++queued[job->tenant()];
+  std::string_view most;
+  double most_per_weight = 0;
+  for (const auto& [name, n] : queued) {
+    const double per_weight = static_cast<double>(n) / WeightOf(std::string(name));
+    if (per_weight > most_per_weight) {
+      most = name;
+      most_per_weight = per_weight;
+    }
+  }
+  const double own = static_cast<double>(queued[tenant] + 1) / WeightOf(std::string(tenant));
+  if (most_per_weight == 0 || most == tenant || most_per_weight <= own) return nullptr;
+  auto newest = queued_.end();
+  for (auto it = queued_.begin(); it != queued_.end(); ++it) {
+    if ((*it)->tenant() == most && (newest == queued_.end() || (*it)->seq > (*newest)->seq)) {
+      newest = it;
+    }
+  }
+  std::unique_ptr<Job> job = std::move(*newest);
+  queued_.erase(newest);
+  --stats_.queued;
+  ++stats_.displaced;
+  return job;
 }
 
 absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(

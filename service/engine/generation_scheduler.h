@@ -144,6 +144,8 @@ struct GenerationSchedulerStats {
   // tenant's fair share (tokens_per_minute throttling included).
   int64_t preemptions_priority = 0;
   int64_t preemptions_fair_share = 0;
+  // Queued jobs that gave their queue place to another tenant's share (DisplaceQueued).
+  int64_t displaced = 0;
   int32_t reserved = 0;          // places reserved and not yet submitted
   int64_t stalled_jobs = 0;      // jobs cancelled after stream_stall_timeout
   int64_t state_pool_bytes = 0;  // the model's state pool (max_active_jobs rows)
@@ -254,6 +256,10 @@ class GenerationScheduler {
   // Ends a parked job (the state it holds is current: it has no row).
   void FinishParked(Job& job, FinishReason reason, absl::Status status = absl::OkStatus());
   double WeightOf(const std::string& tenant) const;
+  // With every place taken: the newest queued job of the tenant holding the most queue places per
+  // weight, taken out of the queue, when that tenant holds more per weight than `tenant` would
+  // with one more; null otherwise.
+  std::unique_ptr<Job> DisplaceQueued(std::string_view tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct PrefillCounts {
     int64_t tokens = 0;
     int64_t chunks = 0;

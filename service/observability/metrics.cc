@@ -271,6 +271,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         preemptions.push_back(
             CounterSample(static_cast<double>(g.scheduler.preemptions_fair_share),
                           {{"model", g.model}, {"reason", "fair_share"}}));
+        preemptions.push_back(CounterSample(static_cast<double>(g.scheduler.displaced),
+                                            {{"model", g.model}, {"reason", "queue_share"}}));
         parked.push_back(
             GaugeSample(static_cast<double>(g.scheduler.parked), {{"model", g.model}}));
       }
@@ -278,7 +280,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
           "tost_generation_preemptions_total",
           "Running generations parked (state kept, never recomputed) to give their slot to a "
           "lower priority value (priority) or to another tenant's share (fair_share, quota "
-          "throttling included)",
+          "throttling included); queue_share: queued generations refused to give their queue "
+          "place to another tenant's share when every place was taken",
           MetricType::Counter, std::move(preemptions)));
       out.push_back(MakeFamily("tost_generations_parked",
                                "Generations parked with their state, waiting for a slot",

@@ -161,6 +161,41 @@ TEST_F(FairShareTest, OneStreamIsNotStarvedByManyOfAnotherTenant) {
   }
 }
 
+// Queue places are shared by weight too: with every place taken by a's jobs, b's one request
+// takes the place of a's newest queued job (refused RESOURCE_EXHAUSTED with a retry hint, its
+// state untouched), while a's next request is refused as before.
+TEST_F(FairShareTest, AFullQueueGivesAPlaceToATenantHoldingNone) {
+  GenerationSchedulerOptions o;
+  o.max_active_jobs = 2;
+  o.max_queued_jobs = 4;
+  auto s = Make(o);
+  Streams st;
+  for (int i = 0; i < 6; ++i) st.Add(Submit(*s, Request(*s, "a", 0, "A", 50, i)), "a");
+  s->StepOnce();
+  auto refused = s->Submit(Request(*s, "a", 0, "A", 50, 9));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  auto b = Submit(*s, Request(*s, "b", 0, "B", 5, 1));
+  ASSERT_NE(b, nullptr);
+  st.DrainAll();
+  ASSERT_TRUE(st.out[5].final.has_value()) << "a's newest queued job gave its place up";
+  EXPECT_EQ(st.out[5].final->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.out[5].final->status.message(), HasSubstr("retry after a short backoff"));
+  EXPECT_EQ(st.out[5].final->snapshot.sequence.position, 0) << "its state as it came";
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(st.out[i].final.has_value()) << i;
+  EXPECT_EQ(s->stats().displaced, 1);
+  // a holds 3 queued and b 1: a's next is refused (a holds the most), b's second takes one more
+  // of a's places (a's 3 against b's 2 with it).
+  EXPECT_FALSE(s->Submit(Request(*s, "a", 0, "A", 50, 10)).ok());
+  EXPECT_TRUE(s->Submit(Request(*s, "b", 0, "B", 5, 2)).ok());
+  EXPECT_EQ(s->stats().displaced, 2);
+  EXPECT_FALSE(s->Submit(Request(*s, "b", 0, "B", 5, 3)).ok())
+      << "a holds 2 and b would hold 3: b is at its share";
+  Collected bc = testing::RunToEnd(*s, *b);
+  ASSERT_TRUE(bc.final.has_value());
+  EXPECT_TRUE(bc.final->status.ok());
+}
+
 // A lower priority value preempts the highest-valued running job: its first token comes from the
 // step it arrives at (one prefill and one decode), the preempted job is parked, and resumes.
 TEST_F(FairShareTest, HigherPriorityPreemptsAndTheParkedJobResumes) {
