@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace tost::model {
@@ -47,6 +50,10 @@ const char* ComputeDtypeName(ComputeDtype d) {
   return "?";
 }
 
+namespace {
+const char* Int8ProductsName();
+}  // namespace
+
 const char* CpuProductsName(CpuProducts p) {
   switch (p) {
     case CpuProducts::kFloat32:
@@ -58,7 +65,7 @@ const char* CpuProductsName(CpuProducts p) {
     case CpuProducts::kWiden:
       return "widen-to-fp32";
     case CpuProducts::kInt8:
-      return "int8-weights";
+      return Int8ProductsName();
   }
   return "?";
 }
@@ -66,11 +73,13 @@ const char* CpuProductsName(CpuProducts p) {
 namespace {
 
 struct CpuFlags {
+  bool avx2 = false;         // with FMA and F16C: the kernels' AVX2 build
   bool avx512_core = false;  // what oneDNN needs for bf16 products at all
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
   bool amx_bf16 = false;
   bool f16c = false;
+  std::string capped_by;  // the environment variable that capped the flags below the CPU's
 };
 
 CpuFlags DetectCpuFlags() {
@@ -88,13 +97,34 @@ CpuFlags DetectCpuFlags() {
     f.avx512_vnni = f.avx512_core && ((c >> 11) & 1);
   }
   if (__get_cpuid(1, &a, &b, &c, &d)) f.f16c = __builtin_cpu_supports("avx") && ((c >> 29) & 1);
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f.f16c;
 #endif
+  // LibTorch's ATEN_CPU_CAPABILITY caps its own kernels and the project's CPU kernels
+  // (kernels/cpu/isa.h) to an instruction set below the CPU's; the products chosen here follow the
+  // same cap, so that "avx2" on an AVX-512 CPU runs (and names) what an AVX2 CPU would.
+  if (const char* cap = std::getenv("ATEN_CPU_CAPABILITY"); cap != nullptr) {
+    const std::string v = absl::AsciiStrToLower(cap);
+    if (v == "avx2" || v == "default") {
+      f.avx512_core = f.avx512_bf16 = f.avx512_vnni = f.amx_bf16 = false;
+      f.capped_by = absl::StrCat("ATEN_CPU_CAPABILITY=", cap);
+    }
+    if (v == "default") f.avx2 = false;
+  }
   return f;
 }
 
 const CpuFlags& Flags() {
   static const CpuFlags flags = DetectCpuFlags();
   return flags;
+}
+
+// int8's name in the start-up log, with how the lean decode step multiplies the weights on this
+// CPU (kernels/cpu/isa.h Int8ProductsName): AVX-512 VNNI's quads, float32 tiles at AVX2 and
+// AVX-512 without BF16/VNNI, or the portable widening product.
+const char* Int8ProductsName() {
+  const CpuFlags& f = Flags();
+  if (f.avx512_bf16 && f.avx512_vnni) return "int8-weights/vnni-quads";
+  return f.avx2 ? "int8-weights/fp32-tiles" : "int8-weights/widening";
 }
 
 }  // namespace
@@ -124,6 +154,8 @@ std::string CpuPrecisionFlags() {
   add(f.avx512_vnni, "avx512_vnni");
   add(f.amx_bf16, "amx_bf16");
   add(f.f16c, "f16c");
+  add(f.avx2, "avx2");
+  if (!f.capped_by.empty()) absl::StrAppend(&out, " (capped by ", f.capped_by, ")");
   return out;
 }
 

@@ -32,7 +32,11 @@
 // scale inside the product rounds each channel's scale by up to 0.2 %, which raised the
 // product's error against the dequantised weight from 0.25 % to 0.42 % of the largest output.
 // fbgemm's dynamic int8 linear was faster still (21 / 171 µs) but quantises the activations too;
-// this path keeps them at bf16's precision.
+// this path keeps them at bf16's precision. Where the kernels run below AVX-512 (an AVX2 CPU, or
+// ATEN_CPU_CAPABILITY=avx2), LibTorch has no fast bf16 product (oneDNN's needs AVX-512), and the
+// many-row int8 products widen the weight to float32 for MKL instead, with the activations as
+// they are (float32); bench LM on one core, one 128-token prefill chunk, forced AVX2 on a
+// Sapphire Rapids Xeon with oneDNN and MKL capped to AVX2 too: docs/kernels.md has the figures.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,7 @@
 #include <ATen/ops/ones.h>
 
 #include "kernels/cpu/decode_pack.h"
+#include "kernels/cpu/isa.h"
 #include "model/config/device.h"
 
 namespace tost::model {
@@ -99,6 +104,7 @@ class Linear {
       scale_ = std::move(q.scale);
       weight_ = std::move(q.values);
       ones_ = at::ones({out_features_}, at::TensorOptions(at::kBFloat16));
+      int8_widen_to_fp32_ = kernels::cpu::ActiveCpuIsa() != kernels::cpu::CpuIsa::kAvx512;
       if (bias_.defined()) bias_ = bias_.to(device, at::kFloat).contiguous();
       return;
     }
@@ -134,10 +140,15 @@ class Linear {
       case CpuProducts::kWiden:
         return at::linear(x, weight_.to(at::kFloat), bias_);
       case CpuProducts::kInt8: {
-        const at::Tensor xb = x.to(at::kBFloat16).reshape({-1, in_features_});
-        const at::Tensor y = xb.size(0) <= kInt8PackRows
-                                 ? at::_weight_int8pack_mm(xb, weight_, ones_)
-                                 : at::linear(xb, weight_.to(at::kBFloat16));
+        const int64_t rows = x.numel() / in_features_;
+        at::Tensor y;
+        if (int8_widen_to_fp32_ && rows > kInt8PackRows) {
+          y = at::linear(x.reshape({-1, in_features_}), weight_.to(at::kFloat));
+        } else {
+          const at::Tensor xb = x.to(at::kBFloat16).reshape({-1, in_features_});
+          y = rows <= kInt8PackRows ? at::_weight_int8pack_mm(xb, weight_, ones_)
+                                    : at::linear(xb, weight_.to(at::kBFloat16));
+        }
         // y·scale (+ bias) in float32: one fused promoting op.
         return (bias_.defined() ? at::addcmul(bias_, y, scale_) : y.to(at::kFloat).mul_(scale_))
             .view(OutShape(x));
@@ -180,6 +191,8 @@ class Linear {
   at::ScalarType dtype_ = at::kFloat;
   CpuProducts mode_ = CpuProducts::kFloat32;
   bool cuda_ = false;
+  // int8 on a CPU whose kernels run below AVX-512: many rows widen the weight to float32.
+  bool int8_widen_to_fp32_ = false;
   int64_t out_features_ = 0, in_features_ = 0;
 };
 

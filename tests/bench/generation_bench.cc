@@ -51,6 +51,8 @@ struct Args {
   int steps = 64;   // decode steps timed per position in P4
   // P4 positions; the ratio is the last over the first. More than two draw the latency curve.
   std::vector<int64_t> positions = {100, 4000};
+  // The lean table's long prompt (--long_prompt_tokens; at most the bench LM's context, 4096).
+  int long_prompt_tokens = 1024;
   std::string json;  // also write the figures here as JSON
   // More tost_server flags for P6 (--server_arg=--cuda_graphs=false times eager decode).
   std::vector<std::string> server_args;
@@ -451,13 +453,13 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
   if (args.quick) return;
   // A long prompt as the server feeds it (--prefill_chunk_tokens 128): LibTorch's operators take
   // the 128-token chunks; the lean step takes 64-token ones (its row limit).
-  std::vector<int32_t> long_prompt(1024);
+  std::vector<int32_t> long_prompt(static_cast<size_t>(args.long_prompt_tokens));
   for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = prompt[i % prompt.size()];
   const auto time_long = [&](const tost::model::LanguageModel& lm, tost::model::StatePool& pool) {
     const int64_t chunk = &lm == lean.get() ? 64 : 128;
     const auto t0 = Clock::now();
     for (int64_t at = 0; at < static_cast<int64_t>(long_prompt.size()); at += 128) {
-      const auto piece = absl::MakeConstSpan(long_prompt).subspan(at, 128);
+      const auto piece = absl::MakeConstSpan(long_prompt).subspan(at, 128);  // the tail shorter
       if (!lm.Prefill(piece, pool, 0, at, chunk).ok()) std::exit(1);
     }
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -638,8 +640,9 @@ int main(int argc, char** argv) {
       std::printf(
           "tost_generation_bench [--quick] [--server_bin=PATH] [--sessions=64] [--tokens=64] "
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
-          "[--dtype=fp32|bf16|fp16] "
-          "[--server_arg=FLAG ...] [--eager] [--lean_table_only] [--intra_op_threads=1]\n"
+          "[--dtype=fp32|bf16|fp16|int8] "
+          "[--server_arg=FLAG ...] [--eager] [--lean_table_only] [--intra_op_threads=1] "
+          "[--long_prompt_tokens=1024]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -654,6 +657,9 @@ int main(int argc, char** argv) {
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a == "--eager") eager = true;
     if (a == "--lean_table_only") lean_table_only = true;
+    if (a.rfind("--long_prompt_tokens=", 0) == 0) {
+      args.long_prompt_tokens = std::stoi(a.substr(21));
+    }
     if (a.rfind("--intra_op_threads=", 0) == 0) intra_op_threads = std::stoi(a.substr(19));
     if (a.rfind("--device=", 0) == 0) device_text = a.substr(9);
     if (a.rfind("--dtype=", 0) == 0) dtype_text = a.substr(8);

@@ -15,6 +15,7 @@
 #include <ATen/Context.h>
 #include <ATen/ops/randn.h>
 
+#include "kernels/cpu/isa.h"
 #include "model/nets/language_model.h"
 #include "model/nets/linear_layer.h"
 #include "model/nets/model_repository.h"
@@ -265,6 +266,16 @@ TEST(Int8Linear, StoresInt8AndAgreesWithFloat32OnBothPaths) {
   }
   // A batch of sequences [B, T, C] keeps its shape.
   EXPECT_EQ(int8(at::randn({2, 3, 384})).sizes(), (std::vector<int64_t>{2, 3, 1152}));
+}
+
+// The start-up log's name for int8 (device.cc, from CPUID and ATEN_CPU_CAPABILITY) says the path
+// the lean step's kernels take (kernels/cpu/isa.cc, from the same): VNNI quads, float32 tiles
+// (AVX2, or AVX-512 without BF16/VNNI) or the widening product.
+TEST(Int8Linear, StartUpNameIsThePathTheKernelsTake) {
+  EXPECT_EQ(
+      std::string(CpuProductsName(CpuProducts::kInt8)),
+      "int8-weights/" + std::string(kernels::cpu::Int8ProductsName(kernels::cpu::ActiveCpuIsa())))
+      << CpuPrecisionFlags();
 }
 
 TEST(Repository, AModelAskingForAnAbsentCudaDeviceFailsAloneWithTheReason) {
