@@ -46,7 +46,10 @@ tost::model::ModelConfig ChatModel() {
   t.assistant = {"\"", "\"\n\n"};
   t.generation_prompt = "\"";
   t.stop = {"\"", "\n\n"};
+  t.tools = tost::model::ChatTemplate::Tools{
+      "Tools: ", "\n\n", "<call>", "</call>", {"Result: ", "\n\n"}};
   c.chat_template = t;
+  c.language.vocab_size = 2048;
   return c;
 }
 
@@ -74,7 +77,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TOST_FUZZ_CHECK(!r->model.empty());
   TOST_FUZZ_CHECK(r->n >= 1 && r->n <= kMaxChoicesPerRequest);
   TOST_FUZZ_CHECK(!r->logprobs.has_value() || (*r->logprobs >= 0 && *r->logprobs <= 20));
-  TOST_FUZZ_CHECK(!r->max_tokens.has_value() || *r->max_tokens >= 1);
+  TOST_FUZZ_CHECK(!r->max_tokens.has_value() || *r->max_tokens >= (r->echo ? 0 : 1));
+  TOST_FUZZ_CHECK(r->logit_bias.size() <= kMaxLogitBias);
+  TOST_FUZZ_CHECK(r->tools.size() <= kMaxTools);
+  TOST_FUZZ_CHECK(r->tool_choice == ToolChoice::kNone || !r->tools.empty());
+  // A required or named call is constrained, and reported under "tools".
+  TOST_FUZZ_CHECK(
+      (r->tool_choice != ToolChoice::kRequired && r->tool_choice != ToolChoice::kNamed) ||
+      (r->constraint.has_value() && r->constraint_field == "tools" &&
+       nlohmann::json::accept(r->constraint->text)));
   TOST_FUZZ_CHECK(!r->temperature.has_value() ||
                   (*r->temperature >= 0.f && *r->temperature <= 2.f));
   TOST_FUZZ_CHECK(!r->top_p.has_value() || (*r->top_p > 0.f && *r->top_p <= 1.f));
@@ -94,7 +105,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::string storage;
   const absl::StatusOr<GenerationInput> in = ToGenerationInput(*r, ChatModel(), &storage);
-  TOST_FUZZ_CHECK(in.ok());
+  if (!in.ok()) {  // what only the model can say: a logit_bias id past its vocabulary
+    TOST_FUZZ_CHECK(in.status().code() == absl::StatusCode::kInvalidArgument);
+    TOST_FUZZ_CHECK(ErrorParam(in.status()) == "logit_bias");
+    return 0;
+  }
   if (in->stop.has_value()) TOST_FUZZ_CHECK(in->stop->strings.size() <= kMaxStopStrings);
 
   // The prompt's bytes generated back one byte-token at a time, as the scheduler publishes them.
@@ -102,8 +117,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ByteIds tokenizer;
   ResponseBuilder whole(*r, {"cmpl-fuzz", 1, r->model}, tokenizer);
   ResponseBuilder stream(*r, {"cmpl-fuzz", 1, r->model}, tokenizer);
+  if (r->tool_choice != ToolChoice::kNone) {
+    whole.set_call_begin("<call>");
+    stream.set_call_begin("<call>");
+  }
   TextStream text(in->stop.has_value() ? in->stop->strings : std::vector<std::string>{});
   std::string chunks;
+  if (r->echo) {  // the prompt (its first bytes, a byte-token each) before the completion
+    EchoedPrompt prompt;
+    prompt.text = std::string(in->prompt_text.substr(0, 16));
+    for (size_t i = 0; i < prompt.text.size(); ++i) {
+      TokenEvent t;
+      t.id = static_cast<unsigned char>(prompt.text[i]);
+      t.bytes = prompt.text.substr(i, 1);
+      if (i > 0) t.logprob = -0.5f;
+      prompt.tokens.push_back(std::move(t));
+    }
+    whole.Echo(prompt);
+    chunks += stream.Echo(prompt);
+  }
   for (size_t i = 0; i < generated.size(); ++i) {
     TokenEvent t;
     t.id = static_cast<unsigned char>(generated[i]);
