@@ -89,7 +89,7 @@ struct ServerOptions {
   // "name [field=value ...]" lines (service/engine/tenants.h); empty = none. Its tenants, and those
   // of api_keys_file's lines, fill tenants.table at start-up.
   std::string tenants_file;
-  TenantOptions tenants;  // the priority range and the token window
+  TenantOptions tenants;      // the priority range and the token window
   std::string tls_cert_file;  // PEM certificate chain; with tls_key_file turns TLS on
   std::string tls_key_file;   // PEM private key
   std::string

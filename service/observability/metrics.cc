@@ -241,9 +241,9 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
         for (const char* quota :
              {"max_concurrent", "tokens_per_minute", "max_sessions", "max_session_bytes"}) {
           auto it = t.refusals.find(quota);
-          refusals.push_back(CounterSample(
-              static_cast<double>(it == t.refusals.end() ? 0 : it->second),
-              {{"tenant", t.tenant}, {"quota", quota}}));
+          refusals.push_back(
+              CounterSample(static_cast<double>(it == t.refusals.end() ? 0 : it->second),
+                            {{"tenant", t.tenant}, {"quota", quota}}));
         }
       }
       out.push_back(MakeFamily("tost_tenant_generations",
@@ -253,9 +253,8 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
       out.push_back(MakeFamily("tost_tenant_prompt_tokens_total",
                                "Prompt tokens of the generations admitted, per tenant",
                                MetricType::Counter, std::move(prompt)));
-      out.push_back(MakeFamily("tost_tenant_generated_tokens_total",
-                               "Tokens generated, per tenant", MetricType::Counter,
-                               std::move(generated)));
+      out.push_back(MakeFamily("tost_tenant_generated_tokens_total", "Tokens generated, per tenant",
+                               MetricType::Counter, std::move(generated)));
       out.push_back(MakeFamily("tost_tenant_window_tokens",
                                "Prompt and generated tokens in the current tokens_per_minute "
                                "window (--tenant_token_window_s), per tenant with that quota",
@@ -265,12 +264,10 @@ class ScrapeTimeCollector final : public prometheus::Collectable {
                                std::move(refusals)));
       std::vector<ClientMetric> preemptions, parked;
       for (const GeneratorStats& g : stats.generators) {
-        preemptions.push_back(
-            CounterSample(static_cast<double>(g.scheduler.preemptions_priority),
-                          {{"model", g.model}, {"reason", "priority"}}));
-        preemptions.push_back(
-            CounterSample(static_cast<double>(g.scheduler.preemptions_fair_share),
-                          {{"model", g.model}, {"reason", "fair_share"}}));
+        preemptions.push_back(CounterSample(static_cast<double>(g.scheduler.preemptions_priority),
+                                            {{"model", g.model}, {"reason", "priority"}}));
+        preemptions.push_back(CounterSample(static_cast<double>(g.scheduler.preemptions_fair_share),
+                                            {{"model", g.model}, {"reason", "fair_share"}}));
         preemptions.push_back(CounterSample(static_cast<double>(g.scheduler.displaced),
                                             {{"model", g.model}, {"reason", "queue_share"}}));
         parked.push_back(
