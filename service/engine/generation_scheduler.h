@@ -18,7 +18,7 @@
 // tokens it would have drawn without the pause). Prefill tokens are shared the same way: each
 // step's chunk goes to the prefilling jobs by priority, then to the tenant that has been fed the
 // fewest prompt tokens per weight. A tenant whose tokens_per_minute window is used up gets no
-// place until it has room again.
+// place until it has room again. Queue places are shared by weight as well (Reserve).
 //
 // Jobs are handed to callers as GenerationJob handles: the front end takes their events (notified
 // by a listener) and writes them to its stream, so a slow client never blocks the step loop. Flow
@@ -193,7 +193,9 @@ class GenerationScheduler {
     TenantLedger::Lease lease_;  // the tenant's count of generations
   };
   // RESOURCE_EXHAUSTED (with a retry hint) when every active place and queue place is taken or
-  // reserved, or `tenant` is at its max_concurrent or out of its token window; UNAVAILABLE once
+  // reserved and no other tenant holds more queue places per weight than `tenant` would with this
+  // one (else that tenant's newest queued job is refused instead, and this one takes its place),
+  // or when `tenant` is at its max_concurrent or out of its token window; UNAVAILABLE once
   // draining: Submit's refusals, decided before any work. The tenant is the request's owner.
   absl::StatusOr<Reservation> Reserve(std::string_view tenant = kAnonymousCaller);
   // Submits with a place taken by Reserve(); errors as Submit's.
