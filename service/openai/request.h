@@ -123,8 +123,8 @@ inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view
 
 // The JSON schema a required or named tool call's output must satisfy: a JSON array of
 // {"name": <a function's name>, "arguments": <valid under its parameters>} (one for a named
-// function or with parallel_tool_calls false), each function's schema moved under "$defs" with its own "$ref"s
-// rebased there, so a recursive schema stays recursive in itself.
+// function or with parallel_tool_calls false), each function's schema moved under "$defs" with its
+// own "$ref"s rebased there, so a recursive schema stays recursive in itself.
 std::string ToolCallSchema(const OpenAiRequest& request);
 
 // Whether the request sets a sampling parameter (temperature, top_p, seed, top_k, min_p,
