@@ -672,6 +672,45 @@ void RunDecodeProductsSection(const Args& args) {
       std::printf("\n");
     }
   }
+  // LibTorch's int8 products (model/nets/linear_layer.h), which take the steps and prefill chunks
+  // beyond the lean step's row limit: the weight widened to bf16 for a bf16 product (the path at
+  // AVX-512, and before on every CPU) and to float32 for MKL (now where the kernels run below
+  // AVX-512), each then ·scale + bias in float32. Run under ONEDNN_MAX_CPU_ISA and
+  // MKL_ENABLE_INSTRUCTIONS to time them as another CPU runs them.
+  std::printf(
+      "\nLibTorch int8 products, same layers, 1 thread, ms for the four (median of %d interleaved "
+      "repeats); ratio = bf16-widened / fp32-widened\n  %6s %22s %22s %6s\n",
+      reps, "rows", "bf16-widened", "fp32-widened", "ratio");
+  std::vector<Int8Rows> weights;
+  std::vector<at::Tensor> biases;
+  for (auto [out, in] : layers) {
+    at::manual_seed(out * 7919 + in);
+    weights.push_back(QuantiseInt8PerRow(at::randn({out, in})));
+    biases.push_back(at::randn({out}));
+  }
+  for (int64_t rows : row_counts) {
+    if (rows < 16) continue;  // below, LibTorch's path is _weight_int8pack_mm either way
+    const at::Tensor x = at::randn({rows, 1536});
+    std::vector<double> bf16_ms, fp32_ms;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      for (bool fp32 : {false, true}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (size_t l = 0; l < layers.size(); ++l) {
+          const at::Tensor xl = x.narrow(1, 0, layers[l].second);
+          const at::Tensor y =
+              fp32 ? at::linear(xl, weights[l].values.to(at::kFloat))
+                   : at::linear(xl.to(at::kBFloat16), weights[l].values.to(at::kBFloat16));
+          at::addcmul(biases[l], y, weights[l].scale);
+        }
+        const double elapsed =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        if (rep > 0) (fp32 ? fp32_ms : bf16_ms).push_back(elapsed);
+      }
+    }
+    std::printf("  %6lld %22.3f %22.3f %5.2fx\n", static_cast<long long>(rows), Median(bf16_ms),
+                Median(fp32_ms), Median(bf16_ms) / Median(fp32_ms));
+  }
   at::set_num_threads(previous_threads);
 }
 
