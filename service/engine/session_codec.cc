@@ -63,6 +63,8 @@ ProtoKind::Kind ToProto(structured::Constraint::Kind kind) {
       return ProtoKind::GRAMMAR;
     case structured::Constraint::Kind::kChoice:
       return ProtoKind::CHOICE;
+    case structured::Constraint::Kind::kStructuralTag:
+      return ProtoKind::STRUCTURAL_TAG;
   }
   return ProtoKind::KIND_UNSPECIFIED;
 }
@@ -85,6 +87,9 @@ absl::StatusOr<ConstraintProgress> FromProto(const tost::v1::internal::Constrain
       break;
     case ProtoKind::CHOICE:
       c.spec.kind = structured::Constraint::Kind::kChoice;
+      break;
+    case ProtoKind::STRUCTURAL_TAG:
+      c.spec.kind = structured::Constraint::Kind::kStructuralTag;
       break;
     default:
       return absl::InvalidArgumentError(

@@ -560,10 +560,18 @@ absl::Status ParseStructuredOutputs(std::string_view raw_body, const json& v, Op
       if (!on) continue;
       c.kind = structured::Constraint::Kind::kJsonObject;
     } else {
-      return Unsupported(at,
-                         "no structural tags: json, regex, choice, grammar and json_object are "
-                         "accepted",
-                         value);
+      // XGrammar's structural tag, as JSON text or as the object itself.
+      c.kind = structured::Constraint::Kind::kStructuralTag;
+      if (value.is_object()) {
+        c.text = OrderedSchemaText(raw_body, {"structured_outputs", "structural_tag"}, value);
+      } else if (value.is_string() && !value.get_ref<const std::string&>().empty()) {
+        c.text = value.get<std::string>();
+      } else {
+        return Expected(
+            at,
+            R"(an XGrammar structural tag {"type": "structural_tag", "format": ...}: an object, or a string holding one)",
+            value);
+      }
     }
     spec = std::move(c);
     field = at;

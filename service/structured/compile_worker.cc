@@ -80,9 +80,9 @@ absl::Status Cut(const char* what) {
       absl::StrCat("compile worker request: expected ", what, ", received too few bytes"));
 }
 
-constexpr Constraint::Kind kKinds[] = {Constraint::Kind::kJsonSchema, Constraint::Kind::kJsonObject,
-                                       Constraint::Kind::kRegex, Constraint::Kind::kGrammar,
-                                       Constraint::Kind::kChoice};
+constexpr Constraint::Kind kKinds[] = {
+    Constraint::Kind::kJsonSchema, Constraint::Kind::kJsonObject, Constraint::Kind::kRegex,
+    Constraint::Kind::kGrammar,    Constraint::Kind::kChoice,     Constraint::Kind::kStructuralTag};
 
 std::string ErrnoText(int error) {
   return absl::StrCat(std::strerror(error), " (errno ", error, ")");

@@ -35,6 +35,8 @@ xgrammar::CompiledGrammar Compile(xgrammar::GrammarCompiler& compiler,
       return compiler.CompileGrammar(constraint.text, "root");
     case Constraint::Kind::kChoice:
       return compiler.CompileGrammar(ChoiceGrammar(constraint), "root");
+    case Constraint::Kind::kStructuralTag:
+      return compiler.CompileStructuralTag(constraint.text);
   }
   return compiler.CompileGrammar(ChoiceGrammar(constraint), "root");
 }

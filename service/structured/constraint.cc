@@ -19,7 +19,7 @@ namespace {
 
 bool UsesText(Constraint::Kind kind) {
   return kind == Constraint::Kind::kJsonSchema || kind == Constraint::Kind::kRegex ||
-         kind == Constraint::Kind::kGrammar;
+         kind == Constraint::Kind::kGrammar || kind == Constraint::Kind::kStructuralTag;
 }
 
 void AppendPart(std::string* key, const std::string& part) {
@@ -254,6 +254,8 @@ const char* KindName(Constraint::Kind kind) {
       return "grammar";
     case Constraint::Kind::kChoice:
       return "choice";
+    case Constraint::Kind::kStructuralTag:
+      return "structural_tag";
   }
   return "unknown";
 }
@@ -271,7 +273,8 @@ absl::Status Validate(const Constraint& constraint) {
                                                      " bytes, received ", constraint.text.size()));
     }
     const std::optional<NestingExcess> excess =
-        constraint.kind == Constraint::Kind::kJsonSchema
+        constraint.kind == Constraint::Kind::kJsonSchema ||
+                constraint.kind == Constraint::Kind::kStructuralTag
             ? JsonNestingPast(constraint.text, kMaxConstraintNesting)
         : constraint.kind == Constraint::Kind::kRegex
             ? RegexNestingPast(constraint.text, kMaxConstraintNesting)

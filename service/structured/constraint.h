@@ -21,6 +21,9 @@ struct Constraint {
     kRegex,       // `text` is a regular expression the whole output matches
     kGrammar,     // `text` is an XGrammar EBNF grammar whose start rule is `root`
     kChoice,      // the output is exactly one of `choices`
+    // `text` is an XGrammar structural tag (JSON: {"type": "structural_tag", "format": ...}),
+    // vLLM's structured_outputs.structural_tag
+    kStructuralTag,
   };
   Kind kind = Kind::kJsonObject;
   std::string text;
@@ -56,7 +59,8 @@ inline constexpr size_t kMaxSchemaEnumValues = 8192;
 // repetition {n}, {n,} or {n,m} counting what it repeats m times (n when unbounded).
 inline constexpr size_t kMaxSchemaPatternExpansion = 1024;
 
-// "json_schema", "json_object", "regex", "grammar", "choice": the names errors and stats use.
+// "json_schema", "json_object", "regex", "grammar", "choice", "structural_tag": the names errors
+// and stats use.
 const char* KindName(Constraint::Kind kind);
 
 // INVALID_ARGUMENT, naming the field, what was expected and what was received, when `constraint`

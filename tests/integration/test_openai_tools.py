@@ -224,3 +224,23 @@ def test_echo_on_a_prompt_past_the_context(srv):
         c.completions.create(model=MODEL, prompt=long_prompt, echo=True, logprobs=1, max_tokens=0)
     assert e.value.body["param"] == "prompt" and "at most 1024 tokens" in e.value.body["message"]
     assert c.completions.create(model=MODEL, prompt="Emma", max_tokens=2).choices[0].text is not None
+
+
+def test_structured_outputs_structural_tag(srv):
+    """vLLM's structured_outputs.structural_tag: an XGrammar structural tag, compiled as such."""
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "json_schema", "json_schema": {"type": "object", "properties": {"yes": {"type": "boolean"}},
+                                                "required": ["yes"]}}]}}
+    c = client(srv)
+    for given in (tag, json.dumps(tag)):
+        r = c.completions.create(model=MODEL, prompt="Is it so?", max_tokens=200, seed=1,
+                                 extra_body={"structured_outputs": {"structural_tag": given}})
+        text = r.choices[0].text
+        assert text.startswith("Answer: "), text
+        if r.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(text[len("Answer: "):]), tag["format"]["elements"][1]["json_schema"])
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"structured_outputs": {
+            "structural_tag": {"type": "structural_tag", "format": {"type": "bogus"}}}})
+    assert e.value.body["param"] == "structured_outputs.structural_tag"

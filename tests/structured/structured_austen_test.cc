@@ -307,6 +307,25 @@ TEST(StructuredAusten, EndOfTextIsAllowedExactlyWhenTheOutputIsComplete) {
   EXPECT_THAT(after.message(), HasSubstr("expected no token after end-of-text"));
 }
 
+// vLLM's structured_outputs.structural_tag: XGrammar's structural tag, compiled as such. One
+// that spells a fixed string allows exactly that string's tokens, then end-of-text.
+TEST(StructuredAusten, AStructuralTagCompilesToWhatItSpells) {
+  auto compiled = MustCompile(
+      AustenVocabulary(),
+      {Constraint::Kind::kStructuralTag,
+       R"({"type": "structural_tag", "format": {"type": "const_string", "value": "yes"}})",
+       {}});
+  ASSERT_NE(compiled, nullptr);
+  ConstraintMatcher matcher(compiled);
+  for (int32_t id : AustenTokenizer().Encode("yes")) ASSERT_TRUE(matcher.Accept(id).ok()) << id;
+  EXPECT_TRUE(matcher.CanEnd());
+  EXPECT_EQ(matcher.Accept(AustenTokenizer().Encode("no")[0]).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Validate({Constraint::Kind::kStructuralTag, "", {}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_STREQ(KindName(Constraint::Kind::kStructuralTag), "structural_tag");
+}
+
 TEST(StructuredAusten, AcceptRefusesADisallowedTokenNamingIt) {
   auto compiled = MustCompile(AustenVocabulary(), {Constraint::Kind::kChoice, "", {"yes"}});
   ASSERT_NE(compiled, nullptr);

@@ -230,6 +230,13 @@ TEST_F(SessionCodecTest, AConstraintInProgressRoundTripsAsVersionThree) {
   back = codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->constraint, s.constraint);
+  s.constraint->spec = {.kind = structured::Constraint::Kind::kStructuralTag,
+                        .text = R"({"type":"structural_tag","format":{"type":"const_string",)"
+                                R"("value":"no"}})",
+                        .choices = {}};
+  back = codec.Decode(codec.Encode(s, identity, kAnonymousCaller), identity, kAnonymousCaller);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->constraint, s.constraint);
 
   // More output than the sequence holds (position 17 and a pending token), or ids outside the
   // vocabulary: not a state this server wrote.

@@ -947,6 +947,17 @@ TEST(OpenAiRequest, StructuredOutputs) {
                     "\"choice\", \"grammar\", \"json_object\", \"structural_tag\", got an "
                     "array of 0 element(s)",
                     "structured_outputs");
+  auto [tag, tag_field] = constraint_of(
+      R"(, "structured_outputs": {"structural_tag": {"type": "structural_tag", "format": {}}})");
+  EXPECT_EQ(tag.kind, Kind::kStructuralTag);
+  EXPECT_EQ(tag.text, R"({"type":"structural_tag","format":{}})");
+  EXPECT_EQ(tag_field, "structured_outputs.structural_tag");
+  EXPECT_EQ(constraint_of(R"(, "structured_outputs": {"structural_tag": "{}"})").first.text, "{}");
+  CompletionRefused(R"(, "structured_outputs": {"structural_tag": 1})",
+                    "structured_outputs.structural_tag: expected an XGrammar structural tag "
+                    "{\"type\": \"structural_tag\", \"format\": ...}: an object, or a string "
+                    "holding one, got an integer (1)",
+                    "structured_outputs.structural_tag");
 }
 
 model::ModelConfig ToolModel() {
