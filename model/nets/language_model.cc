@@ -49,11 +49,14 @@ constexpr double kLayerNormEps = 1e-5;
 // AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.33 at 1 row, 0.70 at 16, 0.90 at 64;
 // int8 0.20 at 1, 0.22 at 16, 0.40 at 64. Without them (widening products): bf16 0.28 at 1 row,
 // 0.82 at 16, 1.08 at 32; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows
-// nothing was measured. int8 without the dot products now multiplies many rows through float32
-// tiles (decode_kernels.cc), and forced to AVX2 (ATEN_CPU_CAPABILITY=avx2, oneDNN and MKL capped
-// to AVX2 too, on a loaded 2-core Sapphire Rapids) the lean step took 13.8 / 20.3 ms at 32 rows
-// and 31.4 / 31.1 at 64 against LibTorch's float32-widened products, and a 1024-token prompt in
-// 64-token lean chunks 392 ms against 443 in LibTorch's 128-token ones: int8 stays lean to 64.
+// only int8 was measured (below). int8 without the dot products now multiplies many rows through
+// float32 tiles (decode_kernels.cc), and forced to AVX2 (ATEN_CPU_CAPABILITY=avx2, oneDNN and MKL
+// capped to AVX2 too, on a loaded 2-core Sapphire Rapids) the lean step took 13.8 / 20.3 ms at 32
+// rows and 31.4 / 31.1 at 64 against LibTorch's float32-widened products, and a 1024-token prompt
+// in 64-token lean chunks 392 ms against 443 in LibTorch's 128-token ones. At 128 rows (the
+// server's default prefill chunk; --lean_max_rows=128, same machine, loaded): int8 forced to AVX2
+// 48.4 / 54.4 ms per step and a 4000-token prompt at 2 677 / 2 441 tokens/s in 128-token chunks;
+// with the VNNI quads 11.8 / 54.9 ms and 18 031 / 3 681 tokens/s. int8 stays lean to 128 rows.
 int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products) {
   switch (dtype) {
     case ComputeDtype::kFloat32:
@@ -62,7 +65,7 @@ int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products) {
     case ComputeDtype::kBFloat16:
       return dot_products ? 64 : 16;
     case ComputeDtype::kInt8:
-      return 64;
+      return 128;
   }
   return 0;
 }

@@ -53,6 +53,8 @@ struct Args {
   std::vector<int64_t> positions = {100, 4000};
   // The lean table's long prompt (--long_prompt_tokens; at most the bench LM's context, 4096).
   int long_prompt_tokens = 1024;
+  // The lean table's row limit (--lean_max_rows): its largest step and its prefill chunk.
+  int64_t lean_max_rows = 64;
   std::string json;  // also write the figures here as JSON
   // More tost_server flags for P6 (--server_arg=--cuda_graphs=false times eager decode).
   std::vector<std::string> server_args;
@@ -377,12 +379,13 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
                        const Args& args) {
   if (args.placement.cuda) return;
   Args lean_args = args, torch_args = args;
-  lean_args.placement.cpu_lean_decode_max_rows = 64;
+  lean_args.placement.cpu_lean_decode_max_rows = args.lean_max_rows;
   torch_args.placement.cpu_lean_decode_max_rows = 0;
   const std::unique_ptr<tost::model::LanguageModel> lean = LoadBenchLm(repo, c, lean_args);
   const std::unique_ptr<tost::model::LanguageModel> torch = LoadBenchLm(repo, c, torch_args);
-  const std::vector<int64_t> batches =
+  std::vector<int64_t> batches =
       args.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64};
+  if (!args.quick && args.lean_max_rows > 64) batches.push_back(args.lean_max_rows);
   const int64_t rows = batches.back();
   std::vector<int32_t> prompt(100);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(32 + i % 90);
@@ -452,11 +455,11 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
   }
   if (args.quick) return;
   // A long prompt as the server feeds it (--prefill_chunk_tokens 128): LibTorch's operators take
-  // the 128-token chunks; the lean step takes 64-token ones (its row limit).
+  // the 128-token chunks; the lean step takes chunks of its row limit.
   std::vector<int32_t> long_prompt(static_cast<size_t>(args.long_prompt_tokens));
   for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = prompt[i % prompt.size()];
   const auto time_long = [&](const tost::model::LanguageModel& lm, tost::model::StatePool& pool) {
-    const int64_t chunk = &lm == lean.get() ? 64 : 128;
+    const int64_t chunk = &lm == lean.get() ? args.lean_max_rows : 128;
     const auto t0 = Clock::now();
     for (int64_t at = 0; at < static_cast<int64_t>(long_prompt.size()); at += 128) {
       const auto piece = absl::MakeConstSpan(long_prompt).subspan(at, 128);  // the tail shorter
@@ -466,9 +469,10 @@ void RunLeanComparison(const fs::path& repo, const tost::model::LanguageConfig& 
   };
   const auto [a, b] = interleaved(time_long);
   std::printf(
-      "  %6zu %10.3f %10.3f %8.2f   (lean in 64-token chunks, LibTorch in 128; %.0f / %.0f "
+      "  %6zu %10.3f %10.3f %8.2f   (lean in %lld-token chunks, LibTorch in 128; %.0f / %.0f "
       "tokens/s)\n",
-      long_prompt.size(), a, b, a / b, 1e3 * long_prompt.size() / a, 1e3 * long_prompt.size() / b);
+      long_prompt.size(), a, b, a / b, static_cast<long long>(args.lean_max_rows),
+      1e3 * long_prompt.size() / a, 1e3 * long_prompt.size() / b);
 }
 
 void RunP6(const fs::path& repo, const Args& args, Figures& figures) {
@@ -642,7 +646,7 @@ int main(int argc, char** argv) {
           "[--steps=64] [--positions=100,4000] [--json=FILE] [--device=cpu|cuda|cuda:N|auto] "
           "[--dtype=fp32|bf16|fp16|int8] "
           "[--server_arg=FLAG ...] [--eager] [--lean_table_only] [--intra_op_threads=1] "
-          "[--long_prompt_tokens=1024]\n"
+          "[--long_prompt_tokens=1024] [--lean_max_rows=64]\n"
           "Prints P4 (decode latency at position 4000 vs 100, ToST vs KV cache), P5 (state vs KV "
           "cache\n"
           "memory) and P6 (64-stream vs 1-stream decode throughput through tost_server).\n");
@@ -657,6 +661,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--server_arg=", 0) == 0) args.server_args.push_back(a.substr(13));
     if (a == "--eager") eager = true;
     if (a == "--lean_table_only") lean_table_only = true;
+    if (a.rfind("--lean_max_rows=", 0) == 0) args.lean_max_rows = std::stoll(a.substr(16));
     if (a.rfind("--long_prompt_tokens=", 0) == 0) {
       args.long_prompt_tokens = std::stoi(a.substr(21));
     }

@@ -28,3 +28,8 @@ run lean_table_int8_avx512_vnni.txt build/tests/bench/tost_generation_bench \
   --lean_table_only --dtype=int8 --long_prompt_tokens=4000
 run lean_table_fp32_avx2.txt "${avx2[@]}" build/tests/bench/tost_generation_bench \
   --lean_table_only --dtype=fp32 --long_prompt_tokens=4000
+# The lean step at 128 rows (and in the server's default 128-token prefill chunks).
+run lean_table_int8_avx2_128.txt "${avx2[@]}" build/tests/bench/tost_generation_bench \
+  --lean_table_only --dtype=int8 --long_prompt_tokens=4000 --lean_max_rows=128
+run lean_table_int8_avx512_vnni_128.txt build/tests/bench/tost_generation_bench \
+  --lean_table_only --dtype=int8 --long_prompt_tokens=4000 --lean_max_rows=128
