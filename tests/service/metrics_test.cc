@@ -741,7 +741,8 @@ void CountListenerFailure(std::string_view message) {
 TEST(GrpcLogBridgeTest, AListenerThatStoppedAcceptingIsReportedOnce) {
   EXPECT_TRUE(IsListenerFailureLine("/build/grpc-1.51.1/src/core/lib/iomgr/tcp_server_posix.cc",
                                     "Failed accept4: Too many open files"));
-  EXPECT_TRUE(IsListenerFailureLine("tcp_server_posix.cc", "Failed accept4: Cannot allocate memory"));
+  EXPECT_TRUE(
+      IsListenerFailureLine("tcp_server_posix.cc", "Failed accept4: Cannot allocate memory"));
   EXPECT_FALSE(IsListenerFailureLine("tcp_posix.cc", "Failed accept4: Too many open files"));
   EXPECT_FALSE(IsListenerFailureLine("tcp_server_posix.cc", "Failed to add port to server"));
   EXPECT_FALSE(IsListenerFailureLine("my_tcp_server_posix.cc.h", "Failed accept4: x"));

@@ -14,7 +14,7 @@ the server's resident memory before, at the peak and --settle-s after the flood,
 at the peak, the bystander's latency (p50, p99, slowest) and errors, and for the proxy the calls it passed on
 (by status) and refused; then the ratios proxy / bare.
 
-  python3 tools/bench/edge_proxy_flood.py --out docs/perf/2026-11-29-edge-proxy/flood.json
+  python3 tools/bench/edge_proxy_flood.py --out docs/perf/2026-11-29-edge-proxy/flood-run1.json
 """
 import argparse
 import json
