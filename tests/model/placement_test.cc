@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/Context.h>
+#include <ATen/ops/allclose.h>
 #include <ATen/ops/randn.h>
 
 #include "kernels/cpu/isa.h"
@@ -266,6 +267,22 @@ TEST(Int8Linear, StoresInt8AndAgreesWithFloat32OnBothPaths) {
   }
   // A batch of sequences [B, T, C] keeps its shape.
   EXPECT_EQ(int8(at::randn({2, 3, 384})).sizes(), (std::vector<int64_t>{2, 3, 1152}));
+}
+
+// widen-to-fp32 (CPUs without AVX-512) keeps 16-bit weights in 16 bits at rest: the float32 weight
+// exists only inside each product call, so the weights take half of fp32's memory.
+TEST(WidenedLinear, KeepsSixteenBitWeightsInSixteenBits) {
+  at::manual_seed(9);
+  const at::Tensor w = at::randn({1152, 384}).mul_(0.02), b = at::randn({1152}).mul_(0.1);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    Linear widened(w, b);
+    widened.Place(at::kCPU, dtype, CpuProducts::kWiden);
+    EXPECT_EQ(widened.weight_dtype(), dtype);
+    EXPECT_EQ(widened.nbytes(), 1152 * 384 * 2 + 1152 * 4) << "16-bit weight, float32 bias";
+    const at::Tensor x = at::randn({3, 384});
+    const at::Tensor want = at::linear(x, w.to(dtype).to(at::kFloat), b);
+    EXPECT_TRUE(at::allclose(widened(x), want, 1e-5, 1e-6)) << dtype;
+  }
 }
 
 // The start-up log's name for int8 (device.cc, from CPUID and ATEN_CPU_CAPABILITY) says the path
