@@ -28,15 +28,15 @@ if ! cmake -S "$here" -B "$out" "$@" -DTOST_WERROR=OFF -DTOST_PROMTOOL=/nonexist
 fi
 failed=0
 for expected in "the tests prometheus_rules and prometheus_config are left out" \
-  "the tests failover_sigkill_and_restart, failover_sigterm_drain and failover_tost_cli_resume are left out" \
+  "the tests failover_sigkill_and_restart, failover_sigterm_drain, failover_tost_cli_resume and grpc_edge_proxy_flood are left out" \
   "the tests shared_sessions_replicas and shared_sessions_store_failures are left out" \
-  "the test responses_shared_end_to_end is left out"; do
+  "the tests responses_shared_end_to_end and request_tracing_end_to_end are left out"; do
   if ! tr -s ' \n' ' ' <"$log" | grep -qF "$expected"; then
     echo "FAIL: the configure log does not say '$expected' (log: $log)"
     failed=1
   fi
 done
-registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|failover_|shared_sessions_|responses_shared_)' || true)"
+registered="$(ctest --test-dir "$out" -N | grep -E 'Test +#[0-9]+: (prometheus_|failover_|shared_sessions_|responses_shared_|grpc_edge_proxy_|request_tracing_)' || true)"
 if [[ -n $registered ]]; then
   echo "FAIL: tests that need promtool, nginx or redis are registered without them:"
   echo "$registered"
@@ -53,7 +53,7 @@ fi
 python="$(sed -n 's/^TOST_PYTHON:[A-Z]*=//p' "$out/CMakeCache.txt")"
 strict="$("${python:-python3}" "$here/scripts/check-expected-tests.py" --build "$out" 2>&1)" && strict_status=0 || strict_status=$?
 missing="$(grep -oE '^FAIL: missing: [a-z_]+' <<<"$strict" | sed 's/^FAIL: missing: //' | sort | tr '\n' ' ')"
-want="failover_sigkill_and_restart failover_sigterm_drain failover_tost_cli_resume prometheus_config prometheus_rules responses_shared_end_to_end shared_sessions_replicas shared_sessions_store_failures "
+want="failover_sigkill_and_restart failover_sigterm_drain failover_tost_cli_resume grpc_edge_proxy_flood prometheus_config prometheus_rules request_tracing_end_to_end responses_shared_end_to_end shared_sessions_replicas shared_sessions_store_failures "
 if [[ $strict_status == 0 || $missing != "$want" ]]; then
   echo "FAIL: without --without, check-expected-tests.py should fail naming exactly: $want; it exited $strict_status:"
   echo "$strict" | tail -n 30
