@@ -114,7 +114,6 @@ def test_a_generation_preempted_many_times_keeps_its_exact_tokens(proto_modules)
         progress = threading.Condition()
 
         def run_low():
-            got = []
             for msg in stub.Generate(low):
                 if msg.WhichOneof("event") == "token":
                     with progress:
