@@ -37,12 +37,14 @@ constexpr int kBlockVecs = std::min(kPanelVecs, 4);
 // (4 rows x 4 vectors fill half of AVX-512's 32 registers; AVX2 has 16).
 constexpr int kRowBlock = kLanes >= 16 ? 4 : 2;
 static_assert(kPanelWidth % (kLanes * kBlockVecs) == 0, "a panel is whole column blocks");
-// The fewest rows for which int8 weights go through float32 tiles (MatmulInt8Tiles) rather than
-// the widening product: below, widening the weights for the few rows costs less than a tile's
-// stores and reloads. Measured on the bench LM's four layers, one thread (tssa_bench
-// --sections=decode-products, Sapphire Rapids): the tiles took 0.99x the widening product's time
-// at 8 rows and 0.84x at 12 at AVX2, 1.10x at 8 and 0.93x at 12 at AVX-512 without VNNI.
-constexpr int64_t kInt8TileMinRows = kLanes >= 16 ? 12 : 8;
+// The fewest rows for which int8 and 16-bit weights go through float32 tiles (MatmulTiles) rather
+// than the widening product: below, widening the weights for the few rows costs less than a tile's
+// stores and reloads. Measured on the bench LM's four layers, one thread, int8, in a run with
+// tiles from 2 rows (tssa_bench --sections=decode-products, Sapphire Rapids): the tiles took 0.99x
+// the widening product's time at 8 rows and 0.84x at 12 at AVX2, 1.10x at 8 and 0.93x at 12 at
+// AVX-512 without VNNI; bf16 and fp16 at AVX2, tiles from 8 rows: 1.01x and 1.06x at 8 rows,
+// 0.85x and 0.88x at 12 (docs/perf/2026-11-29-avx2-int8/decode_products_avx2.txt).
+constexpr int64_t kTileMinRows = kLanes >= 16 ? 12 : 8;
 
 // How far ahead of the input channel being multiplied the panel is prefetched: about 2 KiB.
 template <typename W>
@@ -145,8 +147,9 @@ void MatmulTyped(const PackedMatrix& w, const float* x, int64_t rows, int64_t ld
 }
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-// int8 weights at many rows without the dot-product instructions. The widening product converts
-// every int8 vector it loads (sign-extend, convert: two instructions) for only kRowBlock rows'
+// int8 and 16-bit weights at many rows without the dot-product instructions. The widening product
+// converts every vector it loads (int8: sign-extend, convert; bf16: zero-extend, shift; fp16:
+// vcvtph2ps) for only kRowBlock rows'
 // FMAs, so at many rows the conversions cost as much as the products. Here a tile of a panel
 // (kTileInputs input channels × the panel's 64 channels) is widened once into float32 on the
 // stack, and every row of the call (up to kTileRowGroup at a time) multiplies it from L1 cache at
@@ -200,20 +203,21 @@ void TileRows(const float* tile, int64_t inputs, const float* x, int64_t ldx, bo
   }
 }
 
-void MatmulInt8Tiles(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
-                     int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
+template <typename W>
+void MatmulTiles(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx,
+                 int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
   alignas(64) float tile[kTileInputs * kPanelWidth];
   alignas(64) float partial[kTileRowGroup * kPanelWidth];
-  const auto* data = static_cast<const int8_t*>(w.data);
+  const auto* data = static_cast<const W*>(w.data);
   for (int64_t p = panel_begin; p < panel_end; ++p) {
-    const int8_t* panel = data + p * w.in * kPanelWidth;
+    const W* panel = data + p * w.in * kPanelWidth;
     const int64_t o0 = p * kPanelWidth;
     for (int64_t r0 = 0; r0 < rows; r0 += kTileRowGroup) {
       const int64_t group_rows = std::min(kTileRowGroup, rows - r0);
       const float* xg = x + r0 * ldx;
       for (int64_t i0 = 0; i0 < w.in; i0 += kTileInputs) {
         const int64_t inputs = std::min(kTileInputs, w.in - i0);
-        const int8_t* src = panel + i0 * kPanelWidth;
+        const W* src = panel + i0 * kPanelWidth;
         for (int64_t j = 0; j < inputs * kPanelWidth; j += kLanes) {
           LoadWeights(src + j).store(tile + j);
         }
@@ -247,10 +251,11 @@ void MatmulInt8Tiles(const PackedMatrix& w, const float* x, int64_t rows, int64_
         const int64_t o = o0 + lane;
         const int64_t valid = std::min<int64_t>(kLanes, w.out - o);
         if (valid <= 0) break;
-        const Vec scale = Vec::loadu(w.scale + o);
+        const Vec scale = w.scale != nullptr ? Vec::loadu(w.scale + o) : Vec(1.f);
         const Vec bias = w.bias != nullptr ? Vec::loadu(w.bias + o) : Vec(0.f);
         for (int64_t rr = 0; rr < group_rows; ++rr) {
-          Vec v = Vec::loadu(partial + rr * kPanelWidth + lane) * scale;
+          Vec v = Vec::loadu(partial + rr * kPanelWidth + lane);
+          if (w.scale != nullptr) v = v * scale;
           if (w.bias != nullptr) v = v + bias;
           float* dst = y + (r0 + rr) * ldy + o;
           if (valid == kLanes) {
@@ -281,12 +286,22 @@ void MatmulWidening(const PackedMatrix& w, const float* x, int64_t rows, int64_t
   }
 }
 
-// The widening product, with int8 weights through tiles of float32 from kInt8TileMinRows rows.
+// The widening product, with int8 and 16-bit weights through tiles of float32 from kTileMinRows
+// rows.
 void Matmul(const PackedMatrix& w, const float* x, int64_t rows, int64_t ldx, const void* prepared,
             int64_t panel_begin, int64_t panel_end, float* y, int64_t ldy) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-  if (w.type == PackedType::kInt8 && rows >= kInt8TileMinRows) {
-    return MatmulInt8Tiles(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+  if (rows >= kTileMinRows) {
+    switch (w.type) {
+      case PackedType::kInt8:
+        return MatmulTiles<int8_t>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+      case PackedType::kBFloat16:
+        return MatmulTiles<c10::BFloat16>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+      case PackedType::kFloat16:
+        return MatmulTiles<c10::Half>(w, x, rows, ldx, panel_begin, panel_end, y, ldy);
+      case PackedType::kFloat32:
+        break;
+    }
   }
 #endif
   MatmulWidening(w, x, rows, ldx, prepared, panel_begin, panel_end, y, ldy);

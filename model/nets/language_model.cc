@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/tssa_ops.h"
 #include "model/config/decode_buckets.h"
 #include "model/config/tensor_list.h"
@@ -49,21 +50,24 @@ constexpr double kLayerNormEps = 1e-5;
 // AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.33 at 1 row, 0.70 at 16, 0.90 at 64;
 // int8 0.20 at 1, 0.22 at 16, 0.40 at 64. Without them (widening products): bf16 0.28 at 1 row,
 // 0.82 at 16, 1.08 at 32; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows
-// only int8 was measured (below). int8 without the dot products now multiplies many rows through
-// float32 tiles (decode_kernels.cc), and forced to AVX2 (ATEN_CPU_CAPABILITY=avx2, oneDNN and MKL
-// capped to AVX2 too, on a loaded 2-core Sapphire Rapids) the lean step took 13.8 / 20.3 ms at 32
-// rows and 31.4 / 31.1 at 64 against LibTorch's float32-widened products, and a 1024-token prompt
-// in 64-token lean chunks 392 ms against 443 in LibTorch's 128-token ones. At 128 rows (the
-// server's default prefill chunk; --lean_max_rows=128, same machine, loaded): int8 forced to AVX2
-// 48.4 / 54.4 ms per step and a 4000-token prompt at 2 677 / 2 441 tokens/s in 128-token chunks;
-// with the VNNI quads 11.8 / 54.9 ms and 18 031 / 3 681 tokens/s. int8 stays lean to 128 rows.
-int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products) {
+// only int8 and bf16 were measured (below). int8 without the dot products now multiplies many rows
+// through float32 tiles (decode_kernels.cc). Lean / LibTorch per step, forced to AVX2
+// (ATEN_CPU_CAPABILITY=avx2, oneDNN and MKL capped to AVX2 too) on a loaded 2-core Sapphire
+// Rapids, raw output in docs/perf/2026-11-29-avx2-int8: int8 4.50 / 8.72 ms at 16 rows, 17.0 /
+// 20.8 at 64, 33.1 / 36.2 at 128, a 4000-token prompt in 128-token chunks at 3 978 / 3 683
+// tokens/s; with the VNNI quads 7.86 / 35.6 ms at 128 rows and 17 834 / 3 638 tokens/s. So int8
+// stays lean to 128 rows (the server's default prefill chunk). bf16 at AVX2 (`avx2`: the kernels'
+// ISA, where LibTorch widens the weight to float32 for every product) goes through the same tiles:
+// 4.87 / 9.04 ms at 16 rows, 17.8 / 22.0 at 64, 35.8 / 38.5 at 128, so it stays lean to 64 there
+// (128 by a margin within this machine's noise); at AVX-512 without the dot products oneDNN's
+// bf16 products keep the limit of 16 measured above.
+int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products, bool avx2) {
   switch (dtype) {
     case ComputeDtype::kFloat32:
     case ComputeDtype::kFloat16:
       return 64;
     case ComputeDtype::kBFloat16:
-      return dot_products ? 64 : 16;
+      return dot_products || avx2 ? 64 : 16;
     case ComputeDtype::kInt8:
       return 128;
   }
@@ -265,7 +269,8 @@ struct LanguageModel::Impl {
       lean_source->wte = wte, lean_source->wpe = wpe;
       lean = LeanDecoder::Build(config.language, *lean_source, placement.dtype);
       lean_max_rows = placement.cpu_lean_decode_max_rows < 0
-                          ? LeanMaxRows(placement.dtype, lean->dot_products())
+                          ? LeanMaxRows(placement.dtype, lean->dot_products(),
+                                        kernels::cpu::ActiveCpuIsa() == kernels::cpu::CpuIsa::kAvx2)
                           : placement.cpu_lean_decode_max_rows;
     }
   }

@@ -50,8 +50,8 @@ usage: tssa_bench [--quick] [--threads=N] [--sections=LIST] [--device=cpu|cuda|c
   --threads=N      intra-op threads for every measurement (default: all cores)
   --sections=LIST  comma-separated subset of bandwidth,kernel,causal,layer-time,layer-memory
                    (default: all), or decode-products (only when named): the lean decode
-                   step's packed products (kernels/cpu/decode_kernels.h) at int8 and fp32, every
-                   table this CPU runs side by side, one thread
+                   step's packed products (kernels/cpu/decode_kernels.h) at int8, bf16, fp16
+                   and fp32, every table this CPU runs side by side, one thread
   --sizes=LIST     kernel section only these B:N pairs, e.g. 8:16384,8:65536 (default: B 1 and 8,
                    N 256...65536)
   --device=D       cpu (default: this benchmark) or cuda[:N]: runs tssa_gpu_bench, the same
@@ -595,11 +595,12 @@ std::vector<std::string> ChildArgs(const std::string& variant, const std::string
 }
 
 // The lean decode step's products on the bench LM's four dense layers (C 384: 384→1152, 384→384,
-// 384→1536, 1536→384), one thread, every product table this CPU runs: per table and row count the
-// median time of the four products, and its ratio to the first table's. The int8 tables: the
-// widening product at every row count (AVX2 and AVX-512: the path before the float32 tiles),
-// the tables the lean step takes (AVX2 and AVX-512 without VNNI: float32 tiles from 4 rows), and
-// AVX-512 VNNI's quads where the CPU has them.
+// 384→1536, 1536→384) at int8, bf16, fp16 and fp32, one thread, every product table this CPU
+// runs: per table and row count the median time of the four products, and its ratio to the first
+// table's. The tables: the widening product at every row count (AVX2 and AVX-512: the path before
+// the float32 tiles), the tables the lean step takes (float32 tiles from 8 rows at AVX2 and 12 at
+// AVX-512 for int8 and 16-bit weights the dot products do not take), and AVX-512 with the BF16
+// and VNNI dot products where the CPU has them.
 void RunDecodeProductsSection(const Args& args) {
   using namespace kernels::cpu;
   const std::vector<std::pair<int64_t, int64_t>> layers = {
@@ -620,17 +621,22 @@ void RunDecodeProductsSection(const Args& args) {
          &DecodeKernelsFor(isa, false)});
   }
   if (CpuHasDotProducts()) {
-    tables.push_back({"AVX512 vnni-quads", &DecodeKernelsFor(CpuIsa::kAvx512, true)});
+    tables.push_back({"AVX512 dot products", &DecodeKernelsFor(CpuIsa::kAvx512, true)});
   }
   const int previous_threads = at::get_num_threads();
   at::set_num_threads(1);
   const int reps = args.quick ? 3 : 15;
-  for (PackedType type : {PackedType::kInt8, PackedType::kFloat32}) {
+  for (PackedType type :
+       {PackedType::kInt8, PackedType::kBFloat16, PackedType::kFloat16, PackedType::kFloat32}) {
     std::printf(
         "\nLean decode products, %s weights, bench LM layers (384x1152, 384x384, 384x1536, "
         "1536x384), 1 thread, ms for the four (median of %d interleaved repeats); ratio = first "
         "table's time / this table's\n  %6s",
-        type == PackedType::kInt8 ? "int8" : "fp32", reps, "rows");
+        type == PackedType::kInt8       ? "int8"
+        : type == PackedType::kBFloat16 ? "bf16"
+        : type == PackedType::kFloat16  ? "fp16"
+                                        : "fp32",
+        reps, "rows");
     for (const Table& t : tables) std::printf(" %22s %6s", t.name.c_str(), "ratio");
     std::printf("\n");
     at::manual_seed(7);

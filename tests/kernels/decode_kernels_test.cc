@@ -128,48 +128,50 @@ TEST_P(DecodeKernelsTest, PackedProductMatchesFloat64InEveryPrecision) {
   }
 }
 
-// int8 weights at many rows (through float32 tiles at AVX2 and AVX-512 without the dot products):
+// int8 and 16-bit weights at many rows (through float32 tiles at AVX2 and AVX-512 where the dot
+// products do not take them):
 // against float64, and bit for bit the widening product's values at every row count, across the
 // tiles' seams (128 input channels, 64-row groups) and with odd panel, input and row tails.
-TEST_P(DecodeKernelsTest, Int8ProductAtManyRowsIsTheWideningProductBitForBit) {
-  if (k().input_group[static_cast<int>(PackedType::kInt8)] != 1) {
-    GTEST_SKIP() << "int8 goes through the dot products here";
-  }
+TEST_P(DecodeKernelsTest, ProductAtManyRowsIsTheWideningProductBitForBit) {
   const DecodeKernels& widening = WideningDecodeKernelsFor(GetParam().isa);
   at::manual_seed(11);
-  for (auto [out, in] : {std::pair<int64_t, int64_t>{200, 389}, {64, 128}, {33, 129}, {70, 5}}) {
-    for (bool with_bias : {false, true}) {
-      const at::Tensor w = at::randn({out, in});
-      const at::Tensor bias = with_bias ? at::randn({out}) : at::Tensor();
-      const PackedWeights packed = PackWeights(w, bias, PackedType::kInt8, 1);
-      const PackedMatrix& m = packed.matrix;
-      for (int64_t rows : {3, 4, 6, 7, 13, 64, 65, 131}) {
-        // x's rows are wider than `in` (as a prefill chunk's are not, but the contract allows).
-        const int64_t ldx = in + 5;
-        const at::Tensor x = at::randn({rows, ldx});
-        const int64_t ldy = out + 3;
-        std::vector<float> y(rows * ldy, -7.f), y_widened(rows * ldy, -7.f);
-        k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, m.panels(), y.data(), ldy);
-        widening.matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, m.panels(), y_widened.data(),
-                        ldy);
-        EXPECT_EQ(y, y_widened) << out << "x" << in << " rows " << rows;
-        // Panel ranges split between two calls give the same values.
-        std::vector<float> y_split(rows * ldy, -7.f);
-        const int64_t half = m.panels() / 2;
-        k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, half, y_split.data(), ldy);
-        k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, half, m.panels(), y_split.data(),
-                   ldy);
-        EXPECT_EQ(y, y_split);
-        at::Tensor want = ExpectedProduct(x.narrow(1, 0, in).contiguous(), packed, w);
-        if (with_bias) want = want + bias.to(at::kDouble);
-        const auto want_a = want.accessor<double, 2>();
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t o = 0; o < out; ++o) {
-            ASSERT_NEAR(y[r * ldy + o], want_a[r][o],
-                        1e-5 * (1 + std::abs(want_a[r][o])) * std::sqrt(in))
-                << out << "x" << in << " rows " << rows << " at " << r << "," << o;
+  for (PackedType type : {PackedType::kInt8, PackedType::kBFloat16, PackedType::kFloat16}) {
+    if (k().input_group[static_cast<int>(type)] != 1) continue;  // through the dot products
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{200, 389}, {64, 128}, {33, 129}, {70, 5}}) {
+      for (bool with_bias : {false, true}) {
+        const at::Tensor w = at::randn({out, in});
+        const at::Tensor bias = with_bias ? at::randn({out}) : at::Tensor();
+        const PackedWeights packed = PackWeights(w, bias, type, 1);
+        const PackedMatrix& m = packed.matrix;
+        for (int64_t rows : {3, 4, 6, 7, 13, 64, 65, 131}) {
+          // x's rows are wider than `in` (as a prefill chunk's are not, but the contract allows).
+          const int64_t ldx = in + 5;
+          const at::Tensor x = at::randn({rows, ldx});
+          const int64_t ldy = out + 3;
+          std::vector<float> y(rows * ldy, -7.f), y_widened(rows * ldy, -7.f);
+          k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, m.panels(), y.data(), ldy);
+          widening.matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, m.panels(),
+                          y_widened.data(), ldy);
+          EXPECT_EQ(y, y_widened) << "type " << static_cast<int>(type) << " " << out << "x" << in
+                                  << " rows " << rows;
+          // Panel ranges split between two calls give the same values.
+          std::vector<float> y_split(rows * ldy, -7.f);
+          const int64_t half = m.panels() / 2;
+          k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, 0, half, y_split.data(), ldy);
+          k().matmul(m, x.data_ptr<float>(), rows, ldx, nullptr, half, m.panels(), y_split.data(),
+                     ldy);
+          EXPECT_EQ(y, y_split);
+          at::Tensor want = ExpectedProduct(x.narrow(1, 0, in).contiguous(), packed, w);
+          if (with_bias) want = want + bias.to(at::kDouble);
+          const auto want_a = want.accessor<double, 2>();
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t o = 0; o < out; ++o) {
+              ASSERT_NEAR(y[r * ldy + o], want_a[r][o],
+                          1e-5 * (1 + std::abs(want_a[r][o])) * std::sqrt(in))
+                  << out << "x" << in << " rows " << rows << " at " << r << "," << o;
+            }
+            for (int64_t o = out; o < ldy; ++o) ASSERT_EQ(y[r * ldy + o], -7.f);
           }
-          for (int64_t o = out; o < ldy; ++o) ASSERT_EQ(y[r * ldy + o], -7.f);
         }
       }
     }

@@ -33,3 +33,6 @@ run lean_table_int8_avx2_128.txt "${avx2[@]}" build/tests/bench/tost_generation_
   --lean_table_only --dtype=int8 --long_prompt_tokens=4000 --lean_max_rows=128
 run lean_table_int8_avx512_vnni_128.txt build/tests/bench/tost_generation_bench \
   --lean_table_only --dtype=int8 --long_prompt_tokens=4000 --lean_max_rows=128
+# bf16 through the same tiles, forced AVX2.
+run lean_table_bf16_avx2_128.txt "${avx2[@]}" build/tests/bench/tost_generation_bench \
+  --lean_table_only --dtype=bf16 --long_prompt_tokens=4000 --lean_max_rows=128
