@@ -7,16 +7,23 @@
 #     tools/bench/peers/make_twins.py and the in-process CTranslate2 runs of run_peers.py.
 # Prints the two paths run_peers.py needs as KEY=VALUE lines at the end (also written to peers.env).
 #
-# Usage: tools/bench/peers/setup.sh [--jobs N]     (default 2: the build shares the machine)
+# Usage: tools/bench/peers/setup.sh [--jobs N] [--lock FILE]
+#   --jobs N     compile jobs (default 2: the build shares the machine)
+#   --lock FILE  hold flock(1) on FILE around the llama.cpp compile only, so builds that share the
+#                machine and the same lock take turns instead of splitting the cores
 set -euo pipefail
 
 jobs=2
+lock=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
-    *) echo "setup.sh: unknown argument '$1' (expected --jobs N)" >&2; exit 2 ;;
+    --lock) lock="$2"; shift 2 ;;
+    *) echo "setup.sh: unknown argument '$1' (expected --jobs N or --lock FILE)" >&2; exit 2 ;;
   esac
 done
+locked=()
+[[ -n "$lock" ]] && locked=(flock "$lock")
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
@@ -78,7 +85,7 @@ if [[ ! -x "$server" ]]; then
   cmake -S "$llama" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DBUILD_SHARED_LIBS=OFF
-  cmake --build "$build" --target llama-server -j "$jobs"
+  "${locked[@]}" cmake --build "$build" --target llama-server -j "$jobs"
   echo "setup.sh: llama-server built in $(( $(date +%s) - start )) s"
 fi
 
