@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -842,8 +843,8 @@ int64_t LanguageModel::LeanDecodeBytes() const {
   return impl_->lean != nullptr ? impl_->lean->bytes() : 0;
 }
 
-absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,
-                                                             int64_t batch, int64_t length) const {
+absl::Status LanguageModel::CheckWholeSequences(absl::Span<const int32_t> tokens, int64_t batch,
+                                                int64_t length) const {
   const Impl& m = *impl_;
   if (batch <= 0 || length <= 0 || static_cast<int64_t>(tokens.size()) != batch * length) {
     return absl::InvalidArgumentError(absl::StrCat("model ", m.config.name, ": expected ", batch,
@@ -854,7 +855,13 @@ absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const in
                                               " tokens exceed the context length of ",
                                               m.config.language.context_length));
   }
-  TOST_RETURN_IF_ERROR(m.CheckTokens(tokens));
+  return m.CheckTokens(tokens);
+}
+
+absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const int32_t> tokens,
+                                                             int64_t batch, int64_t length) const {
+  const Impl& m = *impl_;
+  TOST_RETURN_IF_ERROR(CheckWholeSequences(tokens, batch, length));
   return GuardTorch(m.config.name, "forward", [&]() {
     c10::InferenceMode inference;
     const c10::OptionalStreamGuard on_stream(m.stream);
@@ -864,6 +871,84 @@ absl::StatusOr<std::vector<float>> LanguageModel::ForwardAll(absl::Span<const in
     const at::Tensor pos = at::arange(length, on_device).view({1, length}).expand({batch, length});
     return Impl::ToHost(
         m.Logits(m.Sequence(m.Embed(ids, pos), at::zeros({batch}, on_device), nullptr)));
+  });
+}
+
+absl::StatusOr<std::vector<DrawnToken>> LanguageModel::ScorePrompt(absl::Span<const int32_t> tokens,
+                                                                   int32_t top_n,
+                                                                   int64_t block_bytes) const {
+  const Impl& m = *impl_;
+  const auto length = static_cast<int64_t>(tokens.size());
+  if (length < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", m.config.name, ": expected at least 2 tokens to score, got ", length));
+  }
+  TOST_RETURN_IF_ERROR(CheckWholeSequences(tokens, 1, length));
+  const int64_t defined = std::min(tokenizer().vocab_size(), m.config.language.vocab_size);
+  if (defined <= 0) return std::vector<DrawnToken>(length - 1);
+  const int64_t k = std::clamp<int64_t>(top_n, 0, defined);
+  return GuardTorch(m.config.name, "score the prompt", [&]() -> std::vector<DrawnToken> {
+    c10::InferenceMode inference;
+    const c10::OptionalStreamGuard on_stream(m.stream);
+    const auto on_device = at::TensorOptions(at::kLong).device(m.device);
+    const at::Tensor ids = m.ToDevice(
+        at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end())).view({1, length}));
+    const at::Tensor pos = at::arange(length, on_device).view({1, length});
+    // Row i of the hidden states scores token i + 1; the last position scores nothing.
+    const at::Tensor hidden =
+        m.Sequence(m.Embed(ids, pos), at::zeros({1}, on_device), nullptr)[0].narrow(0, 0,
+                                                                                    length - 1);
+    const at::Tensor next = ids[0].narrow(0, 1, length - 1);
+    // The partition is summed in double, as ScoreTokens does: rows x vocab x 8 bytes a block.
+    const int64_t block = std::max<int64_t>(1, block_bytes / (defined * 8));
+    std::vector<DrawnToken> out(length - 1);
+    for (int64_t start = 0; start < length - 1; start += block) {
+      const int64_t n = std::min(block, length - 1 - start);
+      const at::Tensor logits =
+          m.Logits(hidden.narrow(0, start, n)).narrow(1, 0, defined).to(at::kFloat);
+      const at::Tensor nonfinite = logits.isfinite().logical_not();
+      const at::Tensor has_nonfinite = nonfinite.any(1);
+      // argmax returns the first maximal index: the lowest non-finite id, as ScoreTokens reports.
+      const at::Tensor first_nonfinite = nonfinite.to(at::kByte).argmax(1);
+      const at::Tensor log_z = logits.to(at::kDouble).logsumexp({1});
+      const at::Tensor chosen = logits.gather(1, next.narrow(0, start, n).view({n, 1})).view({n});
+      std::vector<at::Tensor> parts = {has_nonfinite, first_nonfinite, log_z, chosen};
+      if (k > 0) {
+        auto [top_values, top_ids] = logits.topk(k, 1, /*largest=*/true, /*sorted=*/true);
+        parts.push_back(top_values);
+        parts.push_back(top_ids);
+      }
+      std::vector<at::Tensor> host;
+      for (const at::Tensor& t : parts) host.push_back(t.to(at::kCPU).contiguous());
+      const bool* bad = host[0].data_ptr<bool>();
+      const int64_t* bad_id = host[1].data_ptr<int64_t>();
+      const double* z = host[2].data_ptr<double>();
+      const float* chosen_logit = host[3].data_ptr<float>();
+      for (int64_t r = 0; r < n; ++r) {
+        DrawnToken& d = out[start + r];
+        d.id = tokens[start + r + 1];
+        if (bad[r]) {
+          d.nonfinite_id = bad_id[r];
+          continue;
+        }
+        d.logprob = d.id < defined ? static_cast<float>(chosen_logit[r] - z[r])
+                                   : -std::numeric_limits<float>::infinity();
+        if (k == 0) continue;
+        const float* values = host[4].data_ptr<float>() + r * k;
+        const int64_t* top_ids = host[5].data_ptr<int64_t>() + r * k;
+        for (int64_t j = 0; j < k; ++j) {
+          d.top_logprobs.emplace_back(static_cast<int32_t>(top_ids[j]),
+                                      static_cast<float>(values[j] - z[r]));
+        }
+        // Equal logits in the lower id first, as ScoreTokens orders them (topk's order among
+        // equals is unspecified).
+        std::stable_sort(
+            d.top_logprobs.begin(), d.top_logprobs.end(), [](const auto& a, const auto& b) {
+              return a.second > b.second || (a.second == b.second && a.first < b.first);
+            });
+      }
+    }
+    return out;
   });
 }
 

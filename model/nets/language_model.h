@@ -102,9 +102,24 @@ class LanguageModel {
   absl::StatusOr<std::vector<float>> ForwardAll(absl::Span<const int32_t> tokens, int64_t batch,
                                                 int64_t length) const;
 
+  // Prompt scoring: one forward over `tokens` (2 to the context length) from position 0, then, for
+  // each i in [1, tokens.size()), how likely tokens[i] was after the tokens before it, with the
+  // top_n most likely alternatives: ScoreTokens over ForwardAll's logits, computed on the model's
+  // device a bounded block of positions at a time, so that only the scores reach the host (not
+  // [tokens, vocab] logits: 800 MB for 4,096 positions of a 50,000-token vocabulary).
+  // `block_bytes` bounds the device memory of one block's logits (in double, as ScoreTokens sums
+  // the partition); at least one position is scored per block.
+  static constexpr int64_t kDefaultScoreBlockBytes = int64_t{64} << 20;
+  absl::StatusOr<std::vector<DrawnToken>> ScorePrompt(
+      absl::Span<const int32_t> tokens, int32_t top_n,
+      int64_t block_bytes = kDefaultScoreBlockBytes) const;
+
  private:
   struct Impl;
   class DevicePool;
+  // tokens [batch, length]: the shape, the context length and the vocabulary, or the error.
+  absl::Status CheckWholeSequences(absl::Span<const int32_t> tokens, int64_t batch,
+                                   int64_t length) const;
   // `pool` as this model's own DevicePool, or INVALID_ARGUMENT.
   absl::StatusOr<const DevicePool*> OwnPool(const StatePool& pool) const;
   // The checks and the device work both pool steps share; `finish` turns the step's logits

@@ -73,9 +73,7 @@ class LoadedRepository::Generator final : public GenerativeModel {
 
   absl::StatusOr<std::vector<model::DrawnToken>> ScorePrompt(absl::Span<const int32_t> tokens,
                                                              int32_t top_n) const override {
-    const auto length = static_cast<int64_t>(tokens.size());
-    TOST_ASSIGN_OR_RETURN(std::vector<float> logits, model_.ForwardAll(tokens, 1, length));
-    return model::ScoreTokens(logits, model_.tokenizer().vocab_size(), tokens, top_n);
+    return model_.ScorePrompt(tokens, top_n);
   }
 
   absl::StatusOr<std::vector<model::DrawnToken>> Step(

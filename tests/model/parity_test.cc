@@ -4,7 +4,10 @@
 // wrong TSSA (softmax over tokens); the same check must reject it, which shows the test can fail.
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
+
 #include "model/nets/model_repository.h"
+#include "model/sampling/sampler.h"
 #include "tests/model/test_util.h"
 
 namespace tost::model {
@@ -132,6 +135,45 @@ TEST_F(ParityTest, ContextLengthIsEnforced) {
   const int32_t next = 66;
   EXPECT_EQ(m.language->Step(absl::MakeConstSpan(&next, 1), ptrs).status().code(),
             absl::StatusCode::kOutOfRange);
+}
+
+// Prompt scoring on the model's device must give what ScoreTokens reads from the whole logits:
+// in one block, and in blocks of a few positions (the bound that keeps a long prompt's logits off
+// the device's memory), with the alternatives in the same order.
+TEST_F(ParityTest, ScoringAPromptOnTheDeviceMatchesScoringItsWholeLogits) {
+  const std::unique_ptr<LanguageModel> lm = LoadSmallLm();
+  ASSERT_TRUE(lm != nullptr);
+  const int64_t ctx = lm->config().language.context_length;
+  const int64_t defined = lm->tokenizer().vocab_size();
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < std::min<int64_t>(ctx, 37); ++i) {
+    tokens.push_back(static_cast<int32_t>((i * 7919 + 13) % defined));
+  }
+  const auto length = static_cast<int64_t>(tokens.size());
+  auto logits = lm->ForwardAll(tokens, 1, length);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const std::vector<DrawnToken> want = ScoreTokens(*logits, defined, tokens, 5);
+  ASSERT_EQ(want.size(), tokens.size() - 1);
+  for (const int64_t block_bytes : {LanguageModel::kDefaultScoreBlockBytes, defined * 8 * 5}) {
+    auto got = lm->ScorePrompt(tokens, 5, block_bytes);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("token ", i + 1, ", block of ", block_bytes, " bytes"));
+      EXPECT_EQ((*got)[i].id, want[i].id);
+      EXPECT_EQ((*got)[i].nonfinite_id, -1);
+      EXPECT_NEAR((*got)[i].logprob, want[i].logprob, 1e-5);
+      ASSERT_EQ((*got)[i].top_logprobs.size(), 5u);
+      for (size_t j = 0; j < 5; ++j) {
+        EXPECT_EQ((*got)[i].top_logprobs[j].first, want[i].top_logprobs[j].first);
+        EXPECT_NEAR((*got)[i].top_logprobs[j].second, want[i].top_logprobs[j].second, 1e-5);
+      }
+    }
+  }
+  EXPECT_EQ(lm->ScorePrompt(absl::MakeConstSpan(tokens.data(), 1), 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> too_long(ctx + 1, 65);
+  EXPECT_EQ(lm->ScorePrompt(too_long, 0).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 // The serving path keeps statistics in pool rows on the model's device; it must compute exactly
