@@ -51,6 +51,23 @@ def rss_mib(pid):
     return proc_status(pid)["VmRSS"] / 1024
 
 
+def rss_after_settling(pid, before_mib, max_growth_mib, timeout_s=15.0):
+    """The server's RSS in MiB once it is back within max_growth_mib of before_mib (memory a flood
+    took comes back when its reset calls have ended and idle threads are gone), or at timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while rss_mib(pid) - before_mib > max_growth_mib and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return rss_mib(pid)
+
+
+def latency_summary(latencies):
+    """(p50, p99, slowest) in seconds of the bystander's (method, seconds) calls; zeros if none."""
+    times = sorted(t for _, t in latencies)
+    if not times:
+        return 0.0, 0.0, 0.0
+    return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))], times[-1]
+
+
 def raw_unary(address, path, body: bytes, extra_headers=(), timeout=30.0):
     """One call on its own HTTP/2 connection with `body` as the request's DATA (sent as flow
     control allows); returns {"headers", "trailers", "data", "reset"} as the server answered."""
@@ -290,18 +307,12 @@ def test_a_rapid_reset_flood_keeps_memory_bounded_and_bystanders_served(proto_mo
         finally:
             stop.set()
             bystander.join()
-        # Memory comes back once the flood is over (reset calls finished, idle threads gone).
-        settle_deadline = time.monotonic() + 15
-        while rss_mib(pid) - before > MAX_RESIDUAL_GROWTH_MIB and time.monotonic() < settle_deadline:
-            time.sleep(0.25)
-        after = rss_mib(pid)
+        after = rss_after_settling(pid, before, MAX_RESIDUAL_GROWTH_MIB)
 
         def slowest(method):
             return max((t for m, t in latencies if m == method), default=0.0)
 
-        times = sorted(t for _, t in latencies)
-        p50 = times[len(times) // 2] if times else 0.0
-        p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else 0.0
+        p50, p99, _ = latency_summary(latencies)
 
         threads = proc_status(pid)["Threads"]
         print(f"flood: {result}; RSS {before:.0f} MiB before, {result['peak_rss_mib']:.0f} peak, "
