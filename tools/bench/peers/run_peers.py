@@ -52,7 +52,10 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 # tost-bf16 / tost-fp16 / tost-int8: tost_server with --dtype (weights in that precision on the CPU),
 # the counterparts of llama-f16 (bf16, fp16) and of llama-q8_0 and ct2-int8 (int8); "tost" is fp32,
 # the one every ratio is taken to.
-ENGINES = ("tost", "tost-bf16", "tost-fp16", "tost-int8", "llama-f32", "llama-f16", "llama-q8_0", "ct2-float32", "ct2-int8")
+# llama-X runs llama-server with flash attention off (-fa off), llama-X-fa with it on (-fa on): which
+# is faster depends on the CPU and the position, and a peer is compared in its best configuration.
+ENGINES = ("tost", "tost-bf16", "tost-fp16", "tost-int8", "llama-f32", "llama-f16", "llama-q8_0",
+           "llama-f32-fa", "llama-f16-fa", "llama-q8_0-fa", "ct2-float32", "ct2-int8")
 MODELS = ("bench-lm", "tost-austen")
 # Context cells beyond prompt + new tokens that llama-server's slots get (it rounds a slot's context
 # up to a multiple of 256 itself), and that the session-memory prompts stay below the context.
@@ -161,6 +164,9 @@ class TostEngine:
         self.channel = grpc.insecure_channel(self.server.address)
         self.stub = pb2_grpc.TostStub(self.channel)
         self.pid = self.server.proc.pid
+        # What the server chose for this CPU (cpu_precision_flags, cpu_products), for the raw file.
+        self.info = [line for line in self.server.log_text().splitlines()
+                     if "cpu_precision_flags" in line or "cpu_products" in line][:4]
 
     def open_stream(self, ids: Sequence[int], new_tokens: int) -> "TostStream":
         req = self.pb2.GenerateRequest(model=self.model, prompt_tokens=self.pb2.TokenIds(ids=list(ids)),
@@ -326,6 +332,7 @@ class LlamaEngine:
                 raise RuntimeError(f"llama-server not ready in 180 s: {' '.join(argv)}\n{self._log_tail()}")
             time.sleep(0.2)
         self.timings: List[dict] = []
+        self.info = llama_build_flags(binary)
 
     def _log_tail(self) -> str:
         return self.log_text()[-3000:]
@@ -389,7 +396,7 @@ class Ct2Engine:
                                      stdout=subprocess.PIPE, text=True, bufsize=1,
                                      env={**os.environ, **env} if env else None)
         self.pid = self.proc.pid
-        self._call({"op": "ping"})
+        self.info = [json.dumps(self._call({"op": "ping"}))]
 
     def _call(self, msg: dict) -> dict:
         self.proc.stdin.write(json.dumps(msg) + "\n")
@@ -504,7 +511,8 @@ def ct2_worker(model_dir: str, compute_type: str, cpu: int, inter_threads: int =
         msg = json.loads(line)
         try:
             if msg["op"] == "ping":
-                out = {"ok": True, "version": ctranslate2.__version__}
+                out = {"ok": True, "version": ctranslate2.__version__,
+                       "CT2_FORCE_CPU_ISA": os.environ.get("CT2_FORCE_CPU_ISA", "")}
             elif msg["op"] == "decode":
                 out = timed_decode(stream(msg["ids"], msg["new_tokens"]))
             elif msg["op"] == "hold":
@@ -539,8 +547,9 @@ def start_engine(engine: str, model: str, args, dims: dict, parallel: int = 1, s
     if engine.startswith("llama-"):
         if slot_ctx is None:
             slot_ctx = dims["context_length"] if parallel == 1 else 256
-        return LlamaEngine(args.llama_server, os.path.join(twin, f"gguf-{engine[6:]}.gguf"), slot_ctx,
-                           args.cpu, parallel, llama_extra)
+        quant, fa = (engine[6:-3], "on") if engine.endswith("-fa") else (engine[6:], "off")
+        return LlamaEngine(args.llama_server, os.path.join(twin, f"gguf-{quant}.gguf"), slot_ctx,
+                           args.cpu, parallel, ["-fa", fa, *llama_extra])
     return Ct2Engine(os.path.join(twin, f"ct2-{engine[4:]}"), engine[4:], args.cpu, parallel, ct2_env)
 
 
@@ -800,6 +809,58 @@ def ct2_version() -> Optional[str]:
         return None
 
 
+def load_now() -> dict:
+    """The machine's load as the run saw it: `uptime`, and how many compilers (cc1plus) ran, since
+    other work on the same cores moves the figures."""
+    up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    cc = subprocess.run(["pgrep", "-c", "cc1plus"], capture_output=True, text=True).stdout.strip()
+    return {"utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "uptime": up, "cc1plus": int(cc or 0)}
+
+
+def cpu_flags() -> List[str]:
+    """The CPU's flags from /proc/cpuinfo (the first processor's)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def provenance(args) -> dict:
+    """What a raw file must name: the commit the binaries were built from (HEAD and whether the tree
+    differed from it), the CPU and its flags, the environment that caps instruction sets, and the
+    load at the start (the end's is added when the run ends)."""
+    def git(*a):
+        r = subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "tree_dirty_files": dirty.splitlines() if dirty else [],
+            "tost_server": os.path.abspath(args.tost_server),
+            "tost_server_mtime_utc": time.strftime("%Y-%m-%d %H:%M:%SZ",
+                                                   time.gmtime(os.path.getmtime(args.tost_server))),
+            "llama_server": os.path.abspath(args.llama_server),
+            "llama_server_build": llama_build_flags(args.llama_server), "cpu_flags": cpu_flags(),
+            "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "ONEDNN_MAX_CPU_ISA",
+                                               "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
+            "start": load_now()}
+
+
+def llama_build_flags(binary: str) -> List[str]:
+    """The instruction-set options llama-server was configured with (its build tree's CMakeCache.txt,
+    which setup.sh keeps beside bin/): GGML_NATIVE, GGML_AVX*, GGML_FMA, GGML_F16C."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(binary))), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            return [line.strip() for line in f
+                    if line.startswith(("GGML_NATIVE:", "GGML_AVX", "GGML_FMA:", "GGML_F16C:", "GGML_AMX"))]
+    except OSError:
+        return []
+
+
 def llama_version(binary: str) -> str:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True)
     return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr).strip() else "?"
@@ -843,6 +904,12 @@ def main() -> None:
                     help="resident memory per open session of this many tokens (clamped to the context "
                     "less 16); 0 skips it")
     ap.add_argument("--session-rss-sessions", type=int, default=8, help="sessions held for it")
+    ap.add_argument("--session-rss-engines", default="",
+                    help="the engines whose session memory is measured (default: every engine; the -fa "
+                    "variants hold the same KV cache as the plain ones)")
+    ap.add_argument("--isa-class", default="",
+                    help="a label for the CPU class measured, written to the JSON (e.g. 'AVX-512 BF16/VNNI', "
+                    "'AVX2 forced on AVX-512 hardware'); render_readme.py heads a block with it")
     ap.add_argument("--quick", action="store_true", help="positions 100,4000, 16 new tokens, no streams, "
                     "session memory at 1000 tokens with 4 sessions")
     ap.add_argument("--dry-run", action="store_true", help="check the arguments and inputs, measure nothing")
@@ -898,7 +965,8 @@ def main() -> None:
                                 "warmup_s": args.stream_warmup_s, "warmup_max_s": args.stream_warmup_max_s},
                     "session_rss": {"tokens": args.session_rss_tokens, "sessions": args.session_rss_sessions},
                     "versions": {"ctranslate2": ct2_version(), "llama-server": llama_version(args.llama_server)},
-                    "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "models": {}, "raw": []}
+                    "date_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "models": {}, "raw": [],
+                    "isa_class": args.isa_class, "provenance": provenance(args)}
     for model in models:
         d = dims[model]
         ctx = d["context_length"]
@@ -915,6 +983,7 @@ def main() -> None:
                 eng = start_engine(engine, model, args, d)
                 try:
                     r = measure_single(eng, model, rnd, d, pos, prefill_len, args.new_tokens)
+                    r["engine_info"] = eng.info
                     if isinstance(eng, LlamaEngine):
                         r["llama_timings"] = eng.timings[-len(pos) - 1:]
                 finally:
@@ -950,7 +1019,7 @@ def main() -> None:
                             s["point_s"] = time.monotonic() - p0
                             if isinstance(eng, LlamaEngine):
                                 s["llama_argv"] = eng.argv
-                            result["raw"].append({"model": model, "engine": engine, "streams": s})
+                            result["raw"].append({"model": model, "engine": engine, "streams": s, "engine_info": eng.info})
                             agg.setdefault(str(plen), {}).setdefault(str(n), {})[engine] = {
                                 k: s[k] for k in ("tokens_per_s", "itl_p50_ms", "itl_p99_ms", "ttft_p50_ms")}
                             print(f"  x{n}: {s['tokens_per_s']:.0f} tok/s, ITL p50/p99 "
@@ -971,7 +1040,8 @@ def main() -> None:
             kv = 2 * d["n_layer"] * d["n_embd"] * rss_tokens
             m["twin_kv_bytes"] = {"f32": 4 * kv, "f16": 2 * kv}
             m["session_rss"] = {}
-            for engine in engines:
+            rss_engines = [e for e in args.session_rss_engines.split(",") if e] or engines
+            for engine in [e for e in engines if e in rss_engines]:
                 print(f"[{model} session memory at {rss_tokens} tokens] {engine} ...", flush=True)
                 r = measure_session_rss(engine, model, args, d, rss_tokens, args.session_rss_sessions)
                 m["session_rss"][engine] = r
@@ -981,6 +1051,7 @@ def main() -> None:
                 print(f"  {r['mib_per_session']:.3f} MiB/session{real}", flush=True)
             m["seconds"]["session_rss"] = time.monotonic() - t0
     result["seconds"] = time.monotonic() - run_t0
+    result["provenance"]["end"] = load_now()
     table = fmt_table(result)
     result["table"] = table
     benchlib.write_json(args.out, result)

@@ -7,19 +7,23 @@
 #     tools/bench/peers/make_twins.py and the in-process CTranslate2 runs of run_peers.py.
 # Prints the two paths run_peers.py needs as KEY=VALUE lines at the end (also written to peers.env).
 #
-# Usage: tools/bench/peers/setup.sh [--jobs N] [--lock FILE]
+# Usage: tools/bench/peers/setup.sh [--jobs N] [--lock FILE] [--avx2]
 #   --jobs N     compile jobs (default 2: the build shares the machine)
+#   --avx2       also build llama-server for AVX2 (+FMA, F16C; no AVX-512), as on an AVX2-only CPU,
+#                for a run forced to AVX2 on an AVX-512 machine (PEERS_LLAMA_SERVER_AVX2)
 #   --lock FILE  hold flock(1) on FILE around the llama.cpp compile only, so builds that share the
 #                machine and the same lock take turns instead of splitting the cores
 set -euo pipefail
 
 jobs=2
 lock=""
+avx2=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
     --lock) lock="$2"; shift 2 ;;
-    *) echo "setup.sh: unknown argument '$1' (expected --jobs N or --lock FILE)" >&2; exit 2 ;;
+    --avx2) avx2=1; shift ;;
+    *) echo "setup.sh: unknown argument '$1' (expected --jobs N, --lock FILE or --avx2)" >&2; exit 2 ;;
   esac
 done
 locked=()
@@ -88,6 +92,19 @@ if [[ ! -x "$server" ]]; then
   "${locked[@]}" cmake --build "$build" --target llama-server -j "$jobs"
   echo "setup.sh: llama-server built in $(( $(date +%s) - start )) s"
 fi
+server_avx2="$peers/build/llama.cpp-$LCP_VERSION-avx2/bin/llama-server"
+if [[ "$avx2" == 1 && ! -x "$server_avx2" ]]; then
+  start=$(date +%s)
+  # The instruction sets of an AVX2-only CPU (Haswell to Zen 3), none of AVX-512's.
+  cmake -S "$llama" -B "$peers/build/llama.cpp-$LCP_VERSION-avx2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+    -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+    -DBUILD_SHARED_LIBS=OFF
+  "${locked[@]}" cmake --build "$peers/build/llama.cpp-$LCP_VERSION-avx2" --target llama-server -j "$jobs"
+  echo "setup.sh: llama-server (AVX2) built in $(( $(date +%s) - start )) s"
+fi
 
 # ---- scratch venv: CTranslate2, transformers, gguf ----------------------------------------------
 # Pins: keyed into the venv's name so a changed pin builds a fresh venv next to the old one.
@@ -116,4 +133,5 @@ fi
   echo "PEERS_LLAMA_SERVER=$server"
   echo "PEERS_LLAMA_CPP=$llama"
   echo "PEERS_PYTHON=$venv/bin/python"
+  if [[ -x "$server_avx2" ]]; then echo "PEERS_LLAMA_SERVER_AVX2=$server_avx2"; fi
 } | tee "$peers/peers.env"
