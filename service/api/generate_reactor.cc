@@ -5,12 +5,18 @@
 // AdmissionPools), and writes the call's events as GenerateResponse messages, one
 // write in flight at a time: the sink has room while no write is in flight, and OnWriteDone gives
 // it back.
+//
+// A request with the metadata key x-tost-timing gets a trailer of the same name: where its first
+// token spent its time on the server, in microseconds from the call's arrival here (TimingTrailer),
+// for a benchmark to set beside the time its client measured.
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "service/api/before_handler.h"
@@ -25,6 +31,30 @@
 namespace tost::service {
 namespace {
 
+constexpr char kTimingKey[] = "x-tost-timing";
+
+// "name=microseconds" from `arrival` to each point of the first token's way, -1 for a point the
+// call did not reach; then the first step's prefill tokens and decode rows.
+std::string TimingTrailer(absl::Time arrival, absl::Time admit, absl::Time first_write,
+                          const GenerationTimeline& t) {
+  const auto us = [arrival](absl::Time at) -> int64_t {
+    return at == absl::InfinitePast() ? -1 : absl::ToInt64Microseconds(at - arrival);
+  };
+  std::vector<std::string> parts = {
+      absl::StrCat("arrival_unix_us=", absl::ToUnixMicros(arrival)),
+      absl::StrCat("admit=", us(admit)),
+      absl::StrCat("submit=", us(t.submitted)),
+      absl::StrCat("placed=", us(t.placed)),
+      absl::StrCat("prefill_start=", us(t.prefill_start)),
+      absl::StrCat("prefill_end=", us(t.prefill_end)),
+      absl::StrCat("first_step_start=", us(t.first_step_start)),
+      absl::StrCat("first_token=", us(t.first_token)),
+      absl::StrCat("first_write=", us(first_write)),
+      absl::StrCat("first_step_prefill_tokens=", t.first_step_prefill_tokens),
+      absl::StrCat("first_step_batch=", t.first_step_batch)};
+  return absl::StrJoin(parts, ";");
+}
+
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public CallSink {
  public:
   GenerateReactor(Engine& engine, const Authenticator& auth, const ServiceLimits& limits,
@@ -33,6 +63,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         limits_(limits),
         admission_(admission),
         context_(context),
+        clock_(*engine.clock()),
+        arrival_(clock_.Now()),
+        timing_(context->client_metadata().count(kTimingKey) > 0),
         call_(GenerationCall::Create(engine, limits, *this)) {}
 
   // Hands the request to the stateless admission pool, never admitting on the gRPC thread that
@@ -82,6 +115,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
   absl::Status Token(size_t, const TokenEvent& token) override {
     absl::MutexLock lock(&mu_);
+    if (timing_ && first_write_ == absl::InfinitePast()) first_write_ = clock_.Now();
     message_.Clear();
     auto* t = message_.mutable_token();
     t->set_id(token.id);
@@ -115,6 +149,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     f->set_session_id(request_.session_id());
     f->set_position(event.snapshot.sequence.position + (event.snapshot.pending_token >= 0 ? 1 : 0));
     if (!blob.empty()) f->set_state(std::move(blob));
+    if (timing_) {
+      context_->AddTrailingMetadata(kTimingKey,
+                                    TimingTrailer(arrival_, admit_, first_write_, event.timeline));
+    }
     has_final_ = true;
     return absl::OkStatus();
   }
@@ -150,6 +188,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // to the store pool before its checkout may wait there; finishes the call with the reason it was
   // refused.
   void Admit(const grpc::ByteBuffer& raw) {
+    admit_ = clock_.Now();            // written before any sink method can read it
     if (FinishIfCancelled()) return;  // cancelled while it waited for a thread
     absl::Status admitted = ParseRequest(*context_, raw, limits_.max_request_bytes, request_);
     if (admitted.ok() && !request_.session_id().empty()) {
@@ -199,6 +238,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   const ServiceLimits& limits_;
   const AdmissionPools admission_;
   grpc::CallbackServerContext* const context_;
+  const Clock& clock_;
+  const absl::Time arrival_;                 // the reactor's creation: the call's arrival here
+  const bool timing_;                        // the caller asked for the timing trailer
+  absl::Time admit_ = absl::InfinitePast();  // an admission thread took the call
   const std::shared_ptr<GenerationCall> call_;
   // Parsed by Admit(), then read-only.
   tost::v1::GenerateRequest request_;
@@ -209,6 +252,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   absl::AnyInvocable<void()> wake_ ABSL_GUARDED_BY(mu_);  // the call waits for room
   std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
   bool has_final_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time first_write_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the first token's
   tost::v1::GenerateResponse message_ ABSL_GUARDED_BY(mu_);  // the next one, before serialising
   grpc::ByteBuffer written_ ABSL_GUARDED_BY(mu_);            // the one in flight
 };

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
   }
   std::unique_ptr<Engine> engine(
       new Engine(std::move(models), options.prefix_cache, std::move(codec)));
+  engine->clock_ = clock;
   engine->tenants_ = std::make_unique<TenantLedger>(std::move(options.tenants), clock);
   options.generation.tenants = engine->tenants_.get();
   options.sessions.owner_quota = [ledger = engine->tenants_.get()](

@@ -165,6 +165,8 @@ class Engine {
   // against).
   TenantLedger& tenants() const { return *tenants_; }
   const SessionCodec& codec() const { return codec_; }
+  // The clock its schedulers time jobs by (a front end's timings must share it).
+  Clock* clock() const { return clock_; }
 
   // The first half of a drain: new generations are refused (UNAVAILABLE), queued classification
   // requests run now and new ones are refused; admitted generations run on.
@@ -188,6 +190,7 @@ class Engine {
   std::map<std::string, size_t> by_name_;
   // First: the shared session store and the shared prefix tier seal with it.
   const SessionCodec codec_;
+  Clock* clock_ = nullptr;
   // Before the cache that offers it entries, and the schedulers that fill the cache.
   std::unique_ptr<PrefixCacheTier> prefix_tier_;
   // Before the schedulers: they use it until they are destroyed.

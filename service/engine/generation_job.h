@@ -43,6 +43,21 @@ struct TokenEvent {
   std::optional<float> logprob;
 };
 
+// When a job passed the steps to its first token, by the scheduler's clock (InfinitePast: it did
+// not reach that point), so that a front end can show where a slow first token spent its time.
+struct GenerationTimeline {
+  absl::Time submitted = absl::InfinitePast();      // queued to become active (Submit)
+  absl::Time placed = absl::InfinitePast();         // the start of the step that gave it a place
+  absl::Time prefill_start = absl::InfinitePast();  // its first prefill chunk began
+  absl::Time prefill_end = absl::InfinitePast();    // its last prefill chunk ended
+  // The step that drew its first token: when that step began and when its decode ended, with the
+  // prompt tokens that step fed over every job (its own included) and the rows it decoded.
+  absl::Time first_step_start = absl::InfinitePast();
+  absl::Time first_token = absl::InfinitePast();
+  int64_t first_step_prefill_tokens = 0;
+  int32_t first_step_batch = 0;
+};
+
 struct GenerationEvent {
   enum class Kind { kToken, kSnapshot, kFinished };
   Kind kind = Kind::kToken;
@@ -59,6 +74,7 @@ struct GenerationEvent {
   int32_t cached_tokens = 0;
   int32_t generated_tokens = 0;
   std::string final_text;  // text released at the end (one-shot generations only)
+  GenerationTimeline timeline;
 };
 
 // How a request uses the engine's prefix-state cache (PrefixStateCache).

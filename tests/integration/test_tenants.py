@@ -4,7 +4,8 @@ generation preempted many times by higher-priority calls (one active slot) compl
 the tokens it produces alone under --batch_invariant_decode; a tenant past its tokens_per_minute
 (a 4-s window here) is refused with RESOURCE_EXHAUSTED over gRPC and 429 with Retry-After over
 every HTTP route, naming the quota, while another tenant goes on; the per-tenant metrics name the
-configured tenants and count the rest as "other"."""
+configured tenants and count the rest as "other"; a Generate asking for the x-tost-timing trailer
+gets where its first token spent its time on the server."""
 import json
 import os
 import threading
@@ -292,3 +293,30 @@ def test_session_quotas_refuse_past_max_sessions_and_close_gives_room_back(proto
                                "--session_store=redis://127.0.0.1:1/0", "--session_store_timeout_ms=200"])
     assert "max_sessions and max_session_bytes are held by the in-memory session store only" in \
         str(e.value).replace('\\"', '"')
+
+
+def test_the_timing_trailer_shows_where_the_first_token_spent_its_time(proto_modules):
+    pb2, pb2_grpc = proto_modules
+    srv = RunningServer(MODELS, [])
+    try:
+        stub = pb2_grpc.TostStub(grpc.insecure_channel(srv.address))
+        req = pb2.GenerateRequest(model=LM, prompt_bytes=b"It is a truth", max_new_tokens=3)
+        call = stub.Generate(req, metadata=(("x-tost-timing", "1"),))
+        assert sum(1 for m in call if m.WhichOneof("event") == "token") == 3
+        trailer = dict(call.trailing_metadata()).get("x-tost-timing")
+        assert trailer, call.trailing_metadata()
+        t = {k: int(v) for k, v in (kv.split("=", 1) for kv in trailer.split(";"))}
+        assert abs(t["arrival_unix_us"] / 1e6 - time.time()) < 60, t
+        order = ["admit", "submit", "placed", "prefill_start", "prefill_end", "first_token", "first_write"]
+        assert all(t[k] >= 0 for k in order), t
+        assert [t[k] for k in order] == sorted(t[k] for k in order), t
+        # The first token's step began at its place or later, and before its prefill ended.
+        assert t["placed"] <= t["first_step_start"] <= t["prefill_end"], t
+        # The prompt's tokens but the last were prefilled, in the step of the first token (alone).
+        assert t["first_step_prefill_tokens"] >= 1 and t["first_step_batch"] == 1, t
+        # Only a caller who asks gets it.
+        plain = stub.Generate(req)
+        assert sum(1 for m in plain if m.WhichOneof("event") == "token") == 3
+        assert "x-tost-timing" not in dict(plain.trailing_metadata())
+    finally:
+        srv.stop()

@@ -15,6 +15,15 @@ Four runs, each on a fresh server with --max_active_generations=S (--slots):
   priority  tenant a fills every slot with 4·S streams at priority 10, and sends --b-requests more
             requests one at a time at priority -10: their TTFT against the same bound.
 
+Each measured request asks for the server's timing trailer (x-tost-timing): where its first token
+spent its time on the server (arrival, admission, submit, place, prefill, the first step's decode,
+the first write), set beside the time the client measured, so that a slow first token shows where
+its time went (`breakdown` in the JSON, and a table of the slowest on stdout).
+
+--server-cpus / --client-cpus pin the server and the clients (the measuring process and a's load
+process) to separate cores, as on a deployment where the clients are other machines; without them
+they share every core. Say which one a figure comes from.
+
 Writes one JSON file (--out) with every sample's summary and the raw per-request TTFTs. The
 figures are wall-clock on whatever else the machine runs: say what else ran beside them.
 """
@@ -102,19 +111,79 @@ class Load:
             t.join(timeout=60)
 
 
-def ttfts(stub, pb2, model, tenant, n, priority=0, max_new_tokens=4) -> List[float]:
-    """`n` requests one after another; each one's time to its first token, in seconds."""
+# The server's timing trailer's points, in the order a first token passes them.
+POINTS = ["admit", "submit", "placed", "prefill_start", "prefill_end", "first_token", "first_write"]
+
+
+def parse_timing(value: str, sent_unix_us: int, ttft_s: float) -> Dict[str, float]:
+    """The trailer as milliseconds: `sent_to_arrival` (the client's send to the server's arrival,
+    both by the wall clock of this one machine), each point's gap from the one before, and
+    `write_to_client` (the first write to the client's receipt)."""
+    raw = dict(kv.split("=", 1) for kv in value.split(";"))
+    out: Dict[str, float] = {"sent_to_arrival": (int(raw["arrival_unix_us"]) - sent_unix_us) / 1e3}
+    prev = 0
+    for p in POINTS:
+        at = int(raw[p])
+        if at < 0:
+            out[p] = float("nan")
+            continue
+        out[p] = (at - prev) / 1e3
+        prev = at
+    out["write_to_client"] = ttft_s * 1e3 - out["sent_to_arrival"] - prev / 1e3
+    out["server_ms"] = prev / 1e3
+    out["first_step_prefill_tokens"] = int(raw["first_step_prefill_tokens"])
+    out["first_step_batch"] = int(raw["first_step_batch"])
+    out["placed_in_step_ms"] = (int(raw["first_token"]) - int(raw["first_step_start"])) / 1e3
+    return out
+
+
+def ttfts(stub, pb2, model, tenant, n, priority=0, max_new_tokens=4, timings=None) -> List[float]:
+    """`n` requests one after another; each one's time to its first token, in seconds. With
+    `timings` (a list), each request's server timing (parse_timing) is appended to it."""
     out = []
+    md = (("x-api-key", KEYS[tenant]), ("x-tost-timing", "1"))
     for i in range(n):
         req = pb2.GenerateRequest(model=model, prompt_bytes=B_PROMPT, max_new_tokens=max_new_tokens,
                                   priority=priority, sampling=pb2.SamplingParams(temperature=1.0, seed=i))
+        sent_unix_us = time.time_ns() // 1000
         t0 = time.monotonic()
         first = None
-        for msg in stub.Generate(req, metadata=(("x-api-key", KEYS[tenant]),), timeout=600):
+        call = stub.Generate(req, metadata=md, timeout=600)
+        for msg in call:
             if msg.WhichOneof("event") == "token" and first is None:
                 first = time.monotonic() - t0
         out.append(first)
+        if timings is not None:
+            trailer = dict(call.trailing_metadata()).get("x-tost-timing")
+            timings.append(parse_timing(trailer, sent_unix_us, first) if trailer else {})
     return out
+
+
+def breakdown(noisy: List[float], timings: List[Dict[str, float]]) -> Dict[str, object]:
+    """The median of each part over every request and over the five slowest, and the five
+    slowest requests' parts."""
+    parts = ["sent_to_arrival", *POINTS, "write_to_client"]
+    order = sorted(range(len(noisy)), key=lambda i: noisy[i])
+    slow = order[-5:]
+
+    def med(idx, k):
+        vals = [timings[i][k] for i in idx if timings[i] and timings[i][k] == timings[i][k]]
+        return statistics.median(vals) if vals else None
+    return {
+        "median_ms": {k: med(order, k) for k in parts},
+        "slowest5_median_ms": {k: med(slow, k) for k in parts},
+        "slowest5": [dict(ttft_ms=noisy[i] * 1e3, **timings[i]) for i in reversed(slow)],
+    }
+
+
+def print_breakdown(b: Dict[str, object]) -> None:
+    cols = ["sent_to_arrival", *POINTS, "write_to_client"]
+    print("  ms: " + " ".join(f"{c:>15}" for c in ["ttft", *cols, "step_prefill_tok"]))
+    for row in b["slowest5"]:
+        vals = [row["ttft_ms"], *[row.get(c, float("nan")) for c in cols]]
+        print("      " + " ".join(f"{v:15.2f}" for v in vals) + f" {row.get('first_step_prefill_tokens', -1):15d}")
+    for name in ("median_ms", "slowest5_median_ms"):
+        print(f"  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in b[name].items() if v is not None))
 
 
 def decode_steps(server) -> float:
@@ -127,7 +196,9 @@ def load_process(args, server, tenant, streams, tokens, priority):
     the measuring process's interpreter lock."""
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--load-only",
                              f"--address={server.address}", f"--tenant={tenant}", f"--streams={streams}",
-                             f"--tokens={tokens}", f"--priority={priority}", f"--model={args.model}"])
+                             f"--tokens={tokens}", f"--priority={priority}", f"--model={args.model}"],
+                            preexec_fn=(lambda: os.sched_setaffinity(0, args.client_cpus))
+                            if args.client_cpus else None)
 
 
 def server_tokens(server, tenant) -> float:
@@ -142,23 +213,26 @@ def start(args, weights, workdir):
             f.write(f"{t} {KEYS[t]} weight={weights[t]}\n")
     flags = [f"--max_active_generations={args.slots}", "--max_queued_generations=1024",
              f"--api_keys_file={keys}", f"--intra_op_threads={args.intra_op_threads}"]
-    return benchlib.start_tost_server(args.build_dir, args.repo, flags, metrics=True)
+    return benchlib.start_tost_server(args.build_dir, args.repo, flags, metrics=True,
+                                      cpus=args.server_cpus or None)
 
 
 def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
     with start(args, {"a": 1, "b": 1}, workdir) as server:
         stub = stub_of(server)
         ttfts(stub, pb2, args.model, "b", 5)  # warm
-        alone = ttfts(stub, pb2, args.model, "b", args.b_requests)
+        alone_timings: List[Dict[str, float]] = []
+        alone = ttfts(stub, pb2, args.model, "b", args.b_requests, timings=alone_timings)
         load = load_process(args, server, "a", 4 * args.slots, args.a_tokens, 10 if priority_run else 0)
         try:
             time.sleep(args.warmup_s)
             steps0, t0 = decode_steps(server), time.monotonic()
+            timings: List[Dict[str, float]] = []
             if priority_run:
                 # The same tenant, so that only the priority tells the requests apart.
-                noisy = ttfts(stub, pb2, args.model, "a", args.b_requests, priority=-10)
+                noisy = ttfts(stub, pb2, args.model, "a", args.b_requests, priority=-10, timings=timings)
             else:
-                noisy = ttfts(stub, pb2, args.model, "b", args.b_requests)
+                noisy = ttfts(stub, pb2, args.model, "b", args.b_requests, timings=timings)
             elapsed, steps = time.monotonic() - t0, decode_steps(server) - steps0
             waiting = benchlib.scrape_metrics(server.metrics_port, "tost_tenant_generations")
             preempt = benchlib.scrape_metrics(server.metrics_port, "tost_generation_preemptions_total")
@@ -180,6 +254,9 @@ def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
         "tenant_generations_at_end": waiting, "preemptions": preempt,
         # Where b would wait without fair share: behind a's 3·S waiting requests, S at a time.
         "fifo_wait_estimate_ms": 1e3 * 3 * args.a_tokens * step,
+        "server_timing_under_load": timings, "server_timing_alone": alone_timings,
+        "breakdown_under_load": breakdown(noisy, timings),
+        "breakdown_alone": breakdown(alone, alone_timings),
     }
 
 
@@ -228,6 +305,8 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--intra-op-threads", type=int, default=1)
     ap.add_argument("--runs", default="noisy,equal,weighted,priority")
+    ap.add_argument("--server-cpus", default="", help="cores for the server, e.g. 0 (default: all)")
+    ap.add_argument("--client-cpus", default="", help="cores for the clients, e.g. 1 (default: all)")
     ap.add_argument("--out", default="fairshare.json")
     # What load_process runs.
     ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
@@ -237,6 +316,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--priority", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.server_cpus = [int(c) for c in args.server_cpus.split(",") if c]
+    args.client_cpus = [int(c) for c in args.client_cpus.split(",") if c]
     if args.load_only:
         pb2, pb2_grpc = benchlib.proto_modules()
         stub = pb2_grpc.TostStub(grpc.insecure_channel(args.address))
@@ -246,6 +327,8 @@ def main() -> None:
         done.wait()
         load.stop.set()
         os._exit(0)  # its streams end with the process
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
     pb2, pb2_grpc = benchlib.proto_modules()
     workdir = tempfile.mkdtemp(prefix="fairshare_")
     args.repo, args.model, lm = benchlib.lm_repo("fairshare_repo_", args.model_dir)
@@ -274,8 +357,12 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown run {run!r}")
         result["runs"][run] = r
-        summary = {k: v for k, v in r.items() if not isinstance(v, list)}
+        summary = {k: v for k, v in r.items() if not isinstance(v, list) and not k.startswith("breakdown")}
         print(summary, flush=True)
+        for k in ("breakdown_alone", "breakdown_under_load"):
+            if k in r:
+                print(f" {k}:")
+                print_breakdown(r[k])
     result["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
     shutil.rmtree(workdir)
     shutil.rmtree(args.repo)

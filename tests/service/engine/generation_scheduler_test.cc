@@ -3,6 +3,8 @@
 // Time is a FakeClock: deadlines and stall timeouts pass when a test advances it.
 #include "service/engine/generation_scheduler.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -1211,9 +1213,10 @@ TEST_F(SchedulerTest, CancelsRacingTheSchedulerThreadEndEveryJobOnce) {
   s->Shutdown();
 }
 
-// A started scheduler wakes its streams' listeners for tokens on a delivery thread: a listener
-// that takes its time (a gRPC write) does not hold up the step loop, which goes on publishing the
-// job's tokens meanwhile; the listener then takes them all, in order, and the final event.
+// A started scheduler wakes its streams' listeners for tokens after the first on a delivery thread:
+// a listener that takes its time (a gRPC write) does not hold up the step loop, which goes on
+// publishing the job's tokens meanwhile; the listener then takes them all, in order, and the final
+// event.
 TEST_F(SchedulerTest, AStartedSchedulersStepLoopDoesNotWaitForTokenListeners) {
   auto s = Make(GenerationSchedulerOptions{});
   constexpr int kTokens = 8;
@@ -1225,20 +1228,22 @@ TEST_F(SchedulerTest, AStartedSchedulersStepLoopDoesNotWaitForTokenListeners) {
   absl::Mutex mu;
   Collected c;
   raw->SetListener([&] {
-    if (calls.fetch_add(1) == 0) release.WaitForNotification();
+    // The first call is the first token's, on the step loop's thread; the second, the delivery
+    // thread's, waits.
+    if (calls.fetch_add(1) == 1) release.WaitForNotification();
     absl::MutexLock lock(&mu);
     Drain(*raw, c);
   });
   s->Start();
-  // The first listener call waits; the step loop publishes every token regardless (it then waits
+  // The second listener call waits; the step loop publishes every token regardless (it then waits
   // to publish the final event inline, which takes the listener's lock). The delivery thread may
-  // start that first call after the last token is published (seen under ASan on a loaded machine),
-  // so the wait is for both.
-  for (int i = 0; i < 10000 && (raw->buffered_tokens() < kTokens || calls.load() == 0); ++i) {
+  // start that call after the last token is published (seen under ASan on a loaded machine), so
+  // the wait is for both.
+  for (int i = 0; i < 10000 && (raw->buffered_tokens() < kTokens - 1 || calls.load() < 2); ++i) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  EXPECT_EQ(raw->buffered_tokens(), kTokens);
-  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(raw->buffered_tokens(), kTokens - 1);  // the first call took the first token
+  EXPECT_EQ(calls.load(), 2);
   release.Notify();
   for (int i = 0; i < 10000; ++i) {
     {
@@ -1255,6 +1260,79 @@ TEST_F(SchedulerTest, AStartedSchedulersStepLoopDoesNotWaitForTokenListeners) {
     EXPECT_EQ(c.positions[i], c.positions[i - 1] + 1) << "token " << i;
   }
   s->Shutdown();
+}
+
+// A call's first token reaches its listener from the step loop's own thread, not through the
+// delivery thread: on a core the two threads share, the delivery thread would run only once the
+// next step lets go of it, a step added to the time to first token. Later tokens go through it.
+TEST_F(SchedulerTest, AStartedSchedulerPublishesACallsFirstTokenOnItsStepThread) {
+  auto s = Make(GenerationSchedulerOptions{});
+  auto job = s->Submit(Request(*s, "ab", 6));
+  ASSERT_TRUE(job.ok()) << job.status();
+  GenerationJob* raw = job->get();
+  absl::Mutex mu;
+  std::vector<std::string> threads;  // the name of the thread of each listener call with a token
+  Collected c;
+  raw->SetListener([&] {
+    char name[32] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    absl::MutexLock lock(&mu);
+    const size_t before = c.tokens.size();
+    Drain(*raw, c);
+    if (c.tokens.size() > before) threads.emplace_back(name);
+  });
+  s->Start();
+  for (int i = 0; i < 10000; ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      if (c.final.has_value()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  raw->SetListener(nullptr);
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(c.final.has_value());
+  ASSERT_FALSE(threads.empty());
+  EXPECT_EQ(threads.front(), absl::StrCat("step:", lm_.config().name).substr(0, 15));
+  s->Shutdown();
+}
+
+// Each job's final event carries when it passed each point on the way to its first token, by the
+// scheduler's clock: what a front end shows a caller asking where a slow first token's time went.
+TEST_F(SchedulerTest, TheFinalEventCarriesTheFirstTokensTimeline) {
+  auto s = Make({.prefill_chunk_tokens = 4});
+  const absl::Time t0 = clock_.Now();
+  auto job = s->Submit(Request(*s, std::string(10, 'p'), 2));  // 9 prefilled: 4, 4, 1
+  ASSERT_TRUE(job.ok()) << job.status();
+  Collected c;
+  std::vector<absl::Time> step_starts;
+  while (!c.final.has_value() && step_starts.size() < 10) {
+    clock_.Advance(absl::Milliseconds(1));
+    step_starts.push_back(clock_.Now());
+    s->StepOnce();
+    Drain(**job, c);
+  }
+  ASSERT_TRUE(c.final.has_value());
+  const GenerationTimeline& t = c.final->timeline;
+  EXPECT_EQ(t.submitted, t0);
+  EXPECT_EQ(t.placed, step_starts[0]);
+  EXPECT_EQ(t.prefill_start, step_starts[0]);
+  EXPECT_EQ(t.prefill_end, step_starts[2]);
+  EXPECT_EQ(t.first_step_start, step_starts[2]);
+  EXPECT_EQ(t.first_token, step_starts[2]);
+  EXPECT_EQ(t.first_step_prefill_tokens, 1);
+  EXPECT_EQ(t.first_step_batch, 1);
+
+  // A job that ends before its first token reached none of the points after its own.
+  auto queued = s->Submit(Request(*s, "ab", 2));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  (*queued)->Cancel();
+  Collected cancelled;
+  Drain(**queued, cancelled);
+  ASSERT_TRUE(cancelled.final.has_value());
+  EXPECT_EQ(cancelled.final->timeline.submitted, clock_.Now());
+  EXPECT_EQ(cancelled.final->timeline.placed, absl::InfinitePast());
+  EXPECT_EQ(cancelled.final->timeline.first_token, absl::InfinitePast());
 }
 
 // A client that gets its final message and at once sends its next request must find its place
