@@ -409,7 +409,70 @@ PROXY_ENTRYPOINT = ["tost-grpc-proxy"]
 PROXY_PORT_DEFAULT = "8500"
 
 
-def check_compose_grpc_proxy(where, name, s, eff, services, published):
+PROXY_ENTRYPOINT_SCRIPT = "deploy/proxy/entrypoint.sh"
+PROXY_TLS_VARIABLES = ("TOST_PROXY_TLS_CERT_FILE", "TOST_PROXY_TLS_KEY_FILE")
+# Values an operator might type that must not reach nginx.conf: each refused by the variable's name.
+PROXY_HOSTILE_ENV = [
+    ("TOST_GRPC_UPSTREAM", "127.0.0.1:8400; } server { listen 9"),
+    ("TOST_GRPC_UPSTREAM", "127.0.0.1"),
+    ("TOST_GRPC_UPSTREAM", "127.0.0.1:70000"),
+    ("TOST_GRPC_PROXY_PORT", "0"),
+    ("TOST_GRPC_PROXY_PORT", "8500 ssl"),
+    ("TOST_PROXY_CALLS_PER_SECOND", "1k"),
+    ("TOST_PROXY_CALLS_PER_SECOND", "1000r/s; limit_req_zone"),
+    ("TOST_PROXY_CALL_BURST", "-1"),
+    ("TOST_PROXY_CONNECTIONS_PER_CLIENT", "0"),
+    ("TOST_PROXY_UPSTREAM_MAX_CONNS", "99999999999999999999"),
+    ("TOST_PROXY_WORKERS", "auto; user root"),
+    ("TOST_PROXY_RUN_DIR", "relative/dir"),
+    ("TOST_PROXY_RUN_DIR", "/tmp/a b"),
+    ("TOST_PROXY_ACCESS_LOG", "/var/log/a.log combined; return 200"),
+    ("TOST_PROXY_ACCESS_LOG", "syslog:server=10.0.0.1"),
+    ("TOST_PROXY_TLS_CERT_FILE", "/no/such/cert.pem"),
+]
+
+
+READABLE_FILE = "<a readable file>"  # in run_proxy_entrypoint's env: replaced by an empty file's path
+
+
+def run_proxy_entrypoint(src, env):
+    """The edge proxy's entrypoint, run up to nginx (which is `true` here) with `env` over the
+    defaults. Returns (exit status, stderr, the nginx.conf it rendered or None)."""
+    with tempfile.TemporaryDirectory(prefix="tost-proxy-env-") as d:
+        readable = os.path.join(d, "readable")
+        open(readable, "w").close()
+        full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TOST_NGINX_BIN": "true",
+                "TOST_GRPC_UPSTREAM": "127.0.0.1:8400", "TOST_PROXY_RUN_DIR": os.path.join(d, "run")}
+        full.update({k: readable if v == READABLE_FILE else v for k, v in env.items() if v is not None})
+        r = subprocess.run(["sh", os.path.join(src, PROXY_ENTRYPOINT_SCRIPT)], env=full, capture_output=True,
+                           text=True, timeout=30)
+        conf = os.path.join(d, "run", "nginx.conf")
+        return r.returncode, r.stderr.strip(), open(conf).read() if os.path.exists(conf) else None
+
+
+def check_proxy_env(where, src, env):
+    """The proxy's environment in a manifest is one its entrypoint accepts (its TLS files, mounted
+    from a Secret there, stand in as readable files)."""
+    env = {k: READABLE_FILE if k in PROXY_TLS_VARIABLES else v for k, v in env.items() if k.startswith("TOST_")}
+    rc, err, _ = run_proxy_entrypoint(src, env)
+    check(f"{where}: its TOST_* environment passes {PROXY_ENTRYPOINT_SCRIPT}'s checks", rc == 0,
+          f"exit {rc}: {err}")
+
+
+def check_proxy_entrypoint(src):
+    rc, err, conf = run_proxy_entrypoint(src, {"TOST_PROXY_CALLS_PER_SECOND": "250"})
+    check(f"{PROXY_ENTRYPOINT_SCRIPT} renders nginx.conf with the defaults and an override",
+          rc == 0 and conf is not None and "rate=250r/s" in conf and "127.0.0.1:8400" in conf, f"exit {rc}: {err}")
+    for name, value in PROXY_HOSTILE_ENV:
+        env = {name: value}
+        if name in PROXY_TLS_VARIABLES:  # the other one of the pair is there
+            env.update({other: READABLE_FILE for other in PROXY_TLS_VARIABLES if other != name})
+        rc, err, conf = run_proxy_entrypoint(src, env)
+        check(f"{PROXY_ENTRYPOINT_SCRIPT} refuses {name}={value!r}, naming it, before nginx.conf is written",
+              rc == 2 and name in err and conf is None, f"exit {rc}: {err or 'no message'}")
+
+
+def check_compose_grpc_proxy(src, where, name, s, eff, services, published):
     """A server's gRPC port is published only through a grpc-proxy service in front of it: same
     profiles, the server's image, hardened like it, forwarding to the server's --port."""
     upstream = f"{name}:{eff.get('port')}"
@@ -421,6 +484,7 @@ def check_compose_grpc_proxy(where, name, s, eff, services, published):
         return
     pname, p = proxies[0]
     pwhere = f"docker-compose.yml service {pname}"
+    check_proxy_env(pwhere, src, {k: str(v) for k, v in (p.get("environment") or {}).items()})
     check(f"{where}: does not publish --port (clients go through {pname})", eff.get("port") not in published,
           f"published container ports {sorted(published)}")
     listen = (p.get("environment") or {}).get("TOST_GRPC_PROXY_PORT", PROXY_PORT_DEFAULT)
@@ -486,7 +550,7 @@ def check_compose(src, server, venv):
         ports = {p.split(":")[-1] for p in s.get("ports", [])}
         check(f"{where}: publishes --metrics_port", eff.get("metrics_port") in ports,
               f"expected container port {eff.get('metrics_port')}, got {sorted(ports)}")
-        check_compose_grpc_proxy(where, name, s, eff, services, ports)
+        check_compose_grpc_proxy(src, where, name, s, eff, services, ports)
         check(f"{where}: publishes --http_port", eff.get("http_port", HTTP_PORT_DEFAULT) in ports,
               f"expected container port {eff.get('http_port', HTTP_PORT_DEFAULT)}, got {sorted(ports)}")
         if "gpu" in s.get("profiles", []):
@@ -928,10 +992,11 @@ def check_k8s_store(where, by_kind, eff, secret_mounts, labels, np, sec):
               to_store and dns, f"egress {egress}")
 
 
-def check_k8s_grpc_proxy(where, dname, proxy, c, eff, vols, sec):
+def check_k8s_grpc_proxy(src, where, dname, proxy, c, eff, vols, sec):
     """The grpc-proxy sidecar in front of the server's loopback gRPC port; returns its gRPC port."""
     pname = f"{where} initContainer grpc-proxy"
     env = {e["name"]: e.get("value") for e in proxy.get("env", [])}
+    check_proxy_env(pname, src, env)
     check(f"{pname}: a native sidecar (restartPolicy Always: up before the server, down after its drain)",
           proxy.get("restartPolicy") == "Always", f"restartPolicy={proxy.get('restartPolicy')}")
     check(f"{pname}: runs tost-grpc-proxy from the server's image",
@@ -1050,7 +1115,7 @@ def check_k8s_semantics(src, server, variant, objs, dockerfiles, compose_images)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     proxy = next((x for x in pod.get("initContainers", []) if x.get("name") == "grpc-proxy"), None)
     if proxy is not None:
-        ports["grpc"] = check_k8s_grpc_proxy(where, dname, proxy, c, eff, vols, sec)
+        ports["grpc"] = check_k8s_grpc_proxy(src, where, dname, proxy, c, eff, vols, sec)
     else:
         check(f"{dname}: grpc containerPort is --port", str(ports.get("grpc")) == eff.get("port"),
               f"expected {eff.get('port')}, got {ports.get('grpc')}")
@@ -1287,6 +1352,7 @@ def secret_inputs(src):
 
 
 def check_static(src, venv):
+    check_proxy_entrypoint(src)
     paths = [os.path.join(src, "docker-compose.yml")]
     for root, _, files in os.walk(os.path.join(src, "deploy")):
         paths += [os.path.join(root, f) for f in files if f.endswith((".yml", ".yaml"))]
@@ -1394,6 +1460,13 @@ def quiet_compose_images(src):
 # Each: (what it breaks, section[:kustomization], file, old text, new text, a text the FAIL line must
 # contain). Only the section (and kustomization) concerned is checked, to keep the self-test short.
 MUTATIONS = [
+    ("the proxy's entrypoint no longer checks its call rate", "static", PROXY_ENTRYPOINT_SCRIPT,
+     'whole_number TOST_PROXY_CALLS_PER_SECOND "$TOST_PROXY_CALLS_PER_SECOND" 1000000\n', "",
+     "refuses TOST_PROXY_CALLS_PER_SECOND='1k'"),
+    ("a compose proxy with a call rate its entrypoint refuses", "compose", "docker-compose.yml",
+     'environment: {TOST_GRPC_UPSTREAM: "tost-serve:8500"}',
+     'environment: {TOST_GRPC_UPSTREAM: "tost-serve:8500", TOST_PROXY_CALL_BURST: "2k"}',
+     "passes deploy/proxy/entrypoint.sh's checks"),
     ("unknown flag in the gpu overlay's flag file", "k8s:overlays/gpu", "deploy/k8s/overlays/gpu/device.flags",
      "--dtype=bf16", "--dtype=bf16\n--no_such_flag=1", "unknown: ['no_such_flag']"),
     ("bad --device value in the cpu overlay", "k8s:overlays/cpu", "deploy/k8s/overlays/cpu/device.flags",
