@@ -277,3 +277,27 @@ def test_constrained_decode_on_the_device_matches_eager_and_validates(servers, p
         complete += 1
     print(f"{complete} of 24 constrained outputs complete on the device")
     assert complete >= 20, f"only {complete} of 24 constrained outputs completed"
+
+
+def test_prompt_scoring_on_the_device_matches_the_cpu(servers):
+    """echo with logprobs (lm-evaluation-harness's loglikelihood): the prompt's tokens scored by
+    one forward on the device, only the scores copied back, within 1e-4 of the CPU server's, and
+    the same top alternatives where they are not near ties."""
+    import httpx
+
+    prompt = PROMPT.decode() + ", must be in want of a wife."
+    body = {"model": LM, "prompt": prompt, "echo": True, "logprobs": 3, "max_tokens": 0}
+    got = {}
+    for name in ("cpu", "cuda"):
+        r = httpx.post(f"http://127.0.0.1:{servers[name][0].http_port}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        got[name] = r.json()["choices"][0]["logprobs"]
+    cpu, gpu = got["cpu"], got["cuda"]
+    assert gpu["tokens"] == cpu["tokens"] and len(cpu["tokens"]) > 10
+    assert cpu["token_logprobs"][0] is None and gpu["token_logprobs"][0] is None
+    np.testing.assert_allclose(gpu["token_logprobs"][1:], cpu["token_logprobs"][1:], rtol=1e-4, atol=1e-5)
+    for i, (a, b) in enumerate(zip(cpu["top_logprobs"][1:], gpu["top_logprobs"][1:]), start=1):
+        values = sorted(a.values(), reverse=True)
+        if min(x - y for x, y in zip(values, values[1:])) > 1e-3:
+            assert set(a) == set(b), f"token {i}: CPU {a}, GPU {b}"
+        np.testing.assert_allclose(sorted(b.values()), sorted(a.values()), rtol=1e-4, atol=1e-5)
