@@ -110,6 +110,11 @@ struct GenerationRequest {
   // where it stopped). Between jobs of one priority, the owners (tenants) share places by weight.
   int32_t priority = 0;
   PrefixCacheUse prefix_cache = PrefixCacheUse::kLookupAndInsert;
+  // OpenAI's prompt_cache_key (empty: none): a fresh job joins the key's group
+  // (PrefixStateCache::JoinGroup) and stores the state at the prefix it shares with the group's
+  // last prompt, cutting its prefill there (in batch-invariant serving, at the prefill chunk
+  // multiple at or before it, so cuts stay on the grid).
+  std::string prompt_cache_key;
   // Constrained generation (null: none): before each draw the job's row may draw only the tokens
   // it allows (end-of-text only where the output may end), and it is told each drawn token. Its
   // bitmask must cover the model's logits (Submit checks). Reported logprobs are those of the

@@ -136,6 +136,8 @@ struct GenerationScheduler::Job {
   // cold prefill computes.
   bool on_grid = false;
   int32_t cached_tokens = 0;
+  // The prompt position whose state is stored for its prompt_cache_key group (0: none).
+  int64_t checkpoint = 0;
 
   // Its row of the scheduler's state pool while active (-1: none). While it holds one, the row
   // is the truth and request.state.sequence.stats is stale; position stays current.
@@ -506,6 +508,13 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     job->cache_scope = PrefixCacheScope{name, prefix_cache_.weights_sha256, request.owner};
     job->cache_lookup = request.prefix_cache == PrefixCacheUse::kLookupAndInsert;
     job->on_grid = true;
+    if (!request.prompt_cache_key.empty()) {
+      int64_t shared = std::min(
+          prefix_cache_.cache->JoinGroup(*job->cache_scope, request.prompt_cache_key, job->history),
+          PrefixLookupLimit(*job));
+      if (options_.batch_invariant) shared -= shared % options_.prefill_chunk_tokens;
+      job->checkpoint = shared;
+    }
     if (job->cache_lookup && prefix_cache_.cache->has_shared_tier()) {
       // Here, on the submitting thread, since it waits on the network: the scheduler's own
       // lookup (LookUpPrefix) then finds what it brought.
@@ -575,12 +584,15 @@ void GenerationScheduler::CheckpointPrefill(Job& job) {
   const int64_t chunk = options_.prefill_chunk_tokens;
   const int64_t position = job.state().sequence.position;
   if (position % chunk != 0) job.on_grid = false;
+  // The prefix its prompt_cache_key group shares: where the group's next prompts start.
+  const bool shared = position == job.checkpoint;
   if (job.on_grid) {
     const int64_t k = position / chunk;
     const bool last = static_cast<int64_t>(job.to_prefill.size() - job.prefilled) < chunk;
-    if ((k & (k - 1)) == 0 || last) InsertPrefix(job, /*on_grid=*/true);
-  } else if (job.decoding() && !options_.batch_invariant) {
-    // The prompt's end, off the grid: a repeated prompt (another seed, a retry) starts here.
+    if ((k & (k - 1)) == 0 || last || shared) InsertPrefix(job, /*on_grid=*/true);
+  } else if ((job.decoding() || shared) && !options_.batch_invariant) {
+    // Off the grid: the prompt's end, where a repeated prompt (another seed, a retry) starts, or
+    // the group's shared prefix.
     InsertPrefix(job, /*on_grid=*/false);
   }
 }
@@ -1175,6 +1187,10 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     const size_t remaining = job->to_prefill.size() - job->prefilled;
     model::SequenceState& seq = job->state().sequence;
     size_t n = std::min<size_t>(budget, remaining);
+    // A chunk ends at the prefix the job's prompt_cache_key group shares, to store its state.
+    if (job->checkpoint > seq.position) {
+      n = std::min<size_t>(n, static_cast<size_t>(job->checkpoint - seq.position));
+    }
     if (options_.batch_invariant) {
       // A prefill's statistics depend (in their last bits) on how the prompt is cut into chunks,
       // so here a prompt is always cut the same way whatever else is prefilling: at multiples of

@@ -178,6 +178,12 @@ bool PrefixStateCache::InsertLocal(const PrefixCacheScope& scope, absl::Span<con
   return true;
 }
 
+int64_t PrefixStateCache::JoinGroup(const PrefixCacheScope& scope, const std::string& key,
+                                    absl::Span<const int32_t> tokens) {
+  if (!enabled()) return 0;
+  return groups_.Join(ScopeKey(scope), key, tokens);
+}
+
 PrefixCacheModelStats PrefixStateCache::stats(const std::string& model) const {
   absl::MutexLock lock(&mu_);
   auto it = per_model_.find(model);

@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "model/state/sequence_state.h"
+#include "service/engine/prefix_groups.h"
 
 namespace tost::service {
 
@@ -103,7 +104,8 @@ struct PrefixCacheModelStats {
 
 class PrefixStateCache {
  public:
-  explicit PrefixStateCache(PrefixCacheOptions options) : options_(options) {}
+  explicit PrefixStateCache(PrefixCacheOptions options)
+      : options_(options), groups_(options.max_bytes / kGroupsShare) {}
   PrefixStateCache(const PrefixStateCache&) = delete;
   PrefixStateCache& operator=(const PrefixStateCache&) = delete;
 
@@ -144,6 +146,14 @@ class PrefixStateCache {
   static std::vector<uint64_t> PrefixHashes(const std::string& scope_key,
                                             absl::Span<const int32_t> tokens, int64_t n);
 
+  // OpenAI's prompt_cache_key (prefix_groups.h): how many leading tokens `tokens` shares with the
+  // last prompt of group `key` in `scope`, the position whose state the group's requests store;
+  // 0 when disabled. The groups' memory is a 1/kGroupsShare part of max_bytes, beside the entries'.
+  int64_t JoinGroup(const PrefixCacheScope& scope, const std::string& key,
+                    absl::Span<const int32_t> tokens);
+  static constexpr int64_t kGroupsShare = 4;
+  const PrefixGroups& groups() const { return groups_; }
+
   PrefixCacheModelStats stats(const std::string& model) const;
   int64_t bytes() const;
   int64_t entries() const;
@@ -182,6 +192,7 @@ class PrefixStateCache {
   PrefixCacheTier* tier_ = nullptr;
 
   const PrefixCacheOptions options_;
+  PrefixGroups groups_;
   mutable absl::Mutex mu_;
   Lru lru_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lru::iterator> by_hash_ ABSL_GUARDED_BY(mu_);

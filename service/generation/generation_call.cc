@@ -113,6 +113,7 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
     // its own state, and only stores what it reaches.
     job_request->owner = owner_;
     job_request->priority = request.priority;
+    job_request->prompt_cache_key = request.prompt_cache_key;
     job_request->prefix_cache = fresh ? PrefixCacheUse::kLookupAndInsert : PrefixCacheUse::kInsert;
     job_requests.push_back(*std::move(job_request));
   }

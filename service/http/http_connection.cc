@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/ssl/stream.hpp>
@@ -81,6 +83,13 @@ class Connection final : public internal::ConnectionBase {
 
   void DoCloseIfIdle() override {
     if (phase_ == Phase::kIdle && buffer_.size() == 0) Close();
+  }
+
+  void DoAddLogField(const HttpExchange* from, std::string key, std::string value) override {
+    // Posted before the answer, so it runs before the line is written; one from an earlier
+    // request's exchange (added after its answer) finds another exchange current, or none.
+    if (!in_request_ || from != current_exchange_) return;
+    log_fields_.emplace_back(std::move(key), std::move(value));
   }
 
   void DoRespond(HttpResponse r) override {
@@ -275,6 +284,7 @@ class Connection final : public internal::ConnectionBase {
     }
     auto exchange = MakeExchange(std::move(r));
     weak_exchange_ = exchange;
+    current_exchange_ = exchange.get();
     StartWatch();
     (*match.handler)(std::move(exchange));
   }
@@ -287,6 +297,7 @@ class Connection final : public internal::ConnectionBase {
     stream_failed_ = false;
     status_ = 0;
     request_ = {};
+    log_fields_.clear();
     request_.method = r.method;
     request_.path = r.path;
     request_.request_id = r.request_id;
@@ -368,6 +379,7 @@ class Connection final : public internal::ConnectionBase {
     in_request_ = false;
     if (status == 499) CancelCurrent();
     weak_exchange_.reset();
+    current_exchange_ = nullptr;
     core_->in_flight.fetch_sub(1, std::memory_order_acq_rel);
     const absl::Duration elapsed = absl::Now() - started_;
     if (core_->options.observer != nullptr) {
@@ -385,6 +397,7 @@ class Connection final : public internal::ConnectionBase {
         fields.push_back({"trace_id", request_.trace_id});
         fields.push_back({"span_id", request_.span_id});
       }
+      for (const auto& [key, value] : log_fields_) fields.push_back({key, value});
       Log(LevelFor(status), "http", fields);
     }
   }
@@ -494,6 +507,10 @@ class Connection final : public internal::ConnectionBase {
   bool answering_ = false;
   int status_ = 0;
   std::weak_ptr<HttpExchange> weak_exchange_;
+  // The request's exchange while it is in progress (compared, never followed: it may be gone), and
+  // the access-log fields its handler added.
+  const HttpExchange* current_exchange_ = nullptr;
+  std::vector<std::pair<std::string, std::string>> log_fields_;
   bool watching_ = false;
   std::function<void()> after_watch_;
   // The stream, if the answer is one.

@@ -90,6 +90,13 @@ void HttpExchange::Finish() {
 
 void HttpExchange::Abort() { connection_->Abort(); }
 
+void HttpExchange::AddLogField(std::string key, std::string value) {
+  connection_->Post(
+      [c = connection_.get(), from = this, k = std::move(key), v = std::move(value)]() mutable {
+        c->DoAddLogField(from, std::move(k), std::move(v));
+      });
+}
+
 void HttpExchange::OnCancel(std::function<void()> callback) {
   {
     absl::MutexLock lock(&mu_);

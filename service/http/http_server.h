@@ -127,6 +127,11 @@ class HttpExchange {
   // writer that gives up on a client that stopped reading.
   void Abort();
 
+  // Adds `key`=`value` to this request's access-log line (escaped as every logged string is; the
+  // caller bounds `value`, since a line holds it whole in JSON). Call it before the answer: the
+  // line is written once the answer is, and a field added later is dropped.
+  void AddLogField(std::string key, std::string value);
+
   // True once the client disconnected, a write failed or timed out, or the server stopped.
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // `callback` runs once when the exchange is cancelled (on the strand; posted at once if it

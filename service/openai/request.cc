@@ -881,13 +881,7 @@ absl::StatusOr<OpenAiRequest> Parse(Endpoint endpoint, std::string_view raw_body
       }
     }
   }
-  // Identifiers with no effect on the output by OpenAI's own definition (abuse monitoring, its
-  // cache routing; this server's prefix cache finds shared prefixes without a key): type-checked.
-  for (const char* key : {"user", "safety_identifier", "prompt_cache_key"}) {
-    if (const json& v = Field(body, key); !v.is_null() && !v.is_string()) {
-      return Expected(key, "a string", v);
-    }
-  }
+  TOST_ASSIGN_OR_RETURN(r.identifiers, ParseClientIdentifiers(body));
   TOST_RETURN_IF_ERROR(ParseVllmSampling(body, r));
   TOST_RETURN_IF_ERROR(ParseLogitBias(Field(body, "logit_bias"), r));
   if (endpoint == Endpoint::kChatCompletions) TOST_RETURN_IF_ERROR(RefuseServiceOnly(body));

@@ -25,6 +25,7 @@
 #include "service/generation/generation_input.h"
 #include "service/generation/generation_limits.h"
 #include "service/openai/chat_template.h"
+#include "service/openai/client_identifiers.h"
 #include "service/openai/json_fields.h"
 #include "service/structured/constraint.h"
 
@@ -100,6 +101,8 @@ struct OpenAiRequest {
   std::optional<std::string> state;
   bool return_state = false;
   int32_t priority = 0;  // vLLM's: lower runs sooner (the engine bounds it)
+  // user, safety_identifier (to the access log) and prompt_cache_key (client_identifiers.h).
+  ClientIdentifiers identifiers;
   // What the output must conform to: response_format {"type": "json_object"} or {"type":
   // "json_schema", ...}, or one of vLLM's guided_json, guided_regex, guided_grammar and
   // guided_choice (at most one source per request). Unset: unconstrained. Its shape is checked

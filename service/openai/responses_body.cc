@@ -37,6 +37,7 @@ std::string NewItemId(std::string_view prefix) {
 
 json NewResponseJson(const ResponsesRequest& request, const std::string& id,
                      const std::string& model, int64_t created_at) {
+  const ClientIdentifiers& ids = request.identifiers;
   json r = {
       {"id", id},
       {"object", "response"},
@@ -64,10 +65,10 @@ json NewResponseJson(const ResponsesRequest& request, const std::string& id,
       {"top_p", request.top_p.value_or(1.f)},
       {"truncation", "disabled"},
       {"usage", nullptr},
-      {"user", request.user.empty() ? json(nullptr) : json(request.user)}};
+      {"user", ids.user.empty() ? json(nullptr) : json(ids.user)}};
   if (!request.conversation_id.empty()) r["conversation"] = {{"id", request.conversation_id}};
-  if (!request.safety_identifier.empty()) r["safety_identifier"] = request.safety_identifier;
-  if (!request.prompt_cache_key.empty()) r["prompt_cache_key"] = request.prompt_cache_key;
+  if (!ids.safety_identifier.empty()) r["safety_identifier"] = ids.safety_identifier;
+  if (!ids.prompt_cache_key.empty()) r["prompt_cache_key"] = ids.prompt_cache_key;
   return r;
 }
 

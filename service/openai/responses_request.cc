@@ -341,13 +341,7 @@ absl::Status ParseBody(std::string_view raw_body, const json& body, ResponsesReq
                                          std::numeric_limits<int32_t>::max()));
     r.priority = static_cast<int32_t>(p);
   }
-  for (auto [key, out] :
-       {std::pair{"user", &r.user}, std::pair{"safety_identifier", &r.safety_identifier},
-        std::pair{"prompt_cache_key", &r.prompt_cache_key}}) {
-    if (const json& v = Field(body, key); !v.is_null()) {
-      TOST_ASSIGN_OR_RETURN(*out, String(v, key));
-    }
-  }
+  TOST_ASSIGN_OR_RETURN(r.identifiers, ParseClientIdentifiers(body));
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "service/openai/chat_template.h"
+#include "service/openai/client_identifiers.h"
 #include "service/structured/constraint.h"
 
 namespace tost::service::openai {
@@ -68,10 +69,9 @@ struct ResponsesRequest {
   std::optional<std::string> state;
   bool return_state = false;
   int32_t priority = 0;  // as on the chat routes: lower runs sooner (the engine bounds it)
-  // Echoed, never acted on: they change nothing here.
-  std::string user;
-  std::string safety_identifier;
-  std::string prompt_cache_key;
+  // user, safety_identifier and prompt_cache_key: read as on the chat routes
+  // (client_identifiers.h), and echoed in the response.
+  ClientIdentifiers identifiers;
 };
 
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body);

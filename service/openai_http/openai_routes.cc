@@ -136,6 +136,9 @@ class OpenAiSink final : public CallSink {
   absl::Status Parse() {
     TOST_ASSIGN_OR_RETURN(request_,
                           openai::ParseOpenAiRequest(endpoint_, exchange_->request().body));
+    for (auto& [key, value] : openai::AccessLogFields(request_.identifiers)) {
+      exchange_->AddLogField(std::move(key), std::move(value));
+    }
     return absl::OkStatus();
   }
   // echo: the prompt's text and, with logprobs, each of its tokens scored in one forward over it
@@ -257,6 +260,7 @@ class OpenAiSink final : public CallSink {
     r.constraint = request_.constraint;
     r.return_state = request_.return_state;
     r.priority = request_.priority;
+    r.prompt_cache_key = request_.identifiers.prompt_cache_key;
     r.names = openai::FieldNames(request_);
     return call.Admit(std::move(r));
   }

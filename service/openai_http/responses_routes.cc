@@ -278,6 +278,9 @@ class ResponsesSink final : public CallSink {
   absl::Status Parse() {
     const http::HttpRequest& http_request = exchange_->request();
     TOST_ASSIGN_OR_RETURN(request_, openai::ParseResponsesRequest(http_request.body));
+    for (auto& [key, value] : openai::AccessLogFields(request_.identifiers)) {
+      exchange_->AddLogField(std::move(key), std::move(value));
+    }
     owner_ = CallerOf(http_request);
     response_id_ = openai::NewItemId(kResponsePrefix);
     message_id_ = openai::NewItemId("msg_");
@@ -298,6 +301,7 @@ class ResponsesSink final : public CallSink {
     r.constraint = request_.constraint;
     r.return_state = request_.store || request_.return_state;
     r.priority = request_.priority;
+    r.prompt_cache_key = request_.identifiers.prompt_cache_key;
     r.names.model = "model";
     r.names.max_new_tokens = "max_output_tokens";
     r.names.prompt_text = "input";

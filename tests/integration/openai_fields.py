@@ -6,13 +6,15 @@ Every field of those schemas must be here, per route, as exactly one of
   Honoured(value, check): the server reads it; `check(base, probed)` asserts its effect, where
       `base` is the reply to the route's base request and `probed` the reply to the same request
       with the field set to `value` (an exception when the server refused it). A field made to be
-      ignored again gives `probed == base` and fails its check;
-  Refused(value): a 400 whose param and message name the field;
-  NoEffect(value, why): an identifier that by OpenAI's own definition changes nothing in the
-      output (abuse monitoring, its cache routing): the request succeeds with the base's output.
+      ignored again gives `probed == base` and fails its check. A check marked @with_server is
+      called as check(base, probed, server) (ProbeServer: the server's log, and requests of its
+      own), for an effect outside the reply (the access log) or across requests (a cache);
+  Refused(value): a 400 whose param and message name the field.
 Nested fields (stream_options.*, messages[].*) are keyed by their path. EXTENSIONS are the vLLM and
 ToST fields the routes read beyond the schemas, probed the same way."""
 import json
+import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict
 
@@ -31,10 +33,18 @@ class Refused:
     base: Dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class NoEffect:
-    value: Any
-    why: str
+class ProbeServer:
+    """What a @with_server check gets: `log_path` (the server's stderr) and `call(route, body)` (a
+    reply, or the client's APIStatusError)."""
+
+    def __init__(self, log_path, call):
+        self.log_path = log_path
+        self.call = call
+
+
+def with_server(check):
+    check.needs_server = True
+    return check
 
 
 COMPLETION_BASE = {"prompt": "It is a truth universally acknowledged", "max_tokens": 12, "seed": 7,
@@ -199,6 +209,72 @@ def calls(n=None):
     return check
 
 
+def access_log_line(log_path, request_id, timeout=10.0):
+    """The text access-log line ("http") of the request `request_id`, once the server has written
+    it (just after the answer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if " http " in line and f" request_id={request_id} " in line:
+                    return line.rstrip("\n")
+        assert time.monotonic() < deadline, f"no access-log line for request {request_id}"
+        time.sleep(0.05)
+
+
+def logged(key, value):
+    """The request's access-log line carries key=value; the base's has no such key."""
+    @with_server
+    def check(base, probed, server):
+        assert not is_error(probed), probed
+        line = access_log_line(server.log_path, probed._request_id)
+        assert re.search(rf" {key}={re.escape(value)}( |$)", line), line
+        base_line = access_log_line(server.log_path, base._request_id)
+        assert f" {key}=" not in base_line, base_line
+    return check
+
+
+def cached(reply):
+    return reply.usage.prompt_tokens_details.cached_tokens
+
+
+SHARED_PROMPT = ("Mr. Bennet was so odd a mixture of quick parts, sarcastic humour, reserve, and caprice, that "
+                 "the experience of three-and-twenty years had been insufficient to make his wife understand "
+                 "his character. ")
+
+
+def groups_a_shared_prefix(route):
+    """Three requests that share a prefix (shorter than the prefill chunk, so the cache on its own
+    keeps no state inside it) and then differ: without a key the third finds nothing cached; in
+    one prompt_cache_key group the second stores the state at the shared prefix and the third
+    starts from it. Each run has a prefix of its own (a fresh one per probe)."""
+    @with_server
+    def check(base, probed, server):
+        assert not is_error(probed), probed
+        tag = str(time.monotonic_ns())
+        found = {}
+        for key in (None, "group-" + tag):
+            prefix = f"[{tag} {'keyed' if key else 'plain'}] {SHARED_PROMPT}"
+            replies = []
+            for tail in ("Of Jane.", "Wherefore Lydia?", "Kitty coughed."):
+                body = {"max_tokens": 2, "seed": 1}
+                if route == "chat":
+                    body["messages"] = [{"role": "system", "content": prefix},
+                                        {"role": "user", "content": tail}]
+                else:
+                    body["prompt"] = prefix + tail
+                if key:
+                    body["prompt_cache_key"] = key
+                reply = server.call(route, body)
+                assert not is_error(reply), reply
+                assert reply.usage.prompt_tokens < 128, "keep the prompts within one prefill chunk"
+                replies.append(reply)
+            found[bool(key)] = [cached(r) for r in replies]
+        assert found[False] == [0, 0, 0], found
+        assert found[True][:2] == [0, 0] and found[True][2] > 40, found
+    return check
+
+
 def parses_as_json(base, probed):
     assert not is_error(probed), probed
     json.loads(texts(probed)[0])
@@ -208,8 +284,6 @@ FORCED = {"logit_bias": {"100": 100}}  # every draw takes token 100
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"town": {"type": "string", "maxLength": 12}}, "required": ["town"]}}}
 CALL = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"town": "Bath"}'}}]
-
-IDENTIFIER = "an identifier for OpenAI's abuse monitoring or cache routing; no effect on any output"
 
 _SHARED = {
     "model": Honoured("no-such-model", refused_as(404, "model")),
@@ -226,7 +300,7 @@ _SHARED = {
     "logit_bias": Honoured({"100": 100}, one_repeated_token),
     "frequency_penalty": Refused(0.5),
     "presence_penalty": Refused(0.5),
-    "user": NoEffect("user-1", IDENTIFIER),
+    "user": Honoured("user-1", logged("user", "user-1")),
 }
 
 FIELDS = {
@@ -274,8 +348,8 @@ FIELDS = {
         "service_tier": Refused("flex"),
         "prompt_cache_options": Refused({"ttl": "30m"}),
         "prompt_cache_retention": Refused("24h"),
-        "safety_identifier": NoEffect("hashed-user-1", IDENTIFIER),
-        "prompt_cache_key": NoEffect("key-1", IDENTIFIER),
+        "safety_identifier": Honoured("hashed-user-1", logged("safety_identifier", "hashed-user-1")),
+        "prompt_cache_key": Honoured("key-1", groups_a_shared_prefix("chat")),
     },
 }
 
@@ -291,6 +365,9 @@ EXTENSIONS = {
         "guided_regex": Honoured("[a-c]{4}", matches("[a-c]{4}")),
         "return_state": Honoured(True, state_returned),
         "structured_outputs": Honoured({"choice": ["yes", "no"]}, one_of({"yes", "no"})),
+        # Chat's, read on completions too.
+        "safety_identifier": Honoured("hashed-user-1", logged("safety_identifier", "hashed-user-1")),
+        "prompt_cache_key": Honoured("key-1", groups_a_shared_prefix("completions")),
     },
     "chat": {
         "top_k": Honoured(1, differs),

@@ -114,6 +114,8 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
   virtual void DoFinish() = 0;
   virtual void DoAbort() = 0;
   virtual void DoCloseIfIdle() = 0;
+  // `from`'s access-log field; dropped unless `from` is the exchange of the request in progress.
+  virtual void DoAddLogField(const HttpExchange* from, std::string key, std::string value) = 0;
 
  protected:
   std::shared_ptr<HttpExchange> MakeExchange(HttpRequest request) {

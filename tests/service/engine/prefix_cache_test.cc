@@ -145,6 +145,36 @@ TEST(PrefixStateCacheTest, ZeroBytesDisablesIt) {
   EXPECT_EQ(on.entries(), 0);
 }
 
+TEST(PrefixStateCacheTest, AGroupReportsThePrefixItsPromptsShareWithinItsScopeAndBytes) {
+  PrefixStateCache cache({.max_bytes = 1 << 20});
+  EXPECT_EQ(cache.JoinGroup(kScope, "k", Tokens({1, 2, 3, 4})), 0);  // a new group
+  EXPECT_EQ(cache.JoinGroup(kScope, "k", Tokens({1, 2, 3, 9, 9})), 3);
+  // Against the group's last prompt, not its first.
+  EXPECT_EQ(cache.JoinGroup(kScope, "k", Tokens({1, 2, 3, 9, 7})), 4);
+  EXPECT_EQ(cache.JoinGroup(kScope, "other", Tokens({1, 2, 3, 9, 7})), 0);
+  PrefixCacheScope bob = kScope;
+  bob.owner = "bob";
+  EXPECT_EQ(cache.JoinGroup(bob, "k", Tokens({1, 2, 3, 9, 7})), 0);
+  EXPECT_EQ(cache.groups().groups(), 3);
+
+  // Bounded by bytes: the least recently joined group goes first; a prompt too long for the bound
+  // alone is not remembered.
+  PrefixGroups small(300);
+  const std::vector<int32_t> p(20, 5);
+  EXPECT_EQ(small.Join("s", "a", p), 0);
+  EXPECT_EQ(small.Join("s", "b", p), 0);
+  EXPECT_LE(small.bytes(), 300);
+  EXPECT_EQ(small.groups(), 1);
+  EXPECT_EQ(small.Join("s", "a", p), 0);  // evicted by b
+  EXPECT_EQ(small.Join("s", "c", std::vector<int32_t>(200, 5)), 0);
+  EXPECT_EQ(small.Join("s", "c", std::vector<int32_t>(200, 5)), 0);
+  EXPECT_EQ(small.Join("s", "a", p), 20);
+
+  PrefixStateCache off({.max_bytes = 0});
+  EXPECT_EQ(off.JoinGroup(kScope, "k", Tokens({1, 2})), 0);
+  EXPECT_EQ(off.JoinGroup(kScope, "k", Tokens({1, 2})), 0);
+}
+
 // --- Inside the scheduler.
 
 struct Turn {
@@ -167,7 +197,8 @@ class PrefixSchedulerTest : public ::testing::Test {
     scheduler_ = *std::move(s);
   }
   Turn Generate(const std::vector<int32_t>& prompt, int32_t max_new, const std::string& owner = "a",
-                PrefixCacheUse use = PrefixCacheUse::kLookupAndInsert) {
+                PrefixCacheUse use = PrefixCacheUse::kLookupAndInsert,
+                const std::string& prompt_cache_key = "") {
     Turn out;
     GenerationRequest r;
     model::SamplingParams p;
@@ -178,6 +209,7 @@ class PrefixSchedulerTest : public ::testing::Test {
     r.max_new_tokens = max_new;
     r.owner = owner;
     r.prefix_cache = use;
+    r.prompt_cache_key = prompt_cache_key;
     const int64_t prefill_before = scheduler_->stats().prefill_tokens;
     const size_t calls_before = lm_->prefill_sizes().size();
     auto job = scheduler_->Submit(std::move(r));
@@ -324,6 +356,52 @@ TEST_F(PrefixSchedulerTest, BatchInvariantChunksAreCutAtAbsolutePositions) {
     const std::vector<int64_t> want =
         invariant ? std::vector<int64_t>{6, 8, 6} : std::vector<int64_t>{8, 8, 4};
     EXPECT_EQ(std::vector<int64_t>(sizes.begin() + calls_before, sizes.end()), want);
+  }
+}
+
+TEST_F(PrefixSchedulerTest, APromptCacheKeyStoresThePrefixItsGroupShares) {
+  // Three prompts share an 11-token prefix, then differ. On their own they find only the state at
+  // 8 (the first chunk's end); in one prompt_cache_key group the second prompt's prefill is cut at
+  // 11 and stores that state, and the third starts there.
+  const std::vector<int32_t> shared = Text("You are kin");
+  const std::vector<std::vector<int32_t>> prompts = {Cat(shared, Text("d. Tell me of Bath")),
+                                                     Cat(shared, Text("g. Tell me of Kent")),
+                                                     Cat(shared, Text("! Tell me of Derbyshire"))};
+  const GenerationSchedulerOptions o{.prefill_chunk_tokens = 8};
+  for (const std::string key : {"", "group-1"}) {
+    Reset({}, o);
+    std::vector<Turn> turns;
+    for (const auto& p : prompts)
+      turns.push_back(Generate(p, 4, "a", PrefixCacheUse::kLookupAndInsert, key));
+    EXPECT_EQ(turns[0].cached_tokens, 0) << key;
+    EXPECT_EQ(turns[1].cached_tokens, 8) << key;
+    EXPECT_EQ(turns[2].cached_tokens, key.empty() ? 8 : 11) << key;
+    if (!key.empty()) {
+      EXPECT_EQ(turns[1].prefill_sizes.front(), 3);  // cut at the shared prefix
+    }
+    // The cut changes where the statistics were cut, never which tokens a prompt holds.
+    EXPECT_EQ(turns[2].tokens.size(), 4u);
+  }
+}
+
+TEST_F(PrefixSchedulerTest, ABatchInvariantGroupStoresItsPrefixOnTheGrid) {
+  // Batch-invariant serving keeps every cut on the grid: a group's 13-token prefix is stored at
+  // 12, the chunk multiple before it, which a cold prefill passes through too (and which the
+  // cache alone does not keep: 12 is the third chunk's end, not a power of two's).
+  const FakeLanguageOptions lm{.cut_sensitive = true};
+  const GenerationSchedulerOptions o{.prefill_chunk_tokens = 4, .batch_invariant = true};
+  const std::vector<int32_t> shared = Text("You are kind,");
+  const std::vector<std::vector<int32_t>> prompts = {Cat(shared, Text(" tell me of Bath")),
+                                                     Cat(shared, Text(" say, of Kent")),
+                                                     Cat(shared, Text(" and of Derbyshire"))};
+  for (const std::string key : {"", "group-1"}) {
+    Reset(lm, o);
+    std::vector<Turn> turns;
+    for (const auto& p : prompts) {
+      turns.push_back(Generate(p, 4, "a", PrefixCacheUse::kLookupAndInsert, key));
+    }
+    EXPECT_EQ(turns[2].cached_tokens, key.empty() ? 8 : 12) << key;
+    EXPECT_EQ(turns[2].tokens, Cold(lm, o, prompts[2], 4).tokens) << key;
   }
 }
 

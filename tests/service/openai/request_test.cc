@@ -55,6 +55,32 @@ void ChatRefused(const std::string& fields, const std::string& message, const st
                 message, param);
 }
 
+TEST(OpenAiRequest, ClientIdentifiersAreBoundedStrings) {
+  const OpenAiRequest r =
+      Chat(R"(, "user": "u-1", "safety_identifier": "s-1", "prompt_cache_key": "k-1")");
+  EXPECT_EQ(r.identifiers.user, "u-1");
+  EXPECT_EQ(r.identifiers.safety_identifier, "s-1");
+  EXPECT_EQ(r.identifiers.prompt_cache_key, "k-1");
+  EXPECT_EQ(AccessLogFields(r.identifiers), (std::vector<std::pair<std::string, std::string>>{
+                                                {"user", "u-1"}, {"safety_identifier", "s-1"}}));
+  EXPECT_TRUE(AccessLogFields(Completion("").identifiers).empty());
+  // Characters, not bytes: 64 two-byte characters are within safety_identifier's bound.
+  std::string e64;
+  for (int i = 0; i < 64; ++i) e64 += "\u00e9";
+  EXPECT_EQ(Completion(absl::StrCat(R"(, "safety_identifier": ")", e64, R"(")"))
+                .identifiers.safety_identifier.size(),
+            128u);
+  CompletionRefused(absl::StrCat(R"(, "safety_identifier": ")", e64, R"(e")"),
+                    "safety_identifier: expected a string of at most 64 characters, got one of 65",
+                    "safety_identifier");
+  CompletionRefused(absl::StrCat(R"(, "user": ")", std::string(257, 'u'), R"(")"),
+                    "user: expected a string of at most 256 characters, got one of 257", "user");
+  ChatRefused(absl::StrCat(R"(, "prompt_cache_key": ")", std::string(257, 'k'), R"(")"),
+              "prompt_cache_key: expected a string of at most 256 characters, got one of 257",
+              "prompt_cache_key");
+  ChatRefused(R"(, "user": 7)", "user: expected a string, got an integer (7)", "user");
+}
+
 TEST(OpenAiRequest, CompletionDefaults) {
   const OpenAiRequest r = Completion("");
   EXPECT_EQ(r.endpoint, Endpoint::kCompletions);

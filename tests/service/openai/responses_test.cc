@@ -374,9 +374,9 @@ TEST(ResponsesRequest, InstructionsAndEchoedFields) {
       R"(, "instructions": "Be kind.", "user": "u-1", "safety_identifier": "s-1",
          "prompt_cache_key": "k-1", "stream": true)");
   EXPECT_EQ(r.instructions, "Be kind.");
-  EXPECT_EQ(r.user, "u-1");
-  EXPECT_EQ(r.safety_identifier, "s-1");
-  EXPECT_EQ(r.prompt_cache_key, "k-1");
+  EXPECT_EQ(r.identifiers.user, "u-1");
+  EXPECT_EQ(r.identifiers.safety_identifier, "s-1");
+  EXPECT_EQ(r.identifiers.prompt_cache_key, "k-1");
   EXPECT_TRUE(r.stream);
   EXPECT_FALSE(Responses(R"(, "instructions": null)").instructions.has_value());
   Refused(R"(, "instructions": ["a"])",
