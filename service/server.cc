@@ -359,17 +359,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
     TOST_ASSIGN_OR_RETURN(tenants.table, TenantTable::Merge(tenants.table, named));
   }
   TOST_RETURN_IF_ERROR(ValidateTenantOptions(tenants));
-  if (options.session_store != "memory") {
-    // A shared store's sessions are counted by no replica: a quota on them would not hold.
-    for (const TenantSpec& t : tenants.table.tenants()) {
-      if (t.quotas.max_sessions.has_value() || t.quotas.max_session_bytes.has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tenant \"", t.name,
-                         "\": max_sessions and max_session_bytes are held by the in-memory "
-                         "session store only; with a shared --session_store, leave them out"));
-      }
-    }
-  }
   TOST_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeCredentials(options));
   // Before any model loads, like the ports below: a --constraint_compiler that cannot run is

@@ -42,6 +42,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::vector<ModelEntry> m
                                      int64_t bytes_held, int64_t new_bytes) {
     return ledger->CheckSessions(owner, sessions_held, bytes_held, new_bytes);
   };
+  options.sessions.owner_limits = [ledger = engine->tenants_.get()](const std::string& owner) {
+    OwnerSessionLimits limits;
+    if (const TenantSpec* t = ledger->options().table.Find(owner); t != nullptr) {
+      limits.max_sessions = t->quotas.max_sessions;
+      limits.max_bytes = t->quotas.max_session_bytes;
+    }
+    return limits;
+  };
   if (options.prefix_cache_tier && engine->prefix_cache_.enabled()) {
     TOST_ASSIGN_OR_RETURN(engine->prefix_tier_, options.prefix_cache_tier(&engine->codec_));
     engine->prefix_cache_.SetSharedTier(engine->prefix_tier_.get());

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
@@ -33,6 +34,13 @@ class SessionStoreObserver {
   virtual void OnStoreFull() = 0;
 };
 
+// An owner's limits on the sessions it holds (a tenant's max_sessions and max_session_bytes).
+struct OwnerSessionLimits {
+  std::optional<int64_t> max_sessions;
+  std::optional<int64_t> max_bytes;  // of their states, GenerationState::ByteSize
+  bool any() const { return max_sessions.has_value() || max_bytes.has_value(); }
+};
+
 struct SessionStoreOptions {
   // The in-memory store: sessions held at once. The shared store: sessions kept hot in this
   // replica's memory (the store itself is bounded by its own memory policy).
@@ -42,12 +50,17 @@ struct SessionStoreOptions {
   // Unused this long → evicted (the shared store: expires through the store's TTL).
   absl::Duration idle_timeout = absl::Minutes(30);
   SessionStoreObserver* observer = nullptr;  // not owned, outlives the store; may be null
-  // The in-memory store: asked before each new session whether its owner may hold one more of
-  // `new_bytes`, given the sessions and bytes it holds (TenantLedger::CheckSessions); its error
-  // refuses the session. Called with the store's lock held. Null: no per-owner quota.
+  // Asked whether an owner may hold one more session of `new_bytes`, given the sessions and bytes
+  // it holds (TenantLedger::CheckSessions); its error refuses the session. The in-memory store asks
+  // before each new session, with its lock held; the shared store only to word a refusal that its
+  // store's own count decided (owner_limits). Null: no per-owner quota.
   std::function<absl::Status(const std::string& owner, int64_t sessions_held, int64_t bytes_held,
                              int64_t new_bytes)>
       owner_quota = nullptr;
+  // The shared store: an owner's session quotas, which it counts and checks in the store itself,
+  // in the same atomic step that adds the session, so that they hold across every replica. Null:
+  // none.
+  std::function<OwnerSessionLimits(const std::string& owner)> owner_limits = nullptr;
 };
 
 absl::Status ValidateSessionStoreOptions(const SessionStoreOptions& o);

@@ -27,10 +27,36 @@ using service::SessionUse;
 // Every script answers {code, ...}: 0 not found (or another owner's), 1 busy, 2 done.
 constexpr int64_t kNotFound = 0;
 constexpr int64_t kBusy = 1;
+constexpr int64_t kOverQuota = 5;
 
-// KEYS: session. ARGV: blob, owner digest, ttl ms, model.
+// Every script that sets a session's expiry sets its owner's index's too (KEYS[3] below; PEXPIRE
+// of a key that does not exist does nothing), so that the index outlives each of its sessions.
+
+// KEYS: session, owner index. ARGV: blob, owner digest, ttl ms, model, id, state bytes, the owner's
+// max_sessions and max_session_bytes ("" none: the owner has no index), the session keys' prefix.
+// Answers {2, 1}, or {5, sessions held, bytes held} when one more would pass a quota. The index
+// entries whose session is gone (closed elsewhere, expired) are dropped as they are counted: a
+// session that expired in the store gives its room back with no replica's help.
 const RedisScript& AddScript() {
   static const RedisScript* script = new RedisScript(R"lua(
+if ARGV[7] ~= '' or ARGV[8] ~= '' then
+  local index = redis.call('HGETALL', KEYS[2])
+  local held, held_bytes = 0, 0
+  for i = 1, #index, 2 do
+    if redis.call('EXISTS', ARGV[9] .. index[i]) == 1 then
+      held = held + 1
+      held_bytes = held_bytes + tonumber(index[i + 1])
+    else
+      redis.call('HDEL', KEYS[2], index[i])
+    end
+  end
+  if (ARGV[7] ~= '' and held >= tonumber(ARGV[7])) or
+     (ARGV[8] ~= '' and held_bytes + tonumber(ARGV[6]) > tonumber(ARGV[8])) then
+    return {5, held, held_bytes}
+  end
+  redis.call('HSET', KEYS[2], ARGV[5], ARGV[6])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
 redis.call('HSET', KEYS[1], 'blob', ARGV[1], 'ver', 1, 'owner', ARGV[2], 'model', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {2, 1}
@@ -38,9 +64,9 @@ return {2, 1}
   return *script;
 }
 
-// KEYS: session, lease. ARGV: owner digest, lease token ("" reads without a lease: it must be
-// free), lease ms, ttl ms, the version held hot ("" none). Answers {2, version[, sealed state]}:
-// the state only when the hot version is not current.
+// KEYS: session, lease, owner index. ARGV: owner digest, lease token ("" reads without a lease: it
+// must be free), lease ms, ttl ms, the version held hot ("" none). Answers {2, version[, sealed
+// state]}: the state only when the hot version is not current.
 const RedisScript& ReadScript() {
   static const RedisScript* script = new RedisScript(R"lua(
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -48,6 +74,7 @@ if not owner or owner ~= ARGV[1] then return {0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {1} end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 local ver = redis.call('HGET', KEYS[1], 'ver')
 if ver == ARGV[5] then return {2, ver} end
 return {2, ver, redis.call('HGET', KEYS[1], 'blob')}
@@ -55,8 +82,9 @@ return {2, ver, redis.call('HGET', KEYS[1], 'blob')}
   return *script;
 }
 
-// KEYS: session, lease. ARGV: token, sealed state, ttl ms, the version checked out, the new version
-// (sealed into the state). Answers {2, new version}, or {3} when the lease is not ours any more
+// KEYS: session, lease, owner index. ARGV: token, sealed state, ttl ms, the version checked out,
+// the new version (sealed into the state), id, state bytes (the index's figure, when the owner
+// has one). Answers {2, new version}, or {3} when the lease is not ours any more
 // (expired; maybe taken by another replica), {0} when the session is gone, {4, version} when the
 // version is not the one checked out although the lease is still ours: the state was written by
 // something that held no lease (the store was tampered with or rolled back), and the new state,
@@ -70,6 +98,10 @@ local ver = redis.call('HGET', KEYS[1], 'ver')
 if ver ~= ARGV[4] then return {4, ver or ''} end
 redis.call('HSET', KEYS[1], 'blob', ARGV[2], 'ver', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if redis.call('HEXISTS', KEYS[3], ARGV[6]) == 1 then
+  redis.call('HSET', KEYS[3], ARGV[6], ARGV[7])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+end
 return {2, ARGV[5]}
 )lua");
   return *script;
@@ -77,25 +109,28 @@ return {2, ARGV[5]}
 constexpr int64_t kLeaseLost = 3;
 constexpr int64_t kVersionMoved = 4;
 
-// KEYS: session, lease. ARGV: token, lease ms, ttl ms ("" releases instead of renewing).
+// KEYS: session, lease, owner index. ARGV: token, lease ms, ttl ms ("" releases instead of
+// renewing).
 const RedisScript& LeaseScript() {
   static const RedisScript* script = new RedisScript(R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {0} end
 if ARGV[2] == '' then redis.call('DEL', KEYS[2]); return {2} end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return {2}
 )lua");
   return *script;
 }
 
-// KEYS: session, lease. ARGV: owner digest.
+// KEYS: session, lease, owner index. ARGV: owner digest, id.
 const RedisScript& CloseScript() {
   static const RedisScript* script = new RedisScript(R"lua(
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if not owner or owner ~= ARGV[1] then return {0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {1} end
 redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[2])
 return {2}
 )lua");
   return *script;
@@ -252,6 +287,9 @@ std::string RedisSessionStore::SessionKey(const std::string& id) const {
 std::string RedisSessionStore::LeaseKey(const std::string& id) const {
   return absl::StrCat(options_.key_prefix, "l:", id);
 }
+std::string RedisSessionStore::OwnerKey(const std::string& owner) const {
+  return absl::StrCat(options_.key_prefix, "o:", OwnerDigest(owner));
+}
 int64_t RedisSessionStore::TtlMs() const {
   return absl::ToInt64Milliseconds(context_.options.idle_timeout);
 }
@@ -346,9 +384,33 @@ absl::StatusOr<std::string> RedisSessionStore::Add(const std::string& owner,
                                                    GenerationState state) {
   std::string id = service::NewSessionId();
   TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(id, 1, state, owner));
-  auto reply = client_->Eval(AddScript(), {SessionKey(id)},
-                             {blob, OwnerDigest(owner), absl::StrCat(TtlMs()), state.model});
+  const service::OwnerSessionLimits limits = context_.options.owner_limits
+                                                 ? context_.options.owner_limits(owner)
+                                                 : service::OwnerSessionLimits{};
+  const auto limit = [](const std::optional<int64_t>& l) {
+    return l.has_value() ? absl::StrCat(*l) : std::string();
+  };
+  const int64_t bytes = static_cast<int64_t>(state.ByteSize());
+  auto reply = client_->Eval(
+      AddScript(), {SessionKey(id), OwnerKey(owner)},
+      {blob, OwnerDigest(owner), absl::StrCat(TtlMs()), state.model, id, absl::StrCat(bytes),
+       limit(limits.max_sessions), limit(limits.max_bytes), SessionKey("")});
   if (!reply.ok()) return StoreError(reply.status(), "create a session");
+  TOST_ASSIGN_OR_RETURN(const int64_t code, ReplyCode(*reply, "add"));
+  if (code == kOverQuota) {
+    const int64_t held = reply->elements.size() > 1 ? reply->elements[1].integer : 0;
+    const int64_t held_bytes = reply->elements.size() > 2 ? reply->elements[2].integer : 0;
+    // The owner's quota words the refusal (and counts it), from the store's figures.
+    if (context_.options.owner_quota) {
+      absl::Status refusal = context_.options.owner_quota(owner, held, held_bytes, bytes);
+      if (!refusal.ok()) return refusal;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "owner ", service::QuoteClientText(owner), " holds ", held, " sessions of ", held_bytes,
+        " bytes in ", DescribeStore(client_->endpoint()), "; one more of ", bytes,
+        " bytes would pass its quota (max_sessions ", limit(limits.max_sessions),
+        ", max_session_bytes ", limit(limits.max_bytes), ")"));
+  }
   RememberHot(id, owner, 1, state);
   return id;
 }
@@ -372,7 +434,7 @@ absl::StatusOr<GenerationState> RedisSessionStore::Read(const std::string& id,
   }
   const bool leased = !lease_token.empty();
   auto reply = client_->Eval(
-      ReadScript(), {SessionKey(id), LeaseKey(id)},
+      ReadScript(), {SessionKey(id), LeaseKey(id), OwnerKey(owner)},
       {OwnerDigest(owner), lease_token, absl::StrCat(absl::ToInt64Milliseconds(options_.lease)),
        absl::StrCat(TtlMs()), hot_version});
   if (!reply.ok()) {
@@ -454,8 +516,9 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
     absl::Status outcome = [&]() -> absl::Status {
       TOST_ASSIGN_OR_RETURN(const std::string blob, Seal(id, version + 1, state, owner));
       auto reply = client_->Eval(
-          CheckinScript(), {SessionKey(id), LeaseKey(id)},
-          {token, blob, absl::StrCat(TtlMs()), absl::StrCat(version), absl::StrCat(version + 1)});
+          CheckinScript(), {SessionKey(id), LeaseKey(id), OwnerKey(owner)},
+          {token, blob, absl::StrCat(TtlMs()), absl::StrCat(version), absl::StrCat(version + 1), id,
+           absl::StrCat(static_cast<int64_t>(state.ByteSize()))});
       if (!reply.ok()) {
         // Unknown whether the store applied the write before the failure: the session is at its
         // state before this call or after it, and any lease left expires by itself.
@@ -502,16 +565,19 @@ void RedisSessionStore::Checkin(const std::string& id, GenerationState state, Ch
 
 void RedisSessionStore::Release(const std::string& id) {
   std::string token;
+  std::string owner;
   {
     absl::MutexLock lock(&mu_);
     auto it = leases_.find(id);
     if (it == leases_.end()) return;
     token = it->second.token;
+    owner = it->second.owner;
     leases_.erase(it);
   }
   // Waited for, so that a call refused at admission leaves the session free when it returns (a
   // retry at once must not find it busy); a failure leaves the lease to expire by itself.
-  (void)client_->Eval(LeaseScript(), {SessionKey(id), LeaseKey(id)}, {token, "", ""});
+  (void)client_->Eval(LeaseScript(), {SessionKey(id), LeaseKey(id), OwnerKey(owner)},
+                      {token, "", ""});
 }
 
 absl::StatusOr<GenerationState> RedisSessionStore::Get(const std::string& id,
@@ -524,7 +590,8 @@ absl::StatusOr<GenerationState> RedisSessionStore::Get(const std::string& id,
 }
 
 absl::Status RedisSessionStore::Close(const std::string& id, const std::string& owner) {
-  auto reply = client_->Eval(CloseScript(), {SessionKey(id), LeaseKey(id)}, {OwnerDigest(owner)});
+  auto reply = client_->Eval(CloseScript(), {SessionKey(id), LeaseKey(id), OwnerKey(owner)},
+                             {OwnerDigest(owner), id});
   if (!reply.ok()) return StoreError(reply.status(), "close a session");
   TOST_ASSIGN_OR_RETURN(const int64_t code, ReplyCode(*reply, "close"));
   if (code == kNotFound) return SessionNotFound(id);
@@ -609,20 +676,23 @@ void RedisSessionStore::RenewLoop() {
   NameThisThread("redis-renew");
   const absl::Duration period = options_.lease / 3;
   for (;;) {
-    std::vector<std::pair<std::string, std::string>> held;  // id, token
+    struct Held {
+      std::string id, token, owner;
+    };
+    std::vector<Held> held;
     {
       absl::MutexLock lock(&mu_);
       auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping), period)) return;
-      for (const auto& [id, lease] : leases_) held.emplace_back(id, lease.token);
+      for (const auto& [id, lease] : leases_) held.push_back({id, lease.token, lease.owner});
     }
     if (held.empty()) continue;
     std::vector<std::vector<std::string>> commands;
     const std::string lease_ms = absl::StrCat(absl::ToInt64Milliseconds(options_.lease));
     const std::string ttl_ms = absl::StrCat(TtlMs());
-    for (const auto& [id, token] : held) {
-      commands.push_back({"EVAL", LeaseScript().source(), "2", SessionKey(id), LeaseKey(id), token,
-                          lease_ms, ttl_ms});
+    for (const Held& h : held) {
+      commands.push_back({"EVAL", LeaseScript().source(), "3", SessionKey(h.id), LeaseKey(h.id),
+                          OwnerKey(h.owner), h.token, lease_ms, ttl_ms});
     }
     // A failure is retried at the next period; a lease that lapses meanwhile is reported by the
     // call's Checkin (ABORTED).

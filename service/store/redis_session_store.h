@@ -28,6 +28,16 @@
 // its persistence keeps: with Redis' default for an AOF (appendfsync everysec), a crash of the
 // store's host may lose the last second of writes; with appendfsync always, none.
 //
+// Per-owner quotas (SessionStoreOptions::owner_limits: a tenant's max_sessions and
+// max_session_bytes) hold across replicas: an owner with one has an index in the store,
+// "<prefix>o:<owner digest>", a hash of its session ids and their state sizes. The script that
+// adds a session counts the index (dropping the sessions that are gone: closed, or expired through
+// their TTL), refuses past the quota, and adds the session and its entry, in one atomic step, so
+// that replicas racing for an owner's last session place it once. Close removes the entry; the
+// index's expiry follows its sessions' (every write that extends a session's extends the index's).
+// The count reads the owner's sessions' keys inside the script, so the store is one Redis (or
+// Valkey) primary, not a cluster.
+//
 // Hot sessions. A bounded LRU (SessionStoreOptions' max_sessions and max_state_bytes) keeps the
 // states this replica used lately with their version: a checkout whose version matches skips the
 // blob's transfer and decoding. The store stays the truth: every checkout asks it. The hot version
@@ -123,6 +133,7 @@ class RedisSessionStore final : public service::SessionStore {
 
   std::string SessionKey(const std::string& id) const;
   std::string LeaseKey(const std::string& id) const;
+  std::string OwnerKey(const std::string& owner) const;  // the owner's index of sessions
   int64_t TtlMs() const;
   // Reads a session for `owner`: with a lease (`lease_token` non-empty: Checkout) or without
   // (Get). `version_read` (may be null) gets the version the state is at.

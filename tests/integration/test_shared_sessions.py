@@ -13,7 +13,8 @@ invariant decode makes them independent of batching), wherever the call lands:
   then continues from its last acknowledged state; two Generates on one session at once through two
   replicas: exactly one runs, the other (and Export/Fork/Close meanwhile) is FAILED_PRECONDITION;
   the OpenAI-compatible routes continue sessions across replicas too, and a prompt one replica
-  prefilled is a prefix-cache hit on the other (the cache's shared tier);
+  prefilled is a prefix-cache hit on the other (the cache's shared tier); a tenant's max_sessions
+  holds over both replicas, with room again once a session is closed or expires;
 - store: Redis SIGKILLed with an AOF (appendfsync always, and everysec after 1.5 s) and started
   again: every acknowledged session survives and the replicas reconnect by themselves; Redis paused
   or stopped: session calls answer UNAVAILABLE naming the store within the command timeout while
@@ -951,3 +952,48 @@ def test_replicas_share_openai_sessions_and_the_prefix_cache(key_file):
                                                        timeout=CALL_TIMEOUT_S)).final
             assert final.cached_tokens >= 64, f"B should start from A's prefill: {final}"
             assert metric_value(scrape_metrics(b), "tost_prefix_cache_shared_hits_total", model=MODEL) >= 1
+
+
+def test_replicas_hold_a_tenants_session_quota_together(key_file, tmp_path):
+    """A tenant's max_sessions holds over both replicas of one store: the third of max_sessions=2,
+    on either replica, is RESOURCE_EXHAUSTED naming the quota; closing a session on one replica
+    gives room on the other, an expired one gives room back by itself, and another tenant is not
+    limited. (Sessions are created over gRPC only: no HTTP route creates one.)"""
+    key_a, key_b = "quota-tenant-a-0123456789", "quota-tenant-b-0123456789"
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"a {key_a} max_sessions=2\nb {key_b}\n")
+    md_a, md_b = (("x-api-key", key_a),), (("x-api-key", key_b),)
+    with RedisServer() as redis:
+        args = [f"--session_key_file={key_file}", f"--api_keys_file={keys}", f"--session_store={redis.url(0)}",
+                "--session_idle_timeout_s=3", "--session_lease_ms=1000"]
+        with RunningServer(MODELS, args) as a, RunningServer(MODELS, args) as b:
+            cha, stub_a = stub_for(a.address)
+            chb, stub_b = stub_for(b.address)
+            with cha, chb:
+                first = stub_a.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a).session_id
+                stub_b.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                for stub in (stub_a, stub_b):
+                    with pytest.raises(grpc.RpcError) as e:
+                        stub.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+                    assert 'tenant "a": quota max_sessions=2 reached (2 sessions held)' in e.value.details()
+                for _ in range(3):
+                    stub_b.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_b)
+                # A Generate on the session through the other replica keeps it counted once.
+                got = collect_generate(stub_b.Generate(pb2.GenerateRequest(session_id=first, prompt_bytes=b"Hi",
+                                                                           max_new_tokens=2), metadata=md_a))
+                assert len(got.tokens) == 2
+                with pytest.raises(grpc.RpcError) as e:
+                    stub_a.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                stub_b.CloseSession(pb2.SessionRef(session_id=first), metadata=md_a)
+                stub_a.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                with pytest.raises(grpc.RpcError) as e:
+                    stub_b.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                # Both of a's sessions expire (3 s idle): room again, with no replica's help.
+                time.sleep(4)
+                stub_b.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+                stub_a.CreateSession(pb2.CreateSessionRequest(model=MODEL), metadata=md_a)
+            assert metric_value(scrape_metrics(a), "tost_tenant_quota_refusals_total", tenant="a",
+                                quota="max_sessions") >= 1

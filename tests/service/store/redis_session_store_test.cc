@@ -3,13 +3,16 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <openssl/sha.h>
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -31,6 +34,15 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr char kKey[] = "0123456789abcdef-shared-secret";
+
+// The owner as the store's keys name it (redis_session_store.cc's OwnerDigest).
+std::string OwnerDigestForTest(const std::string& owner) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  const std::string tagged = absl::StrCat("tost-session-owner", std::string(1, '\0'), owner);
+  SHA256(reinterpret_cast<const unsigned char*>(tagged.data()), tagged.size(), digest);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
 
 RedisSessionStoreOptions Lease(absl::Duration lease) {
   RedisSessionStoreOptions o;
@@ -431,6 +443,134 @@ TEST_F(RedisSessionStoreTest, IdleSessionsExpireThroughTheStoresTtl) {
   EXPECT_LE(ttl->integer, 400);
   absl::SleepFor(absl::Milliseconds(700));
   EXPECT_EQ(a->Get(*id, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Session options with alice's quotas as a tenants file would set them, refused in the ledger's
+// words (TenantLedger::CheckSessions); bob has none.
+service::SessionStoreOptions AliceQuota(std::optional<int64_t> max_sessions,
+                                        std::optional<int64_t> max_bytes,
+                                        absl::Duration idle = absl::Minutes(30)) {
+  service::SessionStoreOptions o = IdleTimeout(idle);
+  o.owner_limits = [=](const std::string& owner) {
+    service::OwnerSessionLimits l;
+    if (owner == "alice") l = {max_sessions, max_bytes};
+    return l;
+  };
+  o.owner_quota = [=](const std::string& owner, int64_t held, int64_t held_bytes,
+                      int64_t new_bytes) -> absl::Status {
+    if (owner != "alice") return absl::OkStatus();
+    if (max_sessions.has_value() && held >= *max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("quota max_sessions=", *max_sessions, " reached (", held, " held)"));
+    }
+    if (max_bytes.has_value() && held_bytes + new_bytes > *max_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("quota max_session_bytes=", *max_bytes, " reached (", held_bytes, " held)"));
+    }
+    return absl::OkStatus();
+  };
+  return o;
+}
+
+// Two replicas count an owner's sessions in the store, not each its own: the quota holds over
+// both, room comes back when a session is closed on either, and other owners are not limited.
+TEST_F(RedisSessionStoreTest, AnOwnersSessionQuotaHoldsAcrossReplicas) {
+  auto a = Replica({}, AliceQuota(2, std::nullopt));
+  auto b = Replica({}, AliceQuota(2, std::nullopt));
+  auto first = a->Add("alice", State(3));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(b->Add("alice", State(3)).ok());
+  for (auto* replica : {a.get(), b.get()}) {
+    auto third = replica->Add("alice", State(3));
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+    EXPECT_THAT(std::string(third.status().message()),
+                HasSubstr("quota max_sessions=2 reached (2"));
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Add("bob", State(1)).ok());
+  // Used and written back on the other replica, the session still counts once.
+  ASSERT_TRUE(b->Checkout(*first, "alice").ok());
+  ASSERT_TRUE(b->CheckinAndWait(*first, State(5)).ok());
+  EXPECT_EQ(a->Add("alice", State(3)).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(b->Close(*first, "alice").ok());
+  auto again = a->Add("alice", State(3));
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(b->Add("alice", State(3)).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// The quota on bytes counts the states' sizes, updated by each check-in.
+TEST_F(RedisSessionStoreTest, AnOwnersSessionBytesQuotaCountsEveryStatesSize) {
+  const int64_t one = static_cast<int64_t>(State(3).ByteSize());
+  auto a = Replica({}, AliceQuota(std::nullopt, 2 * one + one / 2));
+  auto b = Replica({}, AliceQuota(std::nullopt, 2 * one + one / 2));
+  auto first = a->Add("alice", State(3));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(b->Add("alice", State(3)).ok());
+  auto third = b->Add("alice", State(3));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr(absl::StrCat("quota max_session_bytes=", 2 * one + one / 2, " reached (",
+                                     2 * one, " held)")));
+  // A state that grew is counted at its new size.
+  GenerationState grown = State(4);
+  grown.held_text = std::string(static_cast<size_t>(one), 'x');
+  ASSERT_TRUE(b->Checkout(*first, "alice").ok());
+  ASSERT_TRUE(b->CheckinAndWait(*first, grown).ok());
+  const int64_t grown_bytes = static_cast<int64_t>(grown.ByteSize());
+  auto index = raw_->Command({"HGET", "tost:o:" + OwnerDigestForTest("alice"), *first});
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->str, absl::StrCat(grown_bytes));
+}
+
+// Replicas racing for an owner's last places get exactly as many as the quota allows.
+TEST_F(RedisSessionStoreTest, ReplicasRacingForAnOwnersLastSessionsPlaceExactlyTheQuota) {
+  std::vector<std::unique_ptr<RedisSessionStore>> replicas;
+  for (int i = 0; i < 4; ++i) replicas.push_back(Replica({}, AliceQuota(3, std::nullopt)));
+  std::atomic<int> added{0};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 12; ++i) {
+    threads.emplace_back([&, i] {
+      auto id = replicas[i % 4]->Add("alice", State(2));
+      if (id.ok()) {
+        ++added;
+      } else if (id.status().code() == absl::StatusCode::kResourceExhausted) {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(added.load(), 3);
+  EXPECT_EQ(refused.load(), 9);
+}
+
+// A session that expires through the store's TTL gives its room back with no replica's help, and
+// the owner's index expires with its sessions.
+TEST_F(RedisSessionStoreTest, AnExpiredSessionGivesItsRoomBackAndTheIndexExpiresWithIt) {
+  const auto sessions = AliceQuota(1, std::nullopt, absl::Seconds(1));
+  auto a = Replica(Lease(absl::Milliseconds(100)), sessions);
+  auto b = Replica(Lease(absl::Milliseconds(100)), sessions);
+  ASSERT_TRUE(a->Add("alice", State(3)).ok());
+  EXPECT_EQ(b->Add("alice", State(3)).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::SleepFor(absl::Milliseconds(1300));
+  auto id = b->Add("alice", State(3));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string index = "tost:o:" + OwnerDigestForTest("alice");
+  auto ttl = raw_->Command({"PTTL", index});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_GT(ttl->integer, 0);
+  EXPECT_LE(ttl->integer, 1000);
+  // A read extends the session's life, and the index's with it.
+  absl::SleepFor(absl::Milliseconds(600));
+  ASSERT_TRUE(a->Get(*id, "alice").ok());
+  absl::SleepFor(absl::Milliseconds(600));
+  auto exists = raw_->Command({"EXISTS", index});
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(exists->integer, 1);
+  EXPECT_EQ(a->Add("alice", State(3)).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::SleepFor(absl::Milliseconds(1500));
+  exists = raw_->Command({"EXISTS", index});
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(exists->integer, 0);
 }
 
 TEST_F(RedisSessionStoreTest, StoreDownIsUnavailableWithinTheTimeoutNamingTheStore) {
