@@ -707,7 +707,8 @@ bool HasFiniteValue(const json& root, const json& node, std::vector<const json*>
 // tools, tool_choice and parallel_tool_calls (chat). Each function's parameters are checked as a
 // constraint's schema is (structured::Validate: size, nesting, counts) and refused naming
 // tools[i].function.parameters; a required or named call's schema (ToolCallSchema) becomes the
-// request's constraint, reported under "tools".
+// request's constraint, reported under "tools" (the routes narrow the compiler's refusal of it to
+// the function whose parameters it refuses: ToolParameterConstraints).
 absl::Status ParseTools(std::string_view raw_body, const json& body, OpenAiRequest& r) {
   const json& tools = Field(body, "tools");
   if (!tools.is_null()) {
@@ -953,6 +954,20 @@ std::string ToolCallSchema(const OpenAiRequest& request) {
   }
   schema["$defs"] = std::move(defs);
   return schema.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::vector<std::pair<std::string, structured::Constraint>> ToolParameterConstraints(
+    const OpenAiRequest& request) {
+  std::vector<std::pair<std::string, structured::Constraint>> out;
+  for (size_t i = 0; i < request.tools.size(); ++i) {
+    const ToolFunction& f = request.tools[i];
+    if (request.tool_choice == ToolChoice::kNamed && f.name != request.tool_choice_name) continue;
+    structured::Constraint c;
+    c.kind = structured::Constraint::Kind::kJsonSchema;
+    c.text = f.parameters;
+    out.emplace_back(absl::StrCat("tools[", i, "].function.parameters"), std::move(c));
+  }
+  return out;
 }
 
 bool SetsSampling(const OpenAiRequest& request) {

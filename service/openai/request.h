@@ -130,6 +130,12 @@ inline absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(std::string_view
 // own "$ref"s rebased there, so a recursive schema stays recursive in itself.
 std::string ToolCallSchema(const OpenAiRequest& request);
 
+// Each function ToolCallSchema calls, as the field naming its parameters
+// ("tools[i].function.parameters") and those parameters alone as a JSON-schema constraint: what a
+// refusal of the whole call schema is narrowed down with.
+std::vector<std::pair<std::string, structured::Constraint>> ToolParameterConstraints(
+    const OpenAiRequest& request);
+
 // Whether the request sets a sampling parameter (temperature, top_p, seed, top_k, min_p,
 // repetition_penalty): a continued generation then takes the request's, with defaults for the rest.
 bool SetsSampling(const OpenAiRequest& request);

@@ -56,6 +56,10 @@ class OpenAiSink final : public CallSink {
       case AdmissionStep::kResolve:
         return ModelRefusal(engine_, request_.model, std::move(status));
       case AdmissionStep::kCompileConstraint:
+        if (status.code() == absl::StatusCode::kInvalidArgument &&
+            request_.constraint_field == "tools") {
+          return ToolSchemaRefusal(std::move(status));
+        }
         return ConstraintRefusal(request_.constraint_field, std::move(status));
       case AdmissionStep::kContinueConstraint:
         // A session or blob left mid-structure (here or by tost.v1 Generate) goes on under its
@@ -242,6 +246,20 @@ class OpenAiSink final : public CallSink {
     exchange_->Write(std::move(out));
     exchange_->Finish();
     return absl::OkStatus();
+  }
+  // The compiler refused the tool calls' schema, which holds every called function's parameters:
+  // the first function whose parameters it refuses on their own is named
+  // (tools[i].function.parameters), with its own refusal. Compiled only on this failure path, each
+  // within the engine's compile bound, and one that compiles is cached for the next request.
+  absl::Status ToolSchemaRefusal(absl::Status status) {
+    const std::string owner = CallerOf(exchange_->request());
+    for (const auto& [field, parameters] : openai::ToolParameterConstraints(request_)) {
+      auto compiled = engine_.CompileConstraint(request_.model, parameters, owner);
+      if (!compiled.ok() && compiled.status().code() == absl::StatusCode::kInvalidArgument) {
+        return ConstraintRefusal(field, compiled.status());
+      }
+    }
+    return ConstraintRefusal("tools", std::move(status));
   }
   absl::Status Admit(GenerationCall& call) {
     const http::HttpRequest& http_request = exchange_->request();

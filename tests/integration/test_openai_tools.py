@@ -184,8 +184,10 @@ HOSTILE_TOOLS = [
     ("recursive without end", {"$ref": "#"}, "tools[0].function.parameters"),
     ("requiring itself", {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
      "tools[0].function.parameters"),
-    ("invalid", {"type": 5}, "tools"),
-    ("a missing reference", {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}, "tools"),
+    # Invalid only to the grammar compiler: named by the function's own field as the others.
+    ("invalid", {"type": 5}, "tools[0].function.parameters"),
+    ("a missing reference", {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}},
+     "tools[0].function.parameters"),
 ]
 
 
@@ -198,6 +200,23 @@ def test_hostile_tool_schemas(srv, what, schema, param):
     assert e.value.body["param"] == param, e.value.body
     assert e.value.body["message"].startswith(param + ":") and len(e.value.body["message"]) < 1024
     assert c.chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices[0].message
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "bad"}}])
+def test_a_schema_only_the_compiler_refuses_is_named_by_its_element(srv, tool_choice):
+    """Two valid functions, then one whose parameters pass every check of the parser and that only
+    the grammar compiler refuses: the 400 names tools[2].function.parameters, not `tools`."""
+    c = client(srv)
+    bad = {"type": "function", "function": {"name": "bad", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=USER, tools=[*TOOLS[:2], bad], tool_choice=tool_choice,
+                                  max_tokens=50)
+    assert e.value.body["param"] == "tools[2].function.parameters", e.value.body
+    assert e.value.body["message"].startswith("tools[2].function.parameters: "), e.value.body
+    reply = c.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS[:2], tool_choice="required",
+                                      max_tokens=300, seed=3)
+    assert reply.choices[0].message.tool_calls
 
 
 @pytest.mark.parametrize("bias,param", [

@@ -81,6 +81,25 @@ TEST(OpenAiRequest, ClientIdentifiersAreBoundedStrings) {
   ChatRefused(R"(, "user": 7)", "user: expected a string, got an integer (7)", "user");
 }
 
+TEST(OpenAiRequest, ToolParameterConstraintsNameEachCalledFunction) {
+  const std::string tools = R"(, "tools": [
+      {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+      {"type": "function", "function": {"name": "b"}},
+      {"type": "function", "function": {"name": "c", "parameters": {"type": "string"}}}])";
+  const auto all = ToolParameterConstraints(Chat(tools + R"(, "tool_choice": "required")"));
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].first, "tools[0].function.parameters");
+  EXPECT_EQ(all[0].second.text, R"({"type":"object"})");
+  EXPECT_EQ(all[1].second.text, "{}");
+  EXPECT_EQ(all[2].first, "tools[2].function.parameters");
+  EXPECT_EQ(all[2].second.kind, structured::Constraint::Kind::kJsonSchema);
+  // A named call's schema holds that function only.
+  const auto named = ToolParameterConstraints(
+      Chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "c"}})"));
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].first, "tools[2].function.parameters");
+}
+
 TEST(OpenAiRequest, CompletionDefaults) {
   const OpenAiRequest r = Completion("");
   EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
