@@ -224,10 +224,10 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "GET /metrics");
 ABSL_FLAG(std::string, tenants_file, "",
           "\"name [weight=W] [max_concurrent=N] [tokens_per_minute=N] [max_sessions=N] "
-          "[max_session_bytes=N]\" lines: each tenant (an API key's name, tls:<identity>, or "
-          "anonymous) with its share of generation slots and its quotas (docs/deploying.md); the "
-          "same fields may follow the key on --api_keys_file's lines. Empty: every tenant weighs 1 "
-          "with no quota");
+          "[max_session_bytes=N] [highest_priority=P]\" lines: each tenant (an API key's name, "
+          "tls:<identity>, or anonymous) with its share of generation slots, its quotas and the "
+          "lowest priority it may ask for (docs/deploying.md); the same fields may follow the key "
+          "on --api_keys_file's lines. Empty: every tenant weighs 1 with no quota");
 ABSL_FLAG(int, max_priority, 100,
           "Generation requests' priority must be in [-max_priority, max_priority]; lower runs "
           "sooner, and preempts (parks) the highest-valued running generation when every slot is "

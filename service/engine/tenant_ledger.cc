@@ -8,9 +8,18 @@
 namespace tost::service {
 
 absl::Status ValidateTenantOptions(const TenantOptions& o) {
-  if (o.max_priority < 0 || o.max_priority > 1'000'000) {
+  if (o.max_priority < 0 || o.max_priority > kMaxPriorityLimit) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_priority must be in [0, 1000000], got ", o.max_priority));
+        absl::StrCat("max_priority must be in [0, ", kMaxPriorityLimit, "], got ", o.max_priority));
+  }
+  for (const TenantSpec& t : o.table.tenants()) {
+    if (t.highest_priority.has_value() &&
+        (*t.highest_priority < -o.max_priority || *t.highest_priority > o.max_priority)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          o.table.Where(t.name), ": field highest_priority of tenant ", QuoteClientText(t.name),
+          " must be within the priorities calls may ask for, [", -o.max_priority, ", ",
+          o.max_priority, "] (--max_priority), got ", *t.highest_priority));
+    }
   }
   if (o.token_window < absl::Seconds(1) || o.token_window > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat("token_window must be in [1s, 1h], got ",
@@ -52,11 +61,21 @@ size_t TenantLedger::IndexOf(std::string_view tenant) const {
   return it == index_.end() ? index_.size() : it->second;
 }
 
-absl::Status TenantLedger::CheckPriority(int32_t priority, std::string_view field) const {
+absl::Status TenantLedger::CheckPriority(std::string_view tenant, int32_t priority,
+                                         std::string_view field) const {
   if (priority < -options_.max_priority || priority > options_.max_priority) {
     return absl::InvalidArgumentError(absl::StrCat(
         std::string(field), " must be in [", -options_.max_priority, ", ", options_.max_priority,
         "] (--max_priority; lower runs sooner), got ", priority));
+  }
+  // Refused rather than lowered to the cap: a caller that asks for more urgency than it may have
+  // learns so at once, instead of running later than it asked with nothing to tell it why.
+  const TenantSpec* spec = options_.table.Find(tenant);
+  if (spec != nullptr && spec->highest_priority.has_value() && priority < *spec->highest_priority) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant ", QuoteClientText(spec->name), " may ask for ", std::string(field), " ",
+        *spec->highest_priority, " or higher (its highest_priority=", *spec->highest_priority,
+        "; lower runs sooner), got ", std::string(field), " ", priority));
   }
   return absl::OkStatus();
 }

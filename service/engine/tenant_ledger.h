@@ -82,8 +82,10 @@ class TenantLedger {
   const TenantOptions& options() const { return options_; }
   double Weight(std::string_view tenant) const { return options_.table.Weight(tenant); }
 
-  // INVALID_ARGUMENT naming `field` unless priority is within the range.
-  absl::Status CheckPriority(int32_t priority, std::string_view field = "priority") const;
+  // INVALID_ARGUMENT naming `field` unless priority is within the range; PERMISSION_DENIED,
+  // naming the tenant, its highest_priority and the value, when `tenant` may not ask for it.
+  absl::Status CheckPriority(std::string_view tenant, int32_t priority,
+                             std::string_view field = "priority") const;
 
   // A place for one generation of `tenant`: RESOURCE_EXHAUSTED when its max_concurrent
   // generations are admitted, or its token window is used up.

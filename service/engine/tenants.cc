@@ -70,6 +70,7 @@ absl::StatusOr<TenantTable> TenantTable::Parse(std::string_view text, std::strin
           where, ": expected a tenant name before its fields, got ", QuoteClientText(spec.name)));
     }
     bool weight_set = false;
+    bool priority_set = false;
     for (size_t i = first_field; i < parts.size(); ++i) {
       const size_t eq = parts[i].find('=');
       if (eq == absl::string_view::npos || eq == 0) {
@@ -98,11 +99,25 @@ absl::StatusOr<TenantTable> TenantTable::Parse(std::string_view text, std::strin
         TOST_RETURN_IF_ERROR(ParseQuota(where, field, value, spec.quotas.max_sessions));
       } else if (field == "max_session_bytes") {
         TOST_RETURN_IF_ERROR(ParseQuota(where, field, value, spec.quotas.max_session_bytes));
+      } else if (field == "highest_priority") {
+        int32_t p = 0;
+        if (!absl::SimpleAtoi(value, &p) || p < -kMaxPriorityLimit || p > kMaxPriorityLimit) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field highest_priority must be an integer in [",
+                           -kMaxPriorityLimit, ", ", kMaxPriorityLimit,
+                           "] (the lowest priority its calls may ask for), got ", Quoted(value)));
+        }
+        if (priority_set) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": field highest_priority is set twice"));
+        }
+        priority_set = true;
+        spec.highest_priority = p;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": unknown field ", Quoted(field),
-                         "; expected weight, max_concurrent, tokens_per_minute, max_sessions or "
-                         "max_session_bytes"));
+                         "; expected weight, max_concurrent, tokens_per_minute, max_sessions, "
+                         "max_session_bytes or highest_priority"));
       }
     }
     if (auto it = table.where_.find(spec.name); it != table.where_.end()) {
@@ -140,6 +155,11 @@ absl::StatusOr<TenantTable> TenantTable::Merge(const TenantTable& a, const Tenan
 const TenantSpec* TenantTable::Find(std::string_view name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tenants_[it->second];
+}
+
+std::string TenantTable::Where(std::string_view name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? std::string() : it->second;
 }
 
 double TenantTable::Weight(std::string_view name) const {

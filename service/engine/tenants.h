@@ -14,9 +14,13 @@
 //                                is TenantOptions::token_window)
 //   max_sessions=N               sessions held in the session store
 //   max_session_bytes=N          bytes of their states (GenerationState::ByteSize)
+//   highest_priority=P           the lowest (most urgent) priority its calls may ask for, within
+//                                [-max_priority, max_priority]; a call asking for a lower one is
+//                                refused (PERMISSION_DENIED). Left out: any in the range
 // Each quota is a positive integer; a field left out is no quota. Parsing refuses a duplicate name,
-// an unknown field, a weight or quota that is not a number in range (zero included), naming the
-// file, line and field.
+// an unknown field, a weight, quota or priority that is not a number in range (zero included for
+// quotas), naming the file, line and field; ValidateTenantOptions, a highest_priority outside
+// --max_priority's range, naming its file and line too.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +45,11 @@ struct TenantSpec {
   std::string name;
   double weight = 1.0;
   TenantQuotas quotas;
+  std::optional<int32_t> highest_priority;
 };
+
+// The widest --max_priority takes, and so the widest a highest_priority field may be.
+inline constexpr int32_t kMaxPriorityLimit = 1'000'000;
 
 inline constexpr double kMaxTenantWeight = 1000.0;
 
@@ -64,6 +72,8 @@ class TenantTable {
   // In the order of the files' lines.
   const std::vector<TenantSpec>& tenants() const { return tenants_; }
   double Weight(std::string_view name) const;
+  // "file:line" where `name` is configured (empty for a tenant named nowhere).
+  std::string Where(std::string_view name) const;
 
  private:
   std::vector<TenantSpec> tenants_;

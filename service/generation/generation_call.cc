@@ -62,7 +62,7 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
         absl::StrCat("a generation continuing a session takes 1 choice, got ", request.choices));
   }
   owner_ = request.owner;
-  TOST_RETURN_IF_ERROR(engine_.tenants().CheckPriority(request.priority));
+  TOST_RETURN_IF_ERROR(engine_.tenants().CheckPriority(owner_, request.priority));
   const bool fresh = request.session_id.empty() && !request.state_blob.has_value();
   {
     auto source =

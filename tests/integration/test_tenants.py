@@ -5,7 +5,8 @@ the tokens it produces alone under --batch_invariant_decode; a tenant past its t
 (a 4-s window here) is refused with RESOURCE_EXHAUSTED over gRPC and 429 with Retry-After over
 every HTTP route, naming the quota, while another tenant goes on; the per-tenant metrics name the
 configured tenants and count the rest as "other"; a Generate asking for the x-tost-timing trailer
-gets where its first token spent its time on the server."""
+gets where its first token spent its time on the server; a tenant's highest_priority refuses
+calls asking for more urgency (PERMISSION_DENIED, 403)."""
 import json
 import os
 import threading
@@ -39,6 +40,9 @@ def test_a_bad_tenants_file_stops_the_start_naming_its_line_and_field(tmp_path):
         ("a max_concurrent=0\n", "tenants.txt:1: field max_concurrent is 0"),
         ("a weight=-2\n", "tenants.txt:1: field weight must be a number in (0, 1000]"),
         ("a tokens_per_minute=lots\n", "tenants.txt:1: field tokens_per_minute must be an integer"),
+        ("a\nb highest_priority=-x\n", "tenants.txt:2: field highest_priority must be an integer"),
+        ("a highest_priority=-101\n", "tenants.txt:1: field highest_priority of tenant \"a\" must be within "
+                                      "the priorities calls may ask for, [-100, 100] (--max_priority), got -101"),
     ]:
         path = tmp_path / "tenants.txt"
         path.write_text(text)
@@ -312,5 +316,39 @@ def test_the_timing_trailer_shows_where_the_first_token_spent_its_time(proto_mod
         plain = stub.Generate(req)
         assert sum(1 for m in plain if m.WhichOneof("event") == "token") == 3
         assert "x-tost-timing" not in dict(plain.trailing_metadata())
+    finally:
+        srv.stop()
+
+
+def test_a_tenants_highest_priority_refuses_more_urgent_calls_on_grpc_and_http(proto_modules, tmp_path):
+    pb2, pb2_grpc = proto_modules
+    keys = keys_file(tmp_path, f"a {KEY_A} highest_priority=0\nb {KEY_B}\n")
+    srv = RunningServer(MODELS, [f"--api_keys_file={keys}", "--max_priority=10"])
+    try:
+        stub = pb2_grpc.TostStub(grpc.insecure_channel(srv.address))
+        md = (("x-api-key", KEY_A),)
+        got = collect_generate(stub.Generate(pb2.GenerateRequest(model=LM, prompt_bytes=b"Hi", max_new_tokens=2,
+                                                                 priority=-1), metadata=md), capture_error=True)
+        assert got.error is not None and got.error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert 'tenant "a" may ask for priority 0 or higher (its highest_priority=0' in got.error.details()
+        assert "got priority -1" in got.error.details()
+        assert len(collect_generate(stub.Generate(pb2.GenerateRequest(model=LM, prompt_bytes=b"Hi", max_new_tokens=2,
+                                                                      priority=0), metadata=md)).tokens) == 2
+        for path, body in [
+            ("/v1/completions", {"model": LM, "prompt": "Hi", "max_tokens": 2, "priority": -3}),
+            ("/v1/chat/completions",
+             {"model": LM, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "priority": -3}),
+            ("/v1/responses", {"model": LM, "input": "Hi", "max_output_tokens": 2, "priority": -3}),
+        ]:
+            status, _, text = http_post(srv.http_port, path, body, key=KEY_A)
+            assert status == 403, (path, status, text)
+            assert "highest_priority=0" in text and "got priority -3" in text, text
+        # Another tenant keeps the whole range.
+        assert len(collect_generate(stub.Generate(pb2.GenerateRequest(model=LM, prompt_bytes=b"Hi", max_new_tokens=2,
+                                                                      priority=-10),
+                                                  metadata=(("x-api-key", KEY_B),))).tokens) == 2
+        status, _, text = http_post(srv.http_port, "/v1/completions",
+                                    {"model": LM, "prompt": "Hi", "max_tokens": 2, "priority": -10}, key=KEY_B)
+        assert status == 200, text
     finally:
         srv.stop()

@@ -62,6 +62,11 @@ TEST(TenantsTest, RefusesEachBadLineNamingItsLineAndField) {
            {"a max_session_bytes=1e9\n", "field max_session_bytes must be an integer"},
            {"a max_concurrent=99999999999999999999\n", "field max_concurrent must be an integer"},
            {"a max_concurrent=2 max_concurrent=3\n", "field max_concurrent is set twice"},
+           {"a\nb highest_priority=high\n",
+            "t.txt:2: field highest_priority must be an integer in [-1000000, 1000000]"},
+           {"a highest_priority=1000001\n", "got \"1000001\""},
+           {"a highest_priority=2.5\n", "field highest_priority must be an integer"},
+           {"a highest_priority=1 highest_priority=2\n", "field highest_priority is set twice"},
            {"a speed=3\n", "t.txt:1: unknown field \"speed\""},
            {"a weight\n", "t.txt:1: expected field=value, got \"weight\""},
            {"weight=2\n", "t.txt:1: expected a tenant name before its fields"},
@@ -89,18 +94,52 @@ TEST(TenantsTest, PriorityOutsideTheRangeIsRefusedNamingTheField) {
   o.max_priority = 10;
   FakeClock clock;
   TenantLedger ledger(o, &clock);
-  EXPECT_TRUE(ledger.CheckPriority(-10).ok());
-  EXPECT_TRUE(ledger.CheckPriority(10).ok());
-  const absl::Status s = ledger.CheckPriority(11);
+  EXPECT_TRUE(ledger.CheckPriority("a", -10).ok());
+  EXPECT_TRUE(ledger.CheckPriority("a", 10).ok());
+  const absl::Status s = ledger.CheckPriority("a", 11);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("priority must be in [-10, 10]"));
   EXPECT_THAT(s.message(), HasSubstr("got 11"));
-  EXPECT_FALSE(ledger.CheckPriority(-2147483647 - 1).ok());
+  EXPECT_FALSE(ledger.CheckPriority("a", -2147483647 - 1).ok());
   o.max_priority = -1;
   EXPECT_FALSE(ValidateTenantOptions(o).ok());
   o.max_priority = 10;
   o.token_window = absl::ZeroDuration();
   EXPECT_FALSE(ValidateTenantOptions(o).ok());
+}
+
+// A tenant's highest_priority is the most urgent priority it may ask for: more urgent is refused,
+// naming the tenant, the field and the value, while other tenants keep the whole range.
+TEST(TenantsTest, HighestPriorityCapsWhatATenantMayAskFor) {
+  auto t = TenantTable::Parse("batch highest_priority=0\nops highest_priority=-5\n", "t.txt",
+                              TenantLineForm::kTenantsFile);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->Find("batch")->highest_priority, 0);
+  EXPECT_EQ(t->Find("ops")->highest_priority, -5);
+  TenantOptions o{.table = *t, .max_priority = 10};
+  ASSERT_TRUE(ValidateTenantOptions(o).ok());
+  FakeClock clock;
+  TenantLedger ledger(o, &clock);
+  EXPECT_TRUE(ledger.CheckPriority("batch", 0).ok());
+  EXPECT_TRUE(ledger.CheckPriority("batch", 10).ok());
+  const absl::Status s = ledger.CheckPriority("batch", -1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("tenant \"batch\" may ask for priority 0 or higher"));
+  EXPECT_THAT(s.message(), HasSubstr("highest_priority=0"));
+  EXPECT_THAT(s.message(), HasSubstr("got priority -1"));
+  EXPECT_TRUE(ledger.CheckPriority("ops", -5).ok());
+  EXPECT_EQ(ledger.CheckPriority("ops", -6).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ledger.CheckPriority("someone-else", -10).ok());
+  // Out of --max_priority's range is INVALID_ARGUMENT first, whoever asks.
+  EXPECT_EQ(ledger.CheckPriority("batch", -11).code(), absl::StatusCode::kInvalidArgument);
+
+  // A cap outside --max_priority's range stops the start, naming the file, line and tenant.
+  o.max_priority = 3;
+  const absl::Status bad = ValidateTenantOptions(o);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("t.txt:2: field highest_priority of tenant \"ops\" must be "
+                                       "within the priorities calls may ask for, [-3, 3]"));
+  EXPECT_THAT(bad.message(), HasSubstr("got -5"));
 }
 
 TEST(TenantsTest, TokenWindowRefusalSaysWhenThereIsRoomAgain) {
