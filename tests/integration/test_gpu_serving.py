@@ -11,12 +11,16 @@ skipped; where it has one, even one this venv's torch cannot use, the tests run.
         (bit-exactness holds only within one device kind);
   64 concurrent streams decode in shared steps; the device memory gauges are non-zero;
   decode replayed from CUDA graphs gives the tokens of eager decode, and batch-invariant decode
-        gives every stream the tokens it gets alone, whatever bucket its steps ran in.
+        gives every stream the tokens it gets alone, whatever bucket its steps ran in;
+  a generation parked many times on the device's state pool by higher-priority calls (its row
+        copied to the host and freed, then written to a row again) draws exactly the tokens it
+        draws uninterrupted, with CUDA graphs and eagerly.
 """
 import json
 import os
 import struct
 import sys
+import threading
 
 import grpc
 import numpy as np
@@ -301,3 +305,52 @@ def test_prompt_scoring_on_the_device_matches_the_cpu(servers):
         if min(x - y for x, y in zip(values, values[1:])) > 1e-3:
             assert set(a) == set(b), f"token {i}: CPU {a}, GPU {b}"
         np.testing.assert_allclose(sorted(b.values()), sorted(a.values()), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("graphs", ["true", "false"])
+def test_a_generation_parked_many_times_on_the_device_keeps_its_exact_tokens(key_file, proto_modules, graphs):
+    """One active slot: each urgent call parks the long generation (its statistics copied from the
+    device's pool to the host and its row freed) and it resumes in a row written back from them."""
+    pb2, pb2_grpc = proto_modules
+    srv = _server(key_file, "--device=cuda", f"--cuda_graphs={graphs}", "--max_active_generations=1",
+                  "--prefill_chunk_tokens=8")
+    try:
+        stub = pb2_grpc.TostStub(grpc.insecure_channel(srv.address))
+        low = pb2.GenerateRequest(model=LM, prompt_bytes=PROMPT, max_new_tokens=300, priority=5,
+                                  sampling=pb2.SamplingParams(temperature=1.0, seed=4242))
+        alone = collect_generate(stub.Generate(low, timeout=300))
+        assert len(alone.tokens) >= 60
+        result = {"ids": []}
+        progress = threading.Condition()
+
+        def run_low():
+            for msg in stub.Generate(low, timeout=300):
+                if msg.WhichOneof("event") == "token":
+                    with progress:
+                        result["ids"].append(msg.token.id)
+                        progress.notify_all()
+            with progress:
+                result["done"] = True
+                progress.notify_all()
+
+        t = threading.Thread(target=run_low)
+        t.start()
+        urgent, seen = 0, 0
+        while True:
+            with progress:
+                progress.wait_for(lambda: result.get("done") or len(result["ids"]) >= seen + 2, timeout=60)
+                if result.get("done") or len(result["ids"]) + 4 >= len(alone.tokens) or urgent >= 40:
+                    break
+                seen = len(result["ids"])
+            got = collect_generate(stub.Generate(pb2.GenerateRequest(
+                model=LM, prompt_bytes=b"Mr. Darcy", max_new_tokens=3, priority=-5,
+                sampling=pb2.SamplingParams(temperature=0.0)), timeout=300))
+            assert len(got.tokens) == 3
+            urgent += 1
+        t.join()
+        preempted = metric_value(scrape_metrics(srv), "tost_generation_preemptions_total", model=LM,
+                                 reason="priority")
+        assert urgent >= 15 and urgent // 2 <= preempted <= urgent, (urgent, preempted)
+        assert result["ids"] == [x.id for x in alone.tokens]
+    finally:
+        assert srv.stop() == 0
