@@ -829,6 +829,16 @@ def cpu_flags() -> List[str]:
     return []
 
 
+def sha256(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def provenance(args) -> dict:
     """What a raw file must name: the commit the binaries were built from (HEAD and whether the tree
     differed from it), the CPU and its flags, the environment that caps instruction sets, and the
@@ -842,6 +852,7 @@ def provenance(args) -> dict:
             "tost_server": os.path.abspath(args.tost_server),
             "tost_server_mtime_utc": time.strftime("%Y-%m-%d %H:%M:%SZ",
                                                    time.gmtime(os.path.getmtime(args.tost_server))),
+            "tost_server_sha256": sha256(args.tost_server), "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
             "llama_server": os.path.abspath(args.llama_server),
             "llama_server_build": llama_build_flags(args.llama_server), "cpu_flags": cpu_flags(),
             "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "ONEDNN_MAX_CPU_ISA",
