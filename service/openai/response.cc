@@ -1,6 +1,7 @@
 #include "service/openai/response.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/utf8.h"
 #include "service/openai/error.h"
+#include "service/openai/tool_call_stream.h"
 
 namespace tost::service::openai {
 namespace {
@@ -40,8 +42,9 @@ struct ResponseBuilder::Choice {
   std::string finish_reason;
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
-  std::string state;                 // base64
-  std::vector<ToolCall> tool_calls;  // a chat offering tools: the calls parsed out at the end
+  std::string state;                      // base64
+  std::vector<ToolCall> tool_calls;       // a chat offering tools: the calls parsed out at the end
+  std::unique_ptr<ToolCallStream> calls;  // streamed, offering tools: the calls as they come
   // Non-streamed logprobs, per token: completions' four lists, or chat's content entries.
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        text_offset = json::array(), content = json::array();
@@ -211,95 +214,42 @@ bool ResponseBuilder::ToolMode() const {
          request_.tool_choice != ToolChoice::kNone && !call_begin_.empty();
 }
 
+std::string ResponseBuilder::CallId(int32_t index, size_t k) const {
+  // Unique per response: the response's own id, the choice, the call.
+  const std::string_view unique = std::string_view(meta_.id).substr(meta_.id.find('-') + 1);
+  return absl::StrCat("call_", absl::string_view(unique.data(), unique.size()), "_", index, "_", k);
+}
+
 void ResponseBuilder::ParseCalls(int32_t index, Choice& c) const {
   ParsedToolCalls parsed = ParseToolCalls(request_, call_begin_, c.text);
   if (parsed.calls.empty()) return;
-  // Ids unique per response: the response's own id, the choice, the call.
-  const std::string_view unique = std::string_view(meta_.id).substr(meta_.id.find('-') + 1);
-  for (size_t k = 0; k < parsed.calls.size(); ++k) {
-    parsed.calls[k].id =
-        absl::StrCat("call_", absl::string_view(unique.data(), unique.size()), "_", index, "_", k);
-  }
+  for (size_t k = 0; k < parsed.calls.size(); ++k) parsed.calls[k].id = CallId(index, k);
   c.text = std::move(parsed.content);
   c.tool_calls = std::move(parsed.calls);
   // A reply cut by max_tokens keeps "length": its complete calls are there, the last one is not.
   if (c.finish_reason != "length") c.finish_reason = "tool_calls";
 }
 
-// The complete elements of a JSON array whose text was cut short (max_tokens ended the calls):
-// the items up to the last one whose closing bracket came, as an array; discarded when there is
-// none. A scan that tracks strings and nesting finds where each top-level item ends.
-static nlohmann::ordered_json CompleteItems(std::string_view text) {
-  using json = nlohmann::ordered_json;
-  const size_t open = text.find_first_not_of(" \t\r\n");
-  if (open == std::string_view::npos || text[open] != '[') return json(json::value_t::discarded);
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  size_t last_end = std::string_view::npos;
-  for (size_t i = open; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      ++depth;
-    } else if (ch == ']' || ch == '}') {
-      if (--depth == 1) last_end = i;
-    }
-  }
-  if (last_end == std::string_view::npos) return json(json::value_t::discarded);
-  const std::string closed =
-      absl::StrCat(absl::string_view(text.data() + open, last_end + 1 - open), "]");
-  return json::parse(closed, nullptr, /*allow_exceptions=*/false);
-}
-
 ParsedToolCalls ParseToolCalls(const OpenAiRequest& request, std::string_view call_begin,
                                std::string_view text) {
   ParsedToolCalls out;
   out.content = std::string(text);
-  std::string_view calls_text = text;
-  std::string_view content;
-  if (request.tool_choice == ToolChoice::kAuto) {
-    const size_t at = call_begin.empty() ? std::string_view::npos : text.find(call_begin);
-    if (at == std::string_view::npos) return out;
-    content = text.substr(0, at);
-    calls_text = text.substr(at + call_begin.size());
-  } else if (request.tool_choice == ToolChoice::kNone) {
-    return out;
-  }
-  // Ordered: the arguments keep the order the model wrote them in.
-  using ordered = nlohmann::ordered_json;
-  ordered parsed = ordered::parse(calls_text.begin(), calls_text.end(), nullptr,
-                                  /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) parsed = CompleteItems(calls_text);  // an array cut short
-  if (parsed.is_discarded()) return out;
-  if (parsed.is_object()) parsed = ordered::array({std::move(parsed)});
-  if (!parsed.is_array() || parsed.empty()) return out;
-  std::vector<ToolCall> calls;
-  for (const ordered& call : parsed) {
-    if (!call.is_object() || !call.contains("name") || !call.at("name").is_string() ||
-        !call.contains("arguments")) {
-      return out;
+  if (request.tool_choice == ToolChoice::kNone) return out;
+  // The stream's own reading, so that a streamed reply assembles to exactly this one.
+  ToolCallStream stream(request, std::string(call_begin));
+  std::vector<ToolCallDelta> deltas = stream.Push(text);
+  for (ToolCallDelta& d : stream.Finish()) deltas.push_back(std::move(d));
+  const std::vector<std::string>& arguments = stream.complete_arguments();
+  if (arguments.empty()) return out;
+  std::string content;
+  for (const ToolCallDelta& d : deltas) {
+    if (d.kind == ToolCallDelta::Kind::kContent) {
+      content += d.text;
+    } else if (d.kind == ToolCallDelta::Kind::kCallStart && d.call < arguments.size()) {
+      out.calls.push_back({"", d.text, arguments[d.call]});
     }
-    const std::string& name = call.at("name").get_ref<const std::string&>();
-    if (std::none_of(request.tools.begin(), request.tools.end(),
-                     [&](const ToolFunction& f) { return f.name == name; })) {
-      return out;
-    }
-    calls.push_back(
-        {"", name, call.at("arguments").dump(-1, ' ', false, ordered::error_handler_t::replace)});
   }
-  out.content = std::string(content);
-  out.calls = std::move(calls);
+  out.content = std::move(content);
   return out;
 }
 
@@ -360,9 +310,9 @@ std::string ResponseBuilder::Body() const {
 
 std::string ResponseBuilder::Token(int32_t index, const TokenEvent& token) {
   Choice& c = At(index);
-  if (ToolMode()) {  // held until the reply ends: its calls are known only then
+  if (ToolMode()) {
     c.text += token.text;
-    return {};
+    return ToolDeltaChunks(index, c, Calls(c).Push(token.text));
   }
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
   json logprobs = nullptr;
@@ -393,14 +343,13 @@ std::string ResponseBuilder::Token(int32_t index, const TokenEvent& token) {
 absl::StatusOr<std::string> ResponseBuilder::FinishChunk(int32_t index,
                                                          const GenerationEvent& finished,
                                                          std::string_view state_blob) {
+  if (ToolMode()) return ToolFinishChunks(index, finished, state_blob);
   // The text released at the end is recorded by Finish: Token() never saw it.
   const size_t before = At(index).text.size();
   if (absl::Status s = Finish(index, finished, state_blob); !s.ok()) return s;
   Choice& c = At(index);
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  if (ToolMode() && !c.tool_calls.empty()) return ToolCallChunks(index, c);
-  // A held reply (ToolMode without calls) goes out whole.
-  const std::string tail = ToolMode() ? c.text : c.text.substr(before);
+  const std::string tail = c.text.substr(before);
   json choice = {{"index", index}};
   if (chat) {
     json delta = json::object();
@@ -421,38 +370,69 @@ absl::StatusOr<std::string> ResponseBuilder::FinishChunk(int32_t index,
   return SseEvent(chunk);
 }
 
-std::string ResponseBuilder::ToolCallChunks(int32_t index, Choice& c) {
-  // OpenAI's deltas: each call's id, type and name with empty arguments, then its arguments; the
-  // last chunk carries finish_reason alone.
+ToolCallStream& ResponseBuilder::Calls(Choice& c) const {
+  if (c.calls == nullptr) c.calls = std::make_unique<ToolCallStream>(request_, call_begin_);
+  return *c.calls;
+}
+
+json ResponseBuilder::ToolChunk(int32_t index, json delta, json finish_reason) const {
+  json choice = {{"index", index},
+                 {"delta", std::move(delta)},
+                 {"logprobs", nullptr},
+                 {"finish_reason", std::move(finish_reason)}};
+  json chunk = Envelope("chat.completion.chunk");
+  chunk["choices"] = json::array({std::move(choice)});
+  if (request_.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::string ResponseBuilder::ToolDeltaChunks(int32_t index, Choice& c,
+                                             const std::vector<ToolCallDelta>& deltas) {
+  // OpenAI's deltas: content; a call's index, id, type and name with empty arguments; then its
+  // arguments in fragments. The choice's first chunk carries the role.
   std::string out;
-  auto chunk_of = [&](json delta, json finish_reason) {
-    json choice = {{"index", index},
-                   {"delta", std::move(delta)},
-                   {"logprobs", nullptr},
-                   {"finish_reason", std::move(finish_reason)}};
-    json chunk = Envelope("chat.completion.chunk");
-    chunk["choices"] = json::array({std::move(choice)});
-    if (request_.include_usage) chunk["usage"] = nullptr;
-    return chunk;
-  };
-  for (size_t k = 0; k < c.tool_calls.size(); ++k) {
-    const ToolCall& t = c.tool_calls[k];
+  for (const ToolCallDelta& d : deltas) {
     json delta = json::object();
-    if (!c.started) {
-      delta["role"] = "assistant";
-      delta["content"] = c.text.empty() ? json() : json(c.text);
-      c.started = true;
+    if (!c.started) delta["role"] = "assistant";
+    if (d.kind == ToolCallDelta::Kind::kContent) {
+      delta["content"] = d.text;
+    } else if (d.kind == ToolCallDelta::Kind::kCallStart) {
+      if (!c.started) delta["content"] = nullptr;
+      delta["tool_calls"] = json::array({{{"index", d.call},
+                                          {"id", CallId(index, d.call)},
+                                          {"type", "function"},
+                                          {"function", {{"name", d.text}, {"arguments", ""}}}}});
+    } else {
+      delta["tool_calls"] =
+          json::array({{{"index", d.call}, {"function", {{"arguments", d.text}}}}});
     }
-    delta["tool_calls"] = json::array({{{"index", k},
-                                        {"id", t.id},
-                                        {"type", "function"},
-                                        {"function", {{"name", t.name}, {"arguments", ""}}}}});
-    out += SseEvent(chunk_of(std::move(delta), nullptr));
-    out += SseEvent(chunk_of(
-        {{"tool_calls", json::array({{{"index", k}, {"function", {{"arguments", t.arguments}}}}})}},
-        nullptr));
+    c.started = true;
+    out += SseEvent(ToolChunk(index, std::move(delta), nullptr));
   }
-  json last = chunk_of(json::object(), c.finish_reason);
+  return out;
+}
+
+absl::StatusOr<std::string> ResponseBuilder::ToolFinishChunks(int32_t index,
+                                                              const GenerationEvent& finished,
+                                                              std::string_view state_blob) {
+  // The text released at the end goes through the calls' stream before the reply's end does.
+  Choice& c = At(index);
+  std::vector<ToolCallDelta> deltas;
+  if (finished.status.ok()) {
+    deltas = Calls(c).Push(finished.final_text);
+    for (ToolCallDelta& d : Calls(c).Finish()) deltas.push_back(std::move(d));
+  }
+  // Finish reads the whole text the same way (ParseToolCalls): finish_reason "tool_calls" when a
+  // call completed, as the stream's.
+  if (absl::Status s = Finish(index, finished, state_blob); !s.ok()) return s;
+  std::string out = ToolDeltaChunks(index, c, deltas);
+  json delta = json::object();
+  if (!c.started) {
+    delta["role"] = "assistant";
+    delta["content"] = "";
+    c.started = true;
+  }
+  json last = ToolChunk(index, std::move(delta), c.finish_reason);
   if (!c.state.empty()) last["choices"][0]["state"] = c.state;
   if (!request_.session_id.empty()) last["session_id"] = request_.session_id;
   out += SseEvent(last);

@@ -29,6 +29,7 @@
 #include "service/engine/engine.h"
 #include "service/engine/generation_scheduler.h"
 #include "service/openai/request.h"
+#include "service/openai/tool_call_stream.h"
 
 namespace tost::service::openai {
 
@@ -67,8 +68,9 @@ class ResponseBuilder {
   // A chat that offers tools (tool_choice not "none"): the model's call marker
   // (chat_template.tools.call_begin), which must be set before any token. The reply's calls are
   // then parsed out of its text (ParseToolCalls) into message.tool_calls with finish_reason
-  // "tool_calls"; streamed, the reply is held until it ends and then sent as OpenAI's deltas (one
-  // with each call's id and name, one with its arguments).
+  // "tool_calls"; streamed, they go out in OpenAI's deltas as they are generated (ToolCallStream:
+  // the content before the marker, each call's id and name, then its arguments in fragments),
+  // without per-token logprobs.
   void set_call_begin(std::string call_begin) { call_begin_ = std::move(call_begin); }
 
   // Prompt tokens the engine found cached (prompt_tokens_details.cached_tokens); 0 by default.
@@ -100,8 +102,13 @@ class ResponseBuilder {
   nlohmann::json ChoiceLogprobs(const Choice& c) const;
 
   bool ToolMode() const;
+  std::string CallId(int32_t index, size_t k) const;
   void ParseCalls(int32_t index, Choice& c) const;
-  std::string ToolCallChunks(int32_t index, Choice& c);
+  ToolCallStream& Calls(Choice& c) const;
+  nlohmann::json ToolChunk(int32_t index, nlohmann::json delta, nlohmann::json finish_reason) const;
+  std::string ToolDeltaChunks(int32_t index, Choice& c, const std::vector<ToolCallDelta>& deltas);
+  absl::StatusOr<std::string> ToolFinishChunks(int32_t index, const GenerationEvent& finished,
+                                               std::string_view state_blob);
 
   const OpenAiRequest& request_;
   std::string call_begin_;
@@ -123,11 +130,13 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // is true). Classifiers are the tost.v1 and KServe APIs' and would only fail here.
 std::string ModelsListBody(const std::vector<ModelEntry>& models);
 
-// The calls in a chat reply: for a required or named tool_choice the whole text is the
-// constrained JSON array of {"name", "arguments"}; for "auto" they follow `call_begin` (the text
-// before it is the content), as an array or one object. Calls must name one of `tools`; otherwise,
-// or when the JSON does not parse (an output cut by max_tokens), there are none and the text stays
-// content. Each call's arguments come back as compact JSON text.
+// The calls in a chat reply, read as a stream reads them (ToolCallStream): for a required or named
+// tool_choice the whole text is the constrained JSON array of {"name", "arguments"}; for "auto"
+// they follow `call_begin` (the text before it is the content), as an array or one object. The
+// calls are those complete before anything that does not read as one (a name the request did not
+// offer, arguments that are not JSON, a cut by max_tokens); with none, the whole text is content.
+// Each call's arguments come back as the model wrote them without the whitespace between JSON
+// tokens.
 struct ParsedToolCalls {
   std::string content;
   std::vector<ToolCall> calls;

@@ -1,13 +1,15 @@
 """Tool calling on /v1/chat/completions with the unmodified `openai` client: seeded calls with
 tool_choice "required" across three function schemas, each call's arguments parsed and validated
 with jsonschema; a named function; a full round trip (the call, a tool message, the answer);
-streamed tool-call deltas assembled into exactly the non-streamed call of the same seed; a model
+streamed tool-call deltas assembled into exactly the non-streamed call of the same seed, and sent as
+the call is generated (many argument fragments, the first in the first half of the stream); a model
 whose chat template has no tool format refused with a 400 that says so; and hostile input (tool
 schemas huge, deeply nested, recursive without end, invalid; logit_bias with bad ids and values;
 echo on a prompt past the context), each a 400 naming the field with the server still serving."""
 import json
 import os
 import shutil
+import time
 
 import jsonschema
 import openai
@@ -129,6 +131,48 @@ def test_streamed_deltas_assemble_into_the_non_streamed_call(srv):
         assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == \
             [(t.function.name, t.function.arguments) for t in whole]
         assert all(calls[i]["id"].startswith("call_") for i in calls)
+
+
+NOTES = {"type": "function", "function": {
+    "name": "take_notes", "description": "Write down the names of the callers",
+    "parameters": {"type": "object", "properties": {
+        "names": {"type": "array", "items": {"type": "string", "minLength": 6, "maxLength": 10},
+                  "minItems": 12, "maxItems": 12}}, "required": ["names"]}}}
+
+
+def test_tool_call_deltas_arrive_while_the_call_is_generated(srv):
+    """A long call streams as it is written: its start, then many argument fragments spread over
+    the generation (the first well before the last token), not one piece at the end."""
+    c = client(srv)
+    kw = dict(model=MODEL, messages=USER, tools=[NOTES], max_tokens=400, seed=21,
+              tool_choice={"type": "function", "function": {"name": "take_notes"}})
+    whole = c.chat.completions.create(**kw).choices[0].message.tool_calls
+    started = time.monotonic()
+    arrivals, fragments, start_at, finished_at = [], [], None, None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        now = time.monotonic() - started
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                if d.id:
+                    assert start_at is None
+                    start_at = now
+                    assert d.function.name == "take_notes" and d.function.arguments == ""
+                elif d.function.arguments:
+                    fragments.append(d.function.arguments)
+                    arrivals.append(now)
+            if ch.finish_reason:
+                finished_at = now
+                assert ch.finish_reason == "tool_calls"
+    assert "".join(fragments) == whole[0].function.arguments
+    jsonschema.validate(json.loads("".join(fragments)), NOTES["function"]["parameters"])
+    usage = c.chat.completions.create(**kw).usage.completion_tokens
+    assert len(fragments) > usage // 2, (len(fragments), usage)  # about one fragment per token
+    # Spread over the generation: the call's start and its first fragment came in the first half of
+    # the stream's time (from the request to its last chunk), not with its end.
+    assert start_at < arrivals[0] < arrivals[-1] <= finished_at
+    assert arrivals[0] < 0.5 * finished_at, (start_at, arrivals, finished_at)
+    print(f"take_notes: {len(fragments)} argument fragments for {usage} tokens, the first at "
+          f"{arrivals[0] * 1e3:.1f} ms, the last at {arrivals[-1] * 1e3:.1f} ms, the end at {finished_at * 1e3:.1f} ms")
 
 
 def test_parallel_calls_may_be_several(srv):

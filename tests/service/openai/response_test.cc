@@ -351,7 +351,8 @@ TEST(ParseToolCalls, RequiredAutoCutAndForeign) {
   EXPECT_EQ(p.calls[0].arguments, R"({"b":1,"a":[2]})");  // compact, in the model's order
   EXPECT_EQ(p.calls[1].arguments, "{}");
   EXPECT_EQ(p.content, "");
-  // Cut by max_tokens: the complete calls before the cut.
+  // Cut by max_tokens: the complete calls before the cut, arguments without the whitespace
+  // between JSON tokens.
   p = ParseToolCalls(required, "<call>",
                      R"([{"name": "f", "arguments": {"s": "]}"}}, {"name": "g", "argu)");
   ASSERT_EQ(p.calls.size(), 1u);
@@ -386,22 +387,136 @@ TEST(ResponseBuilder, ToolCallsInTheBodyAndAsStreamedDeltas) {
             json::parse(R"([{"id": "call_abc_0_0", "type": "function",
       "function": {"name": "g", "arguments": "{\"x\":1}"}}])"));
 
+  // Streamed: the call's start as soon as its name is read, then its arguments as they come; the
+  // fragments assemble to the unstreamed call.
   OpenAiRequest streamed_request = r;
   streamed_request.stream = true;
   ResponseBuilder streamed(streamed_request, {"chatcmpl-abc", 1, "lm"}, kBytes);
   streamed.set_call_begin("<call>");
-  for (char ch : text) EXPECT_EQ(streamed.Token(0, Tok(ch)), "");  // held until the end
-  auto chunks = streamed.FinishChunk(0, Final(FinishReason::kEos, 3, 10));
-  ASSERT_TRUE(chunks.ok());
-  const std::vector<std::string> events = Events(*chunks);
-  ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"], json::parse(R"({"role": "assistant",
-      "content": null, "tool_calls": [{"index": 0, "id": "call_abc_0_0", "type": "function",
-      "function": {"name": "g", "arguments": ""}}]})"));
-  EXPECT_EQ(
-      json::parse(events[1])["choices"][0]["delta"],
-      json::parse(R"({"tool_calls": [{"index": 0, "function": {"arguments": "{\"x\":1}"}}]})"));
-  EXPECT_EQ(json::parse(events[2])["choices"][0]["finish_reason"], "tool_calls");
+  std::vector<json> deltas;
+  size_t start_at = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (const std::string& e : Events(streamed.Token(0, Tok(text[i])))) {
+      deltas.push_back(json::parse(e)["choices"][0]["delta"]);
+      if (deltas.size() == 1) start_at = i;
+    }
+  }
+  EXPECT_EQ(start_at, text.find("\"g\"") + 2);  // at the name's closing quote
+  auto end = streamed.FinishChunk(0, Final(FinishReason::kEos, 3, 10));
+  ASSERT_TRUE(end.ok());
+  const std::vector<std::string> last = Events(*end);
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(json::parse(last[0])["choices"][0]["finish_reason"], "tool_calls");
+  ASSERT_GE(deltas.size(), 4u);  // the start, then "{", "\"x\"", ":", "1", "}" one by one
+  EXPECT_EQ(deltas[0], json::parse(R"({"role": "assistant", "content": null, "tool_calls": [
+      {"index": 0, "id": "call_abc_0_0", "type": "function",
+       "function": {"name": "g", "arguments": ""}}]})"));
+  std::string arguments;
+  for (size_t i = 1; i < deltas.size(); ++i) {
+    ASSERT_EQ(deltas[i]["tool_calls"][0]["index"], 0);
+    arguments += deltas[i]["tool_calls"][0]["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(arguments, "{\"x\":1}");
+}
+
+std::vector<ToolCallDelta> PushAll(ToolCallStream& s, const std::vector<std::string>& pieces) {
+  std::vector<ToolCallDelta> out;
+  for (const std::string& p : pieces) {
+    for (ToolCallDelta& d : s.Push(p)) out.push_back(std::move(d));
+  }
+  for (ToolCallDelta& d : s.Finish()) out.push_back(std::move(d));
+  return out;
+}
+
+std::string Show(const std::vector<ToolCallDelta>& deltas) {
+  std::string out;
+  for (const ToolCallDelta& d : deltas) {
+    const char* kind = d.kind == ToolCallDelta::Kind::kContent     ? "content"
+                       : d.kind == ToolCallDelta::Kind::kCallStart ? "start"
+                                                                   : "args";
+    absl::StrAppend(&out, kind, d.call, "[", d.text, "] ");
+  }
+  return out;
+}
+
+TEST(ToolCallStream, AutoHoldsOnlyWhatMayBeTheMarker) {
+  const OpenAiRequest r = ToolRequest(R"("auto")");
+  ToolCallStream s(r, "<call>");
+  // "<c" may begin the marker: held; "<x" cannot: released as soon as it is decided.
+  EXPECT_EQ(Show(s.Push("I will <")), "content0[I will ] ");
+  EXPECT_EQ(Show(s.Push("x> see <c")), "content0[<x> see ] ");
+  EXPECT_EQ(Show(s.Push("all>{\"arguments\": {\"a\": [1, ")), "");  // arguments before the name
+  EXPECT_EQ(Show(s.Push("2]}, \"name\": \"f\"}")), "start0[f] args0[{\"a\":[1,2]}] ");
+  EXPECT_EQ(Show(s.Finish()), "");
+  EXPECT_EQ(s.complete_arguments(), std::vector<std::string>{"{\"a\":[1,2]}"});
+
+  // No marker: everything is content by the end.
+  ToolCallStream plain(r, "<call>");
+  EXPECT_EQ(Show(PushAll(plain, {"Just <ca", "ts."})), "content0[Just ] content0[<cats.] ");
+  // A marker followed by no call: the marker and the rest come back as content at the end.
+  ToolCallStream no_call(r, "<call>");
+  EXPECT_EQ(Show(PushAll(no_call, {"So<call>", "{\"name\": \"zz\", \"arguments\": {}}"})),
+            "content0[So] content0[<call>{\"name\": \"zz\", \"arguments\": {}}] ");
+  EXPECT_TRUE(no_call.complete_arguments().empty());
+}
+
+TEST(ToolCallStream, RequiredCallsStreamTheirArgumentsAsTheyCome) {
+  const OpenAiRequest r = ToolRequest(R"("required")");
+  ToolCallStream s(r, "<call>");
+  EXPECT_EQ(Show(s.Push(R"([{"name": "f", "arguments": {"s": "a )")),
+            R"(start0[f] args0[{"s":"a ] )");  // whitespace inside strings kept
+  EXPECT_EQ(Show(s.Push(R"(]\" }"}, "x": 3.5e1 }, {"name")")), R"(args0[]\" }"}] )");
+  EXPECT_EQ(Show(s.Push(R"(: "g", "arguments": true})")), "start1[g] args1[true] ");
+  EXPECT_EQ(Show(s.Push("]  trailing")), "");
+  EXPECT_EQ(s.complete_arguments(), (std::vector<std::string>{R"({"s":"a ]\" }"})", "true"}));
+  // Cut inside the second call: it started, it never completed.
+  ToolCallStream cut(r, "<call>");
+  PushAll(cut, {R"([{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"a)"});
+  EXPECT_EQ(cut.calls_started(), 2u);
+  EXPECT_EQ(cut.complete_arguments(), std::vector<std::string>{"{}"});
+  // Arguments that are not JSON end the calls there: that call is not complete.
+  ToolCallStream bad(r, "<call>");
+  PushAll(bad, {R"([{"name": "f", "arguments": {"a" 1}}])"});
+  EXPECT_TRUE(bad.complete_arguments().empty());
+}
+
+TEST(ToolCallStream, StreamedPiecesAssembleToTheUnstreamedReply) {
+  // However the reply is cut into released pieces, the content and calls the deltas assemble to
+  // are ParseToolCalls' (for a reply whose started calls all complete).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"("auto")",
+       {"Plain text, no call.", "Text <ca then <call>[{\"name\": \"f\", \"arguments\": {}}]",
+        "<call> {\"name\":\"g\" , \"arguments\" : { \"k\" : [ 1 , \"a b\" , null ] } }",
+        "before<call>not json", "<c<call>[{\"name\": \"f\", \"arguments\": {\"q\": \"\\\"\"}}]"}},
+      {R"("required")",
+       {R"([{"name": "f", "arguments": {"x": -1.5e3}}, {"name": "g", "arguments": [true]}])",
+        R"([{"arguments": {"late": "name"}, "name": "g"}])", R"([{"name": "h", "arguments": {}}])",
+        R"(  [ ] )"}}};
+  for (const auto& [choice, texts] : cases) {
+    const OpenAiRequest r = ToolRequest(choice);
+    for (const std::string& text : texts) {
+      const ParsedToolCalls whole = ParseToolCalls(r, "<call>", text);
+      for (size_t piece = 1; piece <= 7; ++piece) {
+        ToolCallStream s(r, "<call>");
+        std::vector<std::string> pieces;
+        for (size_t i = 0; i < text.size(); i += piece) pieces.push_back(text.substr(i, piece));
+        std::string content;
+        std::vector<ToolCall> calls;
+        for (const ToolCallDelta& d : PushAll(s, pieces)) {
+          if (d.kind == ToolCallDelta::Kind::kContent) content += d.text;
+          if (d.kind == ToolCallDelta::Kind::kCallStart) calls.push_back({"", d.text, ""});
+          if (d.kind == ToolCallDelta::Kind::kArguments) calls.at(d.call).arguments += d.text;
+        }
+        ASSERT_EQ(s.calls_started(), s.complete_arguments().size()) << text;
+        EXPECT_EQ(content, whole.content) << text << " in pieces of " << piece;
+        ASSERT_EQ(calls.size(), whole.calls.size()) << text << " in pieces of " << piece;
+        for (size_t k = 0; k < calls.size(); ++k) {
+          EXPECT_EQ(calls[k].name, whole.calls[k].name) << text;
+          EXPECT_EQ(calls[k].arguments, whole.calls[k].arguments) << text;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
