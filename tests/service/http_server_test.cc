@@ -90,6 +90,41 @@ HttpHandler Text(std::string body) {
   };
 }
 
+TEST(HttpServerTest, AHandlersLogFieldsGoOnItsAccessLogLineEscaped) {
+  HttpRouter router;
+  router.Handle("POST", "/who", [](std::shared_ptr<HttpExchange> e) {
+    // From another thread, as the OpenAI routes add theirs from an admission thread.
+    std::thread([e] {
+      e->AddLogField("user", "eve\" status=500\nforged line");
+      e->Respond(MakeResponse(200, "ok", "text/plain"));
+    }).detach();
+  });
+  router.Handle("POST", "/plain", Text("ok"));
+  HttpServerOptions o = TestOptions();
+  o.log_requests = true;
+  auto server = StartOrDie(o, std::move(router));
+  ASSERT_NE(server, nullptr);
+  ::testing::internal::CaptureStderr();
+  const std::string request =
+      "POST /who HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  EXPECT_TRUE(StartsWith(Exchange(server->port(), request), "HTTP/1.1 200"));
+  EXPECT_TRUE(StartsWith(Exchange(server->port(),
+                                  "POST /plain HTTP/1.1\r\nHost: x\r\n"
+                                  "Content-Length: 0\r\nConnection: close\r\n\r\n"),
+                         "HTTP/1.1 200"));
+  server->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const size_t who = log.find("path=/who ");
+  ASSERT_NE(who, std::string::npos) << log;
+  const std::string line = log.substr(who, log.find('\n', who) - who);
+  EXPECT_NE(line.find(R"( user="eve\" status=500\nforged line")"), std::string::npos) << line;
+  EXPECT_EQ(log.find("\nforged"), std::string::npos) << log;
+  // Another request on the server: no field of the first.
+  const size_t plain = log.find("path=/plain ");
+  ASSERT_NE(plain, std::string::npos) << log;
+  EXPECT_EQ(log.substr(plain, log.find('\n', plain) - plain).find("user="), std::string::npos);
+}
+
 TEST(HttpRouterTest, ExactPathsByMethodWith405AndAllowElse404) {
   HttpRouter router;
   router.Handle("GET", "/a", Text("a"));
