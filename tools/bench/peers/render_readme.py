@@ -32,20 +32,16 @@ from typing import Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MODEL = "bench-lm"
-MODEL_WORDS = "the bench LM (6 layers, C 384, vocabulary 257)"
+MODEL_WORDS = "the bench LM (6 layers, C 384)"
 # The classes the project's machines have not offered, said in the table as not measured.
-NOT_MEASURED = [
-    "an AVX2-only CPU (Zen 2/3, older Xeons; none was available: the forced block runs AVX2 code "
-    "with this AVX-512 CPU's caches and clocks)",
-    "AMX (none was available)",
-]
+NOT_MEASURED = "an AVX2-only CPU (Zen 2/3, older Xeons) and one with AMX: none was available"
 # Precision classes: tost_server's engines, and each peer with its engines (llama-server's with
 # flash attention off, then on).
 PRECISIONS = [
-    ("fp32", ["tost"], [("llama-server f32", ["llama-f32", "llama-f32-fa"]),
+    ("fp32", ["tost"], [("llama f32", ["llama-f32", "llama-f32-fa"]),
                         ("CTranslate2", ["ct2-float32"])]),
-    ("16-bit", ["tost-bf16", "tost-fp16"], [("llama-server f16", ["llama-f16", "llama-f16-fa"])]),
-    ("int8", ["tost-int8"], [("llama-server q8_0", ["llama-q8_0", "llama-q8_0-fa"]),
+    ("16-bit", ["tost-bf16", "tost-fp16"], [("llama f16", ["llama-f16", "llama-f16-fa"])]),
+    ("int8", ["tost-int8"], [("llama q8_0", ["llama-q8_0", "llama-q8_0-fa"]),
                              ("CTranslate2", ["ct2-int8"])]),
 ]
 TOST_NAMES = {"tost": "", "tost-bf16": "bf16", "tost-fp16": "fp16", "tost-int8": ""}
@@ -163,13 +159,16 @@ def render_block(run: Run) -> str:
     flags = [f for f in prov["cpu_flags"] if re.fullmatch(r"avx2|fma|f16c|avx512(f|_bf16|_vnni|_fp16)|avx_vnni|amx\w*", f)]
     amx = "" if any(f.startswith("amx") for f in flags) else ", no AMX"
     env = prov.get("env", {})
-    cap = f", capped by `ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}` and the like" if env else ""
+    cap = ""
+    if env:  # the CPU's own flags are in the block of its native run
+        flags = [f for f in flags if not f.startswith(("avx512", "avx_vnni", "amx"))]
+        cap = f", AVX-512 capped by `ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}` and the like"
     dirty = prov.get("tree_dirty_files", [])
     rel = os.path.relpath(run.dir, ROOT)
-    head = (f"**{run.label}**: {j['date_utc'][:10]}, {j['machine'].get('cpu_model', '?')}, "
-            f"`{' '.join(flags)}`{amx}{cap}; commit `{prov['commit'][:7]}`"
-            + (f" with uncommitted changes to {len(dirty)} files" if dirty else "")
-            + f" ([raw output, command, load]({rel}/))")
+    head = (f"**{run.label}**: {j['date_utc'][:10]}, {cpu_name(j)}, "
+            f"`{' '.join(flags)}`{amx if not env else ''}{cap}; commit `{prov['commit'][:7]}`"
+            + (f" (+{len(dirty)} uncommitted files)" if dirty else "")
+            + f" ([raw]({rel}/))")
     pos = " / ".join(run.positions())
     lines = [wrap(head), "",
              f"| weights | engine | ms/token @{pos} | prefill {run.m['prefill_len']}, tokens/s "
@@ -194,10 +193,11 @@ def render_block(run: Run) -> str:
                     return "–"
                 return (f"{cell(run, es, lambda x: run.streams(x, 1), False, 'tps')} / "
                         f"{cell(run, es, lambda x: run.streams(x, 64), False, 'tps')}")
+            streamed = [streams_cell(es) for _, es in present]
             lines.append(f"| | {' · '.join(pn for pn, _ in present)} | "
                          + " · ".join(cell_decode(run, es) for _, es in present) + " | "
                          + " · ".join(cell(run, es, run.prefill, False, "tps") for _, es in present) + " | "
-                         + " · ".join(streams_cell(es) for _, es in present) + " |")
+                         + (" · ".join(c for c in streamed if c != "–") or "–") + " |")
     absent = [pn for _, _, peers in PRECISIONS for pn, es in peers if not any(e in run.engines for e in es)]
     lines.append("")
     notes = []
@@ -212,14 +212,23 @@ def render_block(run: Run) -> str:
     if missed:
         verdict += "; missed: " + "; ".join(f"{w}: {run.misses_reasons[k]}" for k, w in missed)
     notes.append(verdict)
+    shares = []
     for dtype, c in run.constrained():
         r = c["ratios"]
-        shares = " / ".join(f"{r[n]['constrained_vs_free']:.3f}" + ("" if r[n]["met"] else " (missed)")
-                            for n in sorted(r, key=int))
-        notes.append(f"constrained (JSON schema) / free tokens/s at {dtype}, "
-                     f"{' / '.join(sorted(r, key=int))} streams: {shares}")
+        shares.append(f"{dtype} " + " / ".join(f"{r[n]['constrained_vs_free']:.3f}" + ("" if r[n]["met"] else " (missed)")
+                                               for n in sorted(r, key=int)))
+    if shares:
+        notes.append("constrained (JSON schema) / free tokens/s at 1 / 64 streams: " + ", ".join(shares))
     lines.append(wrap(". ".join(n[0].upper() + n[1:] for n in notes) + "."))
     return "\n".join(lines)
+
+
+def cpu_name(j: dict) -> str:
+    """The CPU's model name without trademarks, clock and 'Processor'."""
+    name = j["machine"].get("cpu_model", "CPU").split("@")[0]
+    for w in ("(R)", "(TM)", " CPU", " Processor"):
+        name = name.replace(w, "")
+    return " ".join(name.split())
 
 
 def runs(perf_dir: str) -> List[Run]:
@@ -231,7 +240,7 @@ def runs(perf_dir: str) -> List[Run]:
 
 def render_table(found: List[Run]) -> str:
     blocks = [render_block(r) for r in found]
-    blocks.append(wrap("Not measured: " + "; ".join(NOT_MEASURED) + "."))
+    blocks.append(wrap(f"Not measured: {NOT_MEASURED}."))
     return "\n\n".join(blocks)
 
 
@@ -244,14 +253,14 @@ def render_opening(found: List[Run]) -> str:
     lo, hi = pos[0], pos[-1]
     llama = r.best(["llama-f32", "llama-f32-fa"], lambda e: r.decode(e, lo), True)[1]
     rss_t, rss_l = r.rss("tost"), r.best(["llama-f32", "llama-f32-fa"], r.rss, True)[0]
-    text = (f"On a 2-core {r.j['machine'].get('cpu_model', 'CPU').split('@')[0].strip()} ({r.label}, one pinned "
-            f"core), {MODEL_WORDS} decodes in **{fmt(r.decode('tost', lo), 'ms')} ms at position {lo} and "
+    text = (f"On a 2-core {cpu_name(r.j)} ({r.label}, one pinned core), {MODEL_WORDS} decodes in "
+            f"**{fmt(r.decode('tost', lo), 'ms')} ms at position {lo} and "
             f"{fmt(r.decode('tost', hi), 'ms')} ms at {hi}** (fp32; llama-server on a GPT-2 twin of the same "
             f"dims: {fmt(r.decode(llama, lo), 'ms')} → {fmt(r.decode(llama, hi), 'ms')} ms)")
     if rss_t is not None and rss_l is not None:
         text += (f", and an open session at position {r.m['session_rss_tokens']} costs the server "
                  f"**{rss_t:.3f} MiB** against **{rss_l:.1f} MiB** for llama-server's KV cache")
-    return wrap(text + f" ({r.j['date_utc'][:10]}, [performance](#performance-on-a-cpu)).")
+    return wrap(text + f" ([{r.j['date_utc'][:10]}](#performance-on-a-cpu)).")
 
 
 def replace_region(text: str, name: str, body: str) -> str:
