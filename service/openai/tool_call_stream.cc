@@ -23,7 +23,7 @@ size_t MarkerPrefixAtEnd(std::string_view text, std::string_view marker) {
 ToolCallStream::ToolCallStream(const OpenAiRequest& request, std::string call_begin)
     : request_(request),
       call_begin_(request.tool_choice == ToolChoice::kAuto ? std::move(call_begin) : ""),
-      in_calls_(call_begin_.empty()) {}
+      in_calls_(request.tool_choice != ToolChoice::kAuto) {}
 
 void ToolCallStream::Append(std::vector<ToolCallDelta>& out, ToolCallDelta::Kind kind, size_t call,
                             std::string_view text) {
@@ -40,6 +40,10 @@ std::vector<ToolCallDelta> ToolCallStream::Push(std::string_view text) {
   std::vector<ToolCallDelta> out;
   if (in_calls_) {
     ScanCalls(text, out);
+    return out;
+  }
+  if (call_begin_.empty()) {  // "auto" without a marker: nothing is a call
+    Append(out, ToolCallDelta::Kind::kContent, 0, text);
     return out;
   }
   held_.append(text);

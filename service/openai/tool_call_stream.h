@@ -34,7 +34,8 @@ struct ToolCallDelta {
 class ToolCallStream {
  public:
   // `request` (its tools and a tool_choice other than "none") outlives the stream. With "auto" the
-  // calls follow `call_begin`; with "required" or a named function the whole reply is the calls.
+  // calls follow `call_begin` (none without one); with "required" or a named function the whole
+  // reply is the calls.
   ToolCallStream(const OpenAiRequest& request, std::string call_begin);
 
   // The deltas that `text` (the next released text of the reply) decides.
@@ -73,7 +74,7 @@ class ToolCallStream {
                      std::string_view text);
 
   const OpenAiRequest& request_;
-  const std::string call_begin_;  // empty: the reply starts with the calls
+  const std::string call_begin_;  // auto's marker (empty: no calls); else empty
   bool in_calls_ = false;         // past the marker (or from the start)
   std::string held_;              // auto, before the marker: text that may begin it
   std::string raw_;               // the calls' text as received (content if no call starts)

@@ -450,6 +450,10 @@ TEST(ToolCallStream, AutoHoldsOnlyWhatMayBeTheMarker) {
   EXPECT_EQ(Show(s.Finish()), "");
   EXPECT_EQ(s.complete_arguments(), std::vector<std::string>{"{\"a\":[1,2]}"});
 
+  // "auto" with a template without a marker: nothing is a call.
+  ToolCallStream unmarked(r, "");
+  EXPECT_EQ(Show(PushAll(unmarked, {"[{\"name\": \"f\", \"arguments\": {}}]"})),
+            "content0[[{\"name\": \"f\", \"arguments\": {}}]] ");
   // No marker: everything is content by the end.
   ToolCallStream plain(r, "<call>");
   EXPECT_EQ(Show(PushAll(plain, {"Just <ca", "ts."})), "content0[Just ] content0[<cats.] ");
