@@ -1,5 +1,8 @@
 #include "service/engine/constraint_masker.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -7,7 +10,20 @@
 
 namespace tost::service {
 
-ConstraintMasker::ConstraintMasker(int threads) : threads_(threads < 0 ? 0 : threads) {}
+namespace {
+
+// The CPUs this process may run on (its affinity), at least 1.
+int AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace
+
+ConstraintMasker::ConstraintMasker(int threads, int cpus)
+    : threads_(std::clamp(threads, 0, (cpus < 0 ? AllowedCpus() : std::max(cpus, 1)) - 1)) {}
 
 ConstraintMasker::~ConstraintMasker() {
   Finish();

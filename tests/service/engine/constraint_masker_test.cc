@@ -41,7 +41,7 @@ class Marker final : public TokenConstraint {
 // thread together or by the finishing thread alone, batch after batch.
 TEST(ConstraintMasker, FillsEveryRowOnWorkersOrTheFinishingThread) {
   for (const int threads : {0, 1, 3}) {
-    ConstraintMasker masker(threads);
+    ConstraintMasker masker(threads, /*cpus=*/8);  // the workers run whatever this machine's CPUs
     absl::Mutex mu;
     std::set<std::thread::id> fillers;
     for (int batch = 0; batch < 20; ++batch) {
@@ -70,6 +70,26 @@ TEST(ConstraintMasker, FillsEveryRowOnWorkersOrTheFinishingThread) {
       EXPECT_EQ(fillers, std::set<std::thread::id>{std::this_thread::get_id()});
     }
   }
+}
+
+// On one CPU no worker is started, whatever `threads` asks: every mask is the finishing thread's.
+TEST(ConstraintMasker, OneCpuComputesOnTheFinishingThread) {
+  ConstraintMasker masker(3, /*cpus=*/1);
+  absl::Mutex mu;
+  std::set<std::thread::id> fillers;
+  std::vector<std::unique_ptr<Marker>> constraints;
+  std::vector<std::vector<uint32_t>> words(16, std::vector<uint32_t>(3, 0));
+  std::vector<ConstraintMasker::Task> tasks;
+  for (int r = 0; r < 16; ++r) {
+    constraints.push_back(std::make_unique<Marker>(r + 1, &fillers, &mu));
+    tasks.push_back({constraints.back().get(), absl::MakeSpan(words[r])});
+  }
+  masker.Start(std::move(tasks));
+  masker.Finish();
+  for (int r = 0; r < 16; ++r)
+    EXPECT_EQ(words[r][1], static_cast<uint32_t>(r + 1) * 7919u + 1) << r;
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(fillers, std::set<std::thread::id>{std::this_thread::get_id()});
 }
 
 // Destroyed with a batch started and not finished: the batch is finished first, no worker is left
