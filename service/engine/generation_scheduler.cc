@@ -800,7 +800,10 @@ bool GenerationScheduler::StepOnce() {
   }
   EndInterrupted(now);
   const int64_t stalled = UpdatePauses(now);
-  const PrefillCounts prefill = PrefillChunks();
+  // A job ready for its first token does not wait for another tenant's prefill: that runs after
+  // the decode (the class comment).
+  const int64_t chunk = options_.prefill_chunk_tokens;
+  const PrefillCounts prefill = PrefillChunks(chunk, /*before_decode=*/true);
   DecodeStep decode = Decode();
   bool starts_output = false;  // the step draws some call's first token
   for (Job* job : decode.jobs) {
@@ -827,9 +830,19 @@ bool GenerationScheduler::StepOnce() {
     // first costs one system call in the steps that start a call's output.
     std::this_thread::yield();
   }
+  PrefillCounts after;  // the rest of the step's chunk
+  if (prefill.stopped && prefill.tokens < chunk) {
+    after = PrefillChunks(chunk - prefill.tokens, /*before_decode=*/false);
+    if (after.chunks > 0) {
+      absl::MutexLock lock(&mu_);
+      stats_.prefill_chunks += after.chunks;
+      stats_.prefill_tokens += after.tokens;
+    }
+    if (options_.observer != nullptr) prefill_tokens_unrecorded_ += after.tokens;
+  }
   const int64_t finished = Retire(admission.queued_deadline, prefill, stalled);
-  return admission.prompt_tokens_started > 0 || prefill.chunks > 0 || !decode.jobs.empty() ||
-         finished > 0 || admission.admitted || admission.dropped > 0;
+  return admission.prompt_tokens_started > 0 || prefill.chunks > 0 || after.chunks > 0 ||
+         !decode.jobs.empty() || finished > 0 || admission.admitted || admission.dropped > 0;
 }
 
 GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
@@ -1144,15 +1157,22 @@ void GenerationScheduler::EndInterrupted(absl::Time now) {
   }
 }
 
-GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
+bool GenerationScheduler::AwaitsFirstToken(const Job& job) {
+  return !job.finished && job.decoding() && job.generated == 0 && job.request.max_new_tokens > 0;
+}
+
+GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t budget_tokens,
+                                                                      bool before_decode) {
   // At most prefill_chunk_tokens prompt tokens per step, so decoders wait at most one chunk and
   // many short prompts start together. They go by priority, then to the tenant fed the fewest
   // prompt tokens per weight so far, then in arrival order: one tenant's long prompts take turns
   // with another's short one instead of running ahead of it.
   PrefillCounts out;
   std::vector<Job*> prefilling;
+  std::vector<const Job*> ready;  // awaiting their first token
   for (auto& job : active_) {
     if (!job->finished && !job->decoding()) prefilling.push_back(job.get());
+    if (before_decode && AwaitsFirstToken(*job)) ready.push_back(job.get());
   }
   if (prefilling.empty()) return out;
   // A tenant that prefills again after a pause starts level with those prefilling now.
@@ -1181,9 +1201,15 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     }
     Job* job = prefilling[pick];
     prefilling.erase(prefilling.begin() + static_cast<std::ptrdiff_t>(pick));
-    const int64_t budget = options_.prefill_chunk_tokens - out.tokens;
+    const int64_t budget = budget_tokens - out.tokens;
     if (budget <= 0) break;
     if (job->finished || job->decoding()) continue;
+    if (std::any_of(ready.begin(), ready.end(), [job](const Job* r) {
+          return r->tenant() != job->tenant() || r->priority() < job->priority();
+        })) {
+      out.stopped = true;  // fed after the decode
+      continue;
+    }
     const size_t remaining = job->to_prefill.size() - job->prefilled;
     model::SequenceState& seq = job->state().sequence;
     size_t n = std::min<size_t>(budget, remaining);
@@ -1219,6 +1245,7 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks() {
     vtime[job->tenant()] += static_cast<double>(n) / WeightOf(job->tenant());
     ++out.chunks;
     if (job->cache_scope.has_value()) CheckpointPrefill(*job);
+    if (before_decode && AwaitsFirstToken(*job)) ready.push_back(job);
   }
   prefill_vtime_.clear();
   for (auto& [tenant, t] : vtime) prefill_vtime_.emplace(tenant, t);
@@ -1339,7 +1366,7 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
     GenerationStepRecord record;
     record.model = model_.config().name;
     record.decode_batch = batch;
-    record.prefill_tokens = prefill.tokens;
+    record.prefill_tokens = prefill.tokens + std::exchange(prefill_tokens_unrecorded_, 0);
     record.prompt_tokens_started = admission.prompt_tokens_started;
     record.tokens_emitted = batch;
     record.time_to_first_token = decode.first_token;

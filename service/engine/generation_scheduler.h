@@ -5,7 +5,12 @@
 // jobs in arrival order, tssa_causal continuing each one's state), so a long prompt never stalls
 // the decoders for more than a chunk; (3) runs one batched decode step (GenerativeModel::Step) for
 // every decoding job, samples per job and publishes each token to its job at once. Jobs join and
-// leave between steps.
+// leave between steps. A job whose prompt is fed and whose first token is still to come does not
+// wait for the prefill of another tenant's jobs or of less urgent ones: the step's prefill skips
+// such pieces, the decode runs and publishes, and the rest of the chunk is fed after it in the
+// same step (the jobs it completes draw their first token at the next). Short prompts of one
+// tenant and priority still start together. Each job's prompt is cut into the same pieces either
+// way.
 //
 // Who runs when the active places are fewer than the jobs: each step, the places go to the lowest
 // `priority` values first; between the jobs of one priority, the tenants (request.owner) with jobs
@@ -265,6 +270,7 @@ class GenerationScheduler {
   struct PrefillCounts {
     int64_t tokens = 0;
     int64_t chunks = 0;
+    bool stopped = false;  // stopped early: a job awaits its first token
   };
   struct DecodeStep {
     std::vector<Job*> jobs;  // decoded this step, in the order of `drawn`
@@ -284,8 +290,12 @@ class GenerationScheduler {
   // Pauses jobs whose consumer lags, resumes those that caught up, and cancels the ones stalled
   // past stream_stall_timeout (returns how many).
   int64_t UpdatePauses(absl::Time now);
-  // Feeds at most prefill_chunk_tokens prompt tokens, shared by the prefilling jobs.
-  PrefillCounts PrefillChunks();
+  // Feeds at most `budget` prompt tokens, shared by the prefilling jobs; with
+  // `before_decode`, skips the pieces that a job ready for its first token (its prompt fed whole)
+  // of another tenant or a lower priority value would wait for (`stopped`: some were).
+  PrefillCounts PrefillChunks(int64_t budget, bool before_decode);
+  // Its prompt is fed whole and its first token is still to be drawn.
+  static bool AwaitsFirstToken(const Job& job);
   // One batched step of every decoding job that is not paused; draws their tokens.
   DecodeStep Decode();
   // The step's counters and the observer's record, before any of its tokens is published.
@@ -351,6 +361,8 @@ class GenerationScheduler {
   // prefill, so that an idle tenant comes back with no backlog of credit).
   std::map<std::string, double, std::less<>> slot_credit_;
   std::map<std::string, double, std::less<>> prefill_vtime_;
+  // Prompt tokens fed after a step's decode: told to the observer with the next step's record.
+  int64_t prefill_tokens_unrecorded_ = 0;
   // A tenant out of its token window was left without a place: look again this soon.
   absl::Time throttle_wake_ = absl::InfiniteFuture();
   // The active jobs' statistics, one row each, where the model computes: decode steps update them

@@ -22,7 +22,10 @@ its time went (`breakdown` in the JSON, and a table of the slowest on stdout).
 
 --server-cpus / --client-cpus pin the server and the clients (the measuring process and a's load
 process) to separate cores, as on a deployment where the clients are other machines; without them
-they share every core. Say which one a figure comes from.
+they share every core. Say which one a figure comes from. --a-unique-prompts gives each of a's
+requests a prompt of its own, so that each is prefilled (by default a's one prompt is a prefix-cache
+hit after the first, and a's load is decode only); --server-arg passes a flag to the server (e.g.
+--prefill_chunk_tokens=16); --step-thread-nice sets the nice value of its step-loop thread.
 
 Writes one JSON file (--out) with every sample's summary and the raw per-request TTFTs. The
 figures are wall-clock on whatever else the machine runs: say what else ran beside them.
@@ -60,8 +63,9 @@ class Load:
     """Closed-loop Generate streams of one tenant: each stream starts its next request when the
     previous one ends. Counts the tokens received and the gaps between a stream's tokens."""
 
-    def __init__(self, stub, pb2, model, tenant, streams, max_new_tokens, priority=0):
+    def __init__(self, stub, pb2, model, tenant, streams, max_new_tokens, priority=0, unique=False):
         self.stub, self.pb2, self.model = stub, pb2, model
+        self.unique = unique
         self.md = (("x-api-key", KEYS[tenant]),)
         self.max_new_tokens, self.priority = max_new_tokens, priority
         self.stop = threading.Event()
@@ -80,7 +84,10 @@ class Load:
         n = 0
         while not self.stop.is_set():
             n += 1
-            req = self.pb2.GenerateRequest(model=self.model, prompt_bytes=PROMPT,
+            # Unique: a prompt no earlier one is a prefix of, so that each is prefilled (no
+            # prefix-cache hit) and its chunk shares steps with b's.
+            prompt = f"[{os.getpid()}-{i}-{n}] ".encode() + PROMPT if self.unique else PROMPT
+            req = self.pb2.GenerateRequest(model=self.model, prompt_bytes=prompt,
                                            max_new_tokens=self.max_new_tokens, priority=self.priority,
                                            sampling=self.pb2.SamplingParams(temperature=1.0, seed=i * 100003 + n))
             last = None
@@ -196,7 +203,8 @@ def load_process(args, server, tenant, streams, tokens, priority):
     the measuring process's interpreter lock."""
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--load-only",
                              f"--address={server.address}", f"--tenant={tenant}", f"--streams={streams}",
-                             f"--tokens={tokens}", f"--priority={priority}", f"--model={args.model}"],
+                             f"--tokens={tokens}", f"--priority={priority}", f"--model={args.model}",
+                             *(["--a-unique-prompts"] if args.a_unique_prompts else [])],
                             preexec_fn=(lambda: os.sched_setaffinity(0, args.client_cpus))
                             if args.client_cpus else None)
 
@@ -206,13 +214,26 @@ def server_tokens(server, tenant) -> float:
     return m.get(f'tost_tenant_generated_tokens_total{{tenant="{tenant}"}}', 0.0)
 
 
+def renice_step_threads(server, nice: int) -> List[int]:
+    """Sets the nice value of the server's step-loop threads ("step:<model>"), so that the kernel
+    lets the server's other threads (gRPC's, the token delivery) preempt a step on a shared core.
+    Their thread ids."""
+    tids = []
+    for tid in os.listdir(f"/proc/{server.pid}/task"):
+        with open(f"/proc/{server.pid}/task/{tid}/comm") as f:
+            if f.read().startswith("step:"):
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                tids.append(int(tid))
+    return tids
+
+
 def start(args, weights, workdir):
     keys = os.path.join(workdir, "keys.txt")
     with open(keys, "w") as f:
         for t in ("a", "b"):
             f.write(f"{t} {KEYS[t]} weight={weights[t]}\n")
     flags = [f"--max_active_generations={args.slots}", "--max_queued_generations=1024",
-             f"--api_keys_file={keys}", f"--intra_op_threads={args.intra_op_threads}"]
+             f"--api_keys_file={keys}", f"--intra_op_threads={args.intra_op_threads}", *args.server_arg]
     return benchlib.start_tost_server(args.build_dir, args.repo, flags, metrics=True,
                                       cpus=args.server_cpus or None)
 
@@ -221,6 +242,8 @@ def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
     with start(args, {"a": 1, "b": 1}, workdir) as server:
         stub = stub_of(server)
         ttfts(stub, pb2, args.model, "b", 5)  # warm
+        if args.step_thread_nice:
+            assert renice_step_threads(server, args.step_thread_nice), "no step:<model> thread found"
         alone_timings: List[Dict[str, float]] = []
         alone = ttfts(stub, pb2, args.model, "b", args.b_requests, timings=alone_timings)
         load = load_process(args, server, "a", 4 * args.slots, args.a_tokens, 10 if priority_run else 0)
@@ -299,14 +322,21 @@ def main() -> None:
     ap.add_argument("--model", default="", help=argparse.SUPPRESS)
     ap.add_argument("--slots", type=int, default=4, help="--max_active_generations")
     ap.add_argument("--a-tokens", type=int, default=64, help="max_new_tokens of a's noisy streams")
+    ap.add_argument("--a-unique-prompts", action="store_true",
+                    help="a's prompts all differ, so each is prefilled (default: one prompt, a "
+                         "prefix-cache hit after the first)")
     ap.add_argument("--split-tokens", type=int, default=256, help="max_new_tokens in the split runs")
     ap.add_argument("--b-requests", type=int, default=50)
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--intra-op-threads", type=int, default=1)
     ap.add_argument("--runs", default="noisy,equal,weighted,priority")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="a further tost_server flag, e.g. --server-arg=--prefill_chunk_tokens=16 (repeatable)")
     ap.add_argument("--server-cpus", default="", help="cores for the server, e.g. 0 (default: all)")
     ap.add_argument("--client-cpus", default="", help="cores for the clients, e.g. 1 (default: all)")
+    ap.add_argument("--step-thread-nice", type=int, default=0,
+                    help="nice value for the server's step-loop threads (default 0: unchanged)")
     ap.add_argument("--out", default="fairshare.json")
     # What load_process runs.
     ap.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
@@ -323,7 +353,8 @@ def main() -> None:
         stub = pb2_grpc.TostStub(grpc.insecure_channel(args.address))
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
-        load = Load(stub, pb2, args.model, args.tenant, args.streams, args.tokens, args.priority).start()
+        load = Load(stub, pb2, args.model, args.tenant, args.streams, args.tokens, args.priority,
+                    args.a_unique_prompts).start()
         done.wait()
         load.stop.set()
         os._exit(0)  # its streams end with the process

@@ -196,6 +196,43 @@ TEST_F(FairShareTest, AFullQueueGivesAPlaceToATenantHoldingNone) {
   EXPECT_TRUE(bc.final->status.ok());
 }
 
+// A call ready for its first token (its prompt fed) does not wait for another tenant's prefill
+// chunk: its step runs the decode first and feeds that chunk after it, so the other tenant's
+// prompt is fed at the same rate. The same tenant's prompts still start together.
+TEST_F(FairShareTest, AFirstTokenDoesNotWaitForAnotherTenantsPrefillChunk) {
+  GenerationSchedulerOptions o;
+  o.prefill_chunk_tokens = 16;
+  auto s = Make(o);
+  auto a = Submit(*s, Request(*s, "a", 0, std::string(100, 'x'), 2, 1));
+  s->StepOnce();  // a's first 16 prompt tokens
+  // A one-token prompt: its token is the pending one, so it needs no prefill at all.
+  auto b = Submit(*s, Request(*s, "b", 0, "h", 1, 2));
+  s->StepOnce();
+  Collected bc;
+  Drain(*b, bc);
+  ASSERT_TRUE(bc.final.has_value()) << "b's one token came in the step it was placed";
+  EXPECT_EQ(bc.tokens.size(), 1u);
+  EXPECT_EQ(bc.final->timeline.first_step_prefill_tokens, 0) << "no prefill before its decode";
+  EXPECT_EQ(s->stats().prefill_tokens, 32) << "a's chunk was fed after it, in the same step";
+
+  // Two of one tenant's short prompts beside a ready call of theirs: fed before the decode, and
+  // all three draw in one step.
+  auto c1 = Submit(*s, Request(*s, "c", 0, "h", 2, 3));
+  auto c2 = Submit(*s, Request(*s, "c", 0, "hello", 2, 4));
+  auto c3 = Submit(*s, Request(*s, "c", 0, "hi there", 2, 5));
+  const int64_t decode_steps = s->stats().decode_steps;
+  s->StepOnce();
+  for (auto* job : {&c1, &c2, &c3}) {
+    Collected cc;
+    Drain(**job, cc);
+    EXPECT_EQ(cc.tokens.size(), 1u);
+  }
+  EXPECT_EQ(s->stats().decode_steps, decode_steps + 1);
+  Collected ac = testing::RunToEnd(*s, *a);
+  ASSERT_TRUE(ac.final.has_value());
+  EXPECT_EQ(ac.tokens.size(), 2u);
+}
+
 // A lower priority value preempts the highest-valued running job: its first token comes from the
 // step it arrives at (one prefill and one decode), the preempted job is parked, and resumes.
 TEST_F(FairShareTest, HigherPriorityPreemptsAndTheParkedJobResumes) {
@@ -205,9 +242,12 @@ TEST_F(FairShareTest, HigherPriorityPreemptsAndTheParkedJobResumes) {
   Collected low1, low2, high;
   auto j1 = Submit(*s, Request(*s, "a", 5, "low one", 20, 1));
   auto j2 = Submit(*s, Request(*s, "a", 7, "low two", 20, 2));
-  for (int i = 0; i < 3; ++i) s->StepOnce();
+  // The second's prompt is fed after the first's first token (a lower priority value's first
+  // token waits for no prefill of a higher one), so it draws from the second step on.
+  for (int i = 0; i < 4; ++i) s->StepOnce();
   Drain(*j1, low1);
   Drain(*j2, low2);
+  ASSERT_EQ(low1.tokens.size(), 4u);
   ASSERT_EQ(low2.tokens.size(), 3u);
   auto h = Submit(*s, Request(*s, "b", -3, "urgent", 4, 3));
   s->StepOnce();
@@ -215,7 +255,7 @@ TEST_F(FairShareTest, HigherPriorityPreemptsAndTheParkedJobResumes) {
   Drain(*j1, low1);
   Drain(*j2, low2);
   EXPECT_EQ(high.tokens.size(), 1u);
-  EXPECT_EQ(low1.tokens.size(), 4u) << "priority 5 keeps its place";
+  EXPECT_EQ(low1.tokens.size(), 5u) << "priority 5 keeps its place";
   EXPECT_EQ(low2.tokens.size(), 3u) << "priority 7, the highest value, was parked";
   EXPECT_EQ(s->stats().preemptions_priority, 1);
   EXPECT_EQ(s->stats().parked, 1);
