@@ -99,6 +99,23 @@ def server():
     assert s.stop() == 0, "tost_server did not exit cleanly on SIGTERM"
 
 
+@pytest.fixture(scope="module")
+def srv():
+    """A server of the shipped models for one test module: its own log, caches and sessions."""
+    s = RunningServer(os.path.join(SOURCE_DIR, "models"))
+    yield s
+    assert s.stop() == 0, "tost_server did not exit cleanly on SIGTERM"
+
+
+def openai_client(srv, api_key="none", timeout=120, **kw):
+    """The unmodified openai client on srv's HTTP port, with no retries: a retry would hide a
+    refusal the test means to see."""
+    import openai  # only the OpenAI tests need it
+
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key=api_key, max_retries=0,
+                         timeout=timeout, **kw)
+
+
 @pytest.fixture(scope="session")
 def channel(server):
     ch = grpc.insecure_channel(server.address)

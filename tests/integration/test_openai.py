@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer, generator_status
+from conftest import RunningServer, SOURCE_DIR, generator_status, openai_client
 from tost_harness import metric_value, scrape_metrics, wait_for_metric
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -25,9 +25,7 @@ MODEL = "tost-austen"
 API_KEY = "openai-test-key-0123456789"
 
 
-def client(srv, api_key="none", **kw):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key=api_key, max_retries=0,
-                         timeout=120, **kw)
+client = openai_client
 
 
 def post(srv, path, body, headers=None, timeout=60):
@@ -46,13 +44,6 @@ def error_of(body):
     e = json.loads(body)["error"]
     assert set(e) == {"message", "type", "param", "code"}, e
     return e
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0
 
 
 # --- the basics ---------------------------------------------------------------------------------

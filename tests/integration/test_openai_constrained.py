@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, openai_client
 from constrained_schemas import SCHEMAS, check_output
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -25,16 +25,8 @@ MESSAGES = [{"role": "user", "content": "Tell me about her, plainly."}]
 PROMPT = "Her answer, written plainly:"
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0
-
-
 def client(srv):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", max_retries=0,
-                         timeout=300)
+    return openai_client(srv, timeout=300)
 
 
 def json_schema_format(name, strict=True):

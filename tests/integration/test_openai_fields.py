@@ -14,7 +14,7 @@ import typing_extensions
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import SOURCE_DIR, openai_client
 from openai_fields import CHAT_BASE, COMPLETION_BASE, EXTENSIONS, FIELDS, Honoured, ProbeServer, Refused
 
 MODELS = os.path.join(SOURCE_DIR, "models")
@@ -62,16 +62,7 @@ def test_every_schema_field_is_honoured_or_refused():
         assert not overlap, f"{route}: schema fields listed as extensions: {sorted(overlap)}"
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0
-
-
-def _client(srv):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", max_retries=0,
-                         timeout=120)
+_client = openai_client
 
 
 def _call(srv, route, body):

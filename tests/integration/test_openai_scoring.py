@@ -18,7 +18,7 @@ import openai
 import pytest
 import torch
 
-from conftest import PYLIB, SOURCE_DIR, RunningServer
+from conftest import PYLIB, SOURCE_DIR, openai_client
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 MODEL = "tost-austen"
@@ -52,16 +52,7 @@ DOCS = [
 TASK = "tost_austen_choice"
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0
-
-
-def client(srv):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", max_retries=0,
-                         timeout=120)
+client = openai_client
 
 
 @pytest.fixture(scope="module")

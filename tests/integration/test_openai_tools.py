@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import RunningServer, SOURCE_DIR, openai_client
 
 MODELS = os.path.join(SOURCE_DIR, "models")
 MODEL = "tost-austen"
@@ -43,16 +43,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 USER = [{"role": "user", "content": "Will it rain in Bath, Mr. Knightley?"}]
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0
-
-
-def client(srv):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", max_retries=0,
-                         timeout=120)
+client = openai_client
 
 
 def required_call(c, seed, tools=TOOLS, **kw):

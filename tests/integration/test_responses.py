@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from conftest import SOURCE_DIR, RunningServer
+from conftest import RunningServer, SOURCE_DIR, openai_client
 from constrained_schemas import SCHEMAS, check_output
 from tost_harness import metric_value, scrape_metrics, wait_for_metric
 
@@ -31,9 +31,7 @@ KEY_B = "responses-key-bob-9876543210ab"
 UNKNOWN_RESPONSE = "resp_" + "0" * 32  # well formed, never handed out
 
 
-def client(srv, api_key="none"):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key=api_key, max_retries=0,
-                         timeout=120)
+client = openai_client
 
 
 def request(srv, method, path, body=None, api_key=None, timeout=60):
@@ -79,13 +77,6 @@ def cached_of(usage):
 def extra(obj, key):
     """A field of a response the openai types do not declare (the ToST extensions)."""
     return (obj.model_extra or {}).get(key)
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = RunningServer(MODELS)
-    yield s
-    assert s.stop() == 0, "tost_server did not exit cleanly on SIGTERM"
 
 
 # --- 1. a 100-turn conversation ------------------------------------------------------------------
