@@ -94,5 +94,5 @@ def test_regions_are_replaced_and_checked(tmp_path):
     # The native run first, and it alone is quoted in the opening.
     assert text.index("**Test class**") < text.index("**Capped class**")
     assert "decodes in **1.00 ms at position 100 and 1.00 ms at 4000**" in text
-    assert "**0.018 MiB** against **37.9 MiB**" in text
+    assert "**0.018 MiB** of server memory against llama-server's **37.9 MiB**" in text
     assert "Not measured:" in text

@@ -6,7 +6,8 @@ Every `docs/perf/<date>-peers-<class>/peers.json` written by run_peers.py with `
 block of the table: the class, the date, the CPU and its flags, the commit, the load, and per
 precision tost_server's figures beside each peer's (llama-server at the better of flash attention
 off and on, CTranslate2), then the acceptance targets, met or missed. A missed target needs its
-reason, from a profile, in that directory's `misses.json` ({"<precision> <metric>": "reason"});
+reason, from a profile, in that directory's `misses.json` ({"<precision> <metric>": "reason", e.g.
+"int8 prefill", or "constrained <dtype> <n> streams"});
 without one the render fails. A `constrained-<dtype>.json` beside it (tools/bench/constrained.py)
 adds constrained decoding's share of unconstrained tokens/s. Classes no run has measured are
 listed as such (NOT_MEASURED).
@@ -34,7 +35,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MODEL = "bench-lm"
 MODEL_WORDS = "the bench LM (6 layers, C 384)"
 # The classes the project's machines have not offered, said in the table as not measured.
-NOT_MEASURED = "an AVX2-only CPU (Zen 2/3, older Xeons) and one with AMX: none was available"
+NOT_MEASURED = "an AVX2-only CPU (Zen 2/3) or one with AMX (none available)"
 # Precision classes: tost_server's engines, and each peer with its engines (llama-server's with
 # flash attention off, then on).
 PRECISIONS = [
@@ -108,6 +109,8 @@ class Run:
     def constrained(self) -> List[Tuple[str, dict]]:
         out = []
         for p in sorted(glob.glob(os.path.join(self.dir, "constrained-*.json"))):
+            if p.endswith("-full.json"):  # the equal-length runs: for the reasons, not the table
+                continue
             with open(p) as f:
                 out.append((os.path.basename(p)[len("constrained-"):-len(".json")], json.load(f)))
         return out
@@ -162,17 +165,17 @@ def render_block(run: Run) -> str:
     cap = ""
     if env:  # the CPU's own flags are in the block of its native run
         flags = [f for f in flags if not f.startswith(("avx512", "avx_vnni", "amx"))]
-        cap = f", AVX-512 capped by `ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}` and the like"
+        cap = f", AVX-512 off (`ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}` and others)"
     dirty = prov.get("tree_dirty_files", [])
     rel = os.path.relpath(run.dir, ROOT)
     head = (f"**{run.label}**: {j['date_utc'][:10]}, {cpu_name(j)}, "
-            f"`{' '.join(flags)}`{amx if not env else ''}{cap}; commit `{prov['commit'][:7]}`"
+            f"`{compact_flags(flags)}`{amx if not env else ''}{cap}; commit `{prov['commit'][:7]}`"
             + (f" (+{len(dirty)} uncommitted files)" if dirty else "")
             + f" ([raw]({rel}/))")
     pos = " / ".join(run.positions())
     lines = [wrap(head), "",
              f"| weights | engine | ms/token @{pos} | prefill {run.m['prefill_len']}, tokens/s "
-             "| tokens/s, 1 / 64 streams |",
+             "| 64 streams, tokens/s |",
              "| --- | --- | --- | --- | --- |"]
     for name, tost, peers in PRECISIONS:
         tost = [e for e in tost if e in run.engines]
@@ -182,8 +185,7 @@ def render_block(run: Run) -> str:
         lines.append(f"| {name} | **tost_server**{' ' + names if names else ''} | "
                      + " · ".join(cell_decode(run, [e]) for e in tost) + " | "
                      + " · ".join(cell(run, [e], run.prefill, False, "tps") for e in tost) + " | "
-                     + " · ".join(f"{cell(run, [e], lambda x: run.streams(x, 1), False, 'tps')} / "
-                                  f"{cell(run, [e], lambda x: run.streams(x, 64), False, 'tps')}" for e in tost)
+                     + " · ".join(cell(run, [e], lambda x: run.streams(x, 64), False, "tps") for e in tost)
                      + " |")
         present = [(pn, [e for e in es if e in run.engines]) for pn, es in peers]
         present = [(pn, es) for pn, es in present if es]
@@ -191,8 +193,7 @@ def render_block(run: Run) -> str:
             def streams_cell(es):
                 if not any(run.streams(e, 64) is not None for e in es):
                     return "–"
-                return (f"{cell(run, es, lambda x: run.streams(x, 1), False, 'tps')} / "
-                        f"{cell(run, es, lambda x: run.streams(x, 64), False, 'tps')}")
+                return cell(run, es, lambda x: run.streams(x, 64), False, "tps")
             streamed = [streams_cell(es) for _, es in present]
             lines.append(f"| | {' · '.join(pn for pn, _ in present)} | "
                          + " · ".join(cell_decode(run, es) for _, es in present) + " | "
@@ -204,23 +205,36 @@ def render_block(run: Run) -> str:
     if absent:
         notes.append("not run here: " + ", ".join(dict.fromkeys(absent)))
     met, missed = targets(run)
+    for dtype, c in run.constrained():
+        for n, r in sorted(c["ratios"].items(), key=lambda x: int(x[0])):
+            key = f"constrained {dtype} {n} streams"
+            (met if r["met"] else missed).append((key, key))
     unexplained = [k for k, _ in missed if k not in run.misses_reasons]
     if unexplained:
         raise SystemExit(f"render_readme.py: {run.path}: missed targets without a reason in "
                          f"{os.path.join(rel, 'misses.json')}: {unexplained}")
+    shares = []
+    for dtype, c in run.constrained():
+        r = c["ratios"]
+        shares.append(f"{dtype} " + " / ".join(f"{r[n]['constrained_vs_free']:.3f}" for n in sorted(r, key=int)))
+    if shares:
+        notes.append("JSON-schema / free tokens/s at 1 / 64 streams: " + ", ".join(shares))
     verdict = f"{len(met)} of {len(met) + len(missed)} targets met"
     if missed:
         verdict += "; missed: " + "; ".join(f"{w}: {run.misses_reasons[k]}" for k, w in missed)
     notes.append(verdict)
-    shares = []
-    for dtype, c in run.constrained():
-        r = c["ratios"]
-        shares.append(f"{dtype} " + " / ".join(f"{r[n]['constrained_vs_free']:.3f}" + ("" if r[n]["met"] else " (missed)")
-                                               for n in sorted(r, key=int)))
-    if shares:
-        notes.append("constrained (JSON schema) / free tokens/s at 1 / 64 streams: " + ", ".join(shares))
     lines.append(wrap(". ".join(n[0].upper() + n[1:] for n in notes) + "."))
     return "\n".join(lines)
+
+
+def compact_flags(flags: List[str]) -> str:
+    """The flags, AVX-512's written once: avx512f avx512_bf16 -> avx512f/bf16."""
+    plain = [f for f in flags if not f.startswith("avx512")]
+    wide = [f for f in flags if f.startswith("avx512")]
+    if wide:
+        plain.append("/".join([wide[0]] + [f[len("avx512_"):] if f.startswith("avx512_") else f[len("avx512"):]
+                                           for f in wide[1:]]))
+    return " ".join(plain)
 
 
 def cpu_name(j: dict) -> str:
@@ -253,13 +267,15 @@ def render_opening(found: List[Run]) -> str:
     lo, hi = pos[0], pos[-1]
     llama = r.best(["llama-f32", "llama-f32-fa"], lambda e: r.decode(e, lo), True)[1]
     rss_t, rss_l = r.rss("tost"), r.best(["llama-f32", "llama-f32-fa"], r.rss, True)[0]
-    text = (f"On a 2-core {cpu_name(r.j)} ({r.label}, one pinned core), {MODEL_WORDS} decodes in "
+    cpu = cpu_name(r.j)
+    article = "an" if cpu[:1].lower() in "aeio" else "a"
+    text = (f"On one core of {article} {cpu} ({r.label}), {MODEL_WORDS} decodes in "
             f"**{fmt(r.decode('tost', lo), 'ms')} ms at position {lo} and "
-            f"{fmt(r.decode('tost', hi), 'ms')} ms at {hi}** (fp32; llama-server on a GPT-2 twin of the same "
-            f"dims: {fmt(r.decode(llama, lo), 'ms')} → {fmt(r.decode(llama, hi), 'ms')} ms)")
+            f"{fmt(r.decode('tost', hi), 'ms')} ms at {hi}** (fp32; llama-server on a same-size GPT-2: "
+            f"{fmt(r.decode(llama, lo), 'ms')} → {fmt(r.decode(llama, hi), 'ms')} ms)")
     if rss_t is not None and rss_l is not None:
-        text += (f", and an open session at position {r.m['session_rss_tokens']} costs the server "
-                 f"**{rss_t:.3f} MiB** against **{rss_l:.1f} MiB** for llama-server's KV cache")
+        text += (f", and a session at position {r.m['session_rss_tokens']} holds **{rss_t:.3f} MiB** of "
+                 f"server memory against llama-server's **{rss_l:.1f} MiB**")
     return wrap(text + f" ([{r.j['date_utc'][:10]}](#performance-on-a-cpu)).")
 
 
