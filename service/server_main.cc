@@ -167,8 +167,8 @@ ABSL_FLAG(int64_t, constraint_cache_bytes, 256LL << 20,
           "takes more than an eighth of this is refused (INVALID_ARGUMENT)");
 ABSL_FLAG(int64_t, constraint_mask_threads, 2,
           "Threads per language model computing constrained rows' token masks while a decode "
-          "step's forward runs (in parallel over rows); 0: after the forward, on the scheduler's "
-          "thread");
+          "step's forward runs (in parallel over rows), at most the CPUs the server may run on "
+          "less one; 0 (or one CPU): after the forward, on the scheduler's thread");
 ABSL_FLAG(int64_t, constraint_compile_timeout_ms, 2000,
           "How long a constrained request waits for its constraint's compile before it is refused "
           "(RESOURCE_EXHAUSTED); the compile goes on and enters the cache, so a retry may find it");
