@@ -429,7 +429,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& given
            {"cpu_products",
             m.placement.cuda ? "cuda" : model::CpuProductsName(m.placement.CpuProductsUsed())},
            // A language model's lean CPU decode step: the memory its packed weights take.
-           {"lean_decode_bytes", m.language != nullptr ? m.language->LeanDecodeBytes() : 0}});
+           {"lean_decode_bytes", m.language != nullptr ? m.language->LeanDecodeBytes() : 0},
+           // ... and the most rows it takes, chosen for this CPU's class (AVX2, AVX-512, AMX).
+           {"lean_decode_max_rows", m.language != nullptr ? m.language->LeanDecodeMaxRows() : 0}});
       server->metrics_->RegisterModel(m.name, m.config.version, ModelBackend(m.placement),
                                       m.language != nullptr);
     } else {

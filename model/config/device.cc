@@ -93,7 +93,7 @@ CpuFlags DetectCpuFlags() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512_core && ((a >> 5) & 1);
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-    f.amx_bf16 = (d >> 22) & 1;
+    f.amx_bf16 = ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16 and AMX-TILE
     f.avx512_vnni = f.avx512_core && ((c >> 11) & 1);
   }
   if (__get_cpuid(1, &a, &b, &c, &d)) f.f16c = __builtin_cpu_supports("avx") && ((c >> 29) & 1);
@@ -142,6 +142,8 @@ CpuProducts CpuProductsFor(ComputeDtype dtype) {
   }
   return CpuProducts::kWiden;
 }
+
+bool CpuHasAmxBf16() { return Flags().amx_bf16; }
 
 std::string CpuPrecisionFlags() {
   const CpuFlags& f = Flags();

@@ -53,6 +53,9 @@ const char* CpuProductsName(CpuProducts p);
 CpuProducts CpuProductsFor(ComputeDtype dtype);
 // This CPU's instructions that decide the path, for the start-up log ("avx512_bf16 f16c ...").
 std::string CpuPrecisionFlags();
+// AMX tiles with bf16, usable (CPUID leaf 7: AMX-BF16 and AMX-TILE), unless ATEN_CPU_CAPABILITY
+// caps the CPU below AVX-512: where oneDNN's bf16 products run on tiles.
+bool CpuHasAmxBf16();
 
 // Parse errors are INVALID_ARGUMENT naming `field` (a flag or a config.json key) and quoting the
 // text received. ParseComputeDtype takes fp32, bf16, fp16 and int8 (and their long names).

@@ -32,6 +32,7 @@
 #include "model/device/decode_graphs.h"
 #include "model/device/device_sampler.h"
 #include "model/nets/lean_decoder.h"
+#include "model/nets/lean_row_limits.h"
 #include "model/nets/linear_layer.h"
 #include "model/nets/model_stream.h"
 #include "model/nets/torch_boundary.h"
@@ -42,38 +43,6 @@ namespace tost::model {
 namespace {
 
 constexpr double kLayerNormEps = 1e-5;
-
-// The most sequences a CPU decode step (and the most tokens a prefill chunk) runs through the lean
-// step (lean_decoder.h); larger ones go through LibTorch's matrix products, whose blocking (and, in
-// bf16, oneDNN's bf16 dot-product instructions) wins once enough rows share each weight. From
-// tost_generation_bench --lean_table_only on the bench LM (one core, AVX-512, lean/LibTorch time
-// per step): fp32 0.26-0.73 at 1-64 rows; fp16 0.25-0.59 at 1-64. bf16 and int8 with the
-// AVX-512 BF16/VNNI dot products (`dot_products`): bf16 0.33 at 1 row, 0.70 at 16, 0.90 at 64;
-// int8 0.20 at 1, 0.22 at 16, 0.40 at 64. Without them (widening products): bf16 0.28 at 1 row,
-// 0.82 at 16, 1.08 at 32; int8 0.29 at 1, 0.61 at 16, 0.95 at 32, 1.18 at 64. Beyond 64 rows
-// only int8 and bf16 were measured (below). int8 without the dot products now multiplies many rows
-// through float32 tiles (decode_kernels.cc). Lean / LibTorch per step, forced to AVX2
-// (ATEN_CPU_CAPABILITY=avx2, oneDNN and MKL capped to AVX2 too) on a loaded 2-core Sapphire
-// Rapids, raw output in docs/perf/2026-11-29-avx2-int8: int8 4.50 / 8.72 ms at 16 rows, 17.0 /
-// 20.8 at 64, 33.1 / 36.2 at 128, a 4000-token prompt in 128-token chunks at 3 978 / 3 683
-// tokens/s; with the VNNI quads 7.86 / 35.6 ms at 128 rows and 17 834 / 3 638 tokens/s. So int8
-// stays lean to 128 rows (the server's default prefill chunk). bf16 at AVX2 (`avx2`: the kernels'
-// ISA, where LibTorch widens the weight to float32 for every product) goes through the same tiles:
-// 4.87 / 9.04 ms at 16 rows, 17.8 / 22.0 at 64, 35.8 / 38.5 at 128, so it stays lean to 64 there
-// (128 by a margin within this machine's noise); at AVX-512 without the dot products oneDNN's
-// bf16 products keep the limit of 16 measured above.
-int64_t LeanMaxRows(ComputeDtype dtype, bool dot_products, bool avx2) {
-  switch (dtype) {
-    case ComputeDtype::kFloat32:
-    case ComputeDtype::kFloat16:
-      return 64;
-    case ComputeDtype::kBFloat16:
-      return dot_products || avx2 ? 64 : 16;
-    case ComputeDtype::kInt8:
-      return 128;
-  }
-  return 0;
-}
 
 struct LayerNorm {
   at::Tensor weight, bias;
@@ -270,8 +239,10 @@ struct LanguageModel::Impl {
       lean_source->wte = wte, lean_source->wpe = wpe;
       lean = LeanDecoder::Build(config.language, *lean_source, placement.dtype);
       lean_max_rows = placement.cpu_lean_decode_max_rows < 0
-                          ? LeanMaxRows(placement.dtype, lean->dot_products(),
-                                        kernels::cpu::ActiveCpuIsa() == kernels::cpu::CpuIsa::kAvx2)
+                          ? LeanMaxRows(placement.dtype, {.dot_products = lean->dot_products(),
+                                                          .avx2 = kernels::cpu::ActiveCpuIsa() ==
+                                                                  kernels::cpu::CpuIsa::kAvx2,
+                                                          .amx_bf16 = CpuHasAmxBf16()})
                           : placement.cpu_lean_decode_max_rows;
     }
   }
@@ -837,6 +808,10 @@ int64_t LanguageModel::DecodeStepBytes(int64_t rows) const {
   const int64_t state_bytes = c.n_layer * c.state_floats_per_layer() * 4;
   const int64_t logits_bytes = c.vocab_size * at::elementSize(m.dtype);
   return m.streamed_weight_bytes + rows * (m.per_position_bytes + 2 * state_bytes + logits_bytes);
+}
+
+int64_t LanguageModel::LeanDecodeMaxRows() const {
+  return impl_->lean != nullptr ? impl_->lean_max_rows : 0;
 }
 
 int64_t LanguageModel::LeanDecodeBytes() const {

@@ -96,6 +96,9 @@ class LanguageModel {
   // The bytes of the lean CPU decode step's packed weights (lean_decoder.h), held beside the
   // weights prefill reads; 0 when that step is off (CUDA, or Placement turns it off).
   int64_t LeanDecodeBytes() const;
+  // The most rows a step (or tokens a prefill chunk) the lean step takes (lean_row_limits.h, or
+  // Placement::cpu_lean_decode_max_rows); 0 when that step is off.
+  int64_t LeanDecodeMaxRows() const;
 
   // Parallel causal forward from position 0: tokens [batch, length] → logits [batch, length,
   // vocab].

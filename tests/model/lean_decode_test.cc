@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/nets/language_model.h"
+#include "model/nets/lean_row_limits.h"
 
 namespace tost::model {
 namespace {
@@ -21,6 +22,26 @@ Placement CpuPlacement(ComputeDtype dtype, bool lean) {
   // Lean at every row count the tests step, whatever the dtype's own limit.
   p.cpu_lean_decode_max_rows = lean ? 64 : 0;
   return p;
+}
+
+// The row limits follow the measured crossings per class of CPU (lean_row_limits.cc): int8 lean to
+// the 128-token prefill chunk everywhere; bf16 to 64 with the dot products or at AVX2, to 16 where
+// oneDNN's products are faster: AVX-512 without BF16 and, above all, AMX tiles, which win past 16
+// rows even against the dot products.
+TEST(LeanRowLimits, FollowTheMeasuredCrossingsPerCpuClass) {
+  const LeanCpuClass avx2{.avx2 = true};
+  const LeanCpuClass avx512{};
+  const LeanCpuClass avx512_dots{.dot_products = true};
+  const LeanCpuClass amx{.dot_products = true, .amx_bf16 = true};
+  for (const LeanCpuClass& cpu : {avx2, avx512, avx512_dots, amx}) {
+    EXPECT_EQ(LeanMaxRows(ComputeDtype::kInt8, cpu), 128);
+    EXPECT_EQ(LeanMaxRows(ComputeDtype::kFloat32, cpu), 64);
+    EXPECT_EQ(LeanMaxRows(ComputeDtype::kFloat16, cpu), 64);
+  }
+  EXPECT_EQ(LeanMaxRows(ComputeDtype::kBFloat16, avx2), 64);
+  EXPECT_EQ(LeanMaxRows(ComputeDtype::kBFloat16, avx512), 16);
+  EXPECT_EQ(LeanMaxRows(ComputeDtype::kBFloat16, avx512_dots), 64);
+  EXPECT_EQ(LeanMaxRows(ComputeDtype::kBFloat16, amx), 16);
 }
 
 size_t ArgMax(const float* v, size_t n) { return std::max_element(v, v + n) - v; }
