@@ -241,11 +241,14 @@ def start(args, weights, workdir):
 def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
     with start(args, {"a": 1, "b": 1}, workdir) as server:
         stub = stub_of(server)
-        ttfts(stub, pb2, args.model, "b", 5)  # warm
+        # The measured calls' tenant: its prefix-cache scope is its own, so the idle baseline and
+        # the warm-up are its calls too (in the priority run, a's).
+        tenant = "a" if priority_run else "b"
+        ttfts(stub, pb2, args.model, tenant, 5)  # warm
         if args.step_thread_nice:
             assert renice_step_threads(server, args.step_thread_nice), "no step:<model> thread found"
         alone_timings: List[Dict[str, float]] = []
-        alone = ttfts(stub, pb2, args.model, "b", args.b_requests, timings=alone_timings)
+        alone = ttfts(stub, pb2, args.model, tenant, args.b_requests, timings=alone_timings)
         load = load_process(args, server, "a", 4 * args.slots, args.a_tokens, 10 if priority_run else 0)
         try:
             time.sleep(args.warmup_s)
