@@ -20,7 +20,6 @@ import json
 import os
 import struct
 import sys
-import threading
 
 import grpc
 import numpy as np
@@ -28,7 +27,7 @@ import pytest
 
 from conftest import SOURCE_DIR, RunningServer, concurrent_generates
 import tost_protos  # tools/pylib, on sys.path once conftest is imported
-from tost_harness import collect_generate, metric_value, scrape_metrics
+from tost_harness import collect_generate, generate_preempted_repeatedly, metric_value, scrape_metrics
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 import bpe  # noqa: E402  (tools/bpe.py: the Python side of the server's tokenizer)
@@ -320,37 +319,13 @@ def test_a_generation_parked_many_times_on_the_device_keeps_its_exact_tokens(key
                                   sampling=pb2.SamplingParams(temperature=1.0, seed=4242))
         alone = collect_generate(stub.Generate(low, timeout=300))
         assert len(alone.tokens) >= 60
-        result = {"ids": []}
-        progress = threading.Condition()
-
-        def run_low():
-            for msg in stub.Generate(low, timeout=300):
-                if msg.WhichOneof("event") == "token":
-                    with progress:
-                        result["ids"].append(msg.token.id)
-                        progress.notify_all()
-            with progress:
-                result["done"] = True
-                progress.notify_all()
-
-        t = threading.Thread(target=run_low)
-        t.start()
-        urgent, seen = 0, 0
-        while True:
-            with progress:
-                progress.wait_for(lambda: result.get("done") or len(result["ids"]) >= seen + 2, timeout=60)
-                if result.get("done") or len(result["ids"]) + 4 >= len(alone.tokens) or urgent >= 40:
-                    break
-                seen = len(result["ids"])
-            got = collect_generate(stub.Generate(pb2.GenerateRequest(
-                model=LM, prompt_bytes=b"Mr. Darcy", max_new_tokens=3, priority=-5,
-                sampling=pb2.SamplingParams(temperature=0.0)), timeout=300))
-            assert len(got.tokens) == 3
-            urgent += 1
-        t.join()
+        urgent_request = pb2.GenerateRequest(model=LM, prompt_bytes=b"Mr. Darcy", max_new_tokens=3, priority=-5,
+                                             sampling=pb2.SamplingParams(temperature=0.0))
+        got, urgent = generate_preempted_repeatedly(stub, pb2, low, urgent_request,
+                                                    expected_tokens=len(alone.tokens), max_urgent=40)
         preempted = metric_value(scrape_metrics(srv), "tost_generation_preemptions_total", model=LM,
                                  reason="priority")
         assert urgent >= 15 and urgent // 2 <= preempted <= urgent, (urgent, preempted)
-        assert result["ids"] == [x.id for x in alone.tokens]
+        assert got.ids == alone.ids
     finally:
         assert srv.stop() == 0

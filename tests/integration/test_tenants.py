@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from conftest import SOURCE_DIR, RunningServer
-from tost_harness import collect_generate, metric_value, scrape_metrics
+from tost_harness import collect_generate, generate_preempted_repeatedly, metric_value, scrape_metrics
 import tost_launch
 
 LM = "tost-austen"
@@ -115,46 +115,19 @@ def test_a_generation_preempted_many_times_keeps_its_exact_tokens(proto_modules)
                                   sampling=pb2.SamplingParams(temperature=1.0, seed=4242))
         alone = collect_generate(stub.Generate(low))
         assert len(alone.tokens) >= 60
-        result = {"ids": []}
-        progress = threading.Condition()
-
-        def run_low():
-            for msg in stub.Generate(low):
-                if msg.WhichOneof("event") == "token":
-                    with progress:
-                        result["ids"].append(msg.token.id)
-                        progress.notify_all()
-                elif msg.WhichOneof("event") == "final":
-                    result["final"] = msg.final
-            with progress:
-                result["done"] = True
-                progress.notify_all()
-
-        t = threading.Thread(target=run_low)
-        t.start()
-        urgent = 0
         # Higher-priority calls, one each time the long one has drawn two more tokens: each takes
         # the only slot from it, and it goes on afterwards where it stopped.
-        seen = 0
-        while True:
-            with progress:
-                progress.wait_for(lambda: result.get("done") or len(result["ids"]) >= seen + 2, timeout=30)
-                if result.get("done") or len(result["ids"]) + 4 >= len(alone.tokens) or urgent >= 60:
-                    break
-                seen = len(result["ids"])
-            got = collect_generate(stub.Generate(pb2.GenerateRequest(
-                model=LM, prompt_bytes=b"Mr. Darcy", max_new_tokens=3, priority=-5,
-                sampling=pb2.SamplingParams(temperature=0.0))))
-            assert len(got.tokens) == 3
-            urgent += 1
-        t.join()
+        urgent_request = pb2.GenerateRequest(model=LM, prompt_bytes=b"Mr. Darcy", max_new_tokens=3, priority=-5,
+                                             sampling=pb2.SamplingParams(temperature=0.0))
+        got, urgent = generate_preempted_repeatedly(stub, pb2, low, urgent_request,
+                                                    expected_tokens=len(alone.tokens), max_urgent=60)
         preempted = metric_value(scrape_metrics(srv), "tost_generation_preemptions_total",
                                  model=LM, reason="priority")
         # An urgent call that arrives before the long one got its slot back (its last tokens were
         # still on their way to the client) finds it parked already, and preempts nothing.
         assert urgent >= 15 and urgent // 2 <= preempted <= urgent, (urgent, preempted)
-        assert result["ids"] == [x.id for x in alone.tokens]
-        assert result["final"].finish_reason == alone.final.finish_reason
+        assert got.ids == alone.ids
+        assert got.final.finish_reason == alone.final.finish_reason
     finally:
         srv.stop()
 

@@ -211,3 +211,45 @@ async def acollect_generate(call, *, capture_error: bool = False) -> Generation:
             raise
         got.error = e
     return got
+
+
+def generate_preempted_repeatedly(stub, pb2, low, urgent_request, *, expected_tokens: int, max_urgent: int,
+                                  timeout_s: float = 300) -> tuple:
+    """Runs the generation `low` while, each time it has drawn two more tokens, one `urgent_request`
+    (a more urgent call) is sent and read to its end: on a server with one active place each one
+    takes the place from `low`, which is parked and goes on later where it stopped. Stops sending
+    when `low` ends, when it is within 4 tokens of `expected_tokens`, or after `max_urgent` calls.
+    Returns (low's Generation, the number of urgent calls)."""
+    import threading
+
+    got = Generation()
+    state = {"done": False}
+    progress = threading.Condition()
+
+    def run_low():
+        try:
+            for msg in stub.Generate(low, timeout=timeout_s):
+                with progress:
+                    got.add(msg)
+                    progress.notify_all()
+        finally:
+            with progress:
+                state["done"] = True
+                progress.notify_all()
+
+    thread = threading.Thread(target=run_low)
+    thread.start()
+    urgent, seen = 0, 0
+    try:
+        while True:
+            with progress:
+                progress.wait_for(lambda: state["done"] or len(got.ids) >= seen + 2, timeout=60)
+                if state["done"] or len(got.ids) + 4 >= expected_tokens or urgent >= max_urgent:
+                    break
+                seen = len(got.ids)
+            answer = collect_generate(stub.Generate(urgent_request, timeout=timeout_s))
+            assert answer.final is not None and answer.ids, answer
+            urgent += 1
+    finally:
+        thread.join()
+    return got, urgent
