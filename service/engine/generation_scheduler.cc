@@ -833,11 +833,7 @@ bool GenerationScheduler::StepOnce() {
   PrefillCounts after;  // the rest of the step's chunk
   if (prefill.stopped && prefill.tokens < chunk) {
     after = PrefillChunks(chunk - prefill.tokens, /*before_decode=*/false);
-    if (after.chunks > 0) {
-      absl::MutexLock lock(&mu_);
-      stats_.prefill_chunks += after.chunks;
-      stats_.prefill_tokens += after.tokens;
-    }
+    CountPrefill(after);
     if (options_.observer != nullptr) prefill_tokens_unrecorded_ += after.tokens;
   }
   const int64_t finished = Retire(admission.queued_deadline, prefill, stalled);
@@ -1336,6 +1332,13 @@ GenerationScheduler::DecodeStep GenerationScheduler::Decode() {
   return out;
 }
 
+void GenerationScheduler::CountPrefill(const PrefillCounts& prefill) {
+  if (prefill.chunks == 0) return;
+  absl::MutexLock lock(&mu_);
+  stats_.prefill_chunks += prefill.chunks;
+  stats_.prefill_tokens += prefill.tokens;
+}
+
 void GenerationScheduler::Record(const Admission& admission, const PrefillCounts& prefill,
                                  const DecodeStep& decode) {
   // The step's prefill and decode counters and the observer's record are in place before any token
@@ -1343,11 +1346,7 @@ void GenerationScheduler::Record(const Admission& admission, const PrefillCounts
   // the metrics at once), so counting after the emission would show that client the step before.
   const auto batch = static_cast<int32_t>(decode.jobs.size());
   std::string graphs_off;  // the new decode mode, when this step turned graphs off
-  if (prefill.chunks > 0) {
-    absl::MutexLock lock(&mu_);
-    stats_.prefill_chunks += prefill.chunks;
-    stats_.prefill_tokens += prefill.tokens;
-  }
+  CountPrefill(prefill);
   if (batch > 0) {
     absl::MutexLock lock(&mu_);
     ++stats_.decode_steps;

@@ -300,6 +300,8 @@ class GenerationScheduler {
   DecodeStep Decode();
   // The step's counters and the observer's record, before any of its tokens is published.
   void Record(const Admission& admission, const PrefillCounts& prefill, const DecodeStep& decode);
+  // Adds fed prompt chunks to the scheduler's counters (Record's, and the after-decode pieces').
+  void CountPrefill(const PrefillCounts& prefill);
   // Removes finished jobs and sets when the scheduler must look again; returns how many finished.
   int64_t Retire(absl::Time queued_deadline, const PrefillCounts& prefill, int64_t stalled);
   // Gives an admitted job a pool row holding its statistics; when the row cannot be written the
