@@ -123,6 +123,13 @@ ABSL_FLAG(int, max_queued_generations, 256,
           "language model");
 ABSL_FLAG(int, prefill_chunk_tokens, 128,
           "Prompt tokens per prefill chunk (interleaved with decode steps)");
+ABSL_FLAG(int, prefill_yield_tokens, 16,
+          "While calls of another tenant (or more urgent ones) have been arriving, prefill runs in "
+          "pieces of this many tokens and stops between them to admit such a call, which then "
+          "waits for one piece, not a whole chunk; 0 = whole chunks, never stopped");
+ABSL_FLAG(int, prefill_yield_window_ms, 1000,
+          "How recent such an arrival must be for --prefill_yield_tokens' short pieces; 0 = only "
+          "stop for arrivals, never shorten pieces ahead of them");
 ABSL_FLAG(bool, batch_invariant_decode, false,
           "Decode each sequence with a fixed shape so its tokens are bit-identical under any "
           "concurrent load "
@@ -307,6 +314,9 @@ absl::Status CheckNumericFlags() {
       {"max_priority", absl::GetFlag(FLAGS_max_priority), 0, 1'000'000},
       {"tenant_token_window_s", absl::GetFlag(FLAGS_tenant_token_window_s), 1, 3600},
       {"prefill_chunk_tokens", absl::GetFlag(FLAGS_prefill_chunk_tokens), 1, 1 << 20},
+      {"prefill_yield_tokens", absl::GetFlag(FLAGS_prefill_yield_tokens), 0, 1 << 20,
+       "0 = whole chunks, never stopped"},
+      {"prefill_yield_window_ms", absl::GetFlag(FLAGS_prefill_yield_window_ms), 0, kDayS * 1000},
       {"stream_stall_timeout_ms", absl::GetFlag(FLAGS_stream_stall_timeout_ms), 0, kDayS * 1000,
        "0 = never"},
       {"max_sessions", absl::GetFlag(FLAGS_max_sessions), 1, int64_t{1} << 32},
@@ -466,6 +476,9 @@ int main(int argc, char** argv) {
   options.generation.max_active_jobs = absl::GetFlag(FLAGS_max_active_generations);
   options.generation.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_generations);
   options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  options.generation.prefill_yield_tokens = absl::GetFlag(FLAGS_prefill_yield_tokens);
+  options.generation.prefill_yield_window =
+      absl::Milliseconds(absl::GetFlag(FLAGS_prefill_yield_window_ms));
   options.generation.batch_invariant = absl::GetFlag(FLAGS_batch_invariant_decode);
   options.generation.mask_threads =
       static_cast<int32_t>(absl::GetFlag(FLAGS_constraint_mask_threads));

@@ -184,6 +184,14 @@ absl::Status ValidateGenerationSchedulerOptions(const GenerationSchedulerOptions
     return absl::InvalidArgumentError(
         absl::StrCat("prefill_chunk_tokens must be >= 1, got ", o.prefill_chunk_tokens));
   }
+  if (o.prefill_yield_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_yield_tokens must be >= 0, got ", o.prefill_yield_tokens));
+  }
+  if (o.prefill_yield_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill_yield_window must be >= 0, got ",
+                                                   absl::FormatDuration(o.prefill_yield_window)));
+  }
   if (o.mask_threads < 0 || o.mask_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("mask_threads must be in [0, 256], got ", o.mask_threads));
@@ -542,6 +550,8 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     stats_.reserved = reserved_;
     if (admitting_ && !stopping_) {
       job->seq = next_seq_++;
+      submitted_.store(next_seq_, std::memory_order_release);
+      recent_arrivals_.Note(job->tenant(), job->priority(), job->timeline.submitted);
       queued_.push_back(std::move(job));
       ++stats_.queued;
       doorbell_->Ring();
@@ -793,7 +803,7 @@ bool GenerationScheduler::EmitToken(Job& job, model::DrawnToken drawn) {
 // emit, retire. Each phase is a member below, in that order.
 bool GenerationScheduler::StepOnce() {
   const absl::Time now = clock_->Now();
-  const Admission admission = Schedule(now);
+  Admission admission = Schedule(now);
   if (active_.empty()) {
     next_timed_event_ = std::min(admission.queued_deadline, throttle_wake_);
     return admission.dropped > 0;
@@ -803,7 +813,22 @@ bool GenerationScheduler::StepOnce() {
   // A job ready for its first token does not wait for another tenant's prefill: that runs after
   // the decode (the class comment).
   const int64_t chunk = options_.prefill_chunk_tokens;
-  const PrefillCounts prefill = PrefillChunks(chunk, /*before_decode=*/true);
+  PrefillCounts prefill = PrefillChunks(chunk, /*before_decode=*/true);
+  if (prefill.yielded) {
+    // A call that goes before the prefill arrived while it ran: admitted and fed now, it draws its
+    // first token in this step's decode. Once a step, so that arrivals cannot hold the decode back
+    // (one more stops this step's prefill, and the next step admits it).
+    const Admission more = Schedule(clock_->Now());
+    admission.admitted |= more.admitted;
+    admission.dropped += more.dropped;
+    admission.prompt_tokens_started += more.prompt_tokens_started;
+    admission.queued_deadline = std::min(admission.queued_deadline, more.queued_deadline);
+    const PrefillCounts rest = PrefillChunks(chunk, /*before_decode=*/true);
+    prefill.tokens += rest.tokens;
+    prefill.chunks += rest.chunks;
+    prefill.stopped |= rest.stopped;
+    prefill.yielded = rest.yielded;
+  }
   DecodeStep decode = Decode();
   bool starts_output = false;  // the step draws some call's first token
   for (Job* job : decode.jobs) {
@@ -831,7 +856,7 @@ bool GenerationScheduler::StepOnce() {
     std::this_thread::yield();
   }
   PrefillCounts after;  // the rest of the step's chunk
-  if (prefill.stopped && prefill.tokens < chunk) {
+  if (prefill.stopped && !prefill.yielded && prefill.tokens < chunk) {
     after = PrefillChunks(chunk - prefill.tokens, /*before_decode=*/false);
     CountPrefill(after);
     if (options_.observer != nullptr) prefill_tokens_unrecorded_ += after.tokens;
@@ -870,6 +895,7 @@ GenerationScheduler::Admission GenerationScheduler::Schedule(absl::Time now) {
       }
     }
     plan = Rebalance(now, out);
+    arrivals_seen_ = next_seq_;
     stats_.active = active_count_;
   }
   std::vector<Job*> started;
@@ -1180,10 +1206,19 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t bu
   }
   if (!std::isfinite(floor)) floor = 0;
   std::map<std::string, double, std::less<>> vtime;
+  // Tenants that were not prefilling: level with the least fed, and first among equals, so that
+  // a call arriving beside a long prefill is fed before that prefill's next piece.
+  std::set<std::string_view> returning;
   for (Job* job : prefilling) {
     auto it = prefill_vtime_.find(job->tenant());
     vtime[job->tenant()] = it == prefill_vtime_.end() ? floor : std::max(it->second, floor);
+    if (it == prefill_vtime_.end()) returning.insert(job->tenant());
   }
+  const auto fed_less = [&](const Job* x, const Job* y) {
+    const double vx = vtime[x->tenant()], vy = vtime[y->tenant()];
+    if (vx != vy) return vx < vy;
+    return returning.contains(x->tenant()) && !returning.contains(y->tenant());
+  };
   std::stable_sort(prefilling.begin(), prefilling.end(), [](const Job* a, const Job* b) {
     if (a->priority() != b->priority()) return a->priority() < b->priority();
     return a->seq < b->seq;
@@ -1193,22 +1228,34 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t bu
     size_t pick = 0;
     for (size_t i = 1;
          i < prefilling.size() && prefilling[i]->priority() == prefilling[0]->priority(); ++i) {
-      if (vtime[prefilling[i]->tenant()] < vtime[prefilling[pick]->tenant()]) pick = i;
+      if (fed_less(prefilling[i], prefilling[pick])) pick = i;
     }
     Job* job = prefilling[pick];
-    prefilling.erase(prefilling.begin() + static_cast<std::ptrdiff_t>(pick));
+    const auto drop = [&] {
+      prefilling.erase(prefilling.begin() + static_cast<std::ptrdiff_t>(pick));
+    };
     const int64_t budget = budget_tokens - out.tokens;
     if (budget <= 0) break;
-    if (job->finished || job->decoding()) continue;
+    if (job->finished || job->decoding()) {
+      drop();
+      continue;
+    }
     if (std::any_of(ready.begin(), ready.end(), [job](const Job* r) {
           return r->tenant() != job->tenant() || r->priority() < job->priority();
         })) {
       out.stopped = true;  // fed after the decode
+      drop();
       continue;
+    }
+    if (options_.prefill_yield_tokens > 0 && ArrivalGoesBefore(*job)) {
+      out.yielded = true;
+      break;
     }
     const size_t remaining = job->to_prefill.size() - job->prefilled;
     model::SequenceState& seq = job->state().sequence;
     size_t n = std::min<size_t>(budget, remaining);
+    // The job's later pieces are picked again (by tenant), unless one arrives to go first.
+    n = std::min<size_t>(n, static_cast<size_t>(PieceLimit(*job, clock_->Now())));
     // A chunk ends at the prefix the job's prompt_cache_key group shares, to store its state.
     if (job->checkpoint > seq.position) {
       n = std::min<size_t>(n, static_cast<size_t>(job->checkpoint - seq.position));
@@ -1232,6 +1279,7 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t bu
                                  *pool_, job->row, seq.position, static_cast<int64_t>(n));
     if (!logits.ok()) {
       FinishActive(*job, FinishReason::kCancelled, logits.status());
+      drop();
       continue;
     }
     seq.position += static_cast<int64_t>(n);
@@ -1239,13 +1287,39 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t bu
     if (job->decoding()) job->timeline.prefill_end = clock_->Now();
     out.tokens += static_cast<int64_t>(n);
     vtime[job->tenant()] += static_cast<double>(n) / WeightOf(job->tenant());
+    returning.erase(job->tenant());
     ++out.chunks;
     if (job->cache_scope.has_value()) CheckpointPrefill(*job);
     if (before_decode && AwaitsFirstToken(*job)) ready.push_back(job);
+    if (job->finished || job->decoding()) drop();
   }
   prefill_vtime_.clear();
   for (auto& [tenant, t] : vtime) prefill_vtime_.emplace(tenant, t);
   return out;
+}
+
+bool GenerationScheduler::ArrivalGoesBefore(const Job& job) {
+  if (submitted_.load(std::memory_order_acquire) == arrivals_seen_) return false;
+  absl::MutexLock lock(&mu_);
+  // Arrival order: the newest are at the back of the queue.
+  for (auto it = queued_.rbegin(); it != queued_.rend() && (*it)->seq >= arrivals_seen_; ++it) {
+    const Job& q = **it;
+    if (q.priority() < job.priority() ||
+        (q.priority() == job.priority() && q.tenant() != job.tenant())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t GenerationScheduler::PieceLimit(const Job& job, absl::Time now) {
+  constexpr int64_t kWhole = std::numeric_limits<int64_t>::max();
+  if (options_.prefill_yield_tokens == 0 || options_.batch_invariant) return kWhole;
+  absl::MutexLock lock(&mu_);
+  return recent_arrivals_.PrecedingSince(job.tenant(), job.priority(),
+                                         now - options_.prefill_yield_window)
+             ? options_.prefill_yield_tokens
+             : kWhole;
 }
 
 GenerationScheduler::DecodeStep GenerationScheduler::Decode() {

@@ -10,7 +10,9 @@
 // such pieces, the decode runs and publishes, and the rest of the chunk is fed after it in the
 // same step (the jobs it completes draw their first token at the next). Short prompts of one
 // tenant and priority still start together. Each job's prompt is cut into the same pieces either
-// way.
+// way. Nor does a call wait for the chunk running when it arrives, once calls that go before the
+// prefilling ones have been arriving: prefill then runs in short pieces, and the step stops
+// between them to admit and feed the newcomer (prefill_yield_tokens).
 //
 // Who runs when the active places are fewer than the jobs: each step, the places go to the lowest
 // `priority` values first; between the jobs of one priority, the tenants (request.owner) with jobs
@@ -62,6 +64,7 @@
 #include "service/engine/listener_delivery.h"
 #include "service/engine/model_interface.h"
 #include "service/engine/prefix_cache.h"
+#include "service/engine/recent_arrivals.h"
 #include "service/engine/session_codec.h"
 #include "service/engine/tenant_ledger.h"
 
@@ -111,6 +114,17 @@ struct GenerationSchedulerOptions {
   int32_t max_queued_jobs = 256;  // jobs admitted but waiting to become active
   // Prompt tokens fed per scheduler step, over all prefilling jobs.
   int32_t prefill_chunk_tokens = 128;
+  // Prefill that gives way: while a call that goes before a prefilling job (another tenant's at
+  // its priority, or a more urgent one) has arrived within `prefill_yield_window`, that job's
+  // prompt is fed in pieces of at most this many tokens; and a step's prefill stops between
+  // pieces when such a call arrives, admits it, and feeds it at once, so that it draws its first
+  // token in that step's decode. Such a call then waits for one piece of a running prefill, not a
+  // chunk. Small pieces feed prompts more slowly (the CPU's products are less efficient on fewer
+  // rows), which is why a tenant alone is fed whole chunks. Under batch_invariant the pieces stay
+  // whole chunks (a cut must not depend on load) and the step still stops between them. 0: never
+  // smaller than a chunk, and a step's prefill is never stopped for an arrival.
+  int32_t prefill_yield_tokens = 16;
+  absl::Duration prefill_yield_window = absl::Seconds(1);
   // Bit-identical results under any load: decode rows computed independently, and every prompt
   // prefilled in the same pieces (cut at multiples of prefill_chunk_tokens from position 0)
   // whatever shares the step; prefix-cache hits only on states a cold prefill computes too.
@@ -271,6 +285,7 @@ class GenerationScheduler {
     int64_t tokens = 0;
     int64_t chunks = 0;
     bool stopped = false;  // stopped early: a job awaits its first token
+    bool yielded = false;  // stopped early for an arrival that goes before the next piece
   };
   struct DecodeStep {
     std::vector<Job*> jobs;  // decoded this step, in the order of `drawn`
@@ -292,8 +307,14 @@ class GenerationScheduler {
   int64_t UpdatePauses(absl::Time now);
   // Feeds at most `budget` prompt tokens, shared by the prefilling jobs; with
   // `before_decode`, skips the pieces that a job ready for its first token (its prompt fed whole)
-  // of another tenant or a lower priority value would wait for (`stopped`: some were).
+  // of another tenant or a lower priority value would wait for (`stopped`: some were). Stops
+  // (`yielded`) before a piece that a call submitted since `arrivals_seen_` goes before.
   PrefillCounts PrefillChunks(int64_t budget, bool before_decode);
+  // Whether a call submitted since `arrivals_seen_` and still queued goes before `job`.
+  bool ArrivalGoesBefore(const Job& job);
+  // The most tokens of `job`'s prompt the next piece feeds: prefill_yield_tokens while a call
+  // that goes before it arrived within prefill_yield_window, else no limit.
+  int64_t PieceLimit(const Job& job, absl::Time now);
   // Its prompt is fed whole and its first token is still to be drawn.
   static bool AwaitsFirstToken(const Job& job);
   // One batched step of every decoding job that is not paused; draws their tokens.
@@ -348,6 +369,9 @@ class GenerationScheduler {
   int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Reservations not yet submitted
   int32_t parked_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // arrival order of submitted jobs
+  RecentArrivals recent_arrivals_ ABSL_GUARDED_BY(mu_);
+  // next_seq_, readable without the lock: a prefill looks for arrivals between its pieces.
+  std::atomic<int64_t> submitted_{0};
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;
@@ -363,6 +387,9 @@ class GenerationScheduler {
   // prefill, so that an idle tenant comes back with no backlog of credit).
   std::map<std::string, double, std::less<>> slot_credit_;
   std::map<std::string, double, std::less<>> prefill_vtime_;
+  // The submitted_ count when the step last admitted jobs: later ones are arrivals that may stop
+  // its prefill.
+  int64_t arrivals_seen_ = 0;
   // Prompt tokens fed after a step's decode: told to the observer with the next step's record.
   int64_t prefill_tokens_unrecorded_ = 0;
   // A tenant out of its token window was left without a place: look again this soon.

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "service/engine/generation_scheduler.h"
+#include "service/engine/recent_arrivals.h"
 #include "service/engine/tenant_ledger.h"
 #include "service/engine/tenants.h"
 #include "tests/service/engine/engine_testing.h"
@@ -338,6 +339,133 @@ TEST_F(FairShareTest, PrefillTokensAreSharedBetweenTenants) {
   for (int i = 0; i < 4; ++i) s->StepOnce();
   st.DrainAll();
   EXPECT_EQ(st.out.back().tokens.size(), 1u) << "b's prompt was fed and its token drawn";
+}
+
+// Who arrived lately: a job gives way to calls of another tenant at its priority and to any more
+// urgent call, and to nothing else; the window counts from the latest such arrival.
+TEST(RecentArrivalsTest, TellsWhichArrivalsGoBefore) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'000);
+  RecentArrivals r;
+  EXPECT_FALSE(r.PrecedingSince("a", 0, absl::InfinitePast())) << "nobody yet";
+  r.Note("a", 0, t0);
+  r.Note("a", 0, t0 + absl::Seconds(1));
+  EXPECT_FALSE(r.PrecedingSince("a", 0, absl::InfinitePast())) << "its own tenant's calls";
+  EXPECT_TRUE(r.PrecedingSince("b", 0, t0)) << "a's calls, for b";
+  EXPECT_FALSE(r.PrecedingSince("b", 0, t0 + absl::Seconds(2))) << "too long ago";
+  EXPECT_FALSE(r.PrecedingSince("b", -1, absl::InfinitePast())) << "b is more urgent than a";
+  r.Note("b", 0, t0 + absl::Seconds(3));
+  r.Note("b", 0, t0 + absl::Seconds(4));
+  // The latest is b's; a's latest, before it, is still the latest of another tenant than b.
+  EXPECT_TRUE(r.PrecedingSince("a", 0, t0 + absl::Seconds(4)));
+  EXPECT_TRUE(r.PrecedingSince("b", 0, t0 + absl::Seconds(1)));
+  EXPECT_FALSE(r.PrecedingSince("b", 0, t0 + absl::Seconds(2)));
+  r.Note("a", -5, t0 + absl::Seconds(5));
+  EXPECT_TRUE(r.PrecedingSince("a", 0, t0 + absl::Seconds(5))) << "a more urgent call, any tenant";
+  EXPECT_TRUE(r.PrecedingSince("c", 3, t0 + absl::Seconds(5)));
+  EXPECT_FALSE(r.PrecedingSince("a", -5, t0 + absl::Seconds(5)));
+  EXPECT_FALSE(r.PrecedingSince("b", -9, absl::InfinitePast()));
+}
+
+// A running prefill gives way. A tenant alone is fed whole chunks. Once another tenant's call has
+// come (within the window), the prefill runs in prefill_yield_tokens pieces, and a call of that
+// tenant arriving while a piece runs stops the step's prefill there: it is admitted, fed, and
+// draws its first token in the same step's decode, and the rest of the chunk is fed after it.
+// Past the window, whole chunks again.
+TEST_F(FairShareTest, APrefillGivesWayToAnotherTenantsArrival) {
+  GenerationSchedulerOptions o;
+  o.prefill_chunk_tokens = 128;
+  o.prefill_yield_tokens = 16;
+  o.prefill_yield_window = absl::Seconds(1);
+  FakeLanguageModel lm(FakeLanguageOptions{.context_length = 4096});
+  auto s = Make(o, "", absl::Minutes(1), &lm);
+  auto a = Submit(*s, Request(*s, "a", 0, std::string(2000, 'x'), 2, 1));
+  int a_arrivals = 0;
+  lm.OnEachPrefill([&](int64_t) {
+    if (a_arrivals++ == 0) Submit(*s, Request(*s, "a", 0, std::string(300, 'z'), 1, 7));
+  });
+  s->StepOnce();
+  s->StepOnce();
+  EXPECT_THAT(lm.prefill_sizes(), ::testing::ElementsAre(128, 128))
+      << "a alone, its own arrivals included: whole chunks";
+
+  // b calls once: from now on a's prefill gives way to b.
+  auto b1 = Submit(*s, Request(*s, "b", 0, "hi", 1, 2));
+  Collected b1c = testing::RunToEnd(*s, *b1);
+  ASSERT_TRUE(b1c.final.has_value());
+  const size_t before = lm.prefill_sizes().size();
+  clock_.Advance(absl::Milliseconds(500));
+
+  // b's next call arrives while a's first piece of the step runs.
+  std::shared_ptr<GenerationJob> b2;
+  lm.OnEachPrefill([&](int64_t) {
+    if (b2 == nullptr) b2 = Submit(*s, Request(*s, "b", 0, "hello there", 2, 3));
+  });
+  s->StepOnce();
+  lm.OnEachPrefill(nullptr);
+  ASSERT_NE(b2, nullptr);
+  Collected b2c;
+  Drain(*b2, b2c);
+  const std::vector<int64_t> sizes = lm.prefill_sizes();
+  ASSERT_EQ(b2c.tokens.size(), 1u) << "b drew its first token in the step it arrived in: "
+                                   << ::testing::PrintToString(sizes) << " from " << before;
+  ASSERT_GE(sizes.size(), before + 3) << ::testing::PrintToString(sizes);
+  EXPECT_EQ(sizes[before], 16) << "a's piece, while b is around: " << before << " "
+                               << ::testing::PrintToString(sizes);
+  EXPECT_EQ(sizes[before + 1], 10) << "b's prompt (all but its pending token), fed next";
+  for (size_t i = before + 2; i < sizes.size(); ++i) EXPECT_LE(sizes[i], 16) << i;
+  int64_t fed = 0;
+  for (size_t i = before; i < sizes.size(); ++i) fed += sizes[i];
+  EXPECT_EQ(fed, 128) << "one chunk in all: a's piece, b's prompt, the rest after the decode";
+  Collected rest = testing::RunToEnd(*s, *b2);
+  EXPECT_EQ(b2c.tokens.size() + rest.tokens.size(), 2u);
+
+  // Past the window, a is alone again: whole chunks.
+  clock_.Advance(absl::Seconds(2));
+  const size_t later = lm.prefill_sizes().size();
+  s->StepOnce();
+  const std::vector<int64_t> after = lm.prefill_sizes();
+  ASSERT_GT(after.size(), later);
+  EXPECT_EQ(after[later], 128);
+  Collected ac = testing::RunToEnd(*s, *a);
+  EXPECT_EQ(ac.tokens.size(), 2u);
+}
+
+// A more urgent call of the same tenant stops the prefill too; under batch_invariant pieces stay
+// whole chunks on the grid (their cut must not depend on who else calls) and the step still stops
+// between them.
+TEST_F(FairShareTest, AMoreUrgentArrivalStopsThePrefillAndInvariantPiecesStayWhole) {
+  for (const bool invariant : {false, true}) {
+    SCOPED_TRACE(invariant ? "batch_invariant" : "batched");
+    FakeLanguageModel lm;
+    GenerationSchedulerOptions o;
+    o.prefill_chunk_tokens = 32;
+    o.prefill_yield_tokens = 8;
+    o.batch_invariant = invariant;
+    auto s = Make(o, "", absl::Minutes(1), &lm);
+    auto u0 = Submit(*s, Request(*s, "a", 0, "u", 1, 3));  // urgent calls are around
+    ASSERT_TRUE(testing::RunToEnd(*s, *u0).final.has_value());
+    // Two prompts of a's less urgent calls, more than half a chunk each.
+    auto a1 = Submit(*s, Request(*s, "a", 5, std::string(20, 'x'), 1, 1));
+    auto a2 = Submit(*s, Request(*s, "a", 5, std::string(20, 'y'), 1, 2));
+    std::shared_ptr<GenerationJob> u1;
+    lm.OnEachPrefill([&](int64_t) {
+      if (u1 == nullptr) u1 = Submit(*s, Request(*s, "a", 0, "urgent!", 1, 4));
+    });
+    s->StepOnce();
+    lm.OnEachPrefill(nullptr);
+    ASSERT_NE(u1, nullptr);
+    Collected uc;
+    Drain(*u1, uc);
+    EXPECT_EQ(uc.tokens.size(), 1u) << "the urgent call drew in the step it arrived in";
+    const std::vector<int64_t> sizes = lm.prefill_sizes();
+    ASSERT_GE(sizes.size(), 2u);
+    EXPECT_EQ(sizes[0], invariant ? 19 : 8) << "a1's first piece";
+    EXPECT_EQ(sizes[1], 6) << "then the urgent prompt, ahead of a's";
+    for (auto* job : {&a1, &a2}) {
+      Collected c = testing::RunToEnd(*s, **job);
+      EXPECT_TRUE(c.final.has_value());
+    }
+  }
 }
 
 // A tokens_per_minute quota holds over the window: the tenant's prompt and generated tokens in any

@@ -140,6 +140,11 @@ void FakeLanguageModel::FailPrefillWith(absl::Status status) {
   prefill_failure_ = std::move(status);
 }
 
+void FakeLanguageModel::OnEachPrefill(std::function<void(int64_t tokens)> hook) {
+  absl::MutexLock lock(&mu_);
+  prefill_hook_ = std::move(hook);
+}
+
 void FakeLanguageModel::FailStepsWith(absl::Status status) {
   absl::MutexLock lock(&mu_);
   step_failure_ = std::move(status);
@@ -333,6 +338,12 @@ absl::StatusOr<std::vector<float>> FakeLanguageModel::Prefill(absl::Span<const i
   if (!state.ok()) return state.status();
   auto logits = Prefill(tokens, *state, chunk_tokens);
   if (logits.ok()) own->Write(row, *state);
+  std::function<void(int64_t)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = prefill_hook_;
+  }
+  if (hook) hook(static_cast<int64_t>(tokens.size()));
   return logits;
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ class FakeLanguageModel final : public GenerativeModel {
   void FailPrefillWith(absl::Status status);
   void FailStepsWith(absl::Status status);
 
+  // Runs `hook` after every later pool Prefill call, with the tokens it fed, on the calling thread
+  // (a test submits calls there as if they arrived while the prefill ran); empty: no hook.
+  void OnEachPrefill(std::function<void(int64_t tokens)> hook);
+
   // The batch size of every Step call, in order (failed calls included).
   std::vector<int32_t> step_batch_sizes() const;
   // The token count of every Prefill call, in order (failed calls included).
@@ -128,6 +133,7 @@ class FakeLanguageModel final : public GenerativeModel {
 
   mutable absl::Mutex mu_;
   absl::Status prefill_failure_ ABSL_GUARDED_BY(mu_);
+  std::function<void(int64_t)> prefill_hook_ ABSL_GUARDED_BY(mu_);
   absl::Status step_failure_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int32_t> step_batch_sizes_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int64_t> prefill_sizes_ ABSL_GUARDED_BY(mu_);
