@@ -127,9 +127,10 @@ ABSL_FLAG(int, prefill_yield_tokens, 16,
           "While calls of another tenant (or more urgent ones) have been arriving, prefill runs in "
           "pieces of this many tokens and stops between them to admit such a call, which then "
           "waits for one piece, not a whole chunk; 0 = whole chunks, never stopped");
-ABSL_FLAG(int, prefill_yield_window_ms, 1000,
-          "How recent such an arrival must be for --prefill_yield_tokens' short pieces; 0 = only "
-          "stop for arrivals, never shorten pieces ahead of them");
+ABSL_FLAG(int, prefill_yield_window_s, 60,
+          "How recent another tenant's (or a more urgent) call must be for "
+          "--prefill_yield_tokens' short pieces: its next call will not wait for a chunk, but the "
+          "first after a quiet window may; 0 = only stop for arrivals, never shorten pieces");
 ABSL_FLAG(bool, batch_invariant_decode, false,
           "Decode each sequence with a fixed shape so its tokens are bit-identical under any "
           "concurrent load "
@@ -316,7 +317,7 @@ absl::Status CheckNumericFlags() {
       {"prefill_chunk_tokens", absl::GetFlag(FLAGS_prefill_chunk_tokens), 1, 1 << 20},
       {"prefill_yield_tokens", absl::GetFlag(FLAGS_prefill_yield_tokens), 0, 1 << 20,
        "0 = whole chunks, never stopped"},
-      {"prefill_yield_window_ms", absl::GetFlag(FLAGS_prefill_yield_window_ms), 0, kDayS * 1000},
+      {"prefill_yield_window_s", absl::GetFlag(FLAGS_prefill_yield_window_s), 0, kDayS},
       {"stream_stall_timeout_ms", absl::GetFlag(FLAGS_stream_stall_timeout_ms), 0, kDayS * 1000,
        "0 = never"},
       {"max_sessions", absl::GetFlag(FLAGS_max_sessions), 1, int64_t{1} << 32},
@@ -478,7 +479,7 @@ int main(int argc, char** argv) {
   options.generation.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   options.generation.prefill_yield_tokens = absl::GetFlag(FLAGS_prefill_yield_tokens);
   options.generation.prefill_yield_window =
-      absl::Milliseconds(absl::GetFlag(FLAGS_prefill_yield_window_ms));
+      absl::Seconds(absl::GetFlag(FLAGS_prefill_yield_window_s));
   options.generation.batch_invariant = absl::GetFlag(FLAGS_batch_invariant_decode);
   options.generation.mask_threads =
       static_cast<int32_t>(absl::GetFlag(FLAGS_constraint_mask_threads));

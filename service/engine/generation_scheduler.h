@@ -124,7 +124,8 @@ struct GenerationSchedulerOptions {
   // whole chunks (a cut must not depend on load) and the step still stops between them. 0: never
   // smaller than a chunk, and a step's prefill is never stopped for an arrival.
   int32_t prefill_yield_tokens = 16;
-  absl::Duration prefill_yield_window = absl::Seconds(1);
+  // A tenant that called within the last minute is likely to call again.
+  absl::Duration prefill_yield_window = absl::Seconds(60);
   // Bit-identical results under any load: decode rows computed independently, and every prompt
   // prefilled in the same pieces (cut at multiples of prefill_chunk_tokens from position 0)
   // whatever shares the step; prefix-cache hits only on states a cold prefill computes too.

@@ -48,6 +48,8 @@ BAD_FLAGS = [
     ("--classify_timeout_us=-1", "0 = no default deadline"),
     ("--max_queue_size=0", "[1, "),
     ("--prefill_chunk_tokens=0", "[1, "),
+    ("--prefill_yield_tokens=-1", "0 = whole chunks, never stopped"),
+    ("--prefill_yield_window_s=-1", "[0, 86400]"),
     ("--max_sessions=0", "[1, "),
     ("--metrics_port=70000", "-1 = no endpoint"),
     ("--http_port=70000", "-1 = no HTTP front end"),

@@ -209,6 +209,11 @@ def load_process(args, server, tenant, streams, tokens, priority):
                             if args.client_cpus else None)
 
 
+def prefill_tokens(server) -> float:
+    m = benchlib.scrape_metrics(server.metrics_port, "tost_prefill_tokens_total")
+    return sum(m.values())
+
+
 def server_tokens(server, tenant) -> float:
     m = benchlib.scrape_metrics(server.metrics_port, "tost_tenant_generated_tokens_total")
     return m.get(f'tost_tenant_generated_tokens_total{{tenant="{tenant}"}}', 0.0)
@@ -253,6 +258,7 @@ def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
         try:
             time.sleep(args.warmup_s)
             steps0, t0 = decode_steps(server), time.monotonic()
+            fed0, a_gen0 = prefill_tokens(server), server_tokens(server, "a")
             timings: List[Dict[str, float]] = []
             if priority_run:
                 # The same tenant, so that only the priority tells the requests apart.
@@ -260,6 +266,7 @@ def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
             else:
                 noisy = ttfts(stub, pb2, args.model, "b", args.b_requests, timings=timings)
             elapsed, steps = time.monotonic() - t0, decode_steps(server) - steps0
+            fed, a_gen = prefill_tokens(server) - fed0, server_tokens(server, "a") - a_gen0
             waiting = benchlib.scrape_metrics(server.metrics_port, "tost_tenant_generations")
             preempt = benchlib.scrape_metrics(server.metrics_port, "tost_generation_preemptions_total")
         finally:
@@ -276,8 +283,13 @@ def run_noisy(args, stub_of, pb2, workdir, priority_run=False):
         "ttft_p50_ms": 1e3 * statistics.median(noisy), "ttft_p99_ms": 1e3 * pct(noisy, 99),
         "ttft_max_ms": 1e3 * max(noisy),
         "decode_steps": steps, "decode_step_period_ms": 1e3 * step,
+        # What a's load got meanwhile: prompt tokens fed (a's, but for b's few) and a's tokens.
+        "prefill_tokens_per_s": fed / elapsed, "a_generated_tokens_per_s": a_gen / elapsed,
         "bound_ms": 1e3 * bound, "p99_within_bound": pct(noisy, 99) <= bound,
         "tenant_generations_at_end": waiting, "preemptions": preempt,
+        # a's load process holds 4·S generations throughout; none at the end means it died (its
+        # gRPC client once did), and the run measured b beside nothing: discard it.
+        "a_load_held": waiting.get('tost_tenant_generations{tenant="a"}', 0.0) > 0,
         # Where b would wait without fair share: behind a's 3·S waiting requests, S at a time.
         "fifo_wait_estimate_ms": 1e3 * 3 * args.a_tokens * step,
         "server_timing_under_load": timings, "server_timing_alone": alone_timings,

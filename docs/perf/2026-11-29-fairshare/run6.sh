@@ -13,39 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=docs/perf/2026-11-29-fairshare
 tag=${1:-run6}
-PY=${PY:-/opt/tost-deps/py-9c7413bbe85e35c8/bin/python}
-WAIT_S=${WAIT_S:-1800}
-deadline=$((SECONDS + WAIT_S))
-quiet() {
-  local load
-  load=$(cut -d' ' -f1 /proc/loadavg)
-  [[ $(pgrep -c cc1plus || true) == 0 ]] && awk -v l="$load" -v q="${QUIET_LOAD:-0.7}" 'BEGIN { exit !(l < q) }'
-}
-until quiet; do
-  if ((SECONDS > deadline)); then echo "no quiet minute within ${WAIT_S}s: $(uptime)"; exit 1; fi
-  sleep 10
-done
-run() {  # name, extra args
-  local name=$1
-  shift
-  local cmd=("$PY" tools/bench/fairshare.py --runs noisy,priority "$@" --out "$out/$tag-$name.json")
-  {
-    echo "command: flock /tmp/tost-build.lock ${cmd[*]}"
-    echo "commit: $(git rev-parse HEAD) ($(git status --short --untracked-files=no | wc -l) files of others' work uncommitted in the tree)"
-    echo "server binary sha256: $(sha256sum build/service/tost_server | cut -d' ' -f1)"
-    echo "cpu flags: $(grep -o 'avx[^ ]*\|amx[^ ]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    echo "compilers running before: $(pgrep -c cc1plus || true)"
-    echo "uptime before: $(uptime)"
-    "${cmd[@]}"
-    echo "uptime after: $(uptime)"
-  } >"$out/$tag-$name.txt" 2>&1
-}
-export -f run quiet
-export PY out tag
-flock /tmp/tost-build.lock bash -c 'run shared-cores && run pinned --server-cpus 0 --client-cpus 1 &&
-  run pinned-nice10 --server-cpus 0 --client-cpus 1 --step-thread-nice 10 &&
-  run pinned-unique --server-cpus 0 --client-cpus 1 --a-unique-prompts &&
-  run pinned-unique-chunk16 --server-cpus 0 --client-cpus 1 --a-unique-prompts \
+# shellcheck source=docs/perf/2026-11-29-fairshare/lib.sh
+source "$out/lib.sh"
+wait_quiet
+flock /tmp/tost-build.lock bash -c 'run shared-cores noisy,priority && run pinned noisy,priority --server-cpus 0 --client-cpus 1 &&
+  run pinned-nice10 noisy,priority --server-cpus 0 --client-cpus 1 --step-thread-nice 10 &&
+  run pinned-unique noisy,priority --server-cpus 0 --client-cpus 1 --a-unique-prompts &&
+  run pinned-unique-chunk16 noisy,priority --server-cpus 0 --client-cpus 1 --a-unique-prompts \
     --server-arg=--prefill_chunk_tokens=16'
 for f in shared-cores pinned pinned-nice10 pinned-unique pinned-unique-chunk16; do
   grep -E "^(uptime|\{)" "$out/$tag-$f.txt"
