@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by run6.sh and run8.sh: waits for a quiet machine, and runs tools/bench/fairshare.py
 # with the provenance every raw file starts with. Needs $out and $tag set.
 PY=${PY:-/opt/tost-deps/py-9c7413bbe85e35c8/bin/python}

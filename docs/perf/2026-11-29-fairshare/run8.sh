@@ -16,6 +16,7 @@ source "$out/lib.sh"
 wait_quiet
 pinned=(--server-cpus 0 --client-cpus 1)
 export PINNED="${pinned[*]}"
+# shellcheck disable=SC2016  # expanded by the inner bash, where run and PINNED are exported
 flock /tmp/tost-build.lock bash -c '
   run pinned-unique noisy,priority $PINNED --a-unique-prompts &&
   run pinned-unique-noyield noisy,priority $PINNED --a-unique-prompts --server-arg=--prefill_yield_tokens=0 &&
