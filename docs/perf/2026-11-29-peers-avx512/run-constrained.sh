@@ -7,6 +7,8 @@
 # writes to ../2026-11-29-peers-avx2-forced instead. BUILD_DIR: a folder laid out as build/ with
 # tost_server and tost_loadgen in their places (default build/; a copy keeps a rebuild during the
 # run from replacing them; LD_LIBRARY_PATH then names the folder of its libtost_kernels.so).
+# ROUNDS: interleaved rounds of each point, the best of which counts (default 2; 3 halves the
+# chance that one slow round decides a ratio near its target).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=docs/perf/2026-11-29-peers-avx512
@@ -19,7 +21,7 @@ for dtype in "${@:-fp32 int8}"; do
   for d in $dtype $(for x in $dtype; do echo "$x-full"; done); do
     extra=()
     [[ "$d" == *-full ]] && extra=(--min-items 4)
-    cmd=("$PY" tools/bench/constrained.py --build-dir "${BUILD_DIR:-build}" --server-arg=--dtype="${d%-full}"
+    cmd=("$PY" tools/bench/constrained.py --build-dir "${BUILD_DIR:-build}" --server-arg=--dtype="${d%-full}" --rounds "${ROUNDS:-2}"
          "${extra[@]}" --out "$out/constrained-$d.json")
     {
       echo "# command: ${cmd[*]}"
