@@ -167,9 +167,10 @@ def render_block(run: Run) -> str:
         flags = [f for f in flags if not f.startswith(("avx512", "avx_vnni", "amx"))]
         cap = f", AVX-512 off (`ATEN_CPU_CAPABILITY={env['ATEN_CPU_CAPABILITY']}` and others)"
     rel = os.path.relpath(run.dir, ROOT)
-    # The run's own output (its .txt is written while it runs) is not a change to what was built.
+    # Documentation and raw output (the run's own .txt is written while it runs, README.md is
+    # rendered) are not changes to what was built.
     dirty = [f for f in prov.get("tree_dirty_files", [])
-             if not f.strip().split(None, 1)[-1].startswith(rel + "/")]
+             if not re.match(r"docs/|README\.md$", f.strip().split(None, 1)[-1])]
     head = (f"**{run.label}**: {j['date_utc'][:10]}, {cpu_name(j)}, "
             f"`{compact_flags(flags)}`{amx if not env else ''}{cap}; commit `{prov['commit'][:7]}`"
             + (f" (+{len(dirty)} uncommitted files)" if dirty else "")
