@@ -219,6 +219,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     r.return_state = request_.return_state();
     r.deadline = RequestDeadline(*context_);
     r.priority = request_.priority();
+    r.prompt_cache_key = request_.prompt_cache_key();
     return call_->Admit(std::move(r));
   }
   // Serialises message_ and starts its write.

@@ -61,6 +61,11 @@ absl::Status GenerationCall::AdmitJobs(GenerationCallRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("a generation continuing a session takes 1 choice, got ", request.choices));
   }
+  if (request.prompt_cache_key.size() > kMaxPromptCacheKeyChars) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.names.prompt_cache_key, " must be at most ", kMaxPromptCacheKeyChars,
+                     " characters, got ", request.prompt_cache_key.size()));
+  }
   owner_ = request.owner;
   TOST_RETURN_IF_ERROR(engine_.tenants().CheckPriority(owner_, request.priority));
   const bool fresh = request.session_id.empty() && !request.state_blob.has_value();

@@ -51,8 +51,9 @@ struct GenerationCallRequest {
   bool return_state = false;      // each choice's final state goes back as a blob
   absl::Time deadline = absl::InfiniteFuture();
   int32_t priority = 0;  // lower runs sooner; within the engine's tenants().options().max_priority
-  // OpenAI's prompt_cache_key: the group whose shared prefix the prefix-state cache keeps
-  // (GenerationRequest::prompt_cache_key); empty: none.
+  // The group whose shared prefix the prefix-state cache keeps (GenerationRequest::
+  // prompt_cache_key; OpenAI's field of that name, and GenerateRequest's); empty: none. At most
+  // kMaxPromptCacheKeyChars.
   std::string prompt_cache_key;
   GenerationFieldNames names;  // how errors name the request's fields
 };

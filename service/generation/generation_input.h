@@ -4,6 +4,7 @@
 // the engine's own messages name none, so each front end's caller reads the names it sent.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,6 +48,10 @@ struct GenerationInput {
 };
 
 // How the front end's request names the fields, for error messages (tost.v1's by default).
+// This server's bound on a prompt_cache_key (OpenAI documents none); a key is held in memory with
+// the tokens of its group's last prompt.
+inline constexpr size_t kMaxPromptCacheKeyChars = 256;
+
 struct GenerationFieldNames {
   std::string model = "model";
   std::string max_new_tokens = "max_new_tokens";
@@ -57,6 +62,7 @@ struct GenerationFieldNames {
   std::string top_logprobs = "top_logprobs";
   std::string snapshot_every = "state_every_tokens";
   std::string logit_bias = "logit_bias";
+  std::string prompt_cache_key = "prompt_cache_key";
 };
 
 // The seed of choice `index` of a request with several choices (which start from the same prompt,

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "service/generation/generation_input.h"
 
 namespace tost::service::openai {
 
@@ -25,9 +26,8 @@ namespace tost::service::openai {
 inline constexpr size_t kMaxSafetyIdentifierChars = 64;
 // This server's bound on `user` (OpenAI documents none): an email address or a hash fits.
 inline constexpr size_t kMaxUserChars = 256;
-// This server's bound on prompt_cache_key (OpenAI documents none); a key is held in memory with
-// the tokens of its group's last prompt.
-inline constexpr size_t kMaxPromptCacheKeyChars = 256;
+// The engine's bound on prompt_cache_key, checked here first under OpenAI's field name.
+inline constexpr size_t kMaxPromptCacheKeyChars = service::kMaxPromptCacheKeyChars;
 
 struct ClientIdentifiers {
   std::string user;

@@ -149,5 +149,29 @@ def test_two_api_keys_do_not_share_entries_and_sessions_report_none(proto_module
         assert generate(stub, pb2, other + reply + NEW_TEXT[1], ALICE)[1].cached_tokens == len(other + reply) - 1
 
 
+def test_prompt_cache_key_groups_grpc_calls(proto_modules):
+    """GenerateRequest.prompt_cache_key as OpenAI's: three prompts that share a long prefix and then
+    differ, at the default chunk (128, past these prompts: no grid state helps). Without a key
+    nothing is cached; in one group the third starts from the prefix the second stored. A key past
+    256 characters is refused naming the field."""
+    pb2, pb2_grpc = proto_modules
+    import grpc
+    shared = OPENING * 3
+    with RunningServer(MODELS, []) as srv, grpc.insecure_channel(srv.address) as channel:
+        stub = pb2_grpc.TostStub(channel)
+        found = {}
+        for key in ("", "grpc-group"):
+            head = TOKENIZER.encode(f"[{key or 'none'}]".encode())
+            found[key] = [generate(stub, pb2, head + shared + NEW_TEXT[i], prompt_cache_key=key)[1].cached_tokens
+                          for i in range(3)]
+        assert found[""] == [0, 0, 0], found
+        assert found["grpc-group"][:2] == [0, 0], found
+        assert found["grpc-group"][2] >= len(shared), found
+        with pytest.raises(grpc.RpcError) as e:
+            generate(stub, pb2, shared, prompt_cache_key="k" * 257)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "prompt_cache_key must be at most 256 characters, got 257" in e.value.details()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-s"]))
