@@ -406,8 +406,9 @@ TEST_F(FairShareTest, APrefillGivesWayToAnotherTenantsArrival) {
   Collected b2c;
   Drain(*b2, b2c);
   const std::vector<int64_t> sizes = lm.prefill_sizes();
-  ASSERT_EQ(b2c.tokens.size(), 1u) << "b drew its first token in the step it arrived in: "
-                                   << ::testing::PrintToString(sizes) << " from " << before;
+  ASSERT_EQ(b2c.tokens.size(), 1u)
+      << "b drew its first token in the step it arrived in: " << ::testing::PrintToString(sizes)
+      << " from " << before;
   ASSERT_GE(sizes.size(), before + 3) << ::testing::PrintToString(sizes);
   EXPECT_EQ(sizes[before], 16) << "a's piece, while b is around: " << before << " "
                                << ::testing::PrintToString(sizes);
