@@ -1,5 +1,7 @@
 #include "service/engine/recent_arrivals.h"
 
+#include <utility>
+
 namespace tost::service {
 
 void RecentArrivals::Note(std::string_view tenant, int32_t priority, absl::Time at) {

@@ -47,11 +47,11 @@ struct GenerationInput {
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
-// How the front end's request names the fields, for error messages (tost.v1's by default).
 // This server's bound on a prompt_cache_key (OpenAI documents none); a key is held in memory with
 // the tokens of its group's last prompt.
 inline constexpr size_t kMaxPromptCacheKeyChars = 256;
 
+// How the front end's request names the fields, for error messages (tost.v1's by default).
 struct GenerationFieldNames {
   std::string model = "model";
   std::string max_new_tokens = "max_new_tokens";
