@@ -550,7 +550,6 @@ absl::StatusOr<std::shared_ptr<GenerationJob>> GenerationScheduler::Submit(
     stats_.reserved = reserved_;
     if (admitting_ && !stopping_) {
       job->seq = next_seq_++;
-      submitted_.store(next_seq_, std::memory_order_release);
       recent_arrivals_.Note(job->tenant(), job->priority(), job->timeline.submitted);
       queued_.push_back(std::move(job));
       ++stats_.queued;
@@ -1299,7 +1298,7 @@ GenerationScheduler::PrefillCounts GenerationScheduler::PrefillChunks(int64_t bu
 }
 
 bool GenerationScheduler::ArrivalGoesBefore(const Job& job) {
-  if (submitted_.load(std::memory_order_acquire) == arrivals_seen_) return false;
+  if (next_seq_.load() == arrivals_seen_) return false;
   absl::MutexLock lock(&mu_);
   // Arrival order: the newest are at the back of the queue.
   for (auto it = queued_.rbegin(); it != queued_.rend() && (*it)->seq >= arrivals_seen_; ++it) {

@@ -369,10 +369,10 @@ class GenerationScheduler {
   int32_t active_count_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // places held by Reservations not yet submitted
   int32_t parked_count_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // arrival order of submitted jobs
+  // Arrival order of submitted jobs: advanced under mu_, read without it by a prefill that looks
+  // for arrivals between its pieces.
+  std::atomic<int64_t> next_seq_{0};
   RecentArrivals recent_arrivals_ ABSL_GUARDED_BY(mu_);
-  // next_seq_, readable without the lock: a prefill looks for arrivals between its pieces.
-  std::atomic<int64_t> submitted_{0};
   GenerationSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
 
   const std::shared_ptr<GenerationJob::Doorbell> doorbell_;
@@ -388,7 +388,7 @@ class GenerationScheduler {
   // prefill, so that an idle tenant comes back with no backlog of credit).
   std::map<std::string, double, std::less<>> slot_credit_;
   std::map<std::string, double, std::less<>> prefill_vtime_;
-  // The submitted_ count when the step last admitted jobs: later ones are arrivals that may stop
+  // next_seq_ when the step last admitted jobs: later ones are arrivals that may stop
   // its prefill.
   int64_t arrivals_seen_ = 0;
   // Prompt tokens fed after a step's decode: told to the observer with the next step's record.
