@@ -171,6 +171,8 @@ def test_prompt_cache_key_groups_grpc_calls(proto_modules):
             generate(stub, pb2, shared, prompt_cache_key="k" * 257)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "prompt_cache_key must be at most 256 characters, got 257" in e.value.details()
+        # Refused before anything ran: the server goes on serving, the group as it was.
+        assert generate(stub, pb2, head + shared + NEW_TEXT[0], prompt_cache_key="grpc-group")[1].cached_tokens >= len(shared)
 
 
 if __name__ == "__main__":
